@@ -1,0 +1,1 @@
+"""hwbridge: hardware and market inputs (MQTT telemetry, market feeds) forwarded to poirotd."""

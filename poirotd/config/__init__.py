@@ -1,0 +1,23 @@
+"""Configuration: daemon settings from the environment, the monitored system from a YAML spec."""
+
+from poirotd.config.settings import Settings
+from poirotd.config.spec import (
+    AgentSpec,
+    ComponentSpec,
+    DecisionRuleSpec,
+    EmbeddedLLMSpec,
+    LLMSpec,
+    ProtocolSpec,
+    SystemSpec,
+)
+
+__all__ = [
+    "AgentSpec",
+    "ComponentSpec",
+    "DecisionRuleSpec",
+    "EmbeddedLLMSpec",
+    "LLMSpec",
+    "ProtocolSpec",
+    "Settings",
+    "SystemSpec",
+]

