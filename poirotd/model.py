@@ -47,6 +47,11 @@ class AgentMessage(Frozen):
     sent_at: datetime
 
 
+class SessionEnd(Frozen):
+    session_id: str
+    ended_at: datetime
+
+
 class TelemetrySample(Frozen):
     session_id: str
     component: str
@@ -132,6 +137,23 @@ class Attribution(Frozen):
     decision: tuple[int, ...]
     rule: str
     beta: float
+
+
+class LLMExchange(Frozen):
+    """One prompt and its answer (or failure), kept for audit: what was asked, what came back."""
+
+    phase: Phase
+    agent_id: str
+    # What the call was for: hazard_space | report | turn | answer | vote | repair
+    purpose: str
+    messages: tuple[dict[str, str], ...]
+    response: str = ""
+    error: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
+    seconds: float = 0.0
+    at: datetime
 
 
 class PhaseTiming(Frozen):
