@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -177,6 +177,8 @@ class Investigation(Frozen):
     created_at: datetime
     finished_at: datetime | None = None
     hazard_space: HazardSpace | None = None
+    # Phase II reports by agent id (None where no valid report could be had).
+    reports: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     votes: tuple[Vote, ...] = ()
     attribution: Attribution | None = None
     phases: tuple[PhaseTiming, ...] = ()

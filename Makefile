@@ -1,0 +1,38 @@
+# Everything a fresh Debian machine with Python 3.11 needs is installed by these targets.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMPS := .stamps
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast lint proto bench clean
+
+demo: $(STAMPS)/python-deps
+	$(BIN)/poirotd demo
+
+test: $(STAMPS)/python-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Skips the slow integration tests (real daemon process, embedded model).
+test-fast: $(STAMPS)/python-deps
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMPS)/python-deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy poirotd hwbridge
+
+proto: $(STAMPS)/python-deps
+	$(BIN)/python -m poirotd.api.codegen
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# llama-cpp-python compiles llama.cpp on first install (several minutes on 2 cores); pip caches the wheel.
+$(STAMPS)/python-deps: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	@mkdir -p $(STAMPS) && touch $@
+
+clean:
+	rm -rf $(VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache

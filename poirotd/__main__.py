@@ -1,0 +1,3 @@
+from poirotd.cli import app
+
+app(prog_name="poirotd")

@@ -1,0 +1,113 @@
+"""Wiring and lifecycle: what starts in which order, and how it drains on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from datetime import UTC, datetime
+from pathlib import Path
+from wsgiref.simple_server import WSGIServer
+
+import structlog
+from prometheus_client import start_http_server
+
+from poirotd.config import Settings, SystemSpec
+from poirotd.events import EventBus
+from poirotd.llm import LLMBackend
+from poirotd.llm.factory import open_backend
+from poirotd.metrics import Metrics
+from poirotd.protocol.engine import InvestigationEngine
+from poirotd.runner import InvestigationRunner
+from poirotd.server.app import GrpcServer
+from poirotd.service import PoirotService
+from poirotd.store import Store
+
+log = structlog.get_logger(__name__)
+
+# How long open RPCs (Watch streams, ingest streams) get to finish once investigations are drained.
+_RPC_GRACE_SECONDS = 5.0
+
+
+class Daemon:
+    def __init__(self, settings: Settings, spec: SystemSpec, *,
+                 backend: LLMBackend | None = None) -> None:
+        self.settings = settings
+        self.spec = spec
+        self._backend = backend
+        self._store: Store | None = None
+        self._runner: InvestigationRunner | None = None
+        self._grpc: GrpcServer | None = None
+        self._metrics_http: WSGIServer | None = None
+        self.metrics = Metrics(spec.system.name)
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    async def start(self) -> None:
+        s = self.settings
+        self._store = await Store.open(s.db_path)
+        if self._backend is None:
+            self._backend = await open_backend(self.spec.llm)
+        engine = InvestigationEngine(self.spec, self._backend, self._store)
+        bus = EventBus()
+        self._runner = InvestigationRunner(
+            self.spec, self._store, engine, bus, self.metrics,
+            backend_name=self._backend.name,
+            capacity=s.queue_capacity,
+            workers=s.concurrent_investigations,
+        )
+        await self._runner.interrupt_unfinished("daemon restarted before the investigation finished")
+        self._runner.start()
+        service = PoirotService(self.spec, self._store, self._runner, bus, self.metrics,
+                                max_item_bytes=s.max_message_bytes)
+        self._grpc = GrpcServer(service, host=s.grpc_host, port=s.grpc_port,
+                                max_message_bytes=s.max_message_bytes,
+                                batch_max=s.ingest_batch_max)
+        await self._grpc.start()
+        self.grpc_port = self._grpc.port
+        self._metrics_http, _ = start_http_server(s.metrics_port, s.metrics_host,
+                                                  registry=self.metrics.registry)
+        self.metrics_port = self._metrics_http.server_port
+        log.info("daemon ready", system=self.spec.system.name, grpc_port=self.grpc_port,
+                 metrics_port=self.metrics_port, llm_backend=self._backend.name,
+                 db_path=str(s.db_path))
+
+    async def stop(self) -> None:
+        """Drain order: stop taking investigations, let running ones finish (or persist them as
+        interrupted), close RPCs, then release the model and the store."""
+        log.info("daemon draining", drain_seconds=self.settings.drain_seconds)
+        if self._grpc is not None:
+            await self._grpc.enter_drain()
+        if self._runner is not None:
+            await self._runner.drain(self.settings.drain_seconds)
+        if self._grpc is not None:
+            await self._grpc.stop(_RPC_GRACE_SECONDS)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+        if self._backend is not None:
+            await self._backend.aclose()
+        if self._store is not None:
+            await self._store.close()
+        log.info("daemon stopped")
+
+    async def run_until_signalled(self, ready_file: Path | None = None) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        if ready_file is not None:
+            _write_ready_file(ready_file, self.grpc_port, self.metrics_port)
+        await stop.wait()
+        await self.stop()
+
+
+def _write_ready_file(path: Path, grpc_port: int, metrics_port: int) -> None:
+    """Atomically announces the bound ports (useful when they were chosen by the OS)."""
+    payload = {"pid": os.getpid(), "grpc_port": grpc_port, "metrics_port": metrics_port,
+               "ready_at": datetime.now(UTC).isoformat()}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    tmp.replace(path)

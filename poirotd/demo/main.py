@@ -1,0 +1,136 @@
+"""Runs the whole path once, as a user would see it: a real daemon process, a session streamed over
+gRPC, an investigation followed event by event, the attribution and the exported metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client import PoirotClient
+from poirotd.launcher import DaemonProcess
+
+SESSION_ID = "cortex-demo-1"
+_KINDS = {
+    "agent": pb.MESSAGE_KIND_AGENT,
+    "human": pb.MESSAGE_KIND_HUMAN,
+    "tool": pb.MESSAGE_KIND_TOOL,
+    "system": pb.MESSAGE_KIND_SYSTEM,
+}
+_NOTICE = (
+    "[bold yellow]About the answers:[/] this demo runs the embedded SmolLM2-135M model on the CPU. "
+    "It makes every phase of the pipeline run for real, with schema-valid JSON, but a 135M model "
+    "cannot make the attribution meaningful. Real attribution needs a capable model served by "
+    "vLLM: see README.md, section 'Pointing poirotd at vLLM'."
+)
+
+console = Console()
+
+
+def demo_file(name: str) -> Path:
+    return Path(str(resources.files("poirotd.demo").joinpath(name)))
+
+
+def session_requests(session_file: Path, session_id: str, system: str) -> Iterator[pb.IngestRequest]:
+    """The demo session as ingest requests: start, every message in order, end."""
+    yield pb.IngestRequest(session_start=pb.SessionStart(session_id=session_id, system=system))
+    for line in session_file.read_text().splitlines():
+        if not line.strip():
+            continue
+        m = json.loads(line)
+        yield pb.IngestRequest(agent_message=pb.AgentMessage(
+            session_id=session_id, index=m["index"], kind=_KINDS[m["kind"]], sender=m["sender"],
+            recipient=m.get("recipient", ""), content=m.get("content", ""),
+            tool_calls=m.get("tool_calls", []), tool_name=m.get("tool_name", ""),
+        ))
+    yield pb.IngestRequest(session_end=pb.SessionEnd(session_id=session_id))
+
+
+def _describe(event: pb.InvestigationEvent) -> str:
+    which = event.WhichOneof("event")
+    if which == "started":
+        return f"investigation started ({event.started.reason})"
+    if which == "phase_begun":
+        return f"[cyan]phase {event.phase_begun.phase}[/] begun"
+    if which == "phase_ended":
+        return f"[cyan]phase {event.phase_ended.phase}[/] ended in {event.phase_ended.seconds:.1f} s"
+    if which == "vote_cast":
+        v = event.vote_cast.vote
+        if v.abstention_reason:
+            return f"[magenta]{v.agent_id}[/] abstained: {v.abstention_reason}"
+        forced = " (forced)" if v.forced else ""
+        return f"[magenta]{v.agent_id}[/] voted {list(v.location)}{forced}, weight {v.weight:.4f}"
+    if which == "attribution_ready":
+        return "[green]attribution ready[/]"
+    if which == "failed":
+        return f"[red]failed[/]: {event.failed.reason}"
+    return f"[red]interrupted[/]: {event.interrupted.reason}"
+
+
+def _attribution_table(investigation: pb.Investigation) -> Table:
+    a = investigation.attribution
+    table = Table(title=f"Attribution ({a.rule}, beta={a.beta})")
+    for column in ("#", "region", "type", "score", ""):
+        table.add_column(column)
+    for i, (region, score) in enumerate(zip(investigation.hazard_space.regions, a.scores,
+                                            strict=True)):
+        mark = "TOP (tie)" if i in a.top and a.tie else ("TOP" if i in a.top else "")
+        table.add_row(str(i), f"{region.name} ({region.id})", region.type, f"{score:.4f}", mark)
+    return table
+
+
+async def _investigate(daemon: DaemonProcess, system: str) -> pb.Investigation:
+    async with PoirotClient(daemon.grpc_target) as client:
+        requests = list(session_requests(demo_file("cortex_session.jsonl"), SESSION_ID, system))
+        durable = await client.send(requests)
+        console.print(f"streamed {len(requests)} items over gRPC; durable up to seq {durable}")
+        investigation = await client.trigger(SESSION_ID, "demo: clinician reported an incident")
+        console.print(f"triggered investigation {investigation.investigation_id}")
+        async for event in client.watch(investigation.investigation_id):
+            console.print("  " + _describe(event))
+        return await client.get(investigation.investigation_id)
+
+
+def _poirot_metric_lines(url: str) -> list[str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    names = {f.name for f in text_string_to_metric_families(text)}  # parses, or raises
+    return [line for line in text.splitlines()
+            if line.startswith("poirot_") and "_bucket{" not in line] + [f"({len(names)} families)"]
+
+
+def run_demo(workdir: Path | None) -> int:
+    console.print(_NOTICE)
+    with tempfile.TemporaryDirectory(prefix="poirotd-demo-") as tmp:
+        folder = workdir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        daemon = DaemonProcess(demo_file("cortex.yaml"), folder)
+        console.print("starting poirotd (embedded model)...")
+        daemon.start()
+        try:
+            console.print(f"daemon ready: gRPC {daemon.grpc_target}, metrics {daemon.metrics_url}")
+            investigation = asyncio.run(_investigate(daemon, "cortex"))
+            if investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED:
+                console.print(_attribution_table(investigation))
+            else:
+                console.print(f"[red]investigation ended {pb.InvestigationState.Name(investigation.state)}:[/] {investigation.error}")
+            console.print(f"LLM calls {investigation.llm_calls}, prompt tokens {investigation.prompt_tokens}, completion tokens {investigation.completion_tokens}")
+            console.print("[bold]poirot_ metrics:[/]")
+            for line in _poirot_metric_lines(daemon.metrics_url):
+                console.print(line, markup=False, highlight=False)
+        except BaseException:
+            console.print(daemon.log_tail())
+            daemon.kill()
+            raise
+        code = daemon.terminate()
+        console.print(f"daemon stopped (exit code {code})")
+        return 0 if code == 0 and investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED else 1

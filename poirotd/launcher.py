@@ -1,0 +1,98 @@
+"""Runs `poirotd run` as a child process on OS-chosen loopback ports (demo and end-to-end tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+
+class DaemonProcess:
+    def __init__(self, config: Path, workdir: Path, *, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.db_path = workdir / "poirotd.db"
+        self.log_path = workdir / "poirotd.log"
+        self._ready_file = workdir / "ready.json"
+        self._env = {**os.environ, **(env or {})}
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    def start(self, timeout: float = 120.0) -> None:
+        self._ready_file.unlink(missing_ok=True)
+        self._log = self.log_path.open("ab")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "poirotd", "run", "--config", str(self.config),
+             "--db", str(self.db_path), "--grpc-port", "0", "--metrics-port", "0",
+             "--ready-file", str(self._ready_file)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=self._env,
+        )
+        deadline = time.monotonic() + timeout
+        while not self._ready_file.exists():
+            if self._process.poll() is not None:
+                raise RuntimeError(f"poirotd exited with {self._process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"poirotd not ready after {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.1)
+        ready = json.loads(self._ready_file.read_text())
+        self.grpc_port, self.metrics_port = ready["grpc_port"], ready["metrics_port"]
+
+    def terminate(self, timeout: float = 120.0) -> int:
+        """SIGTERM, then wait for the drain; returns the exit code."""
+        assert self._process is not None
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)
+        try:
+            return self._process.wait(timeout)
+        finally:
+            self._close_log()
+
+    def kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._close_log()
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.kill()

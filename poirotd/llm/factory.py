@@ -1,0 +1,13 @@
+"""Builds the configured LLM backend (scripted backends are for tests and are never built here)."""
+
+from __future__ import annotations
+
+from poirotd.config import LLMSpec
+from poirotd.llm.base import LLMBackend
+
+
+async def open_backend(spec: LLMSpec) -> LLMBackend:
+    # Imported here: the embedded backend pulls in llama.cpp, an optional extra.
+    from poirotd.llm.embedded import EmbeddedBackend
+
+    return await EmbeddedBackend.load(spec)

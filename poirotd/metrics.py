@@ -1,0 +1,111 @@
+"""Every Prometheus metric the daemon exports, on one registry per daemon instance."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from poirotd import __version__
+
+_PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+_LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """Names follow the project's conventions: prefix poirot_, base units, bounded labels only."""
+
+    def __init__(self, system: str) -> None:
+        self.system = system
+        self.registry = CollectorRegistry()
+        r = self.registry
+        Info("poirot_build", "poirotd build information", registry=r).info(
+            {"version": __version__, "system": system}
+        )
+        self.attribution_score = Gauge(
+            "poirot_attribution_score",
+            "Score S_j of each hazard region in the latest finished investigation",
+            ["system", "component"],
+            registry=r,
+        )
+        self.attribution_top = Gauge(
+            "poirot_attribution_top",
+            "1 for the region(s) with the top score in the latest investigation, else 0",
+            ["system", "component"],
+            registry=r,
+        )
+        self.investigations = Counter(
+            "poirot_investigations_total",
+            "Finished investigations by outcome",
+            ["system", "outcome", "method"],
+            registry=r,
+        )
+        self.investigations_in_flight = Gauge(
+            "poirot_investigations_in_flight", "Investigations running now", ["system"], registry=r
+        )
+        self.queue_depth = Gauge(
+            "poirot_investigation_queue_depth",
+            "Investigations waiting to run",
+            ["system"],
+            registry=r,
+        )
+        self.phase_duration = Histogram(
+            "poirot_phase_duration_seconds",
+            "Duration of each protocol phase",
+            ["system", "phase"],
+            buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.investigation_duration = Histogram(
+            "poirot_investigation_duration_seconds",
+            "Time from start to attribution (or failure)",
+            ["system", "outcome"],
+            buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.votes = Counter(
+            "poirot_votes_total",
+            "Votes cast per agent; outcome=abstained when no valid vote could be had",
+            ["system", "agent", "outcome"],
+            registry=r,
+        )
+        self.llm_calls = Counter(
+            "poirot_llm_calls_total",
+            "LLM calls by backend and outcome (ok or an error reason)",
+            ["backend", "outcome"],
+            registry=r,
+        )
+        self.llm_tokens = Counter(
+            "poirot_llm_tokens_total",
+            "LLM tokens: prompt (sent), cached (not re-evaluated), completion",
+            ["backend", "kind"],
+            registry=r,
+        )
+        self.llm_duration = Histogram(
+            "poirot_llm_call_duration_seconds",
+            "Latency of one LLM call",
+            ["backend"],
+            buckets=_LLM_BUCKETS,
+            registry=r,
+        )
+        self.ingested = Counter(
+            "poirot_ingest_items_total",
+            "Items committed to the store by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.requests_rejected = Counter(
+            "poirot_requests_rejected_total",
+            "Requests refused with an error status, by RPC and reason",
+            ["rpc", "reason"],
+            registry=r,
+        )
+
+    def record_attribution(self, region_ids: Sequence[str], scores: Sequence[float],
+                           top: Sequence[int]) -> None:
+        """Publishes the latest attribution; regions of an older hazard space are removed."""
+        for family in (self.attribution_score, self.attribution_top):
+            family.clear()
+        for index, (region, score) in enumerate(zip(region_ids, scores, strict=True)):
+            self.attribution_score.labels(self.system, region).set(score)
+            self.attribution_top.labels(self.system, region).set(1 if index in top else 0)

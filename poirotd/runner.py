@@ -1,0 +1,255 @@
+"""Runs queued investigations through the POIROT engine and records everything they produce.
+
+The queue is bounded (a full queue refuses new triggers); every protocol event is persisted before
+it is announced, so Watch streams and the audit see the same history; on shutdown, unfinished
+investigations are kept as INTERRUPTED with whatever they had produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime
+
+import structlog
+
+from poirotd.config import SystemSpec
+from poirotd.errors import ResourceExhausted, Unavailable
+from poirotd.events import EventBus
+from poirotd.metrics import Metrics
+from poirotd.model import (
+    EventKind,
+    Investigation,
+    InvestigationEvent,
+    InvestigationState,
+    LLMExchange,
+    PhaseTiming,
+)
+from poirotd.protocol.engine import InvestigationEngine
+from poirotd.protocol.errors import ProtocolError
+from poirotd.protocol.events import (
+    AttributionReady,
+    ExchangeDone,
+    PhaseBegun,
+    PhaseEnded,
+    ProtocolEvent,
+    ReportFiled,
+    VoteCast,
+)
+from poirotd.store import Store
+
+log = structlog.get_logger(__name__)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class InvestigationRunner:
+    def __init__(
+        self,
+        spec: SystemSpec,
+        store: Store,
+        engine: InvestigationEngine,
+        bus: EventBus,
+        metrics: Metrics,
+        *,
+        backend_name: str,
+        capacity: int,
+        workers: int,
+    ) -> None:
+        self._spec = spec
+        self._store = store
+        self._engine = engine
+        self._bus = bus
+        self._metrics = metrics
+        self._backend_name = backend_name
+        self._queue: asyncio.Queue[Investigation] = asyncio.Queue(maxsize=capacity)
+        self._workers = workers
+        self._tasks: list[asyncio.Task[None]] = []
+        self._draining = False
+        self._busy = 0
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"investigation-worker-{i}")
+            for i in range(self._workers)
+        ]
+
+    @property
+    def accepting(self) -> bool:
+        return not self._draining
+
+    async def submit(self, session_id: str, reason: str) -> Investigation:
+        """Queues an investigation over a stored session and returns its QUEUED record."""
+        if self._draining:
+            raise Unavailable("the daemon is shutting down; no new investigations", reason="draining")
+        if self._queue.full():
+            raise ResourceExhausted(
+                f"investigation queue is full ({self._queue.maxsize} waiting)", reason="queue_full"
+            )
+        investigation = Investigation(
+            investigation_id=uuid.uuid4().hex,
+            system=self._spec.system.name,
+            session_id=session_id,
+            state=InvestigationState.QUEUED,
+            reason=reason,
+            created_at=_now(),
+        )
+        await self._store.save_investigation(investigation)
+        self._queue.put_nowait(investigation)
+        self._metrics.queue_depth.labels(self._spec.system.name).set(self._queue.qsize())
+        log.info("investigation queued", investigation_id=investigation.investigation_id,
+                 session_id=session_id)
+        return investigation
+
+    async def drain(self, timeout: float) -> None:
+        """Refuses new work, lets running and queued investigations finish for up to `timeout`
+        seconds, then cancels the rest; whatever did not finish is stored as INTERRUPTED."""
+        self._draining = True
+        deadline = time.monotonic() + timeout
+        while (self._busy or not self._queue.empty()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.interrupt_unfinished("daemon stopped before the investigation finished")
+
+    async def interrupt_unfinished(self, reason: str) -> None:
+        """Marks every QUEUED or RUNNING investigation INTERRUPTED (at shutdown, or at start-up
+        for leftovers of a crash). The event goes out before the state changes, so a Watch that
+        sees the final state has already been able to read the terminal event."""
+        unfinished: list[Investigation] = []
+        for state in (InvestigationState.QUEUED, InvestigationState.RUNNING):
+            found, _ = await self._store.list_investigations(state=state, limit=10_000)
+            unfinished.extend(found)
+        for investigation in unfinished:
+            await self._emit(investigation.investigation_id, EventKind.INTERRUPTED, reason=reason)
+            self._metrics.investigations.labels(
+                self._spec.system.name, "interrupted", investigation.method
+            ).inc()
+        await self._store.interrupt_unfinished(reason, _now())
+
+    async def _work(self) -> None:
+        while True:
+            investigation = await self._queue.get()
+            self._metrics.queue_depth.labels(self._spec.system.name).set(self._queue.qsize())
+            self._busy += 1
+            try:
+                await _Investigating(self, investigation).run()
+            finally:
+                self._busy -= 1
+                self._queue.task_done()
+
+    async def _emit(self, investigation_id: str, kind: EventKind, **fields: object) -> None:
+        event = InvestigationEvent.model_validate(
+            {"event_id": 0, "investigation_id": investigation_id, "at": _now(), "kind": kind,
+             **fields}
+        )
+        stored = await self._store.append_event(event)
+        await self._bus.published(stored.event_id)
+
+
+class _Investigating:
+    """One investigation's run: keeps its record current as protocol events arrive."""
+
+    def __init__(self, runner: InvestigationRunner, investigation: Investigation) -> None:
+        self._r = runner
+        self._record = investigation
+        self._phases: list[PhaseTiming] = []
+        self._log = log.bind(investigation_id=investigation.investigation_id,
+                             session_id=investigation.session_id)
+
+    async def run(self) -> None:
+        r, system = self._r, self._r._spec.system.name
+        started = time.monotonic()
+        await self._update(state=InvestigationState.RUNNING)
+        await self._emit(EventKind.STARTED, session_id=self._record.session_id,
+                         reason=self._record.reason)
+        r._metrics.investigations_in_flight.labels(system).inc()
+        self._log.info("investigation started")
+        try:
+            messages = await r._store.session_messages(self._record.session_id)
+            outcome = await r._engine.run(messages, self._on_event)
+        except ProtocolError as exc:
+            await self._finish(InvestigationState.FAILED, started, error=str(exc))
+        except asyncio.CancelledError:
+            # drain() marks the record INTERRUPTED and emits the event.
+            r._metrics.investigations_in_flight.labels(system).dec()
+            raise
+        except Exception as exc:
+            self._log.exception("investigation crashed")
+            await self._finish(InvestigationState.FAILED, started,
+                               error=f"internal error: {type(exc).__name__}: {exc}")
+        else:
+            await self._update(
+                hazard_space=outcome.hazard_space,
+                reports=dict(outcome.reports),
+                votes=tuple(outcome.votes),
+                attribution=outcome.attribution,
+                phases=tuple(outcome.phases),
+                usage=outcome.usage,
+            )
+            region_ids = [region.id for region in outcome.hazard_space.regions]
+            r._metrics.record_attribution(region_ids, outcome.attribution.scores,
+                                          outcome.attribution.top)
+            await self._finish(InvestigationState.SUCCEEDED, started)
+
+    async def _finish(self, state: InvestigationState, started: float, error: str = "") -> None:
+        r, system = self._r, self._r._spec.system.name
+        # The terminal event is stored before the terminal state (see interrupt_unfinished).
+        if state is InvestigationState.FAILED:
+            await self._emit(EventKind.FAILED, reason=error)
+            self._log.warning("investigation failed", error=error)
+        else:
+            self._log.info("investigation finished", state=state.value)
+        await self._update(state=state, error=error, finished_at=_now())
+        outcome = state.value
+        r._metrics.investigations.labels(system, outcome, self._record.method).inc()
+        r._metrics.investigation_duration.labels(system, outcome).observe(
+            time.monotonic() - started
+        )
+        r._metrics.investigations_in_flight.labels(system).dec()
+
+    async def _on_event(self, event: ProtocolEvent) -> None:
+        r, system = self._r, self._r._spec.system.name
+        if isinstance(event, PhaseBegun):
+            await self._emit(EventKind.PHASE_BEGUN, phase=event.phase)
+        elif isinstance(event, PhaseEnded):
+            self._phases.append(PhaseTiming(phase=event.phase, seconds=event.seconds))
+            r._metrics.phase_duration.labels(system, event.phase.value).observe(event.seconds)
+            await self._update(phases=tuple(self._phases))
+            await self._emit(EventKind.PHASE_ENDED, phase=event.phase, seconds=event.seconds)
+        elif isinstance(event, ExchangeDone):
+            await r._store.record_exchange(self._record.investigation_id, event.exchange)
+            self._count_llm_call(event.exchange)
+        elif isinstance(event, ReportFiled):
+            await self._update(reports={**self._record.reports, event.agent_id: event.report})
+        elif isinstance(event, VoteCast):
+            outcome = "abstained" if event.vote.abstained else "voted"
+            r._metrics.votes.labels(system, event.vote.agent_id, outcome).inc()
+            await self._update(votes=(*self._record.votes, event.vote))
+            await self._emit(EventKind.VOTE_CAST, vote=event.vote)
+        elif isinstance(event, AttributionReady):
+            await self._update(hazard_space=event.hazard_space, attribution=event.attribution)
+            await self._emit(
+                EventKind.ATTRIBUTION_READY,
+                attribution=event.attribution,
+                region_names=tuple(region.name for region in event.hazard_space.regions),
+            )
+
+    def _count_llm_call(self, exchange: LLMExchange) -> None:
+        m, backend = self._r._metrics, self._r._backend_name
+        m.llm_calls.labels(backend, "error" if exchange.error else "ok").inc()
+        m.llm_duration.labels(backend).observe(exchange.seconds)
+        m.llm_tokens.labels(backend, "prompt").inc(exchange.prompt_tokens)
+        m.llm_tokens.labels(backend, "completion").inc(exchange.completion_tokens)
+        m.llm_tokens.labels(backend, "cached").inc(exchange.cached_tokens or 0)
+
+    async def _update(self, **changes: object) -> None:
+        self._record = self._record.model_copy(update=changes)
+        await self._r._store.save_investigation(self._record)
+
+    async def _emit(self, kind: EventKind, **fields: object) -> None:
+        await self._r._emit(self._record.investigation_id, kind, **fields)

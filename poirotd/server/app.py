@@ -1,0 +1,56 @@
+"""The gRPC server: our two services plus standard health checking and reflection."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
+from poirotd.server.ingest import IngestServicer
+from poirotd.server.investigations import InvestigationsServicer
+from poirotd.service import PoirotService
+
+SERVICES = tuple(
+    pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Ingest", "Investigations")
+)
+# gRPC's own hard limit sits above the per-item limit the core checks, so that ordinary oversized
+# items get the core's precise, counted error; only grossly oversized ones meet gRPC's generic one.
+_TRANSPORT_LIMIT_FACTOR = 4
+
+
+class GrpcServer:
+    def __init__(self, service: PoirotService, *, host: str, port: int, max_message_bytes: int,
+                 batch_max: int) -> None:
+        limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ]
+        )
+        self._health = health.aio.HealthServicer()
+        pb_grpc.add_IngestServicer_to_server(
+            IngestServicer(service, batch_max=batch_max), self._server
+        )
+        pb_grpc.add_InvestigationsServicer_to_server(InvestigationsServicer(service), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+        )
+        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC to {host}:{port}")
+
+    async def start(self) -> None:
+        await self._server.start()
+        for name in ("", *SERVICES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def enter_drain(self) -> None:
+        """Health turns NOT_SERVING so load balancers and probes stop sending work."""
+        await self._health.enter_graceful_shutdown()
+
+    async def stop(self, grace: float) -> None:
+        await self._server.stop(grace)

@@ -1,0 +1,186 @@
+"""Protobuf <-> domain conversions; the only place that knows both shapes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.errors import InvalidArgument
+from poirotd.ingest import IngestItem
+from poirotd.model import (
+    AgentMessage,
+    Attribution,
+    EventKind,
+    HazardSpace,
+    Investigation,
+    InvestigationEvent,
+    InvestigationState,
+    MessageKind,
+    Session,
+    SessionEnd,
+    TelemetrySample,
+    Vote,
+)
+
+_KINDS = {
+    pb.MESSAGE_KIND_AGENT: MessageKind.AGENT,
+    pb.MESSAGE_KIND_HUMAN: MessageKind.HUMAN,
+    pb.MESSAGE_KIND_TOOL: MessageKind.TOOL,
+    pb.MESSAGE_KIND_SYSTEM: MessageKind.SYSTEM,
+}
+_STATES = {
+    InvestigationState.QUEUED: pb.INVESTIGATION_STATE_QUEUED,
+    InvestigationState.RUNNING: pb.INVESTIGATION_STATE_RUNNING,
+    InvestigationState.SUCCEEDED: pb.INVESTIGATION_STATE_SUCCEEDED,
+    InvestigationState.FAILED: pb.INVESTIGATION_STATE_FAILED,
+    InvestigationState.INTERRUPTED: pb.INVESTIGATION_STATE_INTERRUPTED,
+}
+_STATES_FROM_PB = {v: k for k, v in _STATES.items()}
+
+
+def _time(ts: Timestamp, *, default: datetime) -> datetime:
+    """An unset timestamp means "now, as received"."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return default
+    return ts.ToDatetime(tzinfo=UTC)
+
+
+def _ts(value: datetime | None) -> Timestamp | None:
+    if value is None:
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def ingest_item(request: pb.IngestRequest, received_at: datetime) -> IngestItem:
+    """Raises InvalidArgument (naming the seq) for a request without an item or a kind."""
+    which = request.WhichOneof("item")
+    if which == "session_start":
+        s = request.session_start
+        return Session(
+            session_id=s.session_id,
+            system=s.system,
+            started_at=_time(s.started_at, default=received_at),
+            labels=dict(s.labels),
+        )
+    if which == "session_end":
+        e = request.session_end
+        return SessionEnd(session_id=e.session_id, ended_at=_time(e.ended_at, default=received_at))
+    if which == "agent_message":
+        m = request.agent_message
+        if m.kind not in _KINDS:
+            raise InvalidArgument(f"seq {request.seq}: message kind is unspecified",
+                                  reason="invalid")
+        return AgentMessage(
+            session_id=m.session_id,
+            index=m.index,
+            kind=_KINDS[m.kind],
+            sender=m.sender,
+            recipient=m.recipient,
+            content=m.content,
+            tool_calls=tuple(m.tool_calls),
+            tool_name=m.tool_name,
+            sent_at=_time(m.sent_at, default=received_at),
+        )
+    if which == "telemetry":
+        t = request.telemetry
+        return TelemetrySample(
+            session_id=t.session_id,
+            component=t.component,
+            signal=t.signal,
+            value=t.value,
+            measured_at=_time(t.measured_at, default=received_at),
+        )
+    raise InvalidArgument(f"seq {request.seq}: request carries no item", reason="invalid")
+
+
+def state_from_pb(state: int) -> InvestigationState | None:
+    return _STATES_FROM_PB.get(state)  # type: ignore[call-overload]
+
+
+def hazard_space(space: HazardSpace) -> pb.HazardSpace:
+    return pb.HazardSpace(
+        system=space.system,
+        version=space.version,
+        source=space.source,
+        regions=[
+            pb.HazardRegion(id=r.id, name=r.name, type=r.type, description=r.description)
+            for r in space.regions
+        ],
+    )
+
+
+def vote(v: Vote) -> pb.Vote:
+    return pb.Vote(
+        agent_id=v.agent_id,
+        location=list(v.location),
+        hazard_vector=v.hazard_vector,
+        justification=v.justification,
+        weight=v.weight,
+        abstention_reason=v.abstention_reason,
+        forced=v.forced,
+    )
+
+
+def attribution(a: Attribution) -> pb.Attribution:
+    return pb.Attribution(
+        scores=list(a.scores),
+        top=list(a.top),
+        tie=a.tie,
+        decision=list(a.decision),
+        rule=a.rule,
+        beta=a.beta,
+    )
+
+
+def investigation(inv: Investigation) -> pb.Investigation:
+    message = pb.Investigation(
+        investigation_id=inv.investigation_id,
+        system=inv.system,
+        session_id=inv.session_id,
+        state=_STATES[inv.state],
+        reason=inv.reason,
+        method=inv.method,
+        created_at=_ts(inv.created_at),
+        finished_at=_ts(inv.finished_at),
+        votes=[vote(v) for v in inv.votes],
+        phases=[pb.PhaseTiming(phase=p.phase.value, seconds=p.seconds) for p in inv.phases],
+        error=inv.error,
+        llm_calls=inv.usage.calls,
+        prompt_tokens=inv.usage.prompt_tokens,
+        completion_tokens=inv.usage.completion_tokens,
+    )
+    if inv.hazard_space is not None:
+        message.hazard_space.CopyFrom(hazard_space(inv.hazard_space))
+    if inv.attribution is not None:
+        message.attribution.CopyFrom(attribution(inv.attribution))
+    return message
+
+
+def event(e: InvestigationEvent) -> pb.InvestigationEvent:
+    message = pb.InvestigationEvent(
+        event_id=e.event_id, investigation_id=e.investigation_id, at=_ts(e.at)
+    )
+    E = pb.InvestigationEvent
+    if e.kind is EventKind.STARTED:
+        message.started.CopyFrom(E.Started(session_id=e.session_id, reason=e.reason))
+    elif e.kind is EventKind.PHASE_BEGUN and e.phase is not None:
+        message.phase_begun.CopyFrom(E.PhaseBegun(phase=e.phase.value))
+    elif e.kind is EventKind.PHASE_ENDED and e.phase is not None:
+        message.phase_ended.CopyFrom(E.PhaseEnded(phase=e.phase.value, seconds=e.seconds or 0.0))
+    elif e.kind is EventKind.VOTE_CAST and e.vote is not None:
+        message.vote_cast.CopyFrom(E.VoteCast(vote=vote(e.vote)))
+    elif e.kind is EventKind.ATTRIBUTION_READY and e.attribution is not None:
+        message.attribution_ready.CopyFrom(
+            E.AttributionReady(
+                attribution=attribution(e.attribution), region_names=list(e.region_names)
+            )
+        )
+    elif e.kind is EventKind.FAILED:
+        message.failed.CopyFrom(E.Failed(reason=e.reason))
+    elif e.kind is EventKind.INTERRUPTED:
+        message.interrupted.CopyFrom(E.Interrupted(reason=e.reason))
+    return message

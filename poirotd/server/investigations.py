@@ -1,0 +1,80 @@
+"""gRPC Investigations: trigger, query and watch investigations; a thin skin over the core."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
+from poirotd.errors import InvalidArgument, ServiceError
+from poirotd.server import convert
+from poirotd.server.status import abort
+from poirotd.service import PoirotService
+
+_MAX_PAGE = 500
+_DEFAULT_PAGE = 50
+
+
+class InvestigationsServicer(pb_grpc.InvestigationsServicer):
+    def __init__(self, service: PoirotService) -> None:
+        self._service = service
+
+    async def Trigger(
+        self, request: pb.TriggerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Investigation:
+        try:
+            investigation = await self._service.trigger(request.session_id, request.reason)
+        except ServiceError as error:
+            await abort(context, self._service.metrics, "Investigations.Trigger", error)
+        return convert.investigation(investigation)
+
+    async def Get(
+        self, request: pb.GetInvestigationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Investigation:
+        try:
+            investigation = await self._service.get(request.investigation_id)
+        except ServiceError as error:
+            await abort(context, self._service.metrics, "Investigations.Get", error)
+        return convert.investigation(investigation)
+
+    async def List(
+        self, request: pb.ListInvestigationsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListInvestigationsResponse:
+        try:
+            if request.page_size > _MAX_PAGE:
+                raise InvalidArgument(f"page_size is at most {_MAX_PAGE}", reason="invalid")
+            found, token = await self._service.list(
+                session_id=request.session_id or None,
+                state=convert.state_from_pb(request.state),
+                page_size=request.page_size or _DEFAULT_PAGE,
+                page_token=request.page_token or None,
+            )
+        except ServiceError as error:
+            await abort(context, self._service.metrics, "Investigations.List", error)
+        return pb.ListInvestigationsResponse(
+            investigations=[convert.investigation(i) for i in found], next_page_token=token or ""
+        )
+
+    async def Watch(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.InvestigationEvent]:
+        events = self._service.watch(
+            after_event_id=request.after_event_id,
+            investigation_id=request.investigation_id or None,
+        )
+        try:
+            async for event in events:
+                yield convert.event(event)
+        except ServiceError as error:
+            await abort(context, self._service.metrics, "Investigations.Watch", error)
+
+    async def GetHazardSpace(
+        self, request: pb.GetHazardSpaceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HazardSpace:
+        try:
+            space = await self._service.hazard_space()
+        except ServiceError as error:
+            await abort(context, self._service.metrics, "Investigations.GetHazardSpace", error)
+        return convert.hazard_space(space)

@@ -1,0 +1,30 @@
+"""Maps the core's refusals to gRPC status codes, counting each one."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+import structlog
+
+from poirotd.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
+from poirotd.metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+_CODES: dict[type[ServiceError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+async def abort(
+    context: grpc.aio.ServicerContext, metrics: Metrics, rpc: str, error: ServiceError
+) -> NoReturn:
+    code = _CODES.get(type(error), grpc.StatusCode.INTERNAL)
+    metrics.requests_rejected.labels(rpc, error.reason).inc()
+    log.warning("request refused", rpc=rpc, code=code.name, reason=error.reason, detail=str(error))
+    await context.abort(code, str(error))
+    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises

@@ -1,0 +1,137 @@
+"""The daemon's one core: every transport (gRPC today, in-process bridges later) calls this."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from poirotd.config import SystemSpec
+from poirotd.errors import InvalidArgument, NotFound
+from poirotd.events import EventBus
+from poirotd.ingest import IngestItem, IngestValidator
+from poirotd.metrics import Metrics
+from poirotd.model import (
+    AgentMessage,
+    EventKind,
+    HazardSpace,
+    Investigation,
+    InvestigationEvent,
+    InvestigationState,
+    Session,
+    SessionEnd,
+    TelemetrySample,
+)
+from poirotd.runner import InvestigationRunner
+from poirotd.store import Store
+
+_TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
+# How often an idle Watch re-checks the store even without a wake-up (a safety net, not a poll loop).
+_WATCH_IDLE_SECONDS = 5.0
+_KIND_LABELS: dict[type, str] = {
+    Session: "session_start",
+    SessionEnd: "session_end",
+    AgentMessage: "agent_message",
+    TelemetrySample: "telemetry",
+}
+
+
+class PoirotService:
+    def __init__(
+        self,
+        spec: SystemSpec,
+        store: Store,
+        runner: InvestigationRunner,
+        bus: EventBus,
+        metrics: Metrics,
+        *,
+        max_item_bytes: int,
+    ) -> None:
+        self.spec = spec
+        self._store = store
+        self._runner = runner
+        self._bus = bus
+        self.metrics = metrics
+        self._max_item_bytes = max_item_bytes
+
+    # ------------------------------------------------------------ ingest
+
+    def new_ingest_validator(self) -> IngestValidator:
+        return IngestValidator(self.spec, self._store, max_item_bytes=self._max_item_bytes)
+
+    async def commit(self, items: Sequence[IngestItem]) -> None:
+        """Stores a validated batch in one transaction; returns once it is durable."""
+        await self._store.commit_ingest(items)
+        for item in items:
+            self.metrics.ingested.labels(_KIND_LABELS[type(item)]).inc()
+
+    # ------------------------------------------------------------ investigations
+
+    async def trigger(self, session_id: str, reason: str) -> Investigation:
+        if not session_id:
+            raise InvalidArgument("session_id is empty", reason="invalid")
+        if not self._store.has_session(session_id):
+            raise NotFound(f"session {session_id!r} is not known", reason="unknown_session")
+        return await self._runner.submit(session_id, reason or "manual trigger")
+
+    async def get(self, investigation_id: str) -> Investigation:
+        investigation = await self._store.get_investigation(investigation_id)
+        if investigation is None:
+            raise NotFound(f"investigation {investigation_id!r} not found", reason="not_found")
+        return investigation
+
+    async def list(
+        self,
+        *,
+        session_id: str | None,
+        state: InvestigationState | None,
+        page_size: int,
+        page_token: str | None,
+    ) -> tuple[list[Investigation], str | None]:
+        try:
+            return await self._store.list_investigations(
+                session_id=session_id, state=state, limit=page_size, page_token=page_token
+            )
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), reason="invalid") from exc
+
+    async def watch(
+        self, *, after_event_id: int, investigation_id: str | None
+    ) -> AsyncIterator[InvestigationEvent]:
+        """Stored events after `after_event_id`, then live ones; a single-investigation watch ends
+        with that investigation's terminal event."""
+        if investigation_id:
+            await self.get(investigation_id)  # NOT_FOUND early rather than an endless empty stream
+        last = after_event_id
+        while True:
+            events = await self._store.events_after(last, investigation_id=investigation_id)
+            for event in events:
+                yield event
+                last = event.event_id
+                if investigation_id and event.kind in _TERMINAL_EVENTS:
+                    return
+            if events:
+                continue
+            if investigation_id and (await self.get(investigation_id)).state.finished:
+                # Its terminal event is stored before its state: one more read catches it.
+                for event in await self._store.events_after(last, investigation_id=investigation_id):
+                    yield event
+                return
+            await self._bus.wait_beyond(last, _WATCH_IDLE_SECONDS)
+
+    async def hazard_space(self) -> HazardSpace:
+        if self.spec.hazard_space is not None:
+            return HazardSpace(
+                system=self.spec.system.name,
+                version=self.spec.description_version(),
+                regions=self.spec.hazard_space.regions,
+                source="pinned",
+            )
+        space = await self._store.get_hazard_space(
+            self.spec.system.name, self.spec.description_version()
+        )
+        if space is None:
+            raise NotFound(
+                "no hazard space yet: it is built by the first investigation (or pin one in the "
+                "spec under hazard_space.regions)",
+                reason="not_found",
+            )
+        return space
