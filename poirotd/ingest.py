@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound, ResourceExhausted
-from poirotd.model import AgentMessage, MessageKind, Session, SessionEnd, TelemetrySample
-from poirotd.store import Store
-
-IngestItem = Session | SessionEnd | AgentMessage | TelemetrySample
+from poirotd.model import AgentMessage, MessageKind, Session, TelemetrySample
+from poirotd.store import IngestItem, Store
 
 
 class IngestValidator:

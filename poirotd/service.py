@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Sequence
 from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound
 from poirotd.events import EventBus
-from poirotd.ingest import IngestItem, IngestValidator
+from poirotd.ingest import IngestValidator
+from poirotd.store import IngestItem
 from poirotd.metrics import Metrics
 from poirotd.model import (
     AgentMessage,

@@ -8,7 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.errors import InvalidArgument
-from poirotd.ingest import IngestItem
+from poirotd.store import IngestItem
 from poirotd.model import (
     AgentMessage,
     Attribution,

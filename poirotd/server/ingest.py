@@ -13,7 +13,7 @@ import structlog
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import ServiceError, Unavailable
-from poirotd.ingest import IngestItem
+from poirotd.store import IngestItem
 from poirotd.server import convert
 from poirotd.server.status import abort
 from poirotd.service import PoirotService

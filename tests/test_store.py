@@ -1,0 +1,408 @@
+"""The SQLite store against a real database file: round trips, idempotence, durability, paging."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from poirotd.model import (
+    AgentMessage,
+    Attribution,
+    EventKind,
+    HazardRegion,
+    HazardSpace,
+    Investigation,
+    InvestigationEvent,
+    InvestigationState,
+    LLMExchange,
+    LLMUsage,
+    MessageKind,
+    Phase,
+    PhaseTiming,
+    Session,
+    SessionEnd,
+    TelemetrySample,
+    Vote,
+)
+from poirotd.store import Store, UnknownInvestigationError, UnknownSessionError
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+CEST = timezone(timedelta(hours=2))
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "poirotd.db"
+
+
+@pytest.fixture
+async def store(db: Path) -> AsyncIterator[Store]:
+    s = await Store.open(db)
+    yield s
+    await s.close()
+
+
+def session(sid: str = "s1", **kw: object) -> Session:
+    fields: dict[str, object] = {"session_id": sid, "system": "cortex", "started_at": T0}
+    return Session.model_validate({**fields, **kw})
+
+
+def message(index: int, sid: str = "s1", content: str = "") -> AgentMessage:
+    return AgentMessage(
+        session_id=sid,
+        index=index,
+        kind=MessageKind.AGENT,
+        sender="planner",
+        recipient="controller",
+        content=content or f"message {index}",
+        sent_at=T0 + timedelta(seconds=index),
+    )
+
+
+def sample(seconds: float, value: float, sid: str = "s1") -> TelemetrySample:
+    return TelemetrySample(
+        session_id=sid,
+        component="knee_motor",
+        signal="torque",
+        value=value,
+        measured_at=T0 + timedelta(seconds=seconds),
+    )
+
+
+def investigation(
+    iid: str,
+    *,
+    sid: str = "s1",
+    state: InvestigationState = InvestigationState.QUEUED,
+    created_at: datetime = T0,
+) -> Investigation:
+    return Investigation(
+        investigation_id=iid,
+        system="cortex",
+        session_id=sid,
+        state=state,
+        reason="torque spike",
+        created_at=created_at,
+    )
+
+
+def event(iid: str, kind: EventKind = EventKind.STARTED) -> InvestigationEvent:
+    return InvestigationEvent(event_id=999, investigation_id=iid, at=T0, kind=kind)
+
+
+def space(version: str = "v1") -> HazardSpace:
+    return HazardSpace(
+        system="cortex",
+        version=version,
+        regions=(
+            HazardRegion(id="planner", name="Planner", type="agent", description="plans"),
+            HazardRegion(id="knee_motor", name="Knee motor", type="hardware", description="moves"),
+        ),
+        source="llm",
+    )
+
+
+# ------------------------------------------------------------ setup
+
+
+async def test_opens_in_wal_mode_with_a_schema_version(store: Store, db: Path) -> None:
+    with closing(sqlite3.connect(db)) as other:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert other.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+async def test_refuses_a_database_from_a_newer_schema(db: Path) -> None:
+    await (await Store.open(db)).close()
+    with closing(sqlite3.connect(db)) as other:
+        other.execute("PRAGMA user_version = 99")
+    with pytest.raises(RuntimeError, match="schema version 99"):
+        await Store.open(db)
+
+
+async def test_close_is_idempotent_and_a_closed_store_refuses_work(db: Path) -> None:
+    s = await Store.open(db, synchronous="NORMAL")
+    await asyncio.gather(s.close(), s.close())
+    await s.close()
+    with pytest.raises(RuntimeError, match="store is closed"):
+        await s.get_session("s1")
+    with pytest.raises(RuntimeError, match="store is closed"):
+        await s.commit_ingest([session()])
+    with pytest.raises(RuntimeError, match="store is closed"):
+        s.has_session("s1")
+
+
+# ------------------------------------------------------------ ingest
+
+
+async def test_session_round_trips_and_ends(store: Store) -> None:
+    start = session(labels={"patient": "p7"}, started_at=datetime(2025, 3, 1, 14, tzinfo=CEST))
+    await store.commit_ingest([start])
+    got = await store.get_session("s1")
+    assert got == start
+    assert got is not None and got.started_at.utcoffset() == timedelta(hours=2)
+
+    end = T0 + timedelta(minutes=5)
+    await store.commit_ingest([SessionEnd(session_id="s1", ended_at=end), session()])
+    assert await store.get_session("s1") == start.model_copy(update={"ended_at": end})
+    assert await store.get_session("nope") is None
+
+
+async def test_messages_round_trip_in_index_order(store: Store) -> None:
+    tool_call = message(1).model_copy(
+        update={"kind": MessageKind.TOOL, "tool_calls": ('{"f": 1}',), "tool_name": "brake"}
+    )
+    await store.commit_ingest([session(), message(2), tool_call, message(0)])
+    assert await store.session_messages("s1") == [message(0), tool_call, message(2)]
+    assert await store.session_messages("other") == []
+
+
+async def test_a_resent_message_is_stored_once(store: Store) -> None:
+    await store.commit_ingest([session(), message(0), message(1)])
+    await store.commit_ingest([message(1, content="resent"), message(1), message(2)])
+    assert await store.session_messages("s1") == [message(0), message(1), message(2)]
+
+
+async def test_a_batch_may_start_a_session_and_use_it(store: Store) -> None:
+    assert not store.has_session("s1")
+    await store.commit_ingest(
+        [session(), message(0), sample(0, 1.0), SessionEnd(session_id="s1", ended_at=T0)]
+    )
+    assert store.has_session("s1")
+    assert len(await store.session_messages("s1")) == 1
+    assert len(await store.session_telemetry("s1")) == 1
+
+
+async def test_calls_commit_in_submission_order(store: Store) -> None:
+    await asyncio.gather(store.commit_ingest([session()]), store.commit_ingest([message(0)]))
+    assert await store.session_messages("s1") == [message(0)]
+
+
+async def test_an_unknown_session_refuses_the_whole_batch(store: Store) -> None:
+    with pytest.raises(UnknownSessionError, match="'ghost'"):
+        await store.commit_ingest([session(), message(0), message(0, sid="ghost")])
+    assert not store.has_session("s1")
+    assert await store.get_session("s1") is None
+    with pytest.raises(UnknownSessionError):
+        await store.commit_ingest([SessionEnd(session_id="ghost", ended_at=T0)])
+
+
+async def test_telemetry_returns_the_newest_samples_in_time_order(store: Store) -> None:
+    later_first = [sample(3, 3.0), sample(1, 1.0), sample(2, 2.0), sample(0, 0.0)]
+    await store.commit_ingest([session(), *later_first, sample(1, 1.5)])
+    assert await store.session_telemetry("s1") == [
+        sample(0, 0.0),
+        sample(1, 1.0),
+        sample(1, 1.5),
+        sample(2, 2.0),
+        sample(3, 3.0),
+    ]
+    assert await store.session_telemetry("s1", limit=2) == [sample(2, 2.0), sample(3, 3.0)]
+    with pytest.raises(ValueError, match="limit"):
+        await store.session_telemetry("s1", limit=0)
+
+
+async def test_throughput_batches_all_land(store: Store) -> None:
+    # A sanity check of the batched path, not a timing assertion.
+    await store.commit_ingest([session()])
+    for b in range(20):
+        await store.commit_ingest([message(b * 500 + i) for i in range(500)])
+    assert len(await store.session_messages("s1")) == 10_000
+
+
+# ------------------------------------------------------------ durability
+
+
+async def test_everything_survives_a_reopen(db: Path) -> None:
+    first = await Store.open(db)
+    await first.commit_ingest([session(), message(0), sample(0, 1.0)])
+    await first.put_hazard_space(space())
+    await first.save_investigation(investigation("i1"))
+    stored = await first.append_event(event("i1"))
+    await first.close()
+
+    second = await Store.open(db)
+    try:
+        assert second.has_session("s1")
+        assert not second.has_session("s2")
+        assert await second.session_messages("s1") == [message(0)]
+        assert await second.session_telemetry("s1") == [sample(0, 1.0)]
+        assert await second.get_hazard_space("cortex", "v1") == space()
+        assert await second.get_investigation("i1") == investigation("i1")
+        assert await second.events_after(0) == [stored]
+        assert (await second.append_event(event("i1"))).event_id == stored.event_id + 1
+    finally:
+        await second.close()
+
+
+async def test_an_acknowledged_commit_is_visible_to_another_connection(
+    store: Store, db: Path
+) -> None:
+    await store.commit_ingest([session(), message(0), message(1)])
+    with closing(sqlite3.connect(db)) as other:
+        assert other.execute("SELECT count(*) FROM messages").fetchone()[0] == 2
+        assert other.execute("SELECT session_id FROM sessions").fetchall() == [("s1",)]
+
+
+# ------------------------------------------------------------ hazard spaces
+
+
+async def test_hazard_spaces_upsert_and_latest(store: Store) -> None:
+    assert await store.latest_hazard_space("cortex") is None
+    await store.put_hazard_space(space("v1"))
+    await store.put_hazard_space(space("v2"))
+    assert await store.latest_hazard_space("cortex") == space("v2")
+    assert await store.get_hazard_space("cortex", "v3") is None
+
+    pinned = space("v1").model_copy(update={"source": "pinned"})
+    await store.put_hazard_space(pinned)
+    assert await store.get_hazard_space("cortex", "v1") == pinned
+    assert await store.latest_hazard_space("cortex") == pinned
+    assert await store.latest_hazard_space("trading") is None
+
+
+# ------------------------------------------------------------ investigations
+
+
+async def test_a_full_investigation_round_trips_and_upserts(store: Store) -> None:
+    queued = investigation("i1")
+    await store.save_investigation(queued)
+    done = queued.model_copy(
+        update={
+            "state": InvestigationState.SUCCEEDED,
+            "finished_at": T0 + timedelta(seconds=40),
+            "hazard_space": space(),
+            "reports": {"planner": {"role_fulfilled": True}, "controller": None},
+            "votes": (Vote(agent_id="planner", location=(0, 1), weight=0.6, forced=True),),
+            "attribution": Attribution(
+                scores=(0.0, 0.6), top=(1,), tie=False, decision=(0, 1), rule="argmax", beta=0.25
+            ),
+            "phases": (PhaseTiming(phase=Phase.VOTING, seconds=1.5),),
+            "usage": LLMUsage(calls=3, prompt_tokens=900, completion_tokens=120),
+        }
+    )
+    await store.save_investigation(done)
+    assert await store.get_investigation("i1") == done
+    assert await store.get_investigation("nope") is None
+    assert await store.list_investigations(state=InvestigationState.QUEUED) == ([], None)
+
+
+async def test_list_pages_newest_first_without_gap_or_duplicate(store: Store) -> None:
+    # i0..i6; i3 and i4 share a timestamp so the id breaks the tie.
+    created = [T0 + timedelta(seconds=s) for s in (0, 1, 2, 3, 3, 5, 6)]
+    states = [InvestigationState.SUCCEEDED, InvestigationState.QUEUED] * 4
+    for n, at in enumerate(created):
+        sid = "s1" if n % 2 == 0 else "s2"
+        await store.save_investigation(
+            investigation(f"i{n}", sid=sid, state=states[n], created_at=at)
+        )
+
+    pages: list[list[str]] = []
+    token: str | None = None
+    while True:
+        page, token = await store.list_investigations(limit=3, page_token=token)
+        pages.append([inv.investigation_id for inv in page])
+        if token is None:
+            break
+    assert pages == [["i6", "i5", "i4"], ["i3", "i2", "i1"], ["i0"]]
+
+    first, token = await store.list_investigations(session_id="s1", limit=2)
+    assert token is not None
+    rest, last = await store.list_investigations(session_id="s1", limit=2, page_token=token)
+    assert [i.investigation_id for i in first + rest] == ["i6", "i4", "i2", "i0"]
+    assert last is None
+
+    queued, _ = await store.list_investigations(state=InvestigationState.QUEUED)
+    assert [i.investigation_id for i in queued] == ["i5", "i3", "i1"]
+    both, _ = await store.list_investigations(session_id="s2", state=InvestigationState.SUCCEEDED)
+    assert both == []
+
+
+@pytest.mark.parametrize(
+    "token", ["not base64!", "bm90IGpzb24", "WzEsMiwzXQ", "WyJ4IiwiaSJd", "W3RydWUsImkiXQ"]
+)
+async def test_a_malformed_page_token_is_refused(store: Store, token: str) -> None:
+    with pytest.raises(ValueError, match="invalid page token"):
+        await store.list_investigations(page_token=token)
+
+
+async def test_interrupt_unfinished_marks_queued_and_running(store: Store) -> None:
+    await store.save_investigation(investigation("q", created_at=T0))
+    await store.save_investigation(
+        investigation("r", state=InvestigationState.RUNNING, created_at=T0 + timedelta(seconds=1))
+    )
+    done = investigation("d", state=InvestigationState.SUCCEEDED)
+    await store.save_investigation(done)
+
+    stop = T0 + timedelta(minutes=1)
+    assert await store.interrupt_unfinished("daemon stopped", stop) == ["q", "r"]
+    for iid in ("q", "r"):
+        inv = await store.get_investigation(iid)
+        assert inv is not None
+        assert (inv.state, inv.error, inv.finished_at) == (
+            InvestigationState.INTERRUPTED,
+            "daemon stopped",
+            stop,
+        )
+    assert await store.get_investigation("d") == done
+    interrupted, _ = await store.list_investigations(state=InvestigationState.INTERRUPTED)
+    assert {i.investigation_id for i in interrupted} == {"q", "r"}
+    assert await store.interrupt_unfinished("again", stop) == []
+
+
+# ------------------------------------------------------------ events and exchanges
+
+
+async def test_events_get_increasing_ids_and_resume_after_any_id(store: Store) -> None:
+    await store.save_investigation(investigation("a"))
+    await store.save_investigation(investigation("b"))
+    vote = Vote(agent_id="planner", location=(1, 0))
+    stored = [
+        await store.append_event(event("a")),
+        await store.append_event(event("b")),
+        await store.append_event(
+            event("a").model_copy(update={"kind": EventKind.VOTE_CAST, "vote": vote})
+        ),
+    ]
+    assert [e.event_id for e in stored] == [1, 2, 3]
+    assert stored[2].vote == vote
+
+    assert await store.events_after(0) == stored
+    assert await store.events_after(1) == stored[1:]
+    assert await store.events_after(0, limit=2) == stored[:2]
+    assert await store.events_after(0, investigation_id="a") == [stored[0], stored[2]]
+    assert await store.events_after(1, investigation_id="a") == [stored[2]]
+    assert await store.events_after(3) == []
+
+    with pytest.raises(UnknownInvestigationError, match="'ghost'"):
+        await store.append_event(event("ghost"))
+
+
+async def test_exchanges_are_kept_in_recording_order(store: Store) -> None:
+    await store.save_investigation(investigation("a"))
+    await store.save_investigation(investigation("b"))
+
+    def exchange(purpose: str) -> LLMExchange:
+        return LLMExchange(
+            phase=Phase.SELF_ASSESSMENT,
+            agent_id="planner",
+            purpose=purpose,
+            messages=({"role": "user", "content": "what happened?"},),
+            response='{"ok": true}',
+            cached_tokens=12,
+            at=T0,
+        )
+
+    for purpose in ("report", "turn", "vote"):
+        await store.record_exchange("a", exchange(purpose))
+    await store.record_exchange("b", exchange("answer"))
+    assert await store.exchanges("a") == [exchange("report"), exchange("turn"), exchange("vote")]
+    assert await store.exchanges("b") == [exchange("answer")]
+    assert await store.exchanges("c") == []
+    with pytest.raises(UnknownInvestigationError):
+        await store.record_exchange("c", exchange("vote"))
