@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -12,13 +12,16 @@ from pydantic import ValidationError
 from poirotd.config import Settings
 from poirotd.config.loader import SpecError, load_spec
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="poirotd: POIROT incident attribution beside an LLM multi-agent system.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="poirotd: POIROT incident attribution beside an LLM multi-agent system.",
+)
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML system spec")]
 
 
-def _settings(**overrides: object) -> Settings:
+def _settings(**overrides: Any) -> Settings:
     """Environment (POIROTD_*) first, command-line options on top."""
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -33,8 +36,9 @@ def run(
     grpc_port: Annotated[int | None, typer.Option(help="0 = any free port")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="0 = any free port")] = None,
     db: Annotated[Path | None, typer.Option(help="SQLite database path")] = None,
-    ready_file: Annotated[Path | None, typer.Option(
-        help="write {pid, grpc_port, metrics_port} here once serving")] = None,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="write {pid, grpc_port, metrics_port} here once serving")
+    ] = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
     from poirotd import logs
@@ -58,14 +62,18 @@ def check_config(path: Annotated[Path, typer.Argument(help="YAML system spec")])
     except SpecError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from exc
-    typer.echo(f"{path}: ok (system {spec.system.name!r}, {len(spec.agents)} agents, "
-               f"{len(spec.components)} other components)")
+    typer.echo(
+        f"{path}: ok (system {spec.system.name!r}, {len(spec.agents)} agents, "
+        f"{len(spec.components)} other components)"
+    )
 
 
 @app.command()
 def demo(
-    workdir: Annotated[Path | None, typer.Option(
-        help="keep the database and log here (default: a temporary folder)")] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="keep the database and log here (default: a temporary folder)"),
+    ] = None,
 ) -> None:
     """Start a daemon on the CORTEX demo system, replay a session, investigate, show the result."""
     from poirotd.demo.main import run_demo

@@ -1,4 +1,4 @@
-"""A small async client for poirotd's gRPC API, used by the demo, the tests and operators' scripts."""
+"""A small async client for poirotd's gRPC API (demo, tests, operators' scripts)."""
 
 from __future__ import annotations
 
@@ -41,14 +41,16 @@ class PoirotClient:
         return durable
 
     async def trigger(self, session_id: str, reason: str) -> pb.Investigation:
-        return await self.investigations.Trigger(
+        investigation: pb.Investigation = await self.investigations.Trigger(
             pb.TriggerRequest(session_id=session_id, reason=reason)
         )
+        return investigation
 
     async def get(self, investigation_id: str) -> pb.Investigation:
-        return await self.investigations.Get(
+        investigation: pb.Investigation = await self.investigations.Get(
             pb.GetInvestigationRequest(investigation_id=investigation_id)
         )
+        return investigation
 
     async def watch(
         self, investigation_id: str = "", after_event_id: int = 0

@@ -31,8 +31,9 @@ _RPC_GRACE_SECONDS = 5.0
 
 
 class Daemon:
-    def __init__(self, settings: Settings, spec: SystemSpec, *,
-                 backend: LLMBackend | None = None) -> None:
+    def __init__(
+        self, settings: Settings, spec: SystemSpec, *, backend: LLMBackend | None = None
+    ) -> None:
         self.settings = settings
         self.spec = spec
         self._backend = backend
@@ -52,26 +53,48 @@ class Daemon:
         engine = InvestigationEngine(self.spec, self._backend, self._store)
         bus = EventBus()
         self._runner = InvestigationRunner(
-            self.spec, self._store, engine, bus, self.metrics,
+            self.spec,
+            self._store,
+            engine,
+            bus,
+            self.metrics,
             backend_name=self._backend.name,
             capacity=s.queue_capacity,
             workers=s.concurrent_investigations,
         )
-        await self._runner.interrupt_unfinished("daemon restarted before the investigation finished")
+        await self._runner.interrupt_unfinished(
+            "daemon restarted before the investigation finished"
+        )
         self._runner.start()
-        service = PoirotService(self.spec, self._store, self._runner, bus, self.metrics,
-                                max_item_bytes=s.max_message_bytes)
-        self._grpc = GrpcServer(service, host=s.grpc_host, port=s.grpc_port,
-                                max_message_bytes=s.max_message_bytes,
-                                batch_max=s.ingest_batch_max)
+        service = PoirotService(
+            self.spec,
+            self._store,
+            self._runner,
+            bus,
+            self.metrics,
+            max_item_bytes=s.max_message_bytes,
+        )
+        self._grpc = GrpcServer(
+            service,
+            host=s.grpc_host,
+            port=s.grpc_port,
+            max_message_bytes=s.max_message_bytes,
+            batch_max=s.ingest_batch_max,
+        )
         await self._grpc.start()
         self.grpc_port = self._grpc.port
-        self._metrics_http, _ = start_http_server(s.metrics_port, s.metrics_host,
-                                                  registry=self.metrics.registry)
+        self._metrics_http, _ = start_http_server(
+            s.metrics_port, s.metrics_host, registry=self.metrics.registry
+        )
         self.metrics_port = self._metrics_http.server_port
-        log.info("daemon ready", system=self.spec.system.name, grpc_port=self.grpc_port,
-                 metrics_port=self.metrics_port, llm_backend=self._backend.name,
-                 db_path=str(s.db_path))
+        log.info(
+            "daemon ready",
+            system=self.spec.system.name,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            llm_backend=self._backend.name,
+            db_path=str(s.db_path),
+        )
 
     async def stop(self) -> None:
         """Drain order: stop taking investigations, let running ones finish (or persist them as
@@ -106,8 +129,12 @@ class Daemon:
 
 def _write_ready_file(path: Path, grpc_port: int, metrics_port: int) -> None:
     """Atomically announces the bound ports (useful when they were chosen by the OS)."""
-    payload = {"pid": os.getpid(), "grpc_port": grpc_port, "metrics_port": metrics_port,
-               "ready_at": datetime.now(UTC).isoformat()}
+    payload = {
+        "pid": os.getpid(),
+        "grpc_port": grpc_port,
+        "metrics_port": metrics_port,
+        "ready_at": datetime.now(UTC).isoformat(),
+    }
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(payload))
     tmp.replace(path)

@@ -1,9 +1,8 @@
-"""Wakes Watch streams when a new investigation event is stored; the store stays the source of truth."""
+"""Wakes Watch streams when an investigation event is stored; the store stays the truth."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 
 class EventBus:
@@ -17,10 +16,7 @@ class EventBus:
             self._latest = max(self._latest, event_id)
             self._condition.notify_all()
 
-    async def wait_beyond(self, event_id: int, timeout: float) -> None:
-        """Returns once an event newer than event_id exists, or after timeout."""
+    async def wait_beyond(self, event_id: int) -> None:
+        """Returns once an event newer than event_id exists."""
         async with self._condition:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._condition.wait_for(lambda: self._latest > event_id), timeout
-                )
+            await self._condition.wait_for(lambda: self._latest > event_id)

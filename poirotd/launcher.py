@@ -43,15 +43,32 @@ class DaemonProcess:
         self._ready_file.unlink(missing_ok=True)
         self._log = self.log_path.open("ab")
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "poirotd", "run", "--config", str(self.config),
-             "--db", str(self.db_path), "--grpc-port", "0", "--metrics-port", "0",
-             "--ready-file", str(self._ready_file)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self._env,
+            [
+                sys.executable,
+                "-m",
+                "poirotd",
+                "run",
+                "--config",
+                str(self.config),
+                "--db",
+                str(self.db_path),
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--ready-file",
+                str(self._ready_file),
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self._env,
         )
         deadline = time.monotonic() + timeout
         while not self._ready_file.exists():
             if self._process.poll() is not None:
-                raise RuntimeError(f"poirotd exited with {self._process.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"poirotd exited with {self._process.returncode}:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 self.kill()
                 raise TimeoutError(f"poirotd not ready after {timeout}s:\n{self.log_tail()}")
@@ -59,15 +76,23 @@ class DaemonProcess:
         ready = json.loads(self._ready_file.read_text())
         self.grpc_port, self.metrics_port = ready["grpc_port"], ready["metrics_port"]
 
-    def terminate(self, timeout: float = 120.0) -> int:
-        """SIGTERM, then wait for the drain; returns the exit code."""
+    def signal_stop(self) -> None:
+        """Sends SIGTERM; the daemon drains and exits on its own."""
         assert self._process is not None
         if self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        assert self._process is not None
         try:
             return self._process.wait(timeout)
         finally:
             self._close_log()
+
+    def terminate(self, timeout: float = 120.0) -> int:
+        """SIGTERM, then wait for the drain; returns the exit code."""
+        self.signal_stop()
+        return self.wait(timeout)
 
     def kill(self) -> None:
         if self._process is not None and self._process.poll() is None:

@@ -101,8 +101,9 @@ class Metrics:
             registry=r,
         )
 
-    def record_attribution(self, region_ids: Sequence[str], scores: Sequence[float],
-                           top: Sequence[int]) -> None:
+    def record_attribution(
+        self, region_ids: Sequence[str], scores: Sequence[float], top: Sequence[int]
+    ) -> None:
         """Publishes the latest attribution; regions of an older hazard space are removed."""
         for family in (self.attribution_score, self.attribution_top):
             family.clear()

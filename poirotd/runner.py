@@ -8,6 +8,7 @@ investigations are kept as INTERRUPTED with whatever they had produced.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from datetime import UTC, datetime
@@ -69,7 +70,6 @@ class InvestigationRunner:
         self._workers = workers
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
-        self._busy = 0
 
     def start(self) -> None:
         self._tasks = [
@@ -84,7 +84,9 @@ class InvestigationRunner:
     async def submit(self, session_id: str, reason: str) -> Investigation:
         """Queues an investigation over a stored session and returns its QUEUED record."""
         if self._draining:
-            raise Unavailable("the daemon is shutting down; no new investigations", reason="draining")
+            raise Unavailable(
+                "the daemon is shutting down; no new investigations", reason="draining"
+            )
         if self._queue.full():
             raise ResourceExhausted(
                 f"investigation queue is full ({self._queue.maxsize} waiting)", reason="queue_full"
@@ -100,17 +102,20 @@ class InvestigationRunner:
         await self._store.save_investigation(investigation)
         self._queue.put_nowait(investigation)
         self._metrics.queue_depth.labels(self._spec.system.name).set(self._queue.qsize())
-        log.info("investigation queued", investigation_id=investigation.investigation_id,
-                 session_id=session_id)
+        log.info(
+            "investigation queued",
+            investigation_id=investigation.investigation_id,
+            session_id=session_id,
+        )
         return investigation
 
-    async def drain(self, timeout: float) -> None:
-        """Refuses new work, lets running and queued investigations finish for up to `timeout`
-        seconds, then cancels the rest; whatever did not finish is stored as INTERRUPTED."""
+    async def drain(self, seconds: float) -> None:
+        """Refuses new work, lets running and queued investigations finish for up to `seconds`,
+        then cancels the rest; whatever did not finish is stored as INTERRUPTED."""
         self._draining = True
-        deadline = time.monotonic() + timeout
-        while (self._busy or not self._queue.empty()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._queue.join()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -135,17 +140,20 @@ class InvestigationRunner:
         while True:
             investigation = await self._queue.get()
             self._metrics.queue_depth.labels(self._spec.system.name).set(self._queue.qsize())
-            self._busy += 1
             try:
                 await _Investigating(self, investigation).run()
             finally:
-                self._busy -= 1
                 self._queue.task_done()
 
     async def _emit(self, investigation_id: str, kind: EventKind, **fields: object) -> None:
         event = InvestigationEvent.model_validate(
-            {"event_id": 0, "investigation_id": investigation_id, "at": _now(), "kind": kind,
-             **fields}
+            {
+                "event_id": 0,
+                "investigation_id": investigation_id,
+                "at": _now(),
+                "kind": kind,
+                **fields,
+            }
         )
         stored = await self._store.append_event(event)
         await self._bus.published(stored.event_id)
@@ -158,15 +166,17 @@ class _Investigating:
         self._r = runner
         self._record = investigation
         self._phases: list[PhaseTiming] = []
-        self._log = log.bind(investigation_id=investigation.investigation_id,
-                             session_id=investigation.session_id)
+        self._log = log.bind(
+            investigation_id=investigation.investigation_id, session_id=investigation.session_id
+        )
 
     async def run(self) -> None:
         r, system = self._r, self._r._spec.system.name
         started = time.monotonic()
         await self._update(state=InvestigationState.RUNNING)
-        await self._emit(EventKind.STARTED, session_id=self._record.session_id,
-                         reason=self._record.reason)
+        await self._emit(
+            EventKind.STARTED, session_id=self._record.session_id, reason=self._record.reason
+        )
         r._metrics.investigations_in_flight.labels(system).inc()
         self._log.info("investigation started")
         try:
@@ -180,8 +190,11 @@ class _Investigating:
             raise
         except Exception as exc:
             self._log.exception("investigation crashed")
-            await self._finish(InvestigationState.FAILED, started,
-                               error=f"internal error: {type(exc).__name__}: {exc}")
+            await self._finish(
+                InvestigationState.FAILED,
+                started,
+                error=f"internal error: {type(exc).__name__}: {exc}",
+            )
         else:
             await self._update(
                 hazard_space=outcome.hazard_space,
@@ -192,8 +205,9 @@ class _Investigating:
                 usage=outcome.usage,
             )
             region_ids = [region.id for region in outcome.hazard_space.regions]
-            r._metrics.record_attribution(region_ids, outcome.attribution.scores,
-                                          outcome.attribution.top)
+            r._metrics.record_attribution(
+                region_ids, outcome.attribution.scores, outcome.attribution.top
+            )
             await self._finish(InvestigationState.SUCCEEDED, started)
 
     async def _finish(self, state: InvestigationState, started: float, error: str = "") -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound
 from poirotd.events import EventBus
 from poirotd.ingest import IngestValidator
-from poirotd.store import IngestItem
 from poirotd.metrics import Metrics
 from poirotd.model import (
     AgentMessage,
@@ -22,10 +23,10 @@ from poirotd.model import (
     TelemetrySample,
 )
 from poirotd.runner import InvestigationRunner
-from poirotd.store import Store
+from poirotd.store import IngestItem, Store
 
 _TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
-# How often an idle Watch re-checks the store even without a wake-up (a safety net, not a poll loop).
+# How often an idle Watch re-checks the store without a wake-up (a safety net, not a poll loop).
 _WATCH_IDLE_SECONDS = 5.0
 _KIND_LABELS: dict[type, str] = {
     Session: "session_start",
@@ -113,10 +114,14 @@ class PoirotService:
                 continue
             if investigation_id and (await self.get(investigation_id)).state.finished:
                 # Its terminal event is stored before its state: one more read catches it.
-                for event in await self._store.events_after(last, investigation_id=investigation_id):
+                for event in await self._store.events_after(
+                    last, investigation_id=investigation_id
+                ):
                     yield event
                 return
-            await self._bus.wait_beyond(last, _WATCH_IDLE_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_WATCH_IDLE_SECONDS):
+                    await self._bus.wait_beyond(last)
 
     async def hazard_space(self) -> HazardSpace:
         if self.spec.hazard_space is not None:

@@ -1,4 +1,4 @@
-"""The generated Python must match proto/ exactly: a stale checkout fails here, not in production."""
+"""The generated Python must match proto/ exactly: a stale checkout fails here."""
 
 from poirotd.api.codegen import stale_files
 

@@ -7,6 +7,7 @@ from poirotd.config.spec import (
     DecisionRuleSpec,
     EmbeddedLLMSpec,
     LLMSpec,
+    OpenAILLMSpec,
     ProtocolSpec,
     SystemSpec,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "DecisionRuleSpec",
     "EmbeddedLLMSpec",
     "LLMSpec",
+    "OpenAILLMSpec",
     "ProtocolSpec",
     "Settings",
     "SystemSpec",

@@ -25,7 +25,7 @@ class Settings(BaseSettings):
     # Investigations waiting to run; a full queue refuses Trigger with RESOURCE_EXHAUSTED.
     queue_capacity: int = Field(default=16, ge=1)
     concurrent_investigations: int = Field(default=1, ge=1)
-    # On SIGTERM, how long in-flight investigations may take before they are persisted as interrupted.
+    # On SIGTERM, how long running investigations may take before they are kept as interrupted.
     drain_seconds: float = Field(default=30.0, ge=0.0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, SecretStr, model_validator
 
 from poirotd.model import HazardRegion, RegionType
 
@@ -49,7 +51,51 @@ class EmbeddedLLMSpec(SpecModel):
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
 
 
-LLMSpec = Annotated[EmbeddedLLMSpec, Field(discriminator="backend")]
+API_KEY_ENV = "POIROTD_LLM_API_KEY"
+
+
+class OpenAILLMSpec(SpecModel):
+    """An OpenAI-compatible chat-completions server: vLLM in production, or llama.cpp's server.
+
+    The API key is best kept out of the spec file: leave ``api_key`` unset and put the key in the
+    environment variable ``POIROTD_LLM_API_KEY`` (e.g. from a Kubernetes Secret). A key written in
+    the spec wins over the variable. Either way it is a SecretStr and never appears in reprs, dumps
+    or logs.
+    """
+
+    backend: Literal["openai"]
+    # Tried in order; a connection error, timeout, 429 or 5xx moves on to the next one. A URL may
+    # end in /v1 or not.
+    base_urls: tuple[HttpUrl, ...] = Field(min_length=1)
+    model: str = Field(min_length=1)
+    api_key: SecretStr | None = None
+    context_tokens: int = Field(default=32768, ge=512)
+    # Whole request (the server may queue it behind a batch); connecting is bounded separately so
+    # that a dead server is failed over quickly.
+    timeout_seconds: float = Field(default=120.0, gt=0.0)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0.0)
+    # Attempts after the first, across all base_urls.
+    max_retries: int = Field(default=3, ge=0, le=20)
+    # Full-jitter exponential backoff between rounds over base_urls: a sleep drawn from
+    # [0, min(backoff_max_seconds, backoff_seconds * 2**round)].
+    backoff_seconds: float = Field(default=0.5, ge=0.0)
+    backoff_max_seconds: float = Field(default=30.0, ge=0.0)
+    # Requests in flight to the server at once; the server batches them, beyond that they wait here.
+    concurrency: int = Field(default=16, ge=1, le=1024)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    # How a schema is sent: OpenAI/vLLM response_format {"type": "json_schema", ...}, or
+    # llama-cpp-python's server form {"type": "json_object", "schema": ...}.
+    structured_output: Literal["json_schema", "json_object"] = "json_schema"
+
+    def resolved_api_key(self, environ: Mapping[str, str] = os.environ) -> SecretStr | None:
+        """The key to send: the spec's own, else $POIROTD_LLM_API_KEY if non-empty, else none."""
+        if self.api_key is not None:
+            return self.api_key
+        from_env = environ.get(API_KEY_ENV, "")
+        return SecretStr(from_env) if from_env else None
+
+
+LLMSpec = Annotated[EmbeddedLLMSpec | OpenAILLMSpec, Field(discriminator="backend")]
 
 
 class DecisionRuleSpec(SpecModel):

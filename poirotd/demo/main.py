@@ -40,18 +40,27 @@ def demo_file(name: str) -> Path:
     return Path(str(resources.files("poirotd.demo").joinpath(name)))
 
 
-def session_requests(session_file: Path, session_id: str, system: str) -> Iterator[pb.IngestRequest]:
+def session_requests(
+    session_file: Path, session_id: str, system: str
+) -> Iterator[pb.IngestRequest]:
     """The demo session as ingest requests: start, every message in order, end."""
     yield pb.IngestRequest(session_start=pb.SessionStart(session_id=session_id, system=system))
     for line in session_file.read_text().splitlines():
         if not line.strip():
             continue
         m = json.loads(line)
-        yield pb.IngestRequest(agent_message=pb.AgentMessage(
-            session_id=session_id, index=m["index"], kind=_KINDS[m["kind"]], sender=m["sender"],
-            recipient=m.get("recipient", ""), content=m.get("content", ""),
-            tool_calls=m.get("tool_calls", []), tool_name=m.get("tool_name", ""),
-        ))
+        yield pb.IngestRequest(
+            agent_message=pb.AgentMessage(
+                session_id=session_id,
+                index=m["index"],
+                kind=_KINDS[m["kind"]],
+                sender=m["sender"],
+                recipient=m.get("recipient", ""),
+                content=m.get("content", ""),
+                tool_calls=m.get("tool_calls", []),
+                tool_name=m.get("tool_name", ""),
+            )
+        )
     yield pb.IngestRequest(session_end=pb.SessionEnd(session_id=session_id))
 
 
@@ -62,7 +71,9 @@ def _describe(event: pb.InvestigationEvent) -> str:
     if which == "phase_begun":
         return f"[cyan]phase {event.phase_begun.phase}[/] begun"
     if which == "phase_ended":
-        return f"[cyan]phase {event.phase_ended.phase}[/] ended in {event.phase_ended.seconds:.1f} s"
+        return (
+            f"[cyan]phase {event.phase_ended.phase}[/] ended in {event.phase_ended.seconds:.1f} s"
+        )
     if which == "vote_cast":
         v = event.vote_cast.vote
         if v.abstention_reason:
@@ -81,8 +92,9 @@ def _attribution_table(investigation: pb.Investigation) -> Table:
     table = Table(title=f"Attribution ({a.rule}, beta={a.beta})")
     for column in ("#", "region", "type", "score", ""):
         table.add_column(column)
-    for i, (region, score) in enumerate(zip(investigation.hazard_space.regions, a.scores,
-                                            strict=True)):
+    for i, (region, score) in enumerate(
+        zip(investigation.hazard_space.regions, a.scores, strict=True)
+    ):
         mark = "TOP (tie)" if i in a.top and a.tie else ("TOP" if i in a.top else "")
         table.add_row(str(i), f"{region.name} ({region.id})", region.type, f"{score:.4f}", mark)
     return table
@@ -104,8 +116,9 @@ def _poirot_metric_lines(url: str) -> list[str]:
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
     names = {f.name for f in text_string_to_metric_families(text)}  # parses, or raises
-    return [line for line in text.splitlines()
-            if line.startswith("poirot_") and "_bucket{" not in line] + [f"({len(names)} families)"]
+    return [
+        line for line in text.splitlines() if line.startswith("poirot_") and "_bucket{" not in line
+    ] + [f"({len(names)} families)"]
 
 
 def run_demo(workdir: Path | None) -> int:
@@ -122,8 +135,13 @@ def run_demo(workdir: Path | None) -> int:
             if investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED:
                 console.print(_attribution_table(investigation))
             else:
-                console.print(f"[red]investigation ended {pb.InvestigationState.Name(investigation.state)}:[/] {investigation.error}")
-            console.print(f"LLM calls {investigation.llm_calls}, prompt tokens {investigation.prompt_tokens}, completion tokens {investigation.completion_tokens}")
+                state = pb.InvestigationState.Name(investigation.state)
+                console.print(f"[red]investigation ended {state}:[/] {investigation.error}")
+            console.print(
+                f"LLM calls {investigation.llm_calls}, "
+                f"prompt tokens {investigation.prompt_tokens}, "
+                f"completion tokens {investigation.completion_tokens}"
+            )
             console.print("[bold]poirot_ metrics:[/]")
             for line in _poirot_metric_lines(daemon.metrics_url):
                 console.print(line, markup=False, highlight=False)

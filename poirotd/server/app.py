@@ -21,8 +21,15 @@ _TRANSPORT_LIMIT_FACTOR = 4
 
 
 class GrpcServer:
-    def __init__(self, service: PoirotService, *, host: str, port: int, max_message_bytes: int,
-                 batch_max: int) -> None:
+    def __init__(
+        self,
+        service: PoirotService,
+        *,
+        host: str,
+        port: int,
+        max_message_bytes: int,
+        batch_max: int,
+    ) -> None:
         limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR
         self._server = grpc.aio.server(
             options=[

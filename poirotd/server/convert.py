@@ -8,7 +8,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.errors import InvalidArgument
-from poirotd.store import IngestItem
 from poirotd.model import (
     AgentMessage,
     Attribution,
@@ -23,6 +22,7 @@ from poirotd.model import (
     TelemetrySample,
     Vote,
 )
+from poirotd.store import IngestItem
 
 _KINDS = {
     pb.MESSAGE_KIND_AGENT: MessageKind.AGENT,
@@ -37,7 +37,7 @@ _STATES = {
     InvestigationState.FAILED: pb.INVESTIGATION_STATE_FAILED,
     InvestigationState.INTERRUPTED: pb.INVESTIGATION_STATE_INTERRUPTED,
 }
-_STATES_FROM_PB = {v: k for k, v in _STATES.items()}
+_STATES_FROM_PB: dict[int, InvestigationState] = {v: k for k, v in _STATES.items()}
 
 
 def _time(ts: Timestamp, *, default: datetime) -> datetime:
@@ -72,8 +72,9 @@ def ingest_item(request: pb.IngestRequest, received_at: datetime) -> IngestItem:
     if which == "agent_message":
         m = request.agent_message
         if m.kind not in _KINDS:
-            raise InvalidArgument(f"seq {request.seq}: message kind is unspecified",
-                                  reason="invalid")
+            raise InvalidArgument(
+                f"seq {request.seq}: message kind is unspecified", reason="invalid"
+            )
         return AgentMessage(
             session_id=m.session_id,
             index=m.index,
@@ -98,7 +99,7 @@ def ingest_item(request: pb.IngestRequest, received_at: datetime) -> IngestItem:
 
 
 def state_from_pb(state: int) -> InvestigationState | None:
-    return _STATES_FROM_PB.get(state)  # type: ignore[call-overload]
+    return _STATES_FROM_PB.get(state)
 
 
 def hazard_space(space: HazardSpace) -> pb.HazardSpace:

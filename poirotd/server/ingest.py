@@ -13,10 +13,10 @@ import structlog
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import ServiceError, Unavailable
-from poirotd.store import IngestItem
 from poirotd.server import convert
 from poirotd.server.status import abort
 from poirotd.service import PoirotService
+from poirotd.store import IngestItem
 
 log = structlog.get_logger(__name__)
 

@@ -1,0 +1,180 @@
+"""Load the YAML system spec and say exactly where each problem in it is.
+
+Pydantic tells which field is wrong; an operator editing a long spec also needs the line. The text
+is composed once into a YAML node tree (which keeps line marks) and the data is constructed from
+that same tree, so what is validated is what ``yaml.safe_load`` returns and every error location
+pydantic reports can be walked back through the nodes to a line of the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from poirotd.config.spec import SystemSpec
+
+Loc = tuple[int | str, ...]
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One thing wrong with a spec: which field (dotted path), where (1-based line), and what."""
+
+    # "" when the problem concerns the document as a whole (syntax, empty file, top-level rules).
+    path: str
+    # The line of the field or of its nearest existing parent; None when no line is known.
+    line: int | None
+    message: str
+
+    def render(self, source: str) -> str:
+        """``FILE:LINE: path: message``, the form editors and CI logs turn into links."""
+        where = source if self.line is None else f"{source}:{self.line}"
+        return ": ".join(part for part in (where, self.path, self.message) if part)
+
+
+class SpecError(ValueError):
+    """The spec cannot be used; ``problems`` lists every reason found, in file order."""
+
+    def __init__(self, source: str, problems: list[SpecProblem]) -> None:
+        super().__init__(source, problems)
+        self.source = source
+        self.problems = problems
+
+    def __str__(self) -> str:
+        return "\n".join(problem.render(self.source) for problem in self.problems)
+
+
+def load_spec(path: Path) -> SystemSpec:
+    """Read, parse and validate a system spec file; raise SpecError listing every problem."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise SpecError(str(path), [SpecProblem("", None, f"cannot read: {reason}")]) from exc
+    return _load(raw, str(path))
+
+
+def load_spec_text(text: str, source: str = "<string>") -> SystemSpec:
+    """As load_spec, for spec text already in memory; ``source`` names it in error messages."""
+    return _load(text, source)
+
+
+def _load(stream: str | bytes, source: str) -> SystemSpec:
+    try:
+        # Bytes go to PyYAML undecoded so that it detects UTF-8/UTF-16 the way safe_load does.
+        loader = yaml.SafeLoader(stream)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                raise SpecError(source, [SpecProblem("", None, "the spec is empty")])
+            # Before construction: resolving merge keys (<<) rewrites mapping nodes in place.
+            problems = _duplicate_keys(root)
+            data = loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        raise SpecError(source, [_syntax_problem(exc)]) from exc
+    except yaml.YAMLError as exc:  # undecodable bytes or forbidden characters: no line mark
+        raise SpecError(source, [SpecProblem("", None, " ".join(str(exc).split()))]) from exc
+
+    if data is None:
+        raise SpecError(source, [SpecProblem("", _line(root), "the spec is empty")])
+    if not isinstance(data, dict):
+        got = "a sequence" if isinstance(data, list) else "a single value"
+        message = f"the spec must be a mapping of top-level fields, got {got}"
+        raise SpecError(source, [SpecProblem("", _line(root), message)])
+    try:
+        spec = SystemSpec.model_validate(data)
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False, include_input=False, include_context=False):
+            path, line = _locate(root, error["loc"])
+            problems.append(SpecProblem(path, line, error["msg"]))
+    else:
+        if not problems:
+            return spec
+    problems.sort(key=lambda p: p.line or 0)
+    raise SpecError(source, problems)
+
+
+def _line(node: yaml.Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _syntax_problem(exc: yaml.MarkedYAMLError) -> SpecProblem:
+    """PyYAML's own message repeats the stream name and marks; keep only what and where."""
+    message = exc.problem or exc.context or type(exc).__name__
+    if exc.problem and exc.context:
+        started = f" at line {exc.context_mark.line + 1}" if exc.context_mark else ""
+        message = f"{exc.problem} ({exc.context}{started})"
+    mark = exc.problem_mark or exc.context_mark
+    return SpecProblem("", None if mark is None else mark.line + 1, message)
+
+
+def _duplicate_keys(root: yaml.Node) -> list[SpecProblem]:
+    """safe_load keeps the last of two equal keys without a word, silently losing config."""
+    problems: list[SpecProblem] = []
+    seen: set[int] = set()  # anchors and aliases share nodes, and may even form cycles
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+                child = f"{path}.{name}" if path else name
+                ident = (key.tag, name)
+                if isinstance(key, yaml.ScalarNode) and ident in first:
+                    message = f"duplicate key (first at line {first[ident]})"
+                    problems.append(SpecProblem(child, _line(key), message))
+                first.setdefault(ident, _line(key))
+                stack.append((value, child))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
+    return problems
+
+
+def _locate(root: yaml.Node, loc: Loc) -> tuple[str, int]:
+    """Walk pydantic's error location down the node tree.
+
+    Returns the dotted path as written in the file and the line of the deepest node on it that
+    exists (a missing field has no line of its own, so its parent's is the useful one).
+    """
+    node: yaml.Node | None = root
+    line = _line(root)
+    path = ""
+    for i, part in enumerate(loc):
+        if isinstance(node, yaml.MappingNode):
+            key, value = _find_key(node, part)
+            # Pydantic only descends through keys present in the input, so an absent name that is
+            # not the last part is a union tag it inserted (llm.embedded.threads), not a field.
+            if key is None and isinstance(part, str) and i < len(loc) - 1:
+                continue
+            if key is not None:
+                line = _line(key)
+            node = value
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            node = node.value[part] if 0 <= part < len(node.value) else None
+            if node is not None:
+                line = _line(node)
+        else:
+            node = None
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path, line
+
+
+def _find_key(node: yaml.MappingNode, part: int | str) -> tuple[yaml.Node | None, yaml.Node | None]:
+    """The last matching key wins, as in the constructed dict (after merge keys are resolved)."""
+    found: tuple[yaml.Node | None, yaml.Node | None] = (None, None)
+    for key, value in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+            found = (key, value)
+    return found

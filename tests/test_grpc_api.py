@@ -1,0 +1,300 @@
+"""The gRPC API over real loopback gRPC, against an in-process daemon.
+
+The LLM here is scripted (it answers whatever schema the protocol asks for): these tests are
+about ingest, refusals, the investigation lifecycle and the events, not about model answers.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from poirotd.llm.scripted import ScriptedBackend
+
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client import PoirotClient
+from poirotd.config import Settings, SystemSpec
+from poirotd.daemon import Daemon
+from poirotd.llm import ChatMessage
+from tests.schema_fill import fill
+
+SPEC = SystemSpec.model_validate(
+    {
+        "system": {"name": "clinic", "description": "Three agents plan therapy on an exoskeleton."},
+        "agents": [
+            {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
+            {"id": "chief", "name": "Chief", "system_prompt": "You choose the plan."},
+            {"id": "physio", "name": "Physio", "system_prompt": "You advise on dosing."},
+        ],
+        "components": [
+            {
+                "id": "exo",
+                "name": "Exoskeleton",
+                "type": "hardware",
+                "description": "Error signature: odd readings. Normal behaviour: sane ones.",
+            },
+        ],
+        "protocol": {"max_invocations": 2},
+    }
+)
+MAX_ITEM_BYTES = 4096
+
+
+def _answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
+    return json.dumps(fill(schema)) if schema is not None else "I saw nothing unusual."
+
+
+@pytest.fixture
+async def daemon(tmp_path: Any) -> AsyncIterator[Daemon]:
+    settings = Settings(
+        db_path=tmp_path / "poirotd.db",
+        grpc_port=0,
+        metrics_port=0,
+        max_message_bytes=MAX_ITEM_BYTES,
+        drain_seconds=5,
+    )
+    d = Daemon(settings, SPEC, backend=ScriptedBackend(_answer))
+    await d.start()
+    yield d
+    await d.stop()
+
+
+@pytest.fixture
+async def client(daemon: Daemon) -> AsyncIterator[PoirotClient]:
+    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as c:
+        yield c
+
+
+def start(session_id: str = "s1", system: str = "clinic") -> pb.IngestRequest:
+    return pb.IngestRequest(session_start=pb.SessionStart(session_id=session_id, system=system))
+
+
+def message(
+    index: int,
+    sender: str = "doctor",
+    session_id: str = "s1",
+    content: str = "hello",
+    kind: int = pb.MESSAGE_KIND_AGENT,
+    recipient: str = "",
+) -> pb.IngestRequest:
+    return pb.IngestRequest(
+        agent_message=pb.AgentMessage(
+            session_id=session_id,
+            index=index,
+            kind=kind,
+            sender=sender,
+            recipient=recipient,
+            content=content,
+        )
+    )
+
+
+def session(n: int = 4, session_id: str = "s1") -> list[pb.IngestRequest]:
+    senders = ["doctor", "chief", "physio"]
+    return [start(session_id)] + [
+        message(i, senders[i % 3], session_id, f"turn {i}") for i in range(n)
+    ]
+
+
+async def send_collecting_acks(
+    client: PoirotClient, requests: list[pb.IngestRequest]
+) -> tuple[list[int], grpc.aio.AioRpcError | None]:
+    numbered = [
+        pb.IngestRequest(seq=i + 1, **{r.WhichOneof("item"): getattr(r, r.WhichOneof("item"))})
+        for i, r in enumerate(requests)
+    ]
+    acks: list[int] = []
+    try:
+        async for ack in client.ingest.Stream(iter(numbered)):
+            acks.append(ack.durable_seq)
+    except grpc.aio.AioRpcError as error:
+        return acks, error
+    return acks, None
+
+
+def stored_messages(daemon: Daemon) -> int:
+    with sqlite3.connect(daemon.settings.db_path) as db:
+        (count,) = db.execute("SELECT count(*) FROM messages").fetchone()
+    return int(count)
+
+
+def rejected(daemon: Daemon, rpc: str, reason: str) -> float:
+    value = daemon.metrics.registry.get_sample_value(
+        "poirot_requests_rejected_total", {"rpc": rpc, "reason": reason}
+    )
+    return value or 0.0
+
+
+async def test_ingest_acks_only_durable_items_and_resends_are_stored_once(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    requests = session(5)
+    assert await client.send(requests) == len(requests)
+    assert stored_messages(daemon) == 5
+    assert await client.send(requests) == len(requests)
+    assert stored_messages(daemon) == 5
+
+
+@pytest.mark.parametrize(
+    ("bad", "code", "reason", "detail"),
+    [
+        (
+            message(1, sender="mallory"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "unknown_agent",
+            "sender 'mallory' is not an agent of system 'clinic'",
+        ),
+        (
+            message(1, session_id="nope"),
+            grpc.StatusCode.NOT_FOUND,
+            "unknown_session",
+            "session 'nope' is not known",
+        ),
+        (
+            message(1, content="x" * (MAX_ITEM_BYTES + 1)),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "oversized",
+            "the limit is 4096",
+        ),
+        (
+            message(1, kind=pb.MESSAGE_KIND_UNSPECIFIED),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "invalid",
+            "message kind is unspecified",
+        ),
+        (
+            start("s2", system="trading"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "unknown_system",
+            "this daemon monitors 'clinic'",
+        ),
+        (pb.IngestRequest(), grpc.StatusCode.INVALID_ARGUMENT, "invalid", "carries no item"),
+    ],
+    ids=["unknown-agent", "unknown-session", "oversized", "no-kind", "wrong-system", "empty"],
+)
+async def test_bad_item_ends_stream_with_precise_status_keeps_acked_data_and_daemon_serving(
+    daemon: Daemon,
+    client: PoirotClient,
+    bad: pb.IngestRequest,
+    code: grpc.StatusCode,
+    reason: str,
+    detail: str,
+) -> None:
+    acks, error = await send_collecting_acks(client, [start(), message(0), bad, message(2)])
+    assert error is not None
+    assert error.code() == code
+    assert error.details().startswith("seq 3: ")
+    assert detail in error.details()
+    assert acks and acks[-1] == 2, "items before the bad one are acknowledged"
+    assert stored_messages(daemon) == 1
+    assert rejected(daemon, "Ingest.Stream", reason) == 1
+    # The daemon keeps serving: a good stream afterwards is accepted.
+    assert await client.send(session(3, "s3")) == 4
+    assert stored_messages(daemon) == 4
+
+
+async def test_transport_refuses_grossly_oversized_message(client: PoirotClient) -> None:
+    _, error = await send_collecting_acks(
+        client, [start(), message(0, content="x" * (MAX_ITEM_BYTES * 5))]
+    )
+    assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_investigation_lifecycle_events_record_and_metrics(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    await client.send(session(6))
+    queued = await client.trigger("s1", "operator saw a fall")
+    assert queued.state == pb.INVESTIGATION_STATE_QUEUED
+    events = [e async for e in client.watch(queued.investigation_id)]
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[0] == "started" and kinds[-1] == "attribution_ready"
+    phases = [e.phase_begun.phase for e in events if e.HasField("phase_begun")]
+    assert phases == ["hazard_space", "self_assessment", "interrogation", "voting", "aggregation"]
+    assert sorted(e.vote_cast.vote.agent_id for e in events if e.HasField("vote_cast")) == [
+        "chief",
+        "doctor",
+        "physio",
+    ]
+    ids = [e.event_id for e in events]
+    assert ids == sorted(set(ids))
+
+    record = await client.get(queued.investigation_id)
+    assert record.state == pb.INVESTIGATION_STATE_SUCCEEDED
+    assert [r.id for r in record.hazard_space.regions][:3] == ["doctor", "chief", "physio"]
+    assert len(record.attribution.scores) == len(record.hazard_space.regions)
+    assert record.attribution.rule == "argmax"
+    assert record.llm_calls > 0 and record.prompt_tokens > 0
+    assert {p.phase for p in record.phases} >= {"self_assessment", "aggregation"}
+
+    listed = await client.investigations.List(pb.ListInvestigationsRequest(session_id="s1"))
+    assert [i.investigation_id for i in listed.investigations] == [queued.investigation_id]
+    space = await client.investigations.GetHazardSpace(pb.GetHazardSpaceRequest())
+    assert [r.id for r in space.regions] == [r.id for r in record.hazard_space.regions]
+
+    registry = daemon.metrics.registry
+    doctor_score = registry.get_sample_value(
+        "poirot_attribution_score", {"system": "clinic", "component": "doctor"}
+    )
+    assert doctor_score == pytest.approx(record.attribution.scores[0])
+    assert (
+        registry.get_sample_value(
+            "poirot_investigations_total",
+            {"system": "clinic", "outcome": "succeeded", "method": "poirot"},
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "poirot_votes_total", {"system": "clinic", "agent": "doctor", "outcome": "voted"}
+        )
+        == 1
+    )
+
+
+async def test_watch_resumes_after_last_seen_event_without_gap_or_duplicate(
+    client: PoirotClient,
+) -> None:
+    await client.send(session(3))
+    first = await client.trigger("s1", "first")
+    all_events = [e async for e in client.watch(first.investigation_id)]
+    cut = len(all_events) // 2
+    resumed = [
+        e
+        async for e in client.watch(
+            first.investigation_id, after_event_id=all_events[cut - 1].event_id
+        )
+    ]
+    assert [e.event_id for e in resumed] == [e.event_id for e in all_events[cut:]]
+
+
+async def test_trigger_refusals(daemon: Daemon, client: PoirotClient) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await client.trigger("ghost", "why")
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert rejected(daemon, "Investigations.Trigger", "unknown_session") == 1
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await client.get("0" * 32)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as token:
+        await client.investigations.List(pb.ListInvestigationsRequest(page_token="garbage"))
+    assert token.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_health_and_reflection_are_served(daemon: Daemon) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "poirot.v1.Ingest", "poirot.v1.Investigations"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        replies = [r async for r in reflection.ServerReflectionInfo(iter([request]))]
+        names = {s.name for s in replies[0].list_services_response.service}
+        assert {"poirot.v1.Ingest", "poirot.v1.Investigations", "grpc.health.v1.Health"} <= names
