@@ -1,0 +1,58 @@
+"""The command line as an operator meets it: exit codes and messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from poirotd.demo.main import demo_file
+
+
+def poirotd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "poirotd", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_check_config_accepts_the_demo_spec() -> None:
+    result = poirotd("check-config", str(demo_file("cortex.yaml")))
+    assert result.returncode == 0, result.stderr
+    assert "system 'cortex', 3 agents" in result.stdout
+
+
+def test_check_config_names_field_and_line_of_each_problem(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(
+        "system:\n"
+        "  name: clinic\n"
+        "  description: a system\n"
+        "agents:\n"
+        "  - id: doctor\n"
+        "    name: Doctor\n"
+        "  - id: Chief\n"
+        "    name: Chief\n"
+        "    system_prompt: You choose.\n"
+        "protocol:\n"
+        "  beta: 0.9\n"
+    )
+    result = poirotd("check-config", str(spec))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert f"{spec}:5: agents[0].system_prompt: Field required" in lines
+    assert any(
+        line.startswith(f"{spec}:7: agents[1].id: String should match pattern") for line in lines
+    )
+    assert any(
+        line.startswith(f"{spec}:11: protocol.beta: Input should be less than or equal")
+        for line in lines
+    )
+
+
+def test_run_refuses_an_invalid_spec_before_starting(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("system: [not, a, mapping]\n")
+    result = poirotd("run", "--config", str(spec), "--db", str(tmp_path / "db.sqlite"))
+    assert result.returncode == 2
+    assert f"{spec}:1: system" in result.stderr
+    assert not (tmp_path / "db.sqlite").exists()
