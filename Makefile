@@ -10,11 +10,11 @@ PYTEST_ARGS ?=
 demo: $(STAMPS)/python-deps
 	$(BIN)/poirotd demo
 
-test: $(STAMPS)/python-deps
+test: $(STAMPS)/python-deps $(STAMPS)/system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Skips the slow integration tests (real daemon process, embedded model).
-test-fast: $(STAMPS)/python-deps
+test-fast: $(STAMPS)/python-deps $(STAMPS)/system-deps
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMPS)/python-deps
@@ -32,6 +32,16 @@ $(BIN)/python:
 # llama-cpp-python compiles llama.cpp on first install (several minutes on 2 cores); pip caches the wheel.
 $(STAMPS)/python-deps: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	@mkdir -p $(STAMPS) && touch $@
+
+# Real parts the tests start on loopback ports of their own: Mosquitto, Prometheus and promtool.
+$(STAMPS)/system-deps:
+	@if ! command -v mosquitto >/dev/null || ! command -v promtool >/dev/null; then \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    mosquitto prometheus; \
+	fi
 	@mkdir -p $(STAMPS) && touch $@
 
 clean:
