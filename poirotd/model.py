@@ -60,6 +60,19 @@ class TelemetrySample(Frozen):
     measured_at: datetime
 
 
+class HazardEvent(Frozen):
+    """A rule fired (or control software asked): the reason an investigation is opened."""
+
+    rule: str
+    severity: Literal["info", "warning", "critical"]
+    session_id: str
+    at: datetime
+    # One human-readable line, e.g. "d2w_exoskeleton.ankle_angle_deg z=5.2 over 2.0 s window".
+    summary: str
+    # The samples that made the rule fire (bounded by the rule engine).
+    evidence: tuple[TelemetrySample, ...] = ()
+
+
 # ------------------------------------------------------------------ hazard space (Phase I)
 
 
