@@ -69,6 +69,30 @@ class Metrics:
             ["system", "agent", "outcome"],
             registry=r,
         )
+        self.vote_components = Counter(
+            "poirot_vote_components_total",
+            "Regions named in valid votes (a vote naming two regions counts for both)",
+            ["system", "agent", "component"],
+            registry=r,
+        )
+        self.last_attribution = Gauge(
+            "poirot_last_attribution_timestamp_seconds",
+            "Unix time of the latest attribution",
+            ["system"],
+            registry=r,
+        )
+        self.hazard_events = Counter(
+            "poirot_hazard_events_total",
+            "Hazard events by rule (manual triggers count under rule=manual)",
+            ["system", "rule", "severity"],
+            registry=r,
+        )
+        self.llm_up = Gauge(
+            "poirot_llm_up",
+            "1 when the latest LLM call succeeded, 0 when it failed",
+            ["backend"],
+            registry=r,
+        )
         self.llm_calls = Counter(
             "poirot_llm_calls_total",
             "LLM calls by backend and outcome (ok or an error reason)",
@@ -94,6 +118,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.last_ingest = Gauge(
+            "poirot_ingest_last_item_timestamp_seconds",
+            "Unix time of the latest committed item, by kind",
+            ["kind"],
+            registry=r,
+        )
         self.requests_rejected = Counter(
             "poirot_requests_rejected_total",
             "Requests refused with an error status, by RPC and reason",
@@ -110,3 +140,4 @@ class Metrics:
         for index, (region, score) in enumerate(zip(region_ids, scores, strict=True)):
             self.attribution_score.labels(self.system, region).set(score)
             self.attribution_top.labels(self.system, region).set(1 if index in top else 0)
+        self.last_attribution.labels(self.system).set_to_current_time()

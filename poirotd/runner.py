@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import structlog
@@ -21,11 +22,13 @@ from poirotd.events import EventBus
 from poirotd.metrics import Metrics
 from poirotd.model import (
     EventKind,
+    HazardSpace,
     Investigation,
     InvestigationEvent,
     InvestigationState,
     LLMExchange,
     PhaseTiming,
+    Vote,
 )
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.errors import ProtocolError
@@ -204,6 +207,7 @@ class _Investigating:
                 phases=tuple(outcome.phases),
                 usage=outcome.usage,
             )
+            self._count_vote_components(outcome.hazard_space, outcome.votes)
             region_ids = [region.id for region in outcome.hazard_space.regions]
             r._metrics.record_attribution(
                 region_ids, outcome.attribution.scores, outcome.attribution.top
@@ -241,8 +245,7 @@ class _Investigating:
         elif isinstance(event, ReportFiled):
             await self._update(reports={**self._record.reports, event.agent_id: event.report})
         elif isinstance(event, VoteCast):
-            outcome = "abstained" if event.vote.abstained else "voted"
-            r._metrics.votes.labels(system, event.vote.agent_id, outcome).inc()
+            self._count_vote(event.vote)
             await self._update(votes=(*self._record.votes, event.vote))
             await self._emit(EventKind.VOTE_CAST, vote=event.vote)
         elif isinstance(event, AttributionReady):
@@ -253,9 +256,21 @@ class _Investigating:
                 region_names=tuple(region.name for region in event.hazard_space.regions),
             )
 
+    def _count_vote(self, vote: Vote) -> None:
+        m, system = self._r._metrics, self._r._spec.system.name
+        m.votes.labels(system, vote.agent_id, "abstained" if vote.abstained else "voted").inc()
+
+    def _count_vote_components(self, space: HazardSpace, votes: Sequence[Vote]) -> None:
+        m, system = self._r._metrics, self._r._spec.system.name
+        for vote in votes:
+            for region, bit in zip(space.regions, vote.location, strict=False):
+                if bit:
+                    m.vote_components.labels(system, vote.agent_id, region.id).inc()
+
     def _count_llm_call(self, exchange: LLMExchange) -> None:
         m, backend = self._r._metrics, self._r._backend_name
         m.llm_calls.labels(backend, "error" if exchange.error else "ok").inc()
+        m.llm_up.labels(backend).set(0 if exchange.error else 1)
         m.llm_duration.labels(backend).observe(exchange.seconds)
         m.llm_tokens.labels(backend, "prompt").inc(exchange.prompt_tokens)
         m.llm_tokens.labels(backend, "completion").inc(exchange.completion_tokens)

@@ -64,6 +64,8 @@ class PoirotService:
         await self._store.commit_ingest(items)
         for item in items:
             self.metrics.ingested.labels(_KIND_LABELS[type(item)]).inc()
+        for kind in {_KIND_LABELS[type(item)] for item in items}:
+            self.metrics.last_ingest.labels(kind).set_to_current_time()
 
     # ------------------------------------------------------------ investigations
 
