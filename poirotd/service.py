@@ -74,7 +74,9 @@ class PoirotService:
             raise InvalidArgument("session_id is empty", reason="invalid")
         if not self._store.has_session(session_id):
             raise NotFound(f"session {session_id!r} is not known", reason="unknown_session")
-        return await self._runner.submit(session_id, reason or "manual trigger")
+        investigation = await self._runner.submit(session_id, reason or "manual trigger")
+        self.metrics.hazard_events.labels(self.spec.system.name, "manual", "warning").inc()
+        return investigation
 
     async def get(self, investigation_id: str) -> Investigation:
         investigation = await self._store.get_investigation(investigation_id)
