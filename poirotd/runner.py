@@ -33,7 +33,6 @@ from poirotd.model import (
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import (
-    AttributionReady,
     ExchangeDone,
     PhaseBegun,
     PhaseEnded,
@@ -126,18 +125,12 @@ class InvestigationRunner:
 
     async def interrupt_unfinished(self, reason: str) -> None:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (at shutdown, or at start-up
-        for leftovers of a crash). The event goes out before the state changes, so a Watch that
-        sees the final state has already been able to read the terminal event."""
-        unfinished: list[Investigation] = []
-        for state in (InvestigationState.QUEUED, InvestigationState.RUNNING):
-            found, _ = await self._store.list_investigations(state=state, limit=10_000)
-            unfinished.extend(found)
-        for investigation in unfinished:
-            await self._emit(investigation.investigation_id, EventKind.INTERRUPTED, reason=reason)
-            self._metrics.investigations.labels(
-                self._spec.system.name, "interrupted", investigation.method
-            ).inc()
-        await self._store.interrupt_unfinished(reason, _now())
+        for leftovers of a crash), keeping what they had produced."""
+        for investigation_id in await self._store.interrupt_unfinished(reason, _now()):
+            await self._emit(investigation_id, EventKind.INTERRUPTED, reason=reason)
+            record = await self._store.get_investigation(investigation_id)
+            method = record.method if record is not None else "poirot"
+            self._metrics.investigations.labels(self._spec.system.name, "interrupted", method).inc()
 
     async def _work(self) -> None:
         while True:
@@ -186,20 +179,20 @@ class _Investigating:
             messages = await r._store.session_messages(self._record.session_id)
             outcome = await r._engine.run(messages, self._on_event)
         except ProtocolError as exc:
-            await self._finish(InvestigationState.FAILED, started, error=str(exc))
+            await self._fail(str(exc), started)
         except asyncio.CancelledError:
             # drain() marks the record INTERRUPTED and emits the event.
             r._metrics.investigations_in_flight.labels(system).dec()
             raise
         except Exception as exc:
             self._log.exception("investigation crashed")
-            await self._finish(
-                InvestigationState.FAILED,
-                started,
-                error=f"internal error: {type(exc).__name__}: {exc}",
-            )
+            await self._fail(f"internal error: {type(exc).__name__}: {exc}", started)
         else:
+            # The record is final before the event announces it, so a client that reacts to
+            # the event with Get sees the finished investigation.
             await self._update(
+                state=InvestigationState.SUCCEEDED,
+                finished_at=_now(),
                 hazard_space=outcome.hazard_space,
                 reports=dict(outcome.reports),
                 votes=tuple(outcome.votes),
@@ -212,17 +205,22 @@ class _Investigating:
             r._metrics.record_attribution(
                 region_ids, outcome.attribution.scores, outcome.attribution.top
             )
-            await self._finish(InvestigationState.SUCCEEDED, started)
+            await self._emit(
+                EventKind.ATTRIBUTION_READY,
+                attribution=outcome.attribution,
+                region_names=tuple(region.name for region in outcome.hazard_space.regions),
+            )
+            self._log.info("investigation succeeded", top=list(outcome.attribution.top))
+            self._count_finished(InvestigationState.SUCCEEDED, started)
 
-    async def _finish(self, state: InvestigationState, started: float, error: str = "") -> None:
+    async def _fail(self, error: str, started: float) -> None:
+        await self._update(state=InvestigationState.FAILED, error=error, finished_at=_now())
+        await self._emit(EventKind.FAILED, reason=error)
+        self._log.warning("investigation failed", error=error)
+        self._count_finished(InvestigationState.FAILED, started)
+
+    def _count_finished(self, state: InvestigationState, started: float) -> None:
         r, system = self._r, self._r._spec.system.name
-        # The terminal event is stored before the terminal state (see interrupt_unfinished).
-        if state is InvestigationState.FAILED:
-            await self._emit(EventKind.FAILED, reason=error)
-            self._log.warning("investigation failed", error=error)
-        else:
-            self._log.info("investigation finished", state=state.value)
-        await self._update(state=state, error=error, finished_at=_now())
         outcome = state.value
         r._metrics.investigations.labels(system, outcome, self._record.method).inc()
         r._metrics.investigation_duration.labels(system, outcome).observe(
@@ -248,13 +246,7 @@ class _Investigating:
             self._count_vote(event.vote)
             await self._update(votes=(*self._record.votes, event.vote))
             await self._emit(EventKind.VOTE_CAST, vote=event.vote)
-        elif isinstance(event, AttributionReady):
-            await self._update(hazard_space=event.hazard_space, attribution=event.attribution)
-            await self._emit(
-                EventKind.ATTRIBUTION_READY,
-                attribution=event.attribution,
-                region_names=tuple(region.name for region in event.hazard_space.regions),
-            )
+        # AttributionReady is announced by run() once the record is final.
 
     def _count_vote(self, vote: Vote) -> None:
         m, system = self._r._metrics, self._r._spec.system.name

@@ -102,8 +102,9 @@ class PoirotService:
     async def watch(
         self, *, after_event_id: int, investigation_id: str | None
     ) -> AsyncIterator[InvestigationEvent]:
-        """Stored events after `after_event_id`, then live ones; a single-investigation watch ends
-        with that investigation's terminal event."""
+        """Stored events after `after_event_id`, then live ones. A single-investigation watch
+        ends once it has delivered that investigation's terminal event (attribution ready,
+        failed or interrupted), which is stored after the record is final."""
         if investigation_id:
             await self.get(investigation_id)  # NOT_FOUND early rather than an endless empty stream
         last = after_event_id
@@ -116,16 +117,19 @@ class PoirotService:
                     return
             if events:
                 continue
-            if investigation_id and (await self.get(investigation_id)).state.finished:
-                # Its terminal event is stored before its state: one more read catches it.
-                for event in await self._store.events_after(
-                    last, investigation_id=investigation_id
-                ):
-                    yield event
+            if investigation_id and await self._ended_before(investigation_id, last):
                 return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_WATCH_IDLE_SECONDS):
                     await self._bus.wait_beyond(last)
+
+    async def _ended_before(self, investigation_id: str, event_id: int) -> bool:
+        """True when the investigation's terminal event is at or before event_id: a watch
+        resumed past the end has nothing left to wait for."""
+        if not (await self.get(investigation_id)).state.finished:
+            return False
+        events = await self._store.events_after(0, investigation_id=investigation_id)
+        return any(e.kind in _TERMINAL_EVENTS and e.event_id <= event_id for e in events)
 
     async def hazard_space(self) -> HazardSpace:
         if self.spec.hazard_space is not None:

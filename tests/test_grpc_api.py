@@ -105,10 +105,12 @@ def session(n: int = 4, session_id: str = "s1") -> list[pb.IngestRequest]:
 async def send_collecting_acks(
     client: PoirotClient, requests: list[pb.IngestRequest]
 ) -> tuple[list[int], grpc.aio.AioRpcError | None]:
-    numbered = [
-        pb.IngestRequest(seq=i + 1, **{r.WhichOneof("item"): getattr(r, r.WhichOneof("item"))})
-        for i, r in enumerate(requests)
-    ]
+    numbered = []
+    for seq, request in enumerate(requests, start=1):
+        copy = pb.IngestRequest()
+        copy.CopyFrom(request)
+        copy.seq = seq
+        numbered.append(copy)
     acks: list[int] = []
     try:
         async for ack in client.ingest.Stream(iter(numbered)):
@@ -272,6 +274,22 @@ async def test_watch_resumes_after_last_seen_event_without_gap_or_duplicate(
         )
     ]
     assert [e.event_id for e in resumed] == [e.event_id for e in all_events[cut:]]
+    past_the_end = client.watch(first.investigation_id, after_event_id=all_events[-1].event_id)
+    assert [e async for e in past_the_end] == []
+
+
+async def test_get_right_after_the_terminal_event_sees_the_final_record(
+    client: PoirotClient,
+) -> None:
+    await client.send(session(3))
+    queued = await client.trigger("s1", "race")
+    async for event in client.watch(queued.investigation_id):
+        if event.HasField("attribution_ready"):
+            record = await client.get(queued.investigation_id)
+            assert record.state == pb.INVESTIGATION_STATE_SUCCEEDED
+            assert list(record.attribution.scores) == list(
+                event.attribution_ready.attribution.scores
+            )
 
 
 async def test_trigger_refusals(daemon: Daemon, client: PoirotClient) -> None:

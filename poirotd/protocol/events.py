@@ -1,0 +1,59 @@
+"""What the engine reports while it runs, so votes and exchanges stream out as they land.
+
+The `kind` tag lets a consumer (store, Watch stream) dispatch and round-trip an event without
+guessing its type from its fields.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from poirotd.model import Attribution, Frozen, HazardSpace, LLMExchange, Phase, Vote
+
+
+class PhaseBegun(Frozen):
+    kind: Literal["phase_begun"] = "phase_begun"
+    phase: Phase
+
+
+class PhaseEnded(Frozen):
+    kind: Literal["phase_ended"] = "phase_ended"
+    phase: Phase
+    seconds: float
+
+
+class ExchangeDone(Frozen):
+    """One LLM call, successful or not, with everything the audit needs."""
+
+    kind: Literal["exchange_done"] = "exchange_done"
+    exchange: LLMExchange
+
+
+class ReportFiled(Frozen):
+    """An agent's Phase II report; `report` is None (and `error` says why) when none was valid."""
+
+    kind: Literal["report_filed"] = "report_filed"
+    agent_id: str
+    report: dict[str, Any] | None
+    error: str = ""
+
+
+class VoteCast(Frozen):
+    """An agent's vote (or abstention) with its weight, as soon as the agent has decided."""
+
+    kind: Literal["vote_cast"] = "vote_cast"
+    vote: Vote
+
+
+class AttributionReady(Frozen):
+    kind: Literal["attribution_ready"] = "attribution_ready"
+    attribution: Attribution
+    hazard_space: HazardSpace
+
+
+ProtocolEvent = Annotated[
+    PhaseBegun | PhaseEnded | ExchangeDone | ReportFiled | VoteCast | AttributionReady,
+    Field(discriminator="kind"),
+]

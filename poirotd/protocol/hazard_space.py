@@ -1,0 +1,73 @@
+"""Phase I: the N error regions votes are cast over.
+
+Built once per system description, not per incident: an operator-pinned space wins, then the
+cache keyed by `SystemSpec.description_version()`, and only then one LLM call, whose result is
+cached so that every later investigation of the same description votes over the same axes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Protocol
+
+from poirotd.config.spec import SystemSpec
+from poirotd.model import HazardRegion, HazardSpace, Phase
+from poirotd.protocol import prompts
+from poirotd.protocol.errors import AnswerFailed, ProtocolError
+from poirotd.protocol.run import CallSite, RunContext
+from poirotd.protocol.schemas import hazard_space_format
+
+
+class HazardSpaceCache(Protocol):
+    """Where built hazard spaces are kept (the store implements it)."""
+
+    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None: ...
+
+    async def put_hazard_space(self, space: HazardSpace) -> None: ...
+
+
+async def resolve_hazard_space(
+    spec: SystemSpec, cache: HazardSpaceCache, run: RunContext
+) -> HazardSpace:
+    """The hazard space for `spec`: pinned, cached, or built by the LLM (then cached).
+
+    Raises ProtocolError when the LLM gives no valid space within the retry bound.
+    """
+    if spec.hazard_space is not None:
+        regions = spec.hazard_space.regions
+        return HazardSpace(
+            system=spec.system.name,
+            version=_pinned_version(regions),
+            regions=regions,
+            source="pinned",
+        )
+    version = spec.description_version()
+    cached = await cache.get_hazard_space(spec.system.name, version)
+    if cached is not None:
+        return cached
+    try:
+        answer = await run.until_valid(
+            CallSite(Phase.HAZARD_SPACE, "", "hazard_space"),
+            prompts.hazard_space_request(spec),
+            hazard_space_format(spec),
+            max_tokens=spec.protocol.hazard_space_max_tokens,
+            retries=spec.protocol.invalid_json_retries,
+        )
+    except AnswerFailed as exc:
+        raise ProtocolError(
+            f"could not build the hazard space of system {spec.system.name!r}: {exc}. "
+            "Pin it instead: list the regions under `hazard_space.regions` in the system spec "
+            "(agents first, in spec order)."
+        ) from exc
+    space = HazardSpace(
+        system=spec.system.name, version=version, regions=answer.error_regions, source="llm"
+    )
+    await cache.put_hazard_space(space)
+    return space
+
+
+def _pinned_version(regions: tuple[HazardRegion, ...]) -> str:
+    """A content hash, so an edited pin is a new version in the audit trail."""
+    basis = json.dumps([r.model_dump() for r in regions], sort_keys=True)
+    return "pinned-" + hashlib.sha256(basis.encode()).hexdigest()[:16]

@@ -1,0 +1,159 @@
+"""Phases III and IV: every agent consults its peers, then votes privately; all agents at once.
+
+Each agent's Phase III transcript is its prefix, the opening turn, then its own actions
+(assistant turns) and the answers it got (user turns); it only grows, so each request extends
+the previous one and the server's prefix cache covers all but the newest turn. A turn is JSON:
+ask a peer (`talk_to_<id>`) or vote. A peer answers on its own prefix plus the question and
+never votes there; answers do not count toward the asker's M = `max_invocations` turns, and
+repairs of an invalid turn do not either. After M turns without a vote comes the forced vote.
+An agent with no valid answer abstains with the reason: never an all-zero vote.
+
+Phases III and IV overlap because agents leave consultation at different moments: voting
+begins when the first agent leaves, interrogation ends when the last one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from poirotd.config.spec import SystemSpec
+from poirotd.llm.base import ChatMessage
+from poirotd.model import HazardSpace, Phase, Vote
+from poirotd.protocol import prompts
+from poirotd.protocol.aggregation import weigh
+from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.events import VoteCast
+from poirotd.protocol.run import CallSite, RunContext, concurrently
+from poirotd.protocol.schemas import FREE_TEXT, SelfReport, VoteAction, turn_format, vote_format
+
+
+async def interrogate(
+    spec: SystemSpec,
+    space: HazardSpace,
+    prefixes: Mapping[str, Sequence[ChatMessage]],
+    reports: Mapping[str, SelfReport | None],
+    run: RunContext,
+) -> list[Vote]:
+    """Every agent's vote or abstention, weighted, in spec order; each is emitted as it lands."""
+    interrogation = _Interrogation(spec, space, prefixes, reports, run)
+    await run.begin(Phase.INTERROGATION)
+    votes = await concurrently(interrogation.vote_of(a) for a in spec.agent_ids)
+    await run.end(Phase.VOTING)
+    return votes
+
+
+class _Pending(NamedTuple):
+    """A transcript that ends with a vote request."""
+
+    transcript: list[ChatMessage]
+    forced: bool
+
+
+class _Interrogation:
+    def __init__(
+        self,
+        spec: SystemSpec,
+        space: HazardSpace,
+        prefixes: Mapping[str, Sequence[ChatMessage]],
+        reports: Mapping[str, SelfReport | None],
+        run: RunContext,
+    ) -> None:
+        self._spec, self._space, self._prefixes, self._run = spec, space, prefixes, run
+        self._reports = reports
+        self._limits = spec.protocol
+        self._left = 0
+        self._handover = asyncio.Lock()
+
+    async def vote_of(self, agent_id: str) -> Vote:
+        outcome = await self._consult(agent_id)
+        await self._leave_consultation()
+        if isinstance(outcome, _Pending):
+            outcome = await self._vote(agent_id, outcome)
+        vote = weigh(self._space, outcome, self._limits.beta)
+        await self._run.emit(VoteCast(vote=vote))
+        return vote
+
+    async def _consult(self, agent_id: str) -> Vote | _Pending:
+        """Up to M turns; returns the vote cast in a turn, an abstention, or a vote request."""
+        opening = prompts.interrogation_opening(self._spec, self._space, self._reports, agent_id)
+        transcript = [*self._prefixes[agent_id], _user(opening)]
+        peers = [a for a in self._spec.agent_ids if a != agent_id]
+        if not peers:  # the opening already ends with the final-vote request
+            return _Pending(transcript, forced=False)
+        turn = turn_format(peers, self._space.size)
+        for n in range(1, self._limits.max_invocations + 1):
+            try:
+                action = await self._run.until_valid(
+                    CallSite(Phase.INTERROGATION, agent_id, "turn"),
+                    transcript,
+                    turn,
+                    max_tokens=self._limits.turn_max_tokens,
+                    retries=self._limits.invalid_json_retries,
+                )
+            except AnswerFailed as exc:
+                return Vote(agent_id=agent_id, abstention_reason=f"turn {n}: {exc}")
+            if isinstance(action, VoteAction):
+                return Vote(
+                    agent_id=agent_id,
+                    location=action.location,
+                    hazard_vector=action.hazard_vector,
+                    justification=action.justification,
+                )
+            answer = await self._answer(action.peer_id, agent_id, action.question)
+            transcript += [
+                ChatMessage(role="assistant", content=action.model_dump_json()),
+                _user(answer),
+            ]
+        limit = self._limits.max_invocations
+        return _Pending([*transcript, _user(prompts.forced_vote(self._space, limit))], forced=True)
+
+    async def _answer(self, peer_id: str, asker_id: str, question: str) -> str:
+        """The peer's answer on its own prefix, retried while empty; what the asker is shown."""
+        peer = self._spec.agent(peer_id)
+        ask = prompts.peer_question(self._spec.agent(asker_id), question)
+        try:
+            answer = await self._run.until_valid(
+                CallSite(Phase.INTERROGATION, peer_id, "answer"),
+                [*self._prefixes[peer_id], _user(ask)],
+                FREE_TEXT,
+                max_tokens=self._limits.answer_max_tokens,
+                retries=self._limits.empty_answer_retries,
+                repair=lambda _reason: prompts.EMPTY_ANSWER_RETRY,
+            )
+        except AnswerFailed as exc:
+            return prompts.no_answer(peer, str(exc))
+        return prompts.peer_answer(peer, answer)
+
+    async def _vote(self, agent_id: str, pending: _Pending) -> Vote:
+        try:
+            answer = await self._run.until_valid(
+                CallSite(Phase.VOTING, agent_id, "vote"),
+                pending.transcript,
+                vote_format(self._space.size),
+                max_tokens=self._limits.turn_max_tokens,
+                retries=self._limits.invalid_json_retries,
+            )
+        except AnswerFailed as exc:
+            return Vote(agent_id=agent_id, abstention_reason=f"vote: {exc}", forced=pending.forced)
+        return Vote(
+            agent_id=agent_id,
+            location=answer.location,
+            hazard_vector=answer.hazard_vector,
+            justification=answer.justification,
+            forced=pending.forced,
+        )
+
+    async def _leave_consultation(self) -> None:
+        """Serialised so phase events keep their order even when the event sink awaits."""
+        async with self._handover:
+            self._left += 1
+            if self._left == 1:
+                await self._run.begin(Phase.VOTING)
+            if self._left == len(self._spec.agents):
+                await self._run.end(Phase.INTERROGATION)
+
+
+def _user(text: str) -> ChatMessage:
+    return ChatMessage(role="user", content=text)

@@ -1,0 +1,175 @@
+"""Per-investigation plumbing every phase shares.
+
+Every LLM call goes through `RunContext.complete` (audited, counted) and every answer with a
+format through `RunContext.until_valid`, the one "call, validate, repair, retry" loop. One
+instance per investigation; nothing lives at module level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from poirotd.llm.base import ChatMessage, Completion, LLMBackend, LLMError
+from poirotd.model import LLMExchange, LLMUsage, Phase, PhaseTiming
+from poirotd.protocol import prompts
+from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.events import ExchangeDone, PhaseBegun, PhaseEnded, ProtocolEvent
+from poirotd.protocol.schemas import AnswerFormat, InvalidAnswer
+
+T = TypeVar("T")
+
+EventSink = Callable[[ProtocolEvent], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """Who makes a call, in which phase, for what (hazard_space | report | turn | answer | vote)."""
+
+    phase: Phase
+    agent_id: str
+    purpose: str
+
+
+class RunContext:
+    def __init__(self, backend: LLMBackend, emit: EventSink) -> None:
+        self._backend = backend
+        self.emit = emit
+        self._usage = LLMUsage()
+        self._started: dict[Phase, float] = {}
+        self._seconds: dict[Phase, float] = {}
+
+    # -------------------------------------------------------------- phases
+
+    async def begin(self, phase: Phase) -> None:
+        self._started[phase] = time.monotonic()
+        await self.emit(PhaseBegun(phase=phase))
+
+    async def end(self, phase: Phase) -> None:
+        seconds = time.monotonic() - self._started[phase]
+        self._seconds[phase] = seconds
+        await self.emit(PhaseEnded(phase=phase, seconds=seconds))
+
+    @asynccontextmanager
+    async def phase(self, phase: Phase) -> AsyncIterator[None]:
+        """Time a phase; a phase that raises is not reported as ended."""
+        await self.begin(phase)
+        yield
+        await self.end(phase)
+
+    def timings(self) -> tuple[PhaseTiming, ...]:
+        return tuple(
+            PhaseTiming(phase=p, seconds=self._seconds[p]) for p in Phase if p in self._seconds
+        )
+
+    @property
+    def usage(self) -> LLMUsage:
+        return self._usage
+
+    # -------------------------------------------------------------- calls
+
+    async def complete(
+        self,
+        site: CallSite,
+        messages: Sequence[ChatMessage],
+        *,
+        schema: dict[str, Any] | None,
+        max_tokens: int,
+    ) -> str:
+        """One LLM call, recorded (ExchangeDone) and counted whether it succeeds or not."""
+        at, start = datetime.now(UTC), time.monotonic()
+        try:
+            completion = await self._backend.complete(
+                messages, schema=schema, max_tokens=max_tokens
+            )
+        except LLMError as exc:
+            await self._record(site, messages, at, start, error=f"{exc.reason}: {exc}")
+            raise
+        await self._record(site, messages, at, start, completion=completion)
+        return completion.text
+
+    async def until_valid(
+        self,
+        site: CallSite,
+        messages: Sequence[ChatMessage],
+        answer: AnswerFormat[T],
+        *,
+        max_tokens: int,
+        retries: int,
+        repair: Callable[[str], str] = prompts.invalid_answer,
+    ) -> T:
+        """Call until the answer parses: at most 1 + `retries` attempts.
+
+        After a rejected answer the next attempt sees it as an assistant turn followed by
+        `repair(error)`; the repair pair replaces the previous one, so prompts stay bounded and
+        keep `messages` as their prefix. An LLMError is a failed attempt too (same request
+        again). Raises AnswerFailed with the last reason.
+        """
+        request, attempt, reason = list(messages), site, ""
+        for _ in range(retries + 1):
+            try:
+                text = await self.complete(
+                    attempt, request, schema=answer.schema, max_tokens=max_tokens
+                )
+            except LLMError as exc:
+                reason = f"LLM call failed ({exc.reason}): {exc}"
+                continue
+            try:
+                return answer.parse(text)
+            except InvalidAnswer as exc:
+                reason = str(exc)
+                attempt = CallSite(site.phase, site.agent_id, "repair")
+                request = [
+                    *messages,
+                    ChatMessage(role="assistant", content=text),
+                    ChatMessage(role="user", content=repair(reason)),
+                ]
+        raise AnswerFailed(f"no valid answer in {retries + 1} attempt(s); last: {reason}")
+
+    async def _record(
+        self,
+        site: CallSite,
+        messages: Sequence[ChatMessage],
+        at: datetime,
+        start: float,
+        *,
+        completion: Completion | None = None,
+        error: str = "",
+    ) -> None:
+        prompt = completion.prompt_tokens if completion else 0
+        generated = completion.completion_tokens if completion else 0
+        self._usage = LLMUsage(
+            calls=self._usage.calls + 1,
+            prompt_tokens=self._usage.prompt_tokens + prompt,
+            completion_tokens=self._usage.completion_tokens + generated,
+        )
+        exchange = LLMExchange(
+            phase=site.phase,
+            agent_id=site.agent_id,
+            purpose=site.purpose,
+            messages=tuple(m.model_dump() for m in messages),
+            response=completion.text if completion else "",
+            error=error,
+            prompt_tokens=prompt,
+            completion_tokens=generated,
+            cached_tokens=completion.cached_tokens if completion else None,
+            seconds=time.monotonic() - start,
+            at=at,
+        )
+        await self.emit(ExchangeDone(exchange=exchange))
+
+
+async def concurrently(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run coroutines at once, results in order. The first failure cancels the others (no LLM
+    calls left running) and is re-raised as itself rather than as an ExceptionGroup."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coros]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from failed
+    return [t.result() for t in tasks]

@@ -1,0 +1,304 @@
+"""What the LLM must return in each phase: a JSON schema for constrained decoding plus a parser.
+
+The schemas stay inside the subset llama.cpp's grammar converter handles (type, properties,
+required, additionalProperties false, items, prefixItems, minItems/maxItems, enum, const, anyOf,
+string maxLength/pattern). Every free string is bounded: a small model otherwise writes until its
+token limit and the JSON never closes. Parsers re-check everything after decoding, because not
+every backend enforces the schema, and raise `InvalidAnswer` with a message short enough to hand
+back to the model in a repair prompt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import Field, StrictInt, TypeAdapter, ValidationError
+
+from poirotd.config.spec import SystemSpec
+from poirotd.model import Frozen, HazardRegion
+
+T = TypeVar("T")
+
+ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+NAME_MAX = 100
+DESCRIPTION_MAX = 400
+EVIDENCE_MAX = 400
+QUESTION_MAX = 300
+HAZARD_VECTOR_MAX = 200
+JUSTIFICATION_MAX = 600
+PEER_TOOL_PREFIX = "talk_to_"
+_NON_AGENT_TYPES = ("hardware", "software", "physical", "human", "other")
+_SHOWN_ERRORS = 3
+
+
+class InvalidAnswer(ValueError):
+    """The answer does not satisfy its format; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class AnswerFormat(Generic[T]):
+    """A schema to constrain decoding (None: free text) and the parser that re-checks the answer."""
+
+    schema: dict[str, Any] | None
+    parse: Callable[[str], T]
+
+
+def peer_tool(agent_id: str) -> str:
+    """The name under which another agent is reachable in Phase III."""
+    return f"{PEER_TOOL_PREFIX}{agent_id}"
+
+
+# ------------------------------------------------------------------ answer models
+
+
+class HazardSpaceAnswer(Frozen):
+    system_name: str
+    error_regions: tuple[HazardRegion, ...]
+    error_vector_example: tuple[StrictInt, ...]
+
+
+class SelfEvaluation(Frozen):
+    role_fulfilled: bool
+    anomalies_detected: bool
+    description: str
+    evidence: str
+
+
+class PeerObservation(Frozen):
+    agent_name: str
+    description: str
+    evidence: str
+
+
+class SelfReport(Frozen):
+    self_evaluation: SelfEvaluation
+    peer_observations: tuple[PeerObservation, ...]
+    suspected_agents: tuple[str, ...]
+
+
+class AskAction(Frozen):
+    action: Literal["ask"]
+    peer: str
+    question: str = Field(min_length=1)
+
+    @property
+    def peer_id(self) -> str:
+        return self.peer.removeprefix(PEER_TOOL_PREFIX)
+
+
+class VoteAnswer(Frozen):
+    hazard_vector: str
+    location: tuple[StrictInt, ...]
+    justification: str
+
+
+class VoteAction(VoteAnswer):
+    action: Literal["vote"]
+
+
+_TURN = TypeAdapter[AskAction | VoteAction](
+    Annotated[AskAction | VoteAction, Field(discriminator="action")]
+)
+
+
+# ------------------------------------------------------------------ formats
+
+
+def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
+    """Phase I: the agents first, in spec order, then at most `max_extra_regions` other regions."""
+    agents = spec.agent_ids
+    limit = len(agents) + spec.protocol.max_extra_regions
+
+    def region(id_schema: dict[str, Any], type_schema: dict[str, Any]) -> dict[str, Any]:
+        return _object(
+            id=id_schema,
+            name=_text(NAME_MAX),
+            type=type_schema,
+            description=_text(DESCRIPTION_MAX),
+        )
+
+    regions: dict[str, Any] = {
+        "type": "array",
+        "prefixItems": [region({"const": a}, {"const": "agent"}) for a in agents],
+        "items": region(
+            {"type": "string", "pattern": ID_PATTERN}, {"enum": list(_NON_AGENT_TYPES)}
+        ),
+        "minItems": len(agents),
+        "maxItems": limit,
+    }
+    schema = _object(
+        system_name=_text(NAME_MAX),
+        error_regions=regions,
+        error_vector_example=_bits(max_items=limit),
+    )
+
+    def parse(text: str) -> HazardSpaceAnswer:
+        answer = _validate(HazardSpaceAnswer, text)
+        ids = [r.id for r in answer.error_regions]
+        if ids[: len(agents)] != list(agents):
+            raise InvalidAnswer(f"error_regions must start with the agents {list(agents)}")
+        extras = answer.error_regions[len(agents) :]
+        if len(extras) > spec.protocol.max_extra_regions:
+            raise InvalidAnswer(f"at most {spec.protocol.max_extra_regions} non-agent regions")
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise InvalidAnswer(f"region ids must be unique; repeated: {repeated}")
+        for r in answer.error_regions[: len(agents)]:
+            if r.type != "agent":
+                raise InvalidAnswer(f"region {r.id!r} is an agent: its type must be 'agent'")
+        for r in extras:
+            if r.type == "agent" or not re.fullmatch(ID_PATTERN, r.id):
+                raise InvalidAnswer(
+                    f"region {r.id!r}: extra regions need a snake_case id and a non-agent type"
+                )
+        return answer
+
+    return AnswerFormat(schema, parse)
+
+
+def report_format(agent_ids: Sequence[str]) -> AnswerFormat[SelfReport]:
+    """Phase II: a self-evaluation, observations about peers, and the suspects (maybe none)."""
+    names = {"enum": list(agent_ids)}
+    schema = _object(
+        self_evaluation=_object(
+            role_fulfilled={"type": "boolean"},
+            anomalies_detected={"type": "boolean"},
+            description=_text(DESCRIPTION_MAX),
+            evidence=_text(EVIDENCE_MAX),
+        ),
+        peer_observations={
+            "type": "array",
+            "items": _object(
+                agent_name=names, description=_text(DESCRIPTION_MAX), evidence=_text(EVIDENCE_MAX)
+            ),
+            "maxItems": len(agent_ids),
+        },
+        suspected_agents={"type": "array", "items": names, "maxItems": len(agent_ids)},
+    )
+
+    def parse(text: str) -> SelfReport:
+        report = _validate(SelfReport, text)
+        named = [o.agent_name for o in report.peer_observations] + list(report.suspected_agents)
+        unknown = sorted(set(named) - set(agent_ids))
+        if unknown:
+            raise InvalidAnswer(f"unknown agent ids {unknown}; valid ids: {list(agent_ids)}")
+        return report.model_copy(
+            update={"suspected_agents": tuple(dict.fromkeys(report.suspected_agents))}
+        )
+
+    return AnswerFormat(schema, parse)
+
+
+def turn_format(peer_ids: Sequence[str], size: int) -> AnswerFormat[AskAction | VoteAction]:
+    """Phase III: ask one peer a question, or cast the vote (which ends the consultation)."""
+    tools = [peer_tool(p) for p in peer_ids]
+    ask = _object(action={"const": "ask"}, peer={"enum": tools}, question=_text(QUESTION_MAX))
+    vote = _object(action={"const": "vote"}, **_vote_properties(size))
+
+    def parse(text: str) -> AskAction | VoteAction:
+        try:
+            action = _TURN.validate_json(_json_object(text))
+        except ValidationError as exc:
+            raise InvalidAnswer(_describe(exc)) from exc
+        if isinstance(action, VoteAction):
+            _check_location(action.location, size)
+        elif action.peer not in tools:
+            raise InvalidAnswer(f"peer must be one of {tools}, got {action.peer!r}")
+        return action
+
+    return AnswerFormat({"anyOf": [ask, vote]}, parse)
+
+
+def vote_format(size: int) -> AnswerFormat[VoteAnswer]:
+    """Phase IV: the private vote over the N regions; all zeros means "no anomaly"."""
+
+    def parse(text: str) -> VoteAnswer:
+        vote = _validate(VoteAnswer, text)
+        _check_location(vote.location, size)
+        return vote
+
+    return AnswerFormat(_object(**_vote_properties(size)), parse)
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise InvalidAnswer("the answer was empty")
+    return text.strip()
+
+
+FREE_TEXT: AnswerFormat[str] = AnswerFormat(None, _non_empty)
+"""A peer's answer to a question: any non-empty text."""
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _object(**properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _text(max_length: int) -> dict[str, Any]:
+    return {"type": "string", "maxLength": max_length}
+
+
+def _bits(*, max_items: int, min_items: int = 0) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "items": {"type": "integer", "enum": [0, 1]},
+        "minItems": min_items,
+        "maxItems": max_items,
+    }
+
+
+def _vote_properties(size: int) -> dict[str, dict[str, Any]]:
+    return {
+        "hazard_vector": _text(HAZARD_VECTOR_MAX),
+        "location": _bits(min_items=size, max_items=size),
+        "justification": _text(JUSTIFICATION_MAX),
+    }
+
+
+def _check_location(location: Sequence[int], size: int) -> None:
+    if len(location) != size:
+        raise InvalidAnswer(
+            f"location must have exactly {size} entries (one per region), got {len(location)}"
+        )
+    if any(x not in (0, 1) for x in location):
+        raise InvalidAnswer("location entries must be 0 or 1")
+
+
+ModelT = TypeVar("ModelT", bound=Frozen)
+
+
+def _validate(model: type[ModelT], text: str) -> ModelT:
+    try:
+        return model.model_validate_json(_json_object(text))
+    except ValidationError as exc:
+        raise InvalidAnswer(_describe(exc)) from exc
+
+
+def _json_object(text: str) -> str:
+    """The outermost {...} of the answer: tolerates prose or code fences around the JSON."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        raise InvalidAnswer("the answer contains no JSON object")
+    return text[start : end + 1]
+
+
+def _describe(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    parts = [
+        f"{'.'.join(str(p) for p in e['loc']) or 'answer'}: {e['msg']}"
+        for e in errors[:_SHOWN_ERRORS]
+    ]
+    if len(errors) > _SHOWN_ERRORS:
+        parts.append(f"and {len(errors) - _SHOWN_ERRORS} more")
+    return "; ".join(parts)

@@ -1,0 +1,542 @@
+"""The five phases end to end on a 3-agent spec, against a scripted backend (orchestration only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from poirotd.config.spec import (
+    AgentSpec,
+    ComponentSpec,
+    PinnedHazardSpace,
+    ProtocolSpec,
+    SystemInfo,
+    SystemSpec,
+)
+from poirotd.llm.base import ChatMessage, LLMError
+from poirotd.llm.scripted import ScriptedBackend
+from poirotd.model import AgentMessage, HazardRegion, HazardSpace, MessageKind, Phase
+from poirotd.protocol import prompts
+from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
+from poirotd.protocol.errors import ProtocolError
+from poirotd.protocol.events import (
+    AttributionReady,
+    ExchangeDone,
+    PhaseBegun,
+    PhaseEnded,
+    ProtocolEvent,
+    ReportFiled,
+    VoteCast,
+)
+from poirotd.protocol.schemas import hazard_space_format, report_format, turn_format, vote_format
+
+AGENTS = (
+    AgentSpec(id="doctor", name="Diagnosis Doctor", system_prompt="You are the diagnosis doctor."),
+    AgentSpec(id="chief", name="Chief of Rehabilitation", system_prompt="You are the chief."),
+    AgentSpec(id="physio", name="Physiotherapist", system_prompt="You are the physiotherapist."),
+)
+REGIONS = (
+    *(
+        HazardRegion(id=a.id, name=a.name, type="agent", description="Error signature: x.")
+        for a in AGENTS
+    ),
+    HazardRegion(id="exo", name="Exoskeleton", type="hardware", description="Error signature: y."),
+)
+EXO = 3
+
+
+def make_spec(*, pinned: bool = True, **protocol: Any) -> SystemSpec:
+    return SystemSpec(
+        system=SystemInfo(
+            name="cortex", description="Rehabilitation of a child with an exoskeleton."
+        ),
+        agents=AGENTS,
+        components=(
+            ComponentSpec(id="exo", name="Exoskeleton", type="hardware", description="Gait robot."),
+        ),
+        protocol=ProtocolSpec(**protocol),
+        hazard_space=PinnedHazardSpace(regions=REGIONS) if pinned else None,
+    )
+
+
+def _msg(
+    index: int, kind: MessageKind, sender: str, recipient: str = "", **kw: Any
+) -> AgentMessage:
+    return AgentMessage(
+        session_id="s1",
+        index=index,
+        kind=kind,
+        sender=sender,
+        recipient=recipient,
+        sent_at=datetime(2025, 1, 1, tzinfo=UTC),
+        **kw,
+    )
+
+
+SESSION = (
+    _msg(0, MessageKind.HUMAN, "operator", "doctor", content="Assess the patient."),
+    _msg(1, MessageKind.AGENT, "doctor", "", tool_calls=("patient_retriever_tool",)),
+    _msg(
+        2,
+        MessageKind.TOOL,
+        "doctor",
+        "doctor",
+        tool_name="patient_retriever_tool",
+        content="Age 9, CP.",
+    ),
+    _msg(3, MessageKind.AGENT, "doctor", "chief", content="Report: fit for gait training."),
+    _msg(4, MessageKind.AGENT, "chief", "physio", content="Plan 2, please confirm."),
+    _msg(5, MessageKind.AGENT, "physio", "chief", content="Confirmed."),
+    _msg(6, MessageKind.SYSTEM, "exo", "", content="knee angle 270 deg"),
+    _msg(7, MessageKind.AGENT, "physio", "", content="The knee angle is impossible."),
+)
+
+# ------------------------------------------------------------------ scripted world
+
+Handler = Callable[[str, Sequence[ChatMessage]], Any]
+
+
+def kind_of(schema: dict[str, Any] | None) -> str:
+    if schema is None:
+        return "answer"
+    if "anyOf" in schema:
+        return "turn"
+    props = schema["properties"]
+    if "error_regions" in props:
+        return "hazard_space"
+    return "report" if "self_evaluation" in props else "vote"
+
+
+def who(messages: Sequence[ChatMessage]) -> str:
+    by_prompt = {a.system_prompt: a.id for a in AGENTS}
+    return by_prompt.get(messages[0].content, "builder")
+
+
+def vote_json(location: Sequence[int] = (0, 0, 0, 1), *, action: bool = False) -> str:
+    vote: dict[str, Any] = {"action": "vote"} if action else {}
+    vote |= {"hazard_vector": "sensor", "location": list(location), "justification": "angles"}
+    return json.dumps(vote)
+
+
+def default_hazard_space(agent: str, messages: Sequence[ChatMessage]) -> str:
+    regions = [r.model_dump() for r in REGIONS]
+    return json.dumps(
+        {"system_name": "cortex", "error_regions": regions, "error_vector_example": [0, 0, 0, 1]}
+    )
+
+
+def default_report(agent: str, messages: Sequence[ChatMessage]) -> str:
+    suspects = ["physio"] if agent != "physio" else []
+    return json.dumps(
+        {
+            "self_evaluation": {
+                "role_fulfilled": True,
+                "anomalies_detected": False,
+                "description": "fine",
+                "evidence": "N/A",
+            },
+            "peer_observations": [],
+            "suspected_agents": suspects,
+        }
+    )
+
+
+def ask_once_then_vote(agent: str, messages: Sequence[ChatMessage]) -> str:
+    if any(m.role == "user" and m.content.startswith("Answer from") for m in messages):
+        return vote_json(action=True)
+    return always_ask(agent, messages)
+
+
+def always_ask(agent: str, messages: Sequence[ChatMessage]) -> str:
+    ids = [a.id for a in AGENTS]
+    peer = ids[(ids.index(agent) + 1) % len(ids)]  # doctor → chief → physio → doctor
+    return json.dumps({"action": "ask", "peer": f"talk_to_{peer}", "question": "What did you see?"})
+
+
+class World:
+    """Routes each request by its schema to a handler; a handler may be async or raise."""
+
+    def __init__(self, **handlers: Handler) -> None:
+        self.handlers: dict[str, Handler] = {
+            "hazard_space": default_hazard_space,
+            "report": default_report,
+            "turn": ask_once_then_vote,
+            "answer": lambda agent, messages: "The exoskeleton reported 270 degrees.",
+            "vote": lambda agent, messages: vote_json(),
+        } | handlers
+        self.backend = ScriptedBackend(self)
+        self.events: list[ProtocolEvent] = []
+
+    def __call__(self, messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> Any:
+        return self.handlers[kind_of(schema)](who(messages), messages)
+
+    async def sink(self, event: ProtocolEvent) -> None:
+        self.events.append(event)
+
+    def calls(self, kind: str, agent: str | None = None) -> list[tuple[ChatMessage, ...]]:
+        return [
+            c.messages
+            for c in self.backend.calls
+            if kind_of(c.schema) == kind and (agent is None or who(c.messages) == agent)
+        ]
+
+    def of(self, event_type: type[Any]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, event_type)]
+
+
+class MemoryCache:
+    def __init__(self) -> None:
+        self.spaces: dict[tuple[str, str], HazardSpace] = {}
+
+    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None:
+        return self.spaces.get((system, version))
+
+    async def put_hazard_space(self, space: HazardSpace) -> None:
+        self.spaces[(space.system, space.version)] = space
+
+
+async def investigate(
+    world: World, spec: SystemSpec | None = None, cache: MemoryCache | None = None
+) -> ProtocolOutcome:
+    engine = InvestigationEngine(spec or make_spec(), world.backend, cache or MemoryCache())
+    return await engine.run(SESSION, world.sink)
+
+
+# ------------------------------------------------------------------ the full run
+
+
+async def test_full_five_phase_run() -> None:
+    world = World()
+    outcome = await investigate(world)
+
+    assert outcome.hazard_space.source == "pinned"
+    assert outcome.attribution.top == (EXO,)
+    assert outcome.attribution.decision == (0, 0, 0, 1)
+    # Every agent votes the exoskeleton: d_H = 2 of N = 4, so w = 0.25 + 0.5 * (1 - 2/4) = 0.5.
+    assert [v.weight for v in outcome.votes] == pytest.approx([0.5, 0.5, 0.5])
+    assert outcome.attribution.scores == pytest.approx((0.0, 0.0, 0.0, 1.5))
+    assert outcome.reports["doctor"] is not None
+    assert outcome.reports["doctor"]["suspected_agents"] == ["physio"]
+    assert [t.phase for t in outcome.phases] == list(Phase)
+
+    # 3 reports + per agent: one ask turn, the peer's answer, one vote turn.
+    assert len(world.backend.calls) == 3 + 3 * 3
+    assert outcome.usage.calls == len(world.backend.calls) == len(world.of(ExchangeDone))
+    assert outcome.usage.prompt_tokens == sum(
+        e.exchange.prompt_tokens for e in world.of(ExchangeDone)
+    )
+    assert len(world.of(ReportFiled)) == 3
+    assert len(world.of(VoteCast)) == 3
+    assert len(world.of(AttributionReady)) == 1
+
+    kinds = [type(e).__name__ for e in world.events]
+    assert kinds.index("VoteCast") > world.events.index(PhaseBegun(phase=Phase.VOTING))
+    ended = [e.phase for e in world.of(PhaseEnded)]
+    assert sorted(ended) == sorted(Phase) and ended.count(Phase.INTERROGATION) == 1
+    assert world.events[0] == PhaseBegun(phase=Phase.HAZARD_SPACE)
+    assert isinstance(world.events[-1], PhaseEnded) and world.events[-1].phase is Phase.AGGREGATION
+
+
+async def test_phase_three_transcript_carries_question_and_answer() -> None:
+    world = World()
+    await investigate(world)
+    second_turn = world.calls("turn", "doctor")[-1]
+    assert second_turn[-2] == ChatMessage(
+        role="assistant",
+        content='{"action":"ask","peer":"talk_to_chief","question":"What did you see?"}',
+    )
+    assert second_turn[-1].content.startswith("Answer from Chief of Rehabilitation (id: chief)")
+    opening = second_turn[-3].content
+    assert "physio: flagged by 2 agent(s): doctor, chief" in opening
+    assert "location[3] = 1 -> Exoskeleton (id: exo)" in opening
+    answer_request = world.calls("answer", "chief")[0]
+    assert "Diagnosis Doctor (id: doctor) asks you" in answer_request[-1].content
+
+
+# ------------------------------------------------------------------ limits, retries, repairs
+
+
+async def test_forced_vote_after_m_turns() -> None:
+    world = World(turn=always_ask)
+    outcome = await investigate(world, make_spec(max_invocations=2))
+
+    for agent in ("doctor", "chief", "physio"):
+        assert len(world.calls("turn", agent)) == 2
+        votes = world.calls("vote", agent)
+        assert len(votes) == 1
+        assert "used all 2 replies" in votes[0][-1].content
+    assert len(world.calls("answer")) == 3 * 2  # answers do not count toward the asker's M
+    assert all(v.forced and not v.abstained for v in outcome.votes)
+
+
+async def test_empty_answers_are_retried_three_times() -> None:
+    world = World(answer=lambda agent, messages: "")
+    await investigate(world, make_spec(max_invocations=1))
+
+    answers = world.calls("answer", "chief")  # doctor asks chief once
+    assert len(answers) == 1 + 3
+    assert all(a[-1].content == prompts.EMPTY_ANSWER_RETRY for a in answers[1:])
+    assert answers[1][-2] == ChatMessage(role="assistant", content="")
+    forced = world.calls("vote", "doctor")[0]
+    assert "Chief of Rehabilitation (id: chief) gave no answer" in forced[-2].content
+
+
+async def test_an_answer_on_the_last_retry_is_delivered() -> None:
+    tries: Counter[str] = Counter()
+
+    def answer(agent: str, messages: Sequence[ChatMessage]) -> str:
+        tries[agent] += 1
+        return "seen it" if tries[agent] % 4 == 0 else "  "
+
+    world = World(answer=answer)
+    await investigate(world, make_spec(max_invocations=1))
+    forced = world.calls("vote", "doctor")[0]
+    assert forced[-2].content == "Answer from Chief of Rehabilitation (id: chief):\nseen it"
+
+
+async def test_invalid_vote_is_repaired_then_abstains_never_zeros() -> None:
+    def vote(agent: str, messages: Sequence[ChatMessage]) -> str:
+        return vote_json((0, 1)) if agent == "chief" else vote_json()
+
+    world = World(turn=always_ask, vote=vote)
+    outcome = await investigate(world, make_spec(max_invocations=1, invalid_json_retries=2))
+
+    attempts = world.calls("vote", "chief")
+    assert len(attempts) == 1 + 2
+    repair = attempts[1][-1].content
+    assert "rejected" in repair and "exactly 4 entries" in repair
+    assert attempts[1][-2] == ChatMessage(role="assistant", content=vote_json((0, 1)))
+    assert attempts[2][:-2] == attempts[1][:-2] == attempts[0]  # repairs do not pile up
+    chief = next(v for v in outcome.votes if v.agent_id == "chief")
+    assert chief.abstained and "exactly 4 entries" in chief.abstention_reason
+    assert chief.location == () and chief.weight == 0.0
+    assert outcome.attribution.scores == pytest.approx((0.0, 0.0, 0.0, 1.0))
+
+
+async def test_a_repaired_vote_counts() -> None:
+    tries: Counter[str] = Counter()
+
+    def vote(agent: str, messages: Sequence[ChatMessage]) -> str:
+        tries[agent] += 1
+        return "I think the exoskeleton" if tries[agent] == 1 else vote_json()
+
+    world = World(turn=always_ask, vote=vote)
+    outcome = await investigate(world, make_spec(max_invocations=1))
+    assert all(not v.abstained for v in outcome.votes)
+    assert len(world.calls("vote")) == 3 * 2
+    purposes = Counter(e.exchange.purpose for e in world.of(ExchangeDone))
+    assert purposes["repair"] == 3
+
+
+async def test_all_zero_vote_is_a_valid_no_anomaly_vote() -> None:
+    world = World(turn=lambda agent, messages: vote_json((0, 0, 0, 0), action=True))
+    outcome = await investigate(world)
+    assert not any(v.abstained for v in outcome.votes)
+    assert outcome.attribution.top == () and outcome.attribution.decision == (0, 0, 0, 0)
+
+
+async def test_llm_errors_count_as_failed_attempts() -> None:
+    def report(agent: str, messages: Sequence[ChatMessage]) -> str:
+        if agent == "doctor":
+            raise LLMError("server down", reason="unavailable")
+        return default_report(agent, messages)
+
+    world = World(report=report)
+    outcome = await investigate(world, make_spec(invalid_json_retries=2))
+
+    assert len(world.calls("report", "doctor")) == 3
+    assert outcome.reports["doctor"] is None
+    filed = next(e for e in world.of(ReportFiled) if e.agent_id == "doctor")
+    assert "unavailable" in filed.error
+    failed = [e.exchange for e in world.of(ExchangeDone) if e.exchange.error]
+    assert len(failed) == 3 and all(x.purpose == "report" for x in failed)
+    opening = world.calls("turn", "chief")[0][-1].content
+    assert "-- doctor (Diagnosis Doctor) --\n(no valid report)" in opening
+
+
+async def test_every_agent_abstaining_is_a_protocol_error() -> None:
+    world = World(turn=lambda agent, messages: "no idea")
+    with pytest.raises(ProtocolError, match="no agent cast a valid vote: doctor: turn 1"):
+        await investigate(world, make_spec(invalid_json_retries=0))
+    assert not world.of(AttributionReady)
+
+
+# ------------------------------------------------------------------ Phase I
+
+
+async def test_pinned_hazard_space_makes_no_call() -> None:
+    world = World()
+    await investigate(world)
+    assert world.calls("hazard_space") == []
+
+
+async def test_cache_hit_makes_no_second_call() -> None:
+    world, cache, spec = World(), MemoryCache(), make_spec(pinned=False)
+    first = await investigate(world, spec, cache)
+    second = await investigate(world, spec, cache)
+
+    assert len(world.calls("hazard_space")) == 1
+    assert first.hazard_space == second.hazard_space
+    assert first.hazard_space.source == "llm"
+    assert first.hazard_space.version == spec.description_version()
+    request = world.calls("hazard_space")[0]
+    assert 'exactly these ids and type "agent"' in request[1].content
+
+
+async def test_failed_hazard_space_tells_operator_to_pin() -> None:
+    world = World(hazard_space=lambda agent, messages: '{"system_name": "x"}')
+    with pytest.raises(ProtocolError, match=r"hazard_space\.regions"):
+        await investigate(world, make_spec(pinned=False, invalid_json_retries=1))
+    assert len(world.calls("hazard_space")) == 2
+
+
+def test_hazard_space_answer_must_list_agents_first_and_unique() -> None:
+    answer = hazard_space_format(make_spec(pinned=False))
+    regions = [r.model_dump() for r in REGIONS]
+
+    def text(rs: list[dict[str, Any]]) -> str:
+        return json.dumps({"system_name": "c", "error_regions": rs, "error_vector_example": []})
+
+    assert len(answer.parse(text(regions)).error_regions) == 4
+    with pytest.raises(ValueError, match="start with the agents"):
+        answer.parse(text([regions[1], regions[0], *regions[2:]]))
+    with pytest.raises(ValueError, match="unique"):
+        answer.parse(text([*regions, regions[3]]))
+    with pytest.raises(ValueError, match="snake_case"):
+        answer.parse(text([*regions[:3], {**regions[3], "id": "Exo Skeleton"}]))
+
+
+ALLOWED_KEYS = {
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "enum", "const", "anyOf", "maxLength", "pattern",
+}  # fmt: skip
+
+
+def _walk(schema: Any) -> list[dict[str, Any]]:
+    if isinstance(schema, list):
+        return [n for s in schema for n in _walk(s)]
+    if not isinstance(schema, dict):
+        return []
+    nodes = [schema]
+    for key in ("items", "anyOf", "prefixItems"):
+        nodes += _walk(schema.get(key))
+    for sub in schema.get("properties", {}).values():
+        nodes += _walk(sub)
+    return nodes
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        hazard_space_format(make_spec(pinned=False)).schema,
+        report_format(["a", "b"]).schema,
+        turn_format(["b"], 4).schema,
+        vote_format(4).schema,
+    ],
+)
+def test_schemas_stay_in_the_grammar_subset(schema: dict[str, Any]) -> None:
+    for node in _walk(schema):
+        assert set(node) <= ALLOWED_KEYS, node
+        if node.get("type") == "string":
+            assert "maxLength" in node or "pattern" in node, node
+        if node.get("type") == "object":
+            assert node["additionalProperties"] is False
+
+
+# ------------------------------------------------------------------ layout and concurrency
+
+
+async def test_every_request_of_an_agent_starts_with_its_prefix() -> None:
+    world = World()
+    await investigate(world)
+
+    for agent in AGENTS:
+        prefix = prompts.agent_prefix(agent, SESSION)
+        turns = prompts.session_turns(agent.id, SESSION)
+        assert len(prefix) == 1 + len(turns)
+        requests = [c.messages for c in world.backend.calls if who(c.messages) == agent.id]
+        assert {kind_of(c.schema) for c in world.backend.calls if who(c.messages) == agent.id} == {
+            "report", "turn", "answer",
+        }  # fmt: skip
+        for request in requests:
+            assert list(request[: len(prefix)]) == prefix
+            assert len(request) > len(prefix)
+
+
+def test_session_log_is_filtered_and_typed_from_the_agent_view() -> None:
+    doctor = prompts.session_turns("doctor", SESSION)
+    assert [t.role for t in doctor] == ["user", "assistant", "user", "assistant", "user"]
+    assert doctor[0].content == "[#0 human:operator → doctor]\nAssess the patient."
+    assert doctor[1].content == "[#1 doctor → all]\n(called tools: patient_retriever_tool)"
+    assert doctor[2].content.startswith("[#2 tool:patient_retriever_tool → doctor]")
+    assert "Plan 2" not in "".join(t.content for t in doctor)  # chief → physio is private
+    # Broadcasts (#6 from the exoskeleton, #7 from physio) merge into one user turn.
+    assert doctor[4].content == (
+        "[#6 system:exo → all]\nknee angle 270 deg\n\n"
+        "[#7 physio → all]\nThe knee angle is impossible."
+    )
+    physio = prompts.session_turns("physio", SESSION)
+    assert [t.role for t in physio] == ["user", "assistant", "user", "assistant"]
+    assert physio[-1] == ChatMessage(
+        role="assistant", content="[#7 physio → all]\nThe knee angle is impossible."
+    )
+
+
+async def test_agents_run_concurrently() -> None:
+    in_flight, peak = 0, 0
+    all_reporting = asyncio.Event()
+    reporting = 0
+
+    async def track(reply: str) -> str:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.005)
+        in_flight -= 1
+        return reply
+
+    async def report(agent: str, messages: Sequence[ChatMessage]) -> str:
+        nonlocal reporting
+        reporting += 1
+        if reporting == len(AGENTS):
+            all_reporting.set()
+        await asyncio.wait_for(all_reporting.wait(), timeout=2)  # sequential agents would hang
+        return default_report(agent, messages)
+
+    world = World(
+        report=report,
+        turn=lambda agent, messages: track(ask_once_then_vote(agent, messages)),
+    )
+    await investigate(world)
+    assert peak > 1
+
+
+async def test_cancellation_propagates_promptly() -> None:
+    started, cancelled = 0, 0
+    all_started, never = asyncio.Event(), asyncio.Event()
+
+    async def hang(agent: str, messages: Sequence[ChatMessage]) -> str:
+        nonlocal started, cancelled
+        started += 1
+        if started == len(AGENTS):
+            all_started.set()
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+        return ""
+
+    world = World(report=hang)
+    task = asyncio.create_task(investigate(world))
+    await asyncio.wait_for(all_started.wait(), timeout=2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=1)
+    assert cancelled == len(AGENTS)
