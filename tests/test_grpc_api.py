@@ -15,13 +15,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from poirotd.llm.scripted import ScriptedBackend
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client import PoirotClient
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage
+from poirotd.llm.scripted import ScriptedBackend
 from tests.schema_fill import fill
 
 SPEC = SystemSpec.model_validate(
