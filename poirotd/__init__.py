@@ -1,3 +1,3 @@
-"""poirotd: a safety-monitor sidecar that attributes incidents in LLM multi-agent systems (POIROT)."""
+"""poirotd: a sidecar that attributes incidents in LLM multi-agent systems (POIROT)."""
 
 __version__ = "0.1.0"

@@ -18,7 +18,7 @@ class Frozen(BaseModel):
 # ------------------------------------------------------------------ session data
 
 
-class MessageKind(str, enum.Enum):
+class MessageKind(enum.StrEnum):
     AGENT = "agent"
     HUMAN = "human"
     TOOL = "tool"
@@ -105,7 +105,7 @@ class HazardSpace(Frozen):
 # ------------------------------------------------------------------ investigations
 
 
-class InvestigationState(str, enum.Enum):
+class InvestigationState(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -117,7 +117,7 @@ class InvestigationState(str, enum.Enum):
         return self not in (InvestigationState.QUEUED, InvestigationState.RUNNING)
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     HAZARD_SPACE = "hazard_space"
     SELF_ASSESSMENT = "self_assessment"
     INTERROGATION = "interrogation"
@@ -202,7 +202,7 @@ class Investigation(Frozen):
 # ------------------------------------------------------------------ investigation events
 
 
-class EventKind(str, enum.Enum):
+class EventKind(enum.StrEnum):
     STARTED = "started"
     PHASE_BEGUN = "phase_begun"
     PHASE_ENDED = "phase_ended"
