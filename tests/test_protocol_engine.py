@@ -360,6 +360,21 @@ async def test_llm_errors_count_as_failed_attempts() -> None:
     assert "-- doctor (Diagnosis Doctor) --\n(no valid report)" in opening
 
 
+async def test_context_exceeded_is_not_retried() -> None:
+    def report(agent: str, messages: Sequence[ChatMessage]) -> str:
+        if agent == "doctor":
+            raise LLMError("prompt 9000 + 320 > 8192", reason="context_exceeded")
+        return default_report(agent, messages)
+
+    world = World(report=report)
+    outcome = await investigate(world, make_spec(invalid_json_retries=2))
+
+    assert len(world.calls("report", "doctor")) == 1
+    filed = next(e for e in world.of(ReportFiled) if e.agent_id == "doctor")
+    assert "context_exceeded" in filed.error
+    assert outcome.reports["doctor"] is None
+
+
 async def test_every_agent_abstaining_is_a_protocol_error() -> None:
     world = World(turn=lambda agent, messages: "no idea")
     with pytest.raises(ProtocolError, match="no agent cast a valid vote: doctor: turn 1"):

@@ -25,6 +25,8 @@ from poirotd.protocol.schemas import AnswerFormat, InvalidAnswer
 T = TypeVar("T")
 
 EventSink = Callable[[ProtocolEvent], Awaitable[None]]
+# Failures the same request would meet again: retrying only spends time.
+_NOT_RETRIED = frozenset({"context_exceeded", "bad_request"})
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,8 @@ class RunContext:
         After a rejected answer the next attempt sees it as an assistant turn followed by
         `repair(error)`; the repair pair replaces the previous one, so prompts stay bounded and
         keep `messages` as their prefix. An LLMError is a failed attempt too (same request
-        again). Raises AnswerFailed with the last reason.
+        again), except one the same request would meet again (context exceeded, bad request),
+        which ends the attempts at once. Raises AnswerFailed with the last reason.
         """
         request, attempt, reason = list(messages), site, ""
         for _ in range(retries + 1):
@@ -118,6 +121,8 @@ class RunContext:
                 )
             except LLMError as exc:
                 reason = f"LLM call failed ({exc.reason}): {exc}"
+                if exc.reason in _NOT_RETRIED:
+                    break
                 continue
             try:
                 return answer.parse(text)
