@@ -64,8 +64,8 @@ class OpenAILLMSpec(SpecModel):
     """
 
     backend: Literal["openai"]
-    # Tried in order; a connection error, timeout, 429 or 5xx moves on to the next one. A URL may
-    # end in /v1 or not.
+    # Tried in order; a connection error, timeout, 429 or 5xx moves on to the next one, and the one
+    # that last answered stays first (its prefix cache is warm). A URL may end in /v1 or not.
     base_urls: tuple[HttpUrl, ...] = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key: SecretStr | None = None
@@ -76,8 +76,8 @@ class OpenAILLMSpec(SpecModel):
     connect_timeout_seconds: float = Field(default=5.0, gt=0.0)
     # Attempts after the first, across all base_urls.
     max_retries: int = Field(default=3, ge=0, le=20)
-    # Full-jitter exponential backoff between rounds over base_urls: a sleep drawn from
-    # [0, min(backoff_max_seconds, backoff_seconds * 2**round)].
+    # Full-jitter exponential backoff between rounds over base_urls: before round r = 1, 2, ...
+    # a sleep drawn from [0, min(backoff_max_seconds, backoff_seconds * 2**(r - 1))].
     backoff_seconds: float = Field(default=0.5, ge=0.0)
     backoff_max_seconds: float = Field(default=30.0, ge=0.0)
     # Requests in flight to the server at once; the server batches them, beyond that they wait here.

@@ -1,0 +1,341 @@
+"""OpenAI-compatible chat completions over HTTP: vLLM in production, llama.cpp's server in tests.
+
+One pooled keep-alive client serves every request, so concurrent interrogations reuse connections
+and the server can batch them. Transient failures (connection refused or reset, timeouts, 429,
+5xx, a malformed 200) are retried with full-jitter exponential backoff, failing over across
+``base_urls``; any other 4xx is the request's fault and is raised at once, as "context_exceeded"
+when the server says the prompt is too long and "bad_request" otherwise. The server that last
+answered stays first for later calls: vLLM's prefix cache lives on one server, and staying there
+keeps the shared session prefix warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import httpx
+import structlog
+from pydantic import BaseModel, Field, ValidationError
+
+from poirotd.config.spec import OpenAILLMSpec
+from poirotd.llm.base import ChatMessage, Completion, LLMError
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# count_tokens is a local estimate (see there): bytes per token, and what a chat template adds:
+# role markers per message; the assistant header plus a default system prompt some templates
+# (SmolLM2's, for one) insert when the request has none.
+_BYTES_PER_TOKEN = 3
+_TEMPLATE_TOKENS_PER_MESSAGE = 8
+_TEMPLATE_TOKENS_REPLY = 32
+# How much of a server's error text is kept in messages and logs.
+_ERROR_EXCERPT_CHARS = 300
+_SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+# How OpenAI, vLLM and llama-cpp-python word a prompt too long for the model; the embedded backend
+# calls that "context_exceeded", and so must this one for the metrics and the protocol to agree.
+_CONTEXT_EXCEEDED = re.compile(
+    r"context_length_exceeded|maximum context length|maximum model length|context window",
+    re.IGNORECASE,
+)
+
+
+class _PromptTokensDetails(BaseModel):
+    cached_tokens: int | None = None
+
+
+class _Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: _PromptTokensDetails | None = None
+
+
+class _Message(BaseModel):
+    # None when the model answered with tool calls or a refusal only: an empty answer to us.
+    content: str | None = None
+
+
+class _Choice(BaseModel):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _ChatResponse(BaseModel):
+    choices: list[_Choice] = Field(min_length=1)
+    # Absent or null from some proxies; the counts are then reported as 0 rather than failing.
+    usage: _Usage | None = None
+
+
+class _ModelCard(BaseModel):
+    id: str
+
+
+class _ModelList(BaseModel):
+    data: list[_ModelCard]
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way another attempt (or another server) may not."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _api_root(url: str) -> str:
+    """The URL endpoints hang off: operators write it with or without /v1, with or without /."""
+    root = url.rstrip("/")
+    return root.removesuffix("/v1")
+
+
+def _display(root: str) -> str:
+    """The root as it may be logged: userinfo (user:password@) dropped."""
+    url = httpx.URL(root)
+    return str(url.copy_with(username=None, password=None)) if url.userinfo else root
+
+
+def _excerpt(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_EXCERPT_CHARS else text[:_ERROR_EXCERPT_CHARS] + "..."
+
+
+def _first_error(exc: ValidationError) -> str:
+    """Where and what, without echoing the body (it may hold model output)."""
+    first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    return f"{where}: {first['msg']}"
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The human part of an error body, in the shapes OpenAI, vLLM and FastAPI servers use."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return _excerpt(response.text)
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return _excerpt(error["message"])
+        for value in (error, payload.get("message"), payload.get("detail")):
+            if isinstance(value, str):
+                return _excerpt(value)
+            if value is not None:
+                return _excerpt(str(value))
+    return _excerpt(response.text)
+
+
+class OpenAIBackend:
+    """LLMBackend over an OpenAI-compatible server (``POST {base}/v1/chat/completions``).
+
+    A JSON schema is sent as ``response_format``: ``{"type": "json_schema", "json_schema": {...,
+    "strict": true}}`` (OpenAI, vLLM) or ``{"type": "json_object", "schema": ...}``
+    (llama-cpp-python's server), per ``spec.structured_output``. ``finish_reason == "length"`` is
+    returned as is; the caller decides what a cut answer is worth.
+    """
+
+    name = "openai"
+
+    def __init__(self, spec: OpenAILLMSpec) -> None:
+        self.context_tokens = spec.context_tokens
+        self._spec = spec
+        self._roots = [_api_root(str(url)) for url in spec.base_urls]
+        self._preferred = 0
+        self._slots = asyncio.Semaphore(spec.concurrency)
+        headers = {"Accept": "application/json"}
+        api_key = spec.resolved_api_key()
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key.get_secret_value()}"
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(spec.timeout_seconds, connect=spec.connect_timeout_seconds),
+            # The semaphore bounds inference requests; the pool itself is unbounded so that a
+            # readiness probe never queues behind a full batch.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=spec.concurrency),
+        )
+
+    @classmethod
+    async def open(cls, spec: OpenAILLMSpec) -> OpenAIBackend:
+        """Build the backend without contacting the server: vLLM may come up after the sidecar.
+
+        Use ``probe`` for readiness.
+        """
+        return cls(spec)
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        schema: dict[str, Any] | None = None,
+        max_tokens: int,
+    ) -> Completion:
+        body: dict[str, Any] = {
+            "model": self._spec.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "max_tokens": max_tokens,
+            "temperature": self._spec.temperature,
+            "stream": False,
+        }
+        if schema is not None:
+            body["response_format"] = self._response_format(schema)
+
+        async def attempt(root: str) -> Completion:
+            # httpx bounds each phase (connect, each read); this bounds the whole exchange.
+            async with asyncio.timeout(self._spec.timeout_seconds):
+                response = await self._send("POST", f"{root}/v1/chat/completions", json=body)
+            return self._completion(response)
+
+        return await self._with_retries(attempt)
+
+    def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        """An estimate meant to err high, used only to budget the context window.
+
+        Only the server knows the model's tokenizer, and asking it (vLLM's ``/tokenize``) would
+        make this call async and add a round trip per budget check. So: UTF-8 bytes / 3 plus a
+        chat-template allowance per message. BPE tokenizers average about 4 bytes per token on
+        prose and JSON, so this overestimates, and an overestimate only trims a little more
+        history than needed. Long runs of digits or symbols can tokenize denser than 3 bytes per
+        token; keep a margin below ``context_tokens`` for such input.
+        """
+        content_bytes = sum(len(m.content.encode("utf-8")) for m in messages)
+        return (
+            math.ceil(content_bytes / _BYTES_PER_TOKEN)
+            + _TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
+            + _TEMPLATE_TOKENS_REPLY
+        )
+
+    async def probe(self) -> list[str]:
+        """Model ids served by the first server that answers ``GET /v1/models`` (readiness).
+
+        One pass over the servers, no backoff, each bounded by the connect timeout: a health check
+        must answer quickly. Raises LLMError when no server answers.
+        """
+        failure: _Retryable | None = None
+        for index in self._order():
+            root = self._roots[index]
+            try:
+                async with asyncio.timeout(self._spec.connect_timeout_seconds):
+                    response = await self._send("GET", f"{root}/v1/models")
+                models = _ModelList.model_validate_json(response.content)
+            except TimeoutError:
+                failure = _Retryable("timeout", "no model list within the connect timeout")
+            except ValidationError as exc:
+                failure = _Retryable("bad_response", f"malformed model list ({_first_error(exc)})")
+            except _Retryable as exc:
+                failure = exc
+            else:
+                self._preferred = index
+                return [card.id for card in models.data]
+            log.warning("llm_probe_failed", base_url=_display(root), reason=failure.reason)
+        assert failure is not None  # base_urls has at least one entry
+        raise LLMError(f"no LLM server answered: {failure.detail}", reason=failure.reason)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _response_format(self, schema: dict[str, Any]) -> dict[str, Any]:
+        if self._spec.structured_output == "json_object":
+            return {"type": "json_object", "schema": schema}
+        # OpenAI requires a name matching ^[A-Za-z0-9_-]{1,64}$; the schema's title is the obvious
+        # one, and vLLM ignores it anyway.
+        title = schema.get("title")
+        name = _SCHEMA_NAME.sub("_", title)[:64] if isinstance(title, str) and title else "answer"
+        json_schema = {"name": name, "schema": schema, "strict": True}
+        return {"type": "json_schema", "json_schema": json_schema}
+
+    def _order(self) -> list[int]:
+        """Server indices starting with the one that answered last."""
+        n = len(self._roots)
+        return [(self._preferred + k) % n for k in range(n)]
+
+    def _backoff(self, round_: int) -> float:
+        spec = self._spec
+        return random.uniform(
+            0.0, min(spec.backoff_max_seconds, spec.backoff_seconds * 2 ** (round_ - 1))
+        )
+
+    async def _with_retries(self, attempt: Callable[[str], Awaitable[T]]) -> T:
+        """Run ``attempt`` against the servers in turn, at most 1 + max_retries times.
+
+        Each round tries every server once without waiting (a dead server is skipped at once);
+        between rounds the backoff sleep runs without holding a concurrency slot.
+        """
+        n = len(self._roots)
+        start = self._preferred
+        failure: _Retryable | None = None
+        attempts = self._spec.max_retries + 1
+        for k in range(attempts):
+            if k and k % n == 0:
+                await asyncio.sleep(self._backoff(k // n))
+            index = (start + k) % n
+            root = self._roots[index]
+            try:
+                async with self._slots:
+                    result = await attempt(root)
+            except TimeoutError:
+                failure = _Retryable("timeout", f"no answer within {self._spec.timeout_seconds}s")
+            except _Retryable as exc:
+                failure = exc
+            else:
+                self._preferred = index
+                return result
+            log.warning(
+                "llm_request_failed",
+                base_url=_display(root),
+                attempt=k + 1,
+                attempts=attempts,
+                reason=failure.reason,
+                detail=failure.detail,
+            )
+        assert failure is not None
+        raise LLMError(
+            f"LLM request failed after {attempts} attempt(s): {failure.detail}",
+            reason=failure.reason,
+        )
+
+    async def _send(
+        self, method: str, url: str, *, json: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        """One exchange. Worth retrying: _Retryable. The request's own fault: LLMError."""
+        try:
+            response = await self._client.request(method, url, json=json)
+        except httpx.ConnectTimeout as exc:
+            raise _Retryable("unavailable", f"connect timeout ({type(exc).__name__})") from exc
+        except httpx.TimeoutException as exc:
+            raise _Retryable("timeout", f"timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise _Retryable("unavailable", f"{type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        if status == 429 or status >= 500:
+            raise _Retryable("unavailable", f"HTTP {status}: {_server_message(response)}")
+        if status >= 300:
+            message = _server_message(response)
+            context = _CONTEXT_EXCEEDED.search(message) or _CONTEXT_EXCEEDED.search(response.text)
+            reason = "context_exceeded" if context else "bad_request"
+            raise LLMError(f"HTTP {status}: {message}", reason=reason)
+        return response
+
+    @staticmethod
+    def _completion(response: httpx.Response) -> Completion:
+        try:
+            parsed = _ChatResponse.model_validate_json(response.content)
+        except ValidationError as exc:
+            detail = f"malformed completion ({_first_error(exc)})"
+            raise _Retryable("bad_response", detail) from None
+        choice = parsed.choices[0]
+        usage = parsed.usage or _Usage()
+        details = usage.prompt_tokens_details
+        return Completion(
+            text=choice.message.content or "",
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            # vLLM sends prompt_tokens_details only with --enable-prompt-tokens-details.
+            cached_tokens=None if details is None else details.cached_tokens,
+            finish_reason=choice.finish_reason or "stop",
+        )
