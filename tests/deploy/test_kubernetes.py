@@ -238,7 +238,11 @@ def test_vllm_probes_args_and_gpu() -> None:
     container = _container(deployment["spec"]["template"], "vllm")
     assert container["command"] == ["vllm", "serve"]
     args = container["args"]
-    for flag in ("--enable-auto-tool-choice", "--enable-prefix-caching"):
+    for flag in (
+        "--enable-auto-tool-choice",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+    ):
         assert flag in args
     assert any(a.startswith("--tool-call-parser=") for a in args)
     # Ready means the model is served, not merely that the process is up.
