@@ -1,0 +1,232 @@
+"""Payload codecs: bytes -> readings (field, value, measured_at). Pure; no I/O, no topics.
+
+Every failure raises ``DecodeError`` with a reason fit for a dead-letter record, never anything
+else, so the input loop needs exactly one ``except``. Conventions shared by all codecs: NaN (or a
+JSON/CBOR null) means "no reading for this field" and is skipped; an infinite value is implausible
+for any sensor or price and makes the whole payload undecodable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Literal, NamedTuple, Protocol
+
+import cbor2
+
+TimestampUnit = Literal["s", "ms", "us", "ns"]
+_PER_SECOND: dict[TimestampUnit, float] = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+
+
+class DecodeError(ValueError):
+    """The payload cannot be turned into readings; the message says why."""
+
+
+class Reading(NamedTuple):
+    field: str
+    value: float
+    measured_at: datetime
+
+
+class Codec(Protocol):
+    def decode(self, payload: bytes, received_at: datetime) -> list[Reading]: ...
+
+
+def epoch_to_datetime(value: float, unit: TimestampUnit) -> datetime:
+    """Raises DecodeError for a time outside what a datetime can hold (or not finite)."""
+    try:
+        return datetime.fromtimestamp(value / _PER_SECOND[unit], UTC)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise DecodeError(f"timestamp {value!r} {unit} is out of range") from exc
+
+
+def _number(name: str, raw: object) -> float | None:
+    """A reading's value, None for "no reading"; booleans and strings are not numbers."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise DecodeError(f"field {name!r} is not a number: {type(raw).__name__}")
+    try:
+        value = float(raw)
+    except OverflowError as exc:
+        raise DecodeError(f"field {name!r} is too large for a float") from exc
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        raise DecodeError(f"field {name!r} is infinite")
+    return value
+
+
+# ------------------------------------------------------------------ JSON / CBOR documents
+
+
+def _load_json(payload: bytes) -> object:
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise DecodeError(f"invalid JSON: {exc}") from exc
+
+
+def _load_cbor(payload: bytes) -> object:
+    try:
+        return cbor2.loads(payload)
+    # cbor2 raises CBORDecodeError for most damage, but crafted input can surface other
+    # exceptions from its tag handlers; whatever it is, the payload is undecodable.
+    except Exception as exc:
+        raise DecodeError(f"invalid CBOR: {exc}") from exc
+
+
+_LOADERS: dict[str, Callable[[bytes], object]] = {"json": _load_json, "cbor": _load_cbor}
+
+
+class DocumentCodec:
+    """A JSON or CBOR document: a bare number, one object (record), or a list of records.
+
+    A record yields one reading per value field, all at the record's timestamp. A bare number is
+    one reading named ``value`` at the receive time.
+    """
+
+    def __init__(
+        self,
+        kind: Literal["json", "cbor"],
+        *,
+        timestamp_field: str | None,
+        timestamp_unit: TimestampUnit,
+        fields: Sequence[str] = (),
+        prefix_field: str | None = None,
+    ) -> None:
+        self._load = _LOADERS[kind]
+        self._timestamp_field = timestamp_field
+        self._unit = timestamp_unit
+        self._fields = tuple(fields)
+        self._prefix_field = prefix_field
+        self._skip = {timestamp_field, prefix_field} - {None}
+
+    def decode(self, payload: bytes, received_at: datetime) -> list[Reading]:
+        document = self._load(payload)
+        if isinstance(document, list):
+            readings = [r for record in document for r in self._record(record, received_at)]
+        elif isinstance(document, Mapping | int | float):
+            readings = self._record(document, received_at)
+        else:
+            raise DecodeError(
+                f"expected a number, an object or a list, got {type(document).__name__}"
+            )
+        if not readings:
+            raise DecodeError("no readings in the payload")
+        return readings
+
+    def _record(self, record: object, received_at: datetime) -> list[Reading]:
+        if not isinstance(record, Mapping):
+            value = _number("value", record)
+            return [] if value is None else [Reading("value", value, received_at)]
+        at = self._time(record, received_at)
+        prefix = self._prefix(record)
+        names = self._fields or [
+            k for k, v in record.items() if k not in self._skip and _numeric(v)
+        ]
+        readings = []
+        for name in names:
+            if name not in record:
+                raise DecodeError(f"field {name!r} is missing")
+            value = _number(name, record[name])
+            if value is not None:
+                readings.append(Reading(f"{prefix}{name}", value, at))
+        return readings
+
+    def _time(self, record: Mapping[object, object], received_at: datetime) -> datetime:
+        if self._timestamp_field is None or self._timestamp_field not in record:
+            return received_at
+        raw = record[self._timestamp_field]
+        if isinstance(raw, datetime):  # CBOR tag 0/1
+            return raw if raw.tzinfo is not None else raw.replace(tzinfo=UTC)
+        if isinstance(raw, str):
+            try:
+                parsed = datetime.fromisoformat(raw)
+            except ValueError as exc:
+                raise DecodeError(f"timestamp {raw!r} is not ISO-8601") from exc
+            return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        number = _number(self._timestamp_field, raw)
+        if number is None:
+            raise DecodeError(f"timestamp field {self._timestamp_field!r} is empty")
+        return epoch_to_datetime(number, self._unit)
+
+    def _prefix(self, record: Mapping[object, object]) -> str:
+        if self._prefix_field is None:
+            return ""
+        prefix = record.get(self._prefix_field)
+        if not isinstance(prefix, str) or not prefix:
+            raise DecodeError(f"prefix field {self._prefix_field!r} is missing or not a string")
+        return f"{prefix}."
+
+
+def _numeric(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# ------------------------------------------------------------------ binary frames
+
+
+class FrameCodec:
+    """Fixed-size binary frames, e.g. ``<dfff`` = float64 time + three float32 signals.
+
+    A payload holds one or more whole frames back to back: a sensor sampling at kHz rates sends a
+    few dozen frames per message instead of one message per sample.
+    """
+
+    def __init__(
+        self,
+        fmt: str,
+        fields: Sequence[str],
+        *,
+        timestamp_field: str | None,
+        timestamp_unit: TimestampUnit,
+    ) -> None:
+        try:
+            self._struct = struct.Struct(fmt)
+        except struct.error as exc:
+            raise ValueError(f"invalid struct format {fmt!r}: {exc}") from exc
+        zero = self._struct.unpack(bytes(self._struct.size))
+        if any(isinstance(item, bytes) for item in zero):
+            raise ValueError(f"struct format {fmt!r} has byte-string items; only numbers decode")
+        if len(zero) != len(fields) or len(set(fields)) != len(fields):
+            raise ValueError(
+                f"struct format {fmt!r} has {len(zero)} items; "
+                f"give as many distinct field names (got {list(fields)})"
+            )
+        if timestamp_field is not None and timestamp_field not in fields:
+            raise ValueError(f"timestamp field {timestamp_field!r} is not one of {list(fields)}")
+        self.size = self._struct.size
+        self._fields = tuple(fields)
+        self._time_index = None if timestamp_field is None else fields.index(timestamp_field)
+        self._unit = timestamp_unit
+
+    def decode(self, payload: bytes, received_at: datetime) -> list[Reading]:
+        if not payload or len(payload) % self.size:
+            raise DecodeError(
+                f"payload is {len(payload)} bytes, not a whole number of {self.size}-byte frames"
+            )
+        readings = []
+        for frame in self._struct.iter_unpack(payload):
+            at = received_at
+            if self._time_index is not None:
+                stamp = _number(self._fields[self._time_index], frame[self._time_index])
+                if stamp is None:
+                    raise DecodeError("frame timestamp is NaN")
+                at = epoch_to_datetime(stamp, self._unit)
+            for index, (name, raw) in enumerate(zip(self._fields, frame, strict=True)):
+                if index == self._time_index:
+                    continue
+                value = _number(name, raw)
+                if value is not None:
+                    readings.append(Reading(name, value, at))
+        if not readings:
+            raise DecodeError("no readings in the payload")
+        return readings
+
+    def encode(self, rows: Sequence[Sequence[float]]) -> bytes:
+        """Frames for the simulators; each row lists the fields in declaration order."""
+        return b"".join(self._struct.pack(*row) for row in rows)

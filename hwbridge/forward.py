@@ -1,0 +1,307 @@
+"""The gRPC forwarder: a sink that returns only once poirotd has the samples durably.
+
+Samples go out on one long-lived ``Ingest.Stream``; each stream opens with the (idempotent)
+session start, and poirotd acks the highest seq it has committed. Samples sent but not yet acked
+stay in memory and go out again, in order, on the next stream after a reconnect, so delivery is
+at least once: a sample committed just before the link broke (its ack lost) is stored twice.
+
+A sample poirotd refuses (the error names its seq, e.g. a component its spec does not declare)
+is dead-lettered and the stream reopened without it, so one bad sample cannot block the rest. A
+refused session, or an error that retrying cannot fix, fails the forwarder (``ForwardError``).
+
+grpc.aio reports ``INTERNAL: Internal error from Core`` instead of the server's status when a
+write is under way as the server ends the stream (grpc/grpc#36066, fix PR #43486 not released),
+so a refusal is only readable if nothing is being written when it comes. Hence each stream sends
+the session start alone and waits for its ack, and a stream after a failed one sends the oldest
+un-acked sample alone first: if that is the sample poirotd refuses, the refusal arrives intact.
+Each failed stream either identifies the refused sample or gets at least that one acked, so a
+refused sample is found after at most as many reconnects as samples were ahead of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Self
+
+import grpc
+import structlog
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from hwbridge.backoff import Backoff
+from hwbridge.config import PoirotdConfig
+from hwbridge.deadletter import DeadLetterStore
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
+from poirotd.model import TelemetrySample
+
+log = structlog.get_logger(__name__)
+
+# poirotd names the refused item "seq N: ..." (proto/poirot/v1/poirot.proto, Ingest.Stream).
+_REFUSED_SEQ = re.compile(r"seq (\d+):")
+_RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+_SESSION_SEQ = 1
+
+
+class ForwardError(RuntimeError):
+    """poirotd refused the bridge in a way retrying cannot fix; the message says how."""
+
+
+@dataclass
+class ForwarderStats:
+    accepted: int = 0
+    sent: int = 0
+    resent: int = 0
+    durable: int = 0
+    rejected: int = 0
+    streams: int = 0
+
+
+class _Call:
+    """One sink call: its waiter completes when every one of its samples is settled."""
+
+    def __init__(self, size: int, done: asyncio.Future[None]) -> None:
+        self.remaining = size
+        self.done = done
+
+    def settle(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0 and not self.done.done():
+            self.done.set_result(None)
+
+    def fail(self, error: Exception) -> None:
+        if not self.done.done():  # a cancelled caller's future is done already
+            self.done.set_exception(error)
+
+
+@dataclass(eq=False)
+class _Item:
+    sample: TelemetrySample
+    call: _Call
+    seq: int = 0
+
+
+class Forwarder:
+    """A sink (``await forwarder(samples)``); use as ``async with Forwarder(...) as forwarder``.
+
+    Memory is bounded by ``max_pending`` samples not yet durable: callers wait for room (a call
+    larger than the window is admitted alone), which is the backpressure the inputs pass on.
+    """
+
+    def __init__(
+        self, config: PoirotdConfig, session_id: str, dead_letters: DeadLetterStore
+    ) -> None:
+        self._config = config
+        self._session_id = session_id
+        self._started_at = datetime.now(UTC)
+        self._dead_letters = dead_letters
+        self._unsent: deque[_Item] = deque()
+        self._inflight: deque[_Item] = deque()
+        self._pending = 0
+        self._admission = asyncio.Lock()  # FIFO: calls enter the window in call order
+        self._room = asyncio.Event()
+        self._wake = asyncio.Event()
+        # Highest seq acked on the current stream, and a signal for each new ack.
+        self._stream_acked = 0
+        self._acked = asyncio.Event()
+        self._failure: ForwardError | None = None
+        self._task: asyncio.Task[None] | None = None
+        ms = int(config.backoff.max_s * 1000)
+        self._channel = grpc.aio.insecure_channel(
+            config.target,
+            # gRPC's own reconnect backoff goes up to 120 s by default; keep it within ours.
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
+                ("grpc.min_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
+                ("grpc.max_reconnect_backoff_ms", ms),
+            ],
+        )
+        self._stub = pb_grpc.IngestStub(self._channel)
+        self.stats = ForwarderStats()
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run(), name="poirotd-forwarder")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stops sending; callers still waiting get ForwardError (their input stays un-acked)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._fail(ForwardError("forwarder closed"))
+        await self._channel.close()
+
+    async def __call__(self, samples: Sequence[TelemetrySample]) -> None:
+        if not samples:
+            return
+        call = _Call(len(samples), asyncio.get_running_loop().create_future())
+        async with self._admission:
+            while self._pending and self._pending + len(samples) > self._config.max_pending:
+                self._raise_if_failed()
+                self._room.clear()
+                await self._room.wait()
+            self._raise_if_failed()
+            self._unsent.extend(_Item(sample, call) for sample in samples)
+            self._pending += len(samples)
+            self.stats.accepted += len(samples)
+            self._wake.set()
+        await call.done
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    # ------------------------------------------------------------ connection
+
+    async def _run(self) -> None:
+        try:
+            await self._reconnect_forever()
+        except ForwardError as error:
+            log.error("forwarder stopped", error=str(error))
+            self._fail(error)
+        except Exception as exc:  # a bug here must fail the callers, not leave them waiting
+            log.exception("forwarder crashed")
+            self._fail(ForwardError(f"forwarder crashed: {exc!r}"))
+
+    async def _reconnect_forever(self) -> None:
+        backoff = Backoff(self._config.backoff)
+        while True:
+            acked_before = self.stats.durable
+            try:
+                await self._stream()
+            except grpc.aio.AioRpcError as error:
+                details = error.details() or ""
+                if self._drop_refused(details):
+                    continue
+                if error.code() not in _RETRYABLE:
+                    raise ForwardError(
+                        f"poirotd at {self._config.target} refused session "
+                        f"{self._session_id!r}: {error.code().name}: {details}"
+                    ) from error
+                log.warning("poirotd stream failed", code=error.code().name, details=details)
+            if self.stats.durable > acked_before:
+                backoff.reset()
+            await backoff.sleep()
+
+    async def _stream(self) -> None:
+        """One Ingest.Stream: resend what the last one left un-acked, then follow new samples."""
+        retry = self.stats.streams > 0
+        self.stats.resent += len(self._inflight)
+        self._unsent.extendleft(reversed(self._inflight))
+        self._inflight.clear()
+        self._stream_acked = 0
+        self.stats.streams += 1
+        call = self._stub.Stream()
+        writer = asyncio.create_task(self._write(call, probe=retry))
+        try:
+            while (ack := await call.read()) is not grpc.aio.EOF:
+                self._settle(ack.durable_seq)
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            call.cancel()
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, *, probe: bool) -> None:
+        """Writes the session start and then samples; each write waits for HTTP/2 flow control.
+        The session start, and after a failed stream the first sample, go alone (see above)."""
+        session = pb.SessionStart(
+            session_id=self._session_id,
+            system=self._config.system,
+            started_at=_timestamp(self._started_at),
+            labels=self._config.labels,
+        )
+        await call.write(pb.IngestRequest(seq=_SESSION_SEQ, session_start=session))
+        await self._until_acked(_SESSION_SEQ)
+        seq = _SESSION_SEQ
+        while True:
+            while self._unsent:
+                item = self._unsent.popleft()
+                seq += 1
+                item.seq = seq
+                self._inflight.append(item)
+                self.stats.sent += 1
+                await call.write(pb.IngestRequest(seq=seq, telemetry=_telemetry(item.sample)))
+                if probe:
+                    await self._until_acked(seq)
+                    probe = False
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _until_acked(self, seq: int) -> None:
+        while self._stream_acked < seq:
+            self._acked.clear()
+            await self._acked.wait()
+
+    def _settle(self, durable_seq: int) -> None:
+        self._stream_acked = durable_seq
+        self._acked.set()
+        while self._inflight and self._inflight[0].seq <= durable_seq:
+            self._done(self._inflight.popleft())
+            self.stats.durable += 1
+
+    def _drop_refused(self, details: str) -> bool:
+        """Dead-letters the in-flight sample poirotd named as refused; False if none is named."""
+        match = _REFUSED_SEQ.match(details)
+        if match is None:
+            return False
+        seq = int(match[1])
+        refused = next((item for item in self._inflight if item.seq == seq), None)
+        if refused is None:  # e.g. the session start itself: not droppable
+            return False
+        self._inflight.remove(refused)
+        self._dead_letters.add("poirotd", details, refused.sample.model_dump_json().encode())
+        self.stats.rejected += 1
+        self._done(refused)
+        return True
+
+    def _done(self, item: _Item) -> None:
+        self._pending -= 1
+        item.call.settle()
+        self._room.set()
+
+    def _fail(self, error: ForwardError) -> None:
+        self._failure = error
+        for item in (*self._inflight, *self._unsent):
+            item.call.fail(error)
+        self._room.set()
+
+
+def _timestamp(at: datetime) -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(at)
+    return ts
+
+
+def _telemetry(sample: TelemetrySample) -> pb.TelemetrySample:
+    return pb.TelemetrySample(
+        session_id=sample.session_id,
+        component=sample.component,
+        signal=sample.signal,
+        value=sample.value,
+        measured_at=_timestamp(sample.measured_at),
+    )

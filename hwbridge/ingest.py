@@ -1,0 +1,180 @@
+"""The input pipeline every transport shares: payload -> samples -> sink -> acknowledgement.
+
+A transport (MQTT, a TCP line feed) yields ``Delivery`` objects; this module decodes them through
+the routes, hands the samples to a sink in batches and acknowledges each delivery back to its
+transport only after the sink has accepted every batch up to and including it, in arrival order
+(MQTT requires PUBACKs in the order the PUBLISHes came, MQTT-4.6.0-2). For the gRPC forwarder,
+"accepted" means durable at poirotd; for an in-process daemon, committed to its store.
+
+Memory is bounded by backpressure, not by dropping: a full decode queue stops reading from the
+transport, and at most ``max_batches_in_flight`` sink calls are outstanding. For MQTT at QoS 1
+that reaches the broker, which stops sending once its in-flight window of un-acked messages is
+full and queues the rest (persisted) on its side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from hwbridge.codecs import DecodeError
+from hwbridge.config import PipelineConfig
+from hwbridge.deadletter import DeadLetterStore
+from hwbridge.topics import Router
+from poirotd.model import TelemetrySample
+
+# The in-process consumer interface: returns once the sink has taken responsibility for the
+# samples; raising means it has not, and nothing from that batch on is acknowledged.
+Sink = Callable[[Sequence[TelemetrySample]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    # MQTT topic, or a TCP feed's name.
+    source: str
+    payload: bytes
+    received_at: datetime
+    # Tells the transport this delivery is taken care of (MQTT: send the PUBACK).
+    ack: Callable[[], None]
+
+
+@dataclass
+class InputStats:
+    received: int = 0  # deliveries
+    decoded: int = 0  # samples
+    undecodable: int = 0  # deliveries dead-lettered: bad payload, too large, or no route
+    forwarded: int = 0  # samples the sink accepted
+    acked: int = 0  # deliveries acknowledged to the transport
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    delivery: Delivery
+    samples: list[TelemetrySample]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    sink_call: asyncio.Task[None] | None
+    deliveries: list[Delivery]
+
+
+class TelemetryInput:
+    def __init__(
+        self,
+        router: Router,
+        session_id: str,
+        sink: Sink,
+        dead_letters: DeadLetterStore,
+        config: PipelineConfig,
+    ) -> None:
+        self._router = router
+        self._session_id = session_id
+        self._sink = sink
+        self._dead_letters = dead_letters
+        self._config = config
+        self.stats = InputStats()
+
+    def decode(self, delivery: Delivery) -> list[TelemetrySample]:
+        """The delivery's samples; an undecodable one is counted, dead-lettered and yields []."""
+        self.stats.received += 1
+        try:
+            samples = self._samples(delivery)
+        except DecodeError as exc:
+            self.stats.undecodable += 1
+            self._dead_letters.add(delivery.source, str(exc), delivery.payload)
+            return []
+        self.stats.decoded += len(samples)
+        return samples
+
+    def _samples(self, delivery: Delivery) -> list[TelemetrySample]:
+        if len(delivery.payload) > self._config.max_payload_bytes:
+            raise DecodeError(
+                f"payload is {len(delivery.payload)} bytes, "
+                f"over the {self._config.max_payload_bytes}-byte limit"
+            )
+        resolved = self._router.resolve(delivery.source)
+        if resolved is None:
+            # Possible with a persistent session: the broker keeps subscriptions of an older
+            # configuration until they are unsubscribed.
+            raise DecodeError("no mapping for this topic")
+        route, captures = resolved
+        samples = []
+        for reading in route.codec.decode(delivery.payload, delivery.received_at):
+            component = route.component.render(reading.field, delivery.source, captures)
+            signal = route.signal.render(reading.field, delivery.source, captures)
+            if not component or not signal:
+                raise DecodeError(f"field {reading.field!r} maps to an empty component or signal")
+            samples.append(
+                TelemetrySample(
+                    session_id=self._session_id,
+                    component=component,
+                    signal=signal,
+                    value=reading.value,
+                    measured_at=reading.measured_at,
+                )
+            )
+        return samples
+
+    async def run(self, deliveries: AsyncIterable[Delivery]) -> None:
+        """Runs until the deliveries end (everything then acked) or the task is cancelled.
+
+        Raises what the sink raised; deliveries from the failed batch on stay un-acked, so an
+        MQTT broker redelivers them to the next session.
+        """
+        decoded: asyncio.Queue[_Decoded | None] = asyncio.Queue(self._config.max_batch)
+        batches: asyncio.Queue[_Batch | None] = asyncio.Queue(self._config.max_batches_in_flight)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._decode_all(deliveries, decoded))
+                group.create_task(self._batch_all(decoded, batches, group))
+                group.create_task(self._ack_all(batches))
+        except ExceptionGroup as failure:  # the first failure is the cause; the rest follow it
+            raise failure.exceptions[0] from failure
+
+    async def _decode_all(
+        self, deliveries: AsyncIterable[Delivery], decoded: asyncio.Queue[_Decoded | None]
+    ) -> None:
+        async for delivery in deliveries:
+            await decoded.put(_Decoded(delivery, self.decode(delivery)))
+        await decoded.put(None)
+
+    async def _batch_all(
+        self,
+        decoded: asyncio.Queue[_Decoded | None],
+        batches: asyncio.Queue[_Batch | None],
+        group: asyncio.TaskGroup,
+    ) -> None:
+        """Waits for one delivery, then takes whatever else is already decoded: batches grow
+        under load and cost no added latency when idle. A batch may exceed max_batch by the
+        samples of its last delivery (deliveries are never split)."""
+        ended = False
+        while not ended:
+            first = await decoded.get()
+            if first is None:
+                break
+            deliveries, samples = [first.delivery], list(first.samples)
+            while len(samples) < self._config.max_batch and not decoded.empty():
+                more = decoded.get_nowait()
+                if more is None:
+                    ended = True
+                    break
+                deliveries.append(more.delivery)
+                samples.extend(more.samples)
+            sink_call = group.create_task(self._forward(samples)) if samples else None
+            await batches.put(_Batch(sink_call, deliveries))
+        await batches.put(None)
+
+    async def _forward(self, samples: list[TelemetrySample]) -> None:
+        await self._sink(samples)
+        self.stats.forwarded += len(samples)
+
+    async def _ack_all(self, batches: asyncio.Queue[_Batch | None]) -> None:
+        while (batch := await batches.get()) is not None:
+            if batch.sink_call is not None:
+                await batch.sink_call
+            for delivery in batch.deliveries:
+                delivery.ack()
+            self.stats.acked += len(batch.deliveries)

@@ -1,0 +1,90 @@
+"""Shared fixtures for tests on real parts."""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Mosquitto:
+    """A Mosquitto 2 broker on a loopback port, with persistence, that a test may restart.
+
+    Stopping sends SIGTERM, on which Mosquitto writes its persistence file; a restarted broker
+    on the same port and folder therefore keeps sessions and queued QoS 1 messages.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        self.folder = folder
+        self.log = folder / "mosquitto.log"
+        (folder / "data").mkdir(parents=True)
+        self.conf = folder / "mosquitto.conf"
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {folder / 'data'}/\n"
+            # Run as root, Mosquitto would switch to the `mosquitto` user, which cannot write
+            # the test's folder; as anyone else this line has no effect.
+            f"user {getpass.getuser()}\n"
+            # Default 1000: tests queue more than that for an absent client.
+            "max_queued_messages 100000\n"
+            f"log_dest file {self.log}\n"
+        )
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._process = subprocess.Popen(
+            ["mosquitto", "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"mosquitto exited: {self.log_tail()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"mosquitto did not listen on {self.port}: {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+            self._process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log.exists():
+            return "(no log)"
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
+    if shutil.which("mosquitto") is None:
+        pytest.skip("the `mosquitto` binary is not installed (Debian package `mosquitto`)")
+    broker = Mosquitto(tmp_path / "mosquitto")
+    broker.start()
+    yield broker
+    broker.stop()

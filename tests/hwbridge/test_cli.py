@@ -1,0 +1,125 @@
+"""`python -m hwbridge`: refusals are clear, and the whole path works on real parts."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hwbridge.__main__ import app
+from tests.conftest import Mosquitto, free_port
+from tests.hwbridge.support import eventually
+from tests.hwbridge.test_forward import start_daemon
+
+EXAMPLE = Path(__file__).parents[2] / "hwbridge" / "bridge.example.yaml"
+
+
+def test_run_refuses_a_bad_config_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "bridge.yaml"
+    config.write_text("session_id: s\npoirotd: {system: clinic}\nmqtt:\n  mappings:\n")
+    result = CliRunner().invoke(app, ["run", "--config", str(config)])
+    assert result.exit_code == 2
+    assert "bridge.yaml: mqtt.mappings:" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["simulate", "exo", "--fault", "elbow_deg:stuck"], "unknown signal"),
+        (["simulate", "exo", "--fault", "knee_left_deg:offset:magnitude"], "expected key=value"),
+        (["simulate", "exo", "--rate", "20000"], "less than or equal to 10000"),
+        (["simulate", "market", "--shock", "stale:start_s=1"], "needs duration_s"),
+    ],
+)
+def test_simulator_options_are_validated(args: list[str], problem: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and problem in result.output
+
+
+def bridge_config(folder: Path, mosquitto: Mosquitto, poirotd_port: int) -> Path:
+    """The example config, pointed at the test's broker and poirotd."""
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["session_id"] = "e2e"
+    config["poirotd"] = {
+        "target": f"127.0.0.1:{poirotd_port}",
+        "system": "clinic",
+        "backoff": {"initial_s": 0.05, "max_s": 0.3},
+    }
+    config["mqtt"]["broker"].update(port=mosquitto.port, timeout_s=1.0)
+    config["dead_letter"] = {"path": str(folder / "dead.jsonl")}
+    path = folder / "bridge.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def hwbridge(*args: str, log: Path) -> asyncio.subprocess.Process:
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hwbridge", *args, stdout=out, stderr=out
+        )
+
+
+async def stop(process: asyncio.subprocess.Process) -> int:
+    """SIGTERM (the bridge logs its final counters), then SIGKILL if it does not exit."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        async with asyncio.timeout(15):
+            return await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def stored(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM telemetry").fetchone()
+    return int(count)
+
+
+@pytest.mark.slow
+async def test_simulated_gait_reaches_poirotd_even_when_it_was_down(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """While poirotd is down the bridge acks nothing, so stopping it loses nothing: the broker
+    hands the whole backlog to the restarted bridge once poirotd is back."""
+    port, log, db = free_port(), tmp_path / "hwbridge.log", tmp_path / "poirotd.db"
+    config = bridge_config(tmp_path, mosquitto, port)
+    bridge = await hwbridge("run", "--config", str(config), log=log)
+    # The broker queues for a session only once it has subscribed; publish after that.
+    async with asyncio.timeout(20):
+        await eventually(lambda: log.exists() and "mqtt subscribed" in log.read_text())
+    simulator = await hwbridge(
+        *("simulate", "exo", "--broker", f"127.0.0.1:{mosquitto.port}", "--patient", "p7"),
+        *("--rate", "1500", "--duration", "1", "--seed", "4"),
+        *("--fault", "proprioception_score:offset:magnitude=-4"),
+        log=log,
+    )
+    async with asyncio.timeout(20):
+        assert await simulator.wait() == 0, log.read_text()
+    assert await stop(bridge) == 0, log.read_text()  # poirotd never answered
+
+    daemon = await start_daemon(db, port)
+    bridge = await hwbridge("run", "--config", str(config), log=log)
+    try:
+        # 1 s at 1500 samples/s over the frame channels + 1 heart rate + 2 clinical scores.
+        async with asyncio.timeout(30):
+            await eventually(lambda: stored(db) >= 1503)
+    finally:
+        exit_code = await stop(bridge)
+        await daemon.stop()
+    assert exit_code == 0, log.read_text()
+    with sqlite3.connect(db) as conn:
+        score = conn.execute(
+            "SELECT json_extract(record, '$.value') FROM telemetry"
+            " WHERE json_extract(record, '$.signal') = 'proprioception_score'"
+        ).fetchall()
+    assert stored(db) == 1503 and score == [(2.0,)]  # Sensor-X: 6/8 reported as 2/8
+    assert "bridge stopped" in log.read_text()
