@@ -187,6 +187,10 @@ class Investigation(Frozen):
     state: InvestigationState
     reason: str
     method: str = "poirot"
+    # The rule event that opened the investigation (None for a manual trigger).
+    trigger: HazardEvent | None = None
+    # What the agents are told about the incident: the reason and the hardware readings.
+    incident: str = ""
     created_at: datetime
     finished_at: datetime | None = None
     hazard_space: HazardSpace | None = None

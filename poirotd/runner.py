@@ -19,9 +19,11 @@ import structlog
 from poirotd.config import SystemSpec
 from poirotd.errors import ResourceExhausted, Unavailable
 from poirotd.events import EventBus
+from poirotd.hazards import summarise_window
 from poirotd.metrics import Metrics
 from poirotd.model import (
     EventKind,
+    HazardEvent,
     HazardSpace,
     Investigation,
     InvestigationEvent,
@@ -43,6 +45,9 @@ from poirotd.protocol.events import (
 from poirotd.store import Store
 
 log = structlog.get_logger(__name__)
+
+# Telemetry samples summarised into the incident description.
+_EVIDENCE_SAMPLES = 2000
 
 
 def _now() -> datetime:
@@ -72,6 +77,7 @@ class InvestigationRunner:
         self._workers = workers
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
+        self._submitting = asyncio.Lock()
 
     def start(self) -> None:
         self._tasks = [
@@ -83,26 +89,31 @@ class InvestigationRunner:
     def accepting(self) -> bool:
         return not self._draining
 
-    async def submit(self, session_id: str, reason: str) -> Investigation:
+    async def submit(
+        self, session_id: str, reason: str, trigger: HazardEvent | None = None
+    ) -> Investigation:
         """Queues an investigation over a stored session and returns its QUEUED record."""
-        if self._draining:
-            raise Unavailable(
-                "the daemon is shutting down; no new investigations", reason="draining"
+        async with self._submitting:  # the capacity check holds until the record is queued
+            if self._draining:
+                raise Unavailable(
+                    "the daemon is shutting down; no new investigations", reason="draining"
+                )
+            if self._queue.full():
+                raise ResourceExhausted(
+                    f"investigation queue is full ({self._queue.maxsize} waiting)",
+                    reason="queue_full",
+                )
+            investigation = Investigation(
+                investigation_id=uuid.uuid4().hex,
+                system=self._spec.system.name,
+                session_id=session_id,
+                state=InvestigationState.QUEUED,
+                reason=reason,
+                trigger=trigger,
+                created_at=_now(),
             )
-        if self._queue.full():
-            raise ResourceExhausted(
-                f"investigation queue is full ({self._queue.maxsize} waiting)", reason="queue_full"
-            )
-        investigation = Investigation(
-            investigation_id=uuid.uuid4().hex,
-            system=self._spec.system.name,
-            session_id=session_id,
-            state=InvestigationState.QUEUED,
-            reason=reason,
-            created_at=_now(),
-        )
-        await self._store.save_investigation(investigation)
-        self._queue.put_nowait(investigation)
+            await self._store.save_investigation(investigation)
+            self._queue.put_nowait(investigation)
         self._metrics.queue_depth.labels(self._spec.system.name).set(self._queue.qsize())
         log.info(
             "investigation queued",
@@ -177,7 +188,8 @@ class _Investigating:
         self._log.info("investigation started")
         try:
             messages = await r._store.session_messages(self._record.session_id)
-            outcome = await r._engine.run(messages, self._on_event)
+            await self._update(incident=await self._describe_incident())
+            outcome = await r._engine.run(messages, self._on_event, incident=self._record.incident)
         except ProtocolError as exc:
             await self._fail(str(exc), started)
         except asyncio.CancelledError:
@@ -212,6 +224,22 @@ class _Investigating:
             )
             self._log.info("investigation succeeded", top=list(outcome.attribution.top))
             self._count_finished(InvestigationState.SUCCEEDED, started)
+
+    async def _describe_incident(self) -> str:
+        """Why the investigation was opened and, when the session carries telemetry, a compact
+        summary of the latest readings: the hardware evidence the agents may weigh."""
+        lines = [f"Reported: {self._record.reason}"]
+        if self._record.trigger is not None:
+            lines.append(
+                f"Rule {self._record.trigger.rule} ({self._record.trigger.severity}): "
+                f"{self._record.trigger.summary}"
+            )
+        samples = await self._r._store.session_telemetry(
+            self._record.session_id, limit=_EVIDENCE_SAMPLES
+        )
+        if samples:
+            lines.append("Hardware telemetry (latest samples):\n" + summarise_window(samples))
+        return "\n".join(lines)
 
     async def _fail(self, error: str, started: float) -> None:
         await self._update(state=InvestigationState.FAILED, error=error, finished_at=_now())

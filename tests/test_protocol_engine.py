@@ -202,10 +202,13 @@ class MemoryCache:
 
 
 async def investigate(
-    world: World, spec: SystemSpec | None = None, cache: MemoryCache | None = None
+    world: World,
+    spec: SystemSpec | None = None,
+    cache: MemoryCache | None = None,
+    incident: str = "",
 ) -> ProtocolOutcome:
     engine = InvestigationEngine(spec or make_spec(), world.backend, cache or MemoryCache())
-    return await engine.run(SESSION, world.sink)
+    return await engine.run(SESSION, world.sink, incident=incident)
 
 
 # ------------------------------------------------------------------ the full run
@@ -482,6 +485,19 @@ async def test_every_request_of_an_agent_starts_with_its_prefix() -> None:
         for request in requests:
             assert list(request[: len(prefix)]) == prefix
             assert len(request) > len(prefix)
+
+
+async def test_the_incident_closes_every_agent_prefix() -> None:
+    world = World()
+    incident = "Reported: fall alarm\nHardware telemetry: exo.knee_angle_deg max=270"
+    await investigate(world, incident=incident)
+
+    for agent in AGENTS:
+        prefix = prompts.agent_prefix(agent, SESSION, incident)
+        assert prefix[-1].role == "user"
+        assert prefix[-1].content.endswith(f"# The incident under review\n{incident}")
+        requests = [c.messages for c in world.backend.calls if who(c.messages) == agent.id]
+        assert requests and all(list(r[: len(prefix)]) == prefix for r in requests)
 
 
 def test_session_log_is_filtered_and_typed_from_the_agent_view() -> None:

@@ -53,8 +53,11 @@ class InvestigationEngine:
         self,
         messages: Sequence[AgentMessage],
         on_event: Callable[[ProtocolEvent], Awaitable[None]],
+        *,
+        incident: str = "",
     ) -> ProtocolOutcome:
-        """Investigate the session `messages` (in session order).
+        """Investigate the session `messages` (in session order); `incident` tells the agents
+        why the investigation was opened and what the hardware reported around it.
 
         Raises ProtocolError when no hazard space can be built or every agent abstains;
         cancellation propagates and cancels every LLM call in flight.
@@ -62,7 +65,7 @@ class InvestigationEngine:
         spec, run = self._spec, RunContext(self._backend, on_event)
         async with run.phase(Phase.HAZARD_SPACE):
             space = await resolve_hazard_space(spec, self._hazard_spaces, run)
-        prefixes = {a.id: prompts.agent_prefix(a, messages) for a in spec.agents}
+        prefixes = {a.id: prompts.agent_prefix(a, messages, incident) for a in spec.agents}
         async with run.phase(Phase.SELF_ASSESSMENT):
             reports = await self_assess(spec, prefixes, run)
         votes = await interrogate(spec, space, prefixes, reports, run)

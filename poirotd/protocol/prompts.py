@@ -12,6 +12,7 @@ requests differ only by what was appended.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from poirotd.config.spec import AgentSpec, SystemSpec
 from poirotd.llm.base import ChatMessage
@@ -21,12 +22,16 @@ from poirotd.protocol.schemas import SelfReport, peer_tool
 # ------------------------------------------------------------------ session log → chat turns
 
 
-def agent_prefix(agent: AgentSpec, messages: Sequence[AgentMessage]) -> list[ChatMessage]:
-    """The identical start of every request `agent` makes: its system prompt, then its log."""
-    return [
-        ChatMessage(role="system", content=agent.system_prompt),
-        *session_turns(agent.id, messages),
-    ]
+def agent_prefix(
+    agent: AgentSpec, messages: Sequence[AgentMessage], incident: str = ""
+) -> list[ChatMessage]:
+    """The identical start of every request `agent` makes: its system prompt, then its log,
+    then what is known about the incident (why it was opened, hardware readings around it)."""
+    turns = [ChatMessage(role="system", content=agent.system_prompt)]
+    turns += session_turns(agent.id, messages)
+    if incident:
+        _append(turns, "user", f"# The incident under review\n{incident}")
+    return turns
 
 
 def session_turns(agent_id: str, messages: Sequence[AgentMessage]) -> list[ChatMessage]:
@@ -40,13 +45,16 @@ def session_turns(agent_id: str, messages: Sequence[AgentMessage]) -> list[ChatM
         if agent_id not in (m.sender, m.recipient) and m.recipient:
             continue
         own = m.kind is MessageKind.AGENT and m.sender == agent_id
-        text = f"{_header(m)}\n{_body(m)}"
-        role = "assistant" if own else "user"
-        if turns and turns[-1].role == role:
-            turns[-1] = ChatMessage(role=role, content=f"{turns[-1].content}\n\n{text}")
-        else:
-            turns.append(ChatMessage(role=role, content=text))
+        _append(turns, "assistant" if own else "user", f"{_header(m)}\n{_body(m)}")
     return turns
+
+
+def _append(turns: list[ChatMessage], role: Literal["user", "assistant"], text: str) -> None:
+    """Adds a turn, merged into the previous one of the same role (templates want alternation)."""
+    if turns and turns[-1].role == role:
+        turns[-1] = ChatMessage(role=role, content=f"{turns[-1].content}\n\n{text}")
+    else:
+        turns.append(ChatMessage(role=role, content=text))
 
 
 def _header(m: AgentMessage) -> str:
