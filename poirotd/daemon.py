@@ -18,6 +18,7 @@ from poirotd.events import EventBus
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend
 from poirotd.metrics import Metrics
+from poirotd.monitor import HazardMonitor
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.runner import InvestigationRunner
 from poirotd.server.app import GrpcServer
@@ -41,6 +42,7 @@ class Daemon:
         self._runner: InvestigationRunner | None = None
         self._grpc: GrpcServer | None = None
         self._metrics_http: WSGIServer | None = None
+        self._background: list[asyncio.Task[None]] = []
         self.metrics = Metrics(spec.system.name)
         self.grpc_port = 0
         self.metrics_port = 0
@@ -66,10 +68,14 @@ class Daemon:
             "daemon restarted before the investigation finished"
         )
         self._runner.start()
+        monitor = HazardMonitor(self.spec, self._runner, self.metrics)
+        if monitor.active:
+            self._background.append(asyncio.create_task(monitor.tick_forever(), name="rules-tick"))
         service = PoirotService(
             self.spec,
             self._store,
             self._runner,
+            monitor,
             bus,
             self.metrics,
             max_item_bytes=s.max_message_bytes,
@@ -102,6 +108,8 @@ class Daemon:
         log.info("daemon draining", drain_seconds=self.settings.drain_seconds)
         if self._grpc is not None:
             await self._grpc.enter_drain()
+        for task in self._background:
+            task.cancel()
         if self._runner is not None:
             await self._runner.drain(self.settings.drain_seconds)
         if self._grpc is not None:

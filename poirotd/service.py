@@ -22,6 +22,7 @@ from poirotd.model import (
     SessionEnd,
     TelemetrySample,
 )
+from poirotd.monitor import HazardMonitor
 from poirotd.runner import InvestigationRunner
 from poirotd.store import IngestItem, Store
 
@@ -42,6 +43,7 @@ class PoirotService:
         spec: SystemSpec,
         store: Store,
         runner: InvestigationRunner,
+        monitor: HazardMonitor,
         bus: EventBus,
         metrics: Metrics,
         *,
@@ -50,6 +52,7 @@ class PoirotService:
         self.spec = spec
         self._store = store
         self._runner = runner
+        self._monitor = monitor
         self._bus = bus
         self.metrics = metrics
         self._max_item_bytes = max_item_bytes
@@ -60,8 +63,11 @@ class PoirotService:
         return IngestValidator(self.spec, self._store, max_item_bytes=self._max_item_bytes)
 
     async def commit(self, items: Sequence[IngestItem]) -> None:
-        """Stores a validated batch in one transaction; returns once it is durable."""
+        """Stores a validated batch in one transaction; returns once it is durable. Hazard rules
+        see the batch only after it is committed, so every investigation they open has its
+        evidence in the store."""
         await self._store.commit_ingest(items)
+        await self._monitor.observe(items)
         for item in items:
             self.metrics.ingested.labels(_KIND_LABELS[type(item)]).inc()
         for kind in {_KIND_LABELS[type(item)] for item in items}:

@@ -9,8 +9,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, SecretStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from poirotd.hazards.spec import RuleSet, RuleSpec
 from poirotd.model import HazardRegion, RegionType
 
 Identifier = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
@@ -137,6 +147,7 @@ class SystemSpec(SpecModel):
     llm: LLMSpec = EmbeddedLLMSpec()
     protocol: ProtocolSpec = ProtocolSpec()
     hazard_space: PinnedHazardSpace | None = None
+    rules: RuleSet = ()
 
     @model_validator(mode="after")
     def _ids_unique_and_pin_covers_agents(self) -> SystemSpec:
@@ -153,6 +164,25 @@ class SystemSpec(SpecModel):
                     f"expected {agent_ids}, got {pinned[: len(agent_ids)]}"
                 )
         return self
+
+    @field_validator("rules")
+    @classmethod
+    def _rules_name_declared_parts(
+        cls, rules: tuple[RuleSpec, ...], info: ValidationInfo
+    ) -> tuple[RuleSpec, ...]:
+        """A rule that watches a component or sender the spec does not declare never fires."""
+        agents = {a.id for a in info.data.get("agents", ())}
+        parties = agents | {c.id for c in info.data.get("components", ())}
+        for i, rule in enumerate(rules):
+            component = getattr(rule, "component", None)
+            if component is not None and component not in parties:
+                raise ValueError(
+                    f"rules[{i}] {rule.name!r}: component {component!r} is not declared"
+                )
+            sender = getattr(rule, "sender", None)
+            if sender is not None and sender not in agents:
+                raise ValueError(f"rules[{i}] {rule.name!r}: sender {sender!r} is not an agent")
+        return rules
 
     @property
     def agent_ids(self) -> tuple[str, ...]:
