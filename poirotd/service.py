@@ -23,6 +23,7 @@ from poirotd.model import (
     TelemetrySample,
 )
 from poirotd.monitor import HazardMonitor
+from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.runner import InvestigationRunner
 from poirotd.store import IngestItem, Store
 
@@ -138,13 +139,9 @@ class PoirotService:
         return any(e.kind in _TERMINAL_EVENTS and e.event_id <= event_id for e in events)
 
     async def hazard_space(self) -> HazardSpace:
-        if self.spec.hazard_space is not None:
-            return HazardSpace(
-                system=self.spec.system.name,
-                version=self.spec.description_version(),
-                regions=self.spec.hazard_space.regions,
-                source="pinned",
-            )
+        pinned = pinned_hazard_space(self.spec)
+        if pinned is not None:
+            return pinned
         space = await self._store.get_hazard_space(
             self.spec.system.name, self.spec.description_version()
         )

@@ -33,7 +33,7 @@ def fill(schema: dict[str, Any], *, prefer: str = "vote", bit: int = 1) -> Any:
     if kind == "array":
         prefix = [fill(s, prefer=prefer, bit=bit) for s in schema.get("prefixItems", [])]
         size = max(schema.get("minItems", 0), len(prefix))
-        items = schema.get("items", {})
+        items = schema.get("items") or {}
         if items.get("enum") == [0, 1]:
             return [bit if i == 0 else 0 for i in range(size)]
         return prefix + [fill(items, prefer=prefer, bit=bit) for _ in range(size - len(prefix))]

@@ -108,7 +108,7 @@ def kind_of(schema: dict[str, Any] | None) -> str:
     if "anyOf" in schema:
         return "turn"
     props = schema["properties"]
-    if "error_regions" in props:
+    if "agent_regions" in props:
         return "hazard_space"
     return "report" if "self_evaluation" in props else "vote"
 
@@ -125,9 +125,17 @@ def vote_json(location: Sequence[int] = (0, 0, 0, 1), *, action: bool = False) -
 
 
 def default_hazard_space(agent: str, messages: Sequence[ChatMessage]) -> str:
-    regions = [r.model_dump() for r in REGIONS]
+    return hazard_space_json([r.model_dump() for r in REGIONS])
+
+
+def hazard_space_json(regions: Sequence[dict[str, Any]], agents: int = 3) -> str:
     return json.dumps(
-        {"system_name": "cortex", "error_regions": regions, "error_vector_example": [0, 0, 0, 1]}
+        {
+            "system_name": "cortex",
+            "agent_regions": list(regions[:agents]),
+            "other_regions": list(regions[agents:]),
+            "error_vector_example": [0, 0, 0, 1],
+        }
     )
 
 
@@ -404,7 +412,7 @@ async def test_cache_hit_makes_no_second_call() -> None:
     assert first.hazard_space.source == "llm"
     assert first.hazard_space.version == spec.description_version()
     request = world.calls("hazard_space")[0]
-    assert 'exactly these ids and type "agent"' in request[1].content
+    assert 'in this order, with these ids and type "agent"' in request[1].content
 
 
 async def test_failed_hazard_space_tells_operator_to_pin() -> None:
@@ -419,10 +427,10 @@ def test_hazard_space_answer_must_list_agents_first_and_unique() -> None:
     regions = [r.model_dump() for r in REGIONS]
 
     def text(rs: list[dict[str, Any]]) -> str:
-        return json.dumps({"system_name": "c", "error_regions": rs, "error_vector_example": []})
+        return hazard_space_json(rs)
 
     assert len(answer.parse(text(regions)).error_regions) == 4
-    with pytest.raises(ValueError, match="start with the agents"):
+    with pytest.raises(ValueError, match="exactly the agents"):
         answer.parse(text([regions[1], regions[0], *regions[2:]]))
     with pytest.raises(ValueError, match="unique"):
         answer.parse(text([*regions, regions[3]]))

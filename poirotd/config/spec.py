@@ -59,6 +59,9 @@ class EmbeddedLLMSpec(SpecModel):
     threads: int | None = Field(default=None, ge=1)
     seed: int = 0
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    # Small models under a JSON grammar tend to repeat a phrase until a string's maxLength; a
+    # penalty lets them close the string (measured on SmolLM2-135M: reports ~40% shorter).
+    repeat_penalty: float = Field(default=1.3, ge=1.0, le=2.0)
 
 
 API_KEY_ENV = "POIROTD_LLM_API_KEY"
@@ -125,10 +128,12 @@ class ProtocolSpec(SpecModel):
     empty_answer_retries: int = Field(default=3, ge=0, le=10)
     # Attempts after the first when an answer is not valid JSON for its schema.
     invalid_json_retries: int = Field(default=2, ge=0, le=10)
-    report_max_tokens: int = Field(default=320, ge=16)
-    turn_max_tokens: int = Field(default=256, ge=16)
-    answer_max_tokens: int = Field(default=192, ge=16)
-    hazard_space_max_tokens: int = Field(default=1024, ge=64)
+    # Room for the schemas' longest answers (their strings are bounded by maxLength), so a
+    # verbose model is not cut off mid-JSON.
+    report_max_tokens: int = Field(default=768, ge=16)
+    turn_max_tokens: int = Field(default=512, ge=16)
+    answer_max_tokens: int = Field(default=256, ge=16)
+    hazard_space_max_tokens: int = Field(default=1536, ge=64)
     # Regions Phase I may add beyond the agents.
     max_extra_regions: int = Field(default=10, ge=0, le=64)
     decision: DecisionRuleSpec = DecisionRuleSpec()

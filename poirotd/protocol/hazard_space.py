@@ -34,14 +34,9 @@ async def resolve_hazard_space(
 
     Raises ProtocolError when the LLM gives no valid space within the retry bound.
     """
-    if spec.hazard_space is not None:
-        regions = spec.hazard_space.regions
-        return HazardSpace(
-            system=spec.system.name,
-            version=_pinned_version(regions),
-            regions=regions,
-            source="pinned",
-        )
+    pinned = pinned_hazard_space(spec)
+    if pinned is not None:
+        return pinned
     version = spec.description_version()
     cached = await cache.get_hazard_space(spec.system.name, version)
     if cached is not None:
@@ -65,6 +60,16 @@ async def resolve_hazard_space(
     )
     await cache.put_hazard_space(space)
     return space
+
+
+def pinned_hazard_space(spec: SystemSpec) -> HazardSpace | None:
+    """The operator's hazard space from the spec, if one is pinned there."""
+    if spec.hazard_space is None:
+        return None
+    regions = spec.hazard_space.regions
+    return HazardSpace(
+        system=spec.system.name, version=_pinned_version(regions), regions=regions, source="pinned"
+    )
 
 
 def _pinned_version(regions: tuple[HazardRegion, ...]) -> str:

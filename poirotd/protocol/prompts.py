@@ -130,8 +130,10 @@ like in the session log.
 Output:
 - Reply with ONE valid JSON object and nothing else, in this shape:
 {"system_name": "<name of the system>",
- "error_regions": [{"id": "<snake_case_id>", "name": "<location name>", \
-"type": "agent|hardware|software|physical|human|other", \
+ "agent_regions": [{"id": "<agent id>", "name": "<agent name>", "type": "agent", \
+"description": "Error signature: ... Normal behaviour: ..."}],
+ "other_regions": [{"id": "<snake_case_id>", "name": "<location name>", \
+"type": "hardware|software|physical|human|other", \
 "description": "Error signature: ... Normal behaviour: ..."}],
  "error_vector_example": [1, 0, 1, 0]}"""
 
@@ -144,7 +146,8 @@ def hazard_space_request(spec: SystemSpec) -> list[ChatMessage]:
         f"Name: {spec.system.name}",
         spec.system.description,
         "",
-        'Agents. List them first, in this order, with exactly these ids and type "agent":',
+        "Agents: agent_regions lists exactly these, in this order, with these ids and type "
+        '"agent":',
         agents,
     ]
     if spec.components:
@@ -153,7 +156,7 @@ def hazard_space_request(spec: SystemSpec) -> list[ChatMessage]:
             "Other components named by the operator (use these ids for the ones you include):",
             *(f"- {c.id} ({c.type}): {c.name}. {c.description}" for c in spec.components),
         ]
-    lines += ["", f"Add at most {spec.protocol.max_extra_regions} regions beyond the agents."]
+    lines += ["", f"other_regions holds at most {spec.protocol.max_extra_regions} regions."]
     return [
         ChatMessage(role="system", content=_HAZARD_SPACE_SYSTEM),
         ChatMessage(role="user", content="\n".join(lines)),

@@ -55,9 +55,18 @@ def peer_tool(agent_id: str) -> str:
 
 
 class HazardSpaceAnswer(Frozen):
+    """The agents' regions and the others are separate fields because llama.cpp's grammar
+    converter drops `prefixItems` when `items` is given: an exact tuple is enforced, a tuple
+    followed by free items is not."""
+
     system_name: str
-    error_regions: tuple[HazardRegion, ...]
+    agent_regions: tuple[HazardRegion, ...]
+    other_regions: tuple[HazardRegion, ...]
     error_vector_example: tuple[StrictInt, ...]
+
+    @property
+    def error_regions(self) -> tuple[HazardRegion, ...]:
+        return self.agent_regions + self.other_regions
 
 
 class SelfEvaluation(Frozen):
@@ -120,27 +129,29 @@ def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
             description=_text(DESCRIPTION_MAX),
         )
 
-    regions: dict[str, Any] = {
-        "type": "array",
-        "prefixItems": [region({"const": a}, {"const": "agent"}) for a in agents],
-        "items": region(
-            {"type": "string", "pattern": ID_PATTERN}, {"enum": list(_NON_AGENT_TYPES)}
-        ),
-        "minItems": len(agents),
-        "maxItems": limit,
-    }
     schema = _object(
         system_name=_text(NAME_MAX),
-        error_regions=regions,
+        agent_regions={
+            "type": "array",
+            "prefixItems": [region({"const": a}, {"const": "agent"}) for a in agents],
+            "items": False,
+        },
+        other_regions={
+            "type": "array",
+            "items": region(
+                {"type": "string", "pattern": ID_PATTERN}, {"enum": list(_NON_AGENT_TYPES)}
+            ),
+            "maxItems": spec.protocol.max_extra_regions,
+        },
         error_vector_example=_bits(max_items=limit),
     )
 
     def parse(text: str) -> HazardSpaceAnswer:
         answer = _validate(HazardSpaceAnswer, text)
         ids = [r.id for r in answer.error_regions]
-        if ids[: len(agents)] != list(agents):
-            raise InvalidAnswer(f"error_regions must start with the agents {list(agents)}")
-        extras = answer.error_regions[len(agents) :]
+        if [r.id for r in answer.agent_regions] != list(agents):
+            raise InvalidAnswer(f"agent_regions must be exactly the agents {list(agents)}")
+        extras = answer.other_regions
         if len(extras) > spec.protocol.max_extra_regions:
             raise InvalidAnswer(f"at most {spec.protocol.max_extra_regions} non-agent regions")
         repeated = sorted({i for i in ids if ids.count(i) > 1})
