@@ -116,9 +116,12 @@ def _poirot_metric_lines(url: str) -> list[str]:
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
     names = {f.name for f in text_string_to_metric_families(text)}  # parses, or raises
-    return [
-        line for line in text.splitlines() if line.startswith("poirot_") and "_bucket{" not in line
-    ] + [f"({len(names)} families)"]
+    shown = [
+        line
+        for line in text.splitlines()
+        if line.startswith("poirot_") and not any(s in line for s in ("_bucket{", "_created{"))
+    ]
+    return [*shown, f"({len(names)} families; histogram buckets and _created series not shown)"]
 
 
 def run_demo(workdir: Path | None) -> int:
@@ -144,7 +147,7 @@ def run_demo(workdir: Path | None) -> int:
             )
             console.print("[bold]poirot_ metrics:[/]")
             for line in _poirot_metric_lines(daemon.metrics_url):
-                console.print(line, markup=False, highlight=False)
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
         except BaseException:
             console.print(daemon.log_tail())
             daemon.kill()

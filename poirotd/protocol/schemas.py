@@ -121,10 +121,12 @@ def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
     agents = spec.agent_ids
     limit = len(agents) + spec.protocol.max_extra_regions
 
-    def region(id_schema: dict[str, Any], type_schema: dict[str, Any]) -> dict[str, Any]:
+    def region(
+        id_schema: dict[str, Any], name_schema: dict[str, Any], type_schema: dict[str, Any]
+    ) -> dict[str, Any]:
         return _object(
             id=id_schema,
-            name=_text(NAME_MAX),
+            name=name_schema,
             type=type_schema,
             description=_text(DESCRIPTION_MAX),
         )
@@ -133,13 +135,18 @@ def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
         system_name=_text(NAME_MAX),
         agent_regions={
             "type": "array",
-            "prefixItems": [region({"const": a}, {"const": "agent"}) for a in agents],
+            # The spec names the agents; the model writes only their error signatures.
+            "prefixItems": [
+                region({"const": a.id}, {"const": a.name}, {"const": "agent"}) for a in spec.agents
+            ],
             "items": False,
         },
         other_regions={
             "type": "array",
             "items": region(
-                {"type": "string", "pattern": ID_PATTERN}, {"enum": list(_NON_AGENT_TYPES)}
+                {"type": "string", "pattern": ID_PATTERN},
+                _text(NAME_MAX),
+                {"enum": list(_NON_AGENT_TYPES)},
             ),
             "maxItems": spec.protocol.max_extra_regions,
         },
@@ -149,8 +156,9 @@ def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
     def parse(text: str) -> HazardSpaceAnswer:
         answer = _validate(HazardSpaceAnswer, text)
         ids = [r.id for r in answer.error_regions]
-        if [r.id for r in answer.agent_regions] != list(agents):
-            raise InvalidAnswer(f"agent_regions must be exactly the agents {list(agents)}")
+        if [(r.id, r.name) for r in answer.agent_regions] != [(a.id, a.name) for a in spec.agents]:
+            expected = [{"id": a.id, "name": a.name} for a in spec.agents]
+            raise InvalidAnswer(f"agent_regions must be exactly the agents, in order: {expected}")
         extras = answer.other_regions
         if len(extras) > spec.protocol.max_extra_regions:
             raise InvalidAnswer(f"at most {spec.protocol.max_extra_regions} non-agent regions")
