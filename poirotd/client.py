@@ -11,11 +11,14 @@ import grpc
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
+from poirotd.wire import MAX_REPLY_BYTES
 
 
 class PoirotClient:
     def __init__(self, target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = grpc.aio.insecure_channel(
+            target, options=[("grpc.max_receive_message_length", MAX_REPLY_BYTES)]
+        )
         self.ingest = pb_grpc.IngestStub(self._channel)
         self.investigations = pb_grpc.InvestigationsStub(self._channel)
 

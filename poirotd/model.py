@@ -227,6 +227,7 @@ class InvestigationEvent(Frozen):
     seconds: float | None = None
     vote: Vote | None = None
     attribution: Attribution | None = None
+    region_ids: tuple[str, ...] = ()
     region_names: tuple[str, ...] = ()
     reason: str = ""
     session_id: str = ""

@@ -220,6 +220,7 @@ class _Investigating:
             await self._emit(
                 EventKind.ATTRIBUTION_READY,
                 attribution=outcome.attribution,
+                region_ids=tuple(region.id for region in outcome.hazard_space.regions),
                 region_names=tuple(region.name for region in outcome.hazard_space.regions),
             )
             self._log.info("investigation succeeded", top=list(outcome.attribution.top))

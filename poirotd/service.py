@@ -18,6 +18,7 @@ from poirotd.model import (
     Investigation,
     InvestigationEvent,
     InvestigationState,
+    LLMExchange,
     Session,
     SessionEnd,
     TelemetrySample,
@@ -85,6 +86,10 @@ class PoirotService:
         self.metrics.hazard_events.labels(self.spec.system.name, "manual", "warning").inc()
         return investigation
 
+    async def exchanges(self, investigation_id: str) -> list[LLMExchange]:
+        await self.get(investigation_id)
+        return await self._store.exchanges(investigation_id)
+
     async def get(self, investigation_id: str) -> Investigation:
         investigation = await self._store.get_investigation(investigation_id)
         if investigation is None:
@@ -107,6 +112,24 @@ class PoirotService:
             raise InvalidArgument(str(exc), reason="invalid") from exc
 
     async def watch(
+        self,
+        *,
+        after_event_id: int,
+        investigation_id: str | None,
+        component: str = "",
+        min_score: float = 0.0,
+    ) -> AsyncIterator[InvestigationEvent]:
+        """Like `events`, keeping with a component or min_score filter only the attributions
+        that meet it. Filtering happens on the stored, ordered events, so a client resuming from
+        the last event id it saw still loses and repeats nothing."""
+        filtered = bool(component) or min_score > 0
+        async for event in self.events(
+            after_event_id=after_event_id, investigation_id=investigation_id
+        ):
+            if not filtered or _meets(event, component, min_score):
+                yield event
+
+    async def events(
         self, *, after_event_id: int, investigation_id: str | None
     ) -> AsyncIterator[InvestigationEvent]:
         """Stored events after `after_event_id`, then live ones. A single-investigation watch
@@ -152,3 +175,16 @@ class PoirotService:
                 reason="not_found",
             )
         return space
+
+
+def _meets(event: InvestigationEvent, component: str, min_score: float) -> bool:
+    """An attribution whose `component` (its top region when empty) scores at least min_score;
+    a component outside the investigation's hazard space never matches."""
+    if event.kind is not EventKind.ATTRIBUTION_READY or event.attribution is None:
+        return False
+    scores = event.attribution.scores
+    if component:
+        if component not in event.region_ids:
+            return False
+        return scores[event.region_ids.index(component)] >= min_score
+    return any(scores[i] >= min_score for i in event.attribution.top)

@@ -316,3 +316,47 @@ async def test_health_and_reflection_are_served(daemon: Daemon) -> None:
         replies = [r async for r in reflection.ServerReflectionInfo(iter([request]))]
         names = {s.name for s in replies[0].list_services_response.service}
         assert {"poirot.v1.Ingest", "poirot.v1.Investigations", "grpc.health.v1.Health"} <= names
+
+
+async def test_get_returns_the_full_record_with_transcripts_on_request(
+    client: PoirotClient,
+) -> None:
+    await client.send(session(3))
+    queued = await client.trigger("s1", "full record")
+    _ = [e async for e in client.watch(queued.investigation_id)]
+
+    brief = await client.get(queued.investigation_id)
+    assert brief.exchanges == [] and brief.incident.startswith("Reported: full record")
+    assert sorted(r.agent_id for r in brief.reports) == ["chief", "doctor", "physio"]
+    assert all(json.loads(r.report_json)["self_evaluation"] for r in brief.reports)
+    assert sum(v.weight for v in brief.votes) > 0
+
+    full = await client.investigations.Get(
+        pb.GetInvestigationRequest(investigation_id=queued.investigation_id, include_exchanges=True)
+    )
+    assert len(full.exchanges) == full.llm_calls
+    purposes = {x.purpose for x in full.exchanges}
+    assert {"report", "turn"} <= purposes
+    first = full.exchanges[0]
+    assert first.messages and first.response and first.phase == "hazard_space"
+
+
+async def test_filtered_watch_sends_only_attributions_meeting_the_filter(
+    client: PoirotClient,
+) -> None:
+    await client.send(session(3))
+    done = await client.trigger("s1", "filtered")
+    events = [e async for e in client.watch(done.investigation_id)]
+    ready = events[-1].attribution_ready
+    top = ready.region_ids[ready.attribution.top[0]]
+    top_score = ready.attribution.scores[ready.attribution.top[0]]
+
+    async def watched(**filters: Any) -> list[pb.InvestigationEvent]:
+        request = pb.WatchRequest(investigation_id=done.investigation_id, **filters)
+        return [e async for e in client.investigations.Watch(request)]
+
+    matched = await watched(component=top, min_score=top_score)
+    assert [e.event_id for e in matched] == [events[-1].event_id]
+    assert await watched(component=top, min_score=top_score + 0.01) == []
+    assert await watched(component="no_such_region") == []
+    assert [e.event_id for e in await watched(min_score=0.1)] == [events[-1].event_id]

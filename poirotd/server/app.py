@@ -11,6 +11,7 @@ from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.server.ingest import IngestServicer
 from poirotd.server.investigations import InvestigationsServicer
 from poirotd.service import PoirotService
+from poirotd.wire import MAX_REPLY_BYTES
 
 SERVICES = tuple(
     pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Ingest", "Investigations")
@@ -34,7 +35,7 @@ class GrpcServer:
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
+                ("grpc.max_send_message_length", MAX_REPLY_BYTES),
             ]
         )
         self._health = health.aio.HealthServicer()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -12,10 +14,12 @@ from poirotd.model import (
     AgentMessage,
     Attribution,
     EventKind,
+    HazardEvent,
     HazardSpace,
     Investigation,
     InvestigationEvent,
     InvestigationState,
+    LLMExchange,
     MessageKind,
     Session,
     SessionEnd,
@@ -137,7 +141,44 @@ def attribution(a: Attribution) -> pb.Attribution:
     )
 
 
-def investigation(inv: Investigation) -> pb.Investigation:
+def telemetry(sample: TelemetrySample) -> pb.TelemetrySample:
+    return pb.TelemetrySample(
+        session_id=sample.session_id,
+        component=sample.component,
+        signal=sample.signal,
+        value=sample.value,
+        measured_at=_ts(sample.measured_at),
+    )
+
+
+def hazard_event(event: HazardEvent) -> pb.HazardEvent:
+    return pb.HazardEvent(
+        rule=event.rule,
+        severity=event.severity,
+        at=_ts(event.at),
+        summary=event.summary,
+        evidence=[telemetry(s) for s in event.evidence],
+    )
+
+
+def exchange(x: LLMExchange) -> pb.Exchange:
+    return pb.Exchange(
+        phase=x.phase.value,
+        agent_id=x.agent_id,
+        purpose=x.purpose,
+        messages=[pb.ChatTurn(role=m["role"], content=m["content"]) for m in x.messages],
+        response=x.response,
+        error=x.error,
+        prompt_tokens=x.prompt_tokens,
+        completion_tokens=x.completion_tokens,
+        cached_tokens=x.cached_tokens or 0,
+        seconds=x.seconds,
+        at=_ts(x.at),
+    )
+
+
+def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> pb.Investigation:
+    """The full record; `exchanges` (every prompt and answer) only when asked for."""
     message = pb.Investigation(
         investigation_id=inv.investigation_id,
         system=inv.system,
@@ -153,7 +194,17 @@ def investigation(inv: Investigation) -> pb.Investigation:
         llm_calls=inv.usage.calls,
         prompt_tokens=inv.usage.prompt_tokens,
         completion_tokens=inv.usage.completion_tokens,
+        incident=inv.incident,
+        reports=[
+            pb.AgentReport(
+                agent_id=agent, report_json=json.dumps(report) if report is not None else ""
+            )
+            for agent, report in inv.reports.items()
+        ],
+        exchanges=[exchange(x) for x in exchanges],
     )
+    if inv.trigger is not None:
+        message.trigger.CopyFrom(hazard_event(inv.trigger))
     if inv.hazard_space is not None:
         message.hazard_space.CopyFrom(hazard_space(inv.hazard_space))
     if inv.attribution is not None:
@@ -177,7 +228,9 @@ def event(e: InvestigationEvent) -> pb.InvestigationEvent:
     elif e.kind is EventKind.ATTRIBUTION_READY and e.attribution is not None:
         message.attribution_ready.CopyFrom(
             E.AttributionReady(
-                attribution=attribution(e.attribution), region_names=list(e.region_names)
+                attribution=attribution(e.attribution),
+                region_names=list(e.region_names),
+                region_ids=list(e.region_ids),
             )
         )
     elif e.kind is EventKind.FAILED:

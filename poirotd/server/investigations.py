@@ -35,9 +35,14 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
     ) -> pb.Investigation:
         try:
             investigation = await self._service.get(request.investigation_id)
+            exchanges = (
+                await self._service.exchanges(request.investigation_id)
+                if request.include_exchanges
+                else []
+            )
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.Get", error)
-        return convert.investigation(investigation)
+        return convert.investigation(investigation, exchanges)
 
     async def List(
         self, request: pb.ListInvestigationsRequest, context: grpc.aio.ServicerContext
@@ -63,6 +68,8 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
         events = self._service.watch(
             after_event_id=request.after_event_id,
             investigation_id=request.investigation_id or None,
+            component=request.component,
+            min_score=request.min_score,
         )
         try:
             async for event in events:

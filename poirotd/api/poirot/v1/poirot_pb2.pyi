@@ -311,15 +311,19 @@ class GetInvestigationRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INVESTIGATION_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_EXCHANGES_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
+    include_exchanges: _builtins.bool
+    """Also return every LLM exchange (prompts and answers: the consultation transcripts)."""
     def __init__(
         self,
         *,
         investigation_id: _builtins.str = ...,
+        include_exchanges: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["investigation_id", b"investigation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_exchanges", b"include_exchanges", "investigation_id", b"investigation_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -382,18 +386,27 @@ class WatchRequest(_message.Message):
 
     INVESTIGATION_ID_FIELD_NUMBER: _builtins.int
     AFTER_EVENT_ID_FIELD_NUMBER: _builtins.int
+    COMPONENT_FIELD_NUMBER: _builtins.int
+    MIN_SCORE_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     """Empty = every investigation."""
     after_event_id: _builtins.int
+    component: _builtins.str
+    """With component and/or min_score set, only attribution_ready events whose attribution meets
+    them are sent: the score of `component` (of the top region when empty) >= min_score.
+    """
+    min_score: _builtins.float
     def __init__(
         self,
         *,
         investigation_id: _builtins.str = ...,
         after_event_id: _builtins.int = ...,
+        component: _builtins.str = ...,
+        min_score: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_event_id", b"after_event_id", "investigation_id", b"investigation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_event_id", b"after_event_id", "component", b"component", "investigation_id", b"investigation_id", "min_score", b"min_score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -578,6 +591,137 @@ class PhaseTiming(_message.Message):
 Global___PhaseTiming: _TypeAlias = PhaseTiming  # noqa: Y015
 
 @_typing.final
+class HazardEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    SEVERITY_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
+    rule: _builtins.str
+    severity: _builtins.str
+    summary: _builtins.str
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def evidence(self) -> _containers.RepeatedCompositeFieldContainer[Global___TelemetrySample]: ...
+    def __init__(
+        self,
+        *,
+        rule: _builtins.str = ...,
+        severity: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        summary: _builtins.str = ...,
+        evidence: _abc.Iterable[Global___TelemetrySample] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "evidence", b"evidence", "rule", b"rule", "severity", b"severity", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HazardEvent: _TypeAlias = HazardEvent  # noqa: Y015
+
+@_typing.final
+class AgentReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    REPORT_JSON_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    report_json: _builtins.str
+    """The Phase II report as JSON; empty when the agent gave no valid report."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        report_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "report_json", b"report_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentReport: _TypeAlias = AgentReport  # noqa: Y015
+
+@_typing.final
+class ChatTurn(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    content: _builtins.str
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatTurn: _TypeAlias = ChatTurn  # noqa: Y015
+
+@_typing.final
+class Exchange(_message.Message):
+    """One LLM call of the investigation, as asked and as answered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PHASE_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    PURPOSE_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    phase: _builtins.str
+    agent_id: _builtins.str
+    purpose: _builtins.str
+    response: _builtins.str
+    error: _builtins.str
+    prompt_tokens: _builtins.int
+    completion_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    seconds: _builtins.float
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatTurn]: ...
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        phase: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        purpose: _builtins.str = ...,
+        messages: _abc.Iterable[Global___ChatTurn] | None = ...,
+        response: _builtins.str = ...,
+        error: _builtins.str = ...,
+        prompt_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "at", b"at", "cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "error", b"error", "messages", b"messages", "phase", b"phase", "prompt_tokens", b"prompt_tokens", "purpose", b"purpose", "response", b"response", "seconds", b"seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Exchange: _TypeAlias = Exchange  # noqa: Y015
+
+@_typing.final
 class Investigation(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -597,6 +741,10 @@ class Investigation(_message.Message):
     LLM_CALLS_FIELD_NUMBER: _builtins.int
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    INCIDENT_FIELD_NUMBER: _builtins.int
+    REPORTS_FIELD_NUMBER: _builtins.int
+    EXCHANGES_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -607,6 +755,8 @@ class Investigation(_message.Message):
     llm_calls: _builtins.int
     prompt_tokens: _builtins.int
     completion_tokens: _builtins.int
+    incident: _builtins.str
+    """What the agents were told about the incident."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -619,6 +769,16 @@ class Investigation(_message.Message):
     def attribution(self) -> Global___Attribution: ...
     @_builtins.property
     def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___PhaseTiming]: ...
+    @_builtins.property
+    def trigger(self) -> Global___HazardEvent:
+        """The rule event that opened it (unset for a manual trigger)."""
+
+    @_builtins.property
+    def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentReport]: ...
+    @_builtins.property
+    def exchanges(self) -> _containers.RepeatedCompositeFieldContainer[Global___Exchange]:
+        """Only with GetInvestigationRequest.include_exchanges."""
+
     def __init__(
         self,
         *,
@@ -638,10 +798,14 @@ class Investigation(_message.Message):
         llm_calls: _builtins.int = ...,
         prompt_tokens: _builtins.int = ...,
         completion_tokens: _builtins.int = ...,
+        trigger: Global___HazardEvent | None = ...,
+        incident: _builtins.str = ...,
+        reports: _abc.Iterable[Global___AgentReport] | None = ...,
+        exchanges: _abc.Iterable[Global___Exchange] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "completion_tokens", b"completion_tokens", "created_at", b"created_at", "error", b"error", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "session_id", b"session_id", "state", b"state", "system", b"system", "votes", b"votes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "completion_tokens", b"completion_tokens", "created_at", b"created_at", "error", b"error", "exchanges", b"exchanges", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -732,19 +896,23 @@ class InvestigationEvent(_message.Message):
 
         ATTRIBUTION_FIELD_NUMBER: _builtins.int
         REGION_NAMES_FIELD_NUMBER: _builtins.int
+        REGION_IDS_FIELD_NUMBER: _builtins.int
         @_builtins.property
         def attribution(self) -> Global___Attribution: ...
         @_builtins.property
         def region_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+        @_builtins.property
+        def region_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
         def __init__(
             self,
             *,
             attribution: Global___Attribution | None = ...,
             region_names: _abc.Iterable[_builtins.str] | None = ...,
+            region_ids: _abc.Iterable[_builtins.str] | None = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "region_names", b"region_names"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "region_ids", b"region_ids", "region_names", b"region_names"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
