@@ -89,7 +89,9 @@ class HazardSpace(Frozen):
     system: str
     version: str
     regions: tuple[HazardRegion, ...]
-    source: Literal["llm", "pinned"]
+    # llm: built by Phase I; pinned: given in the spec; spec: the spec's declared agents and
+    # components, used when Phase I gave no valid answer.
+    source: Literal["llm", "pinned", "spec"]
 
     @property
     def size(self) -> int:

@@ -415,14 +415,29 @@ async def test_cache_hit_makes_no_second_call() -> None:
     assert 'in this order, with these ids and type "agent"' in request[1].content
 
 
-async def test_failed_hazard_space_tells_operator_to_pin() -> None:
+async def test_failed_hazard_space_falls_back_to_the_declared_regions_uncached() -> None:
     world = World(hazard_space=lambda agent, messages: '{"system_name": "x"}')
-    with pytest.raises(ProtocolError, match=r"hazard_space\.regions"):
-        await investigate(world, make_spec(pinned=False, invalid_json_retries=1))
+    spec, cache = make_spec(pinned=False, invalid_json_retries=1), MemoryCache()
+    outcome = await investigate(world, spec, cache)
     assert len(world.calls("hazard_space")) == 2
+    assert outcome.hazard_space.source == "spec"
+    assert [r.id for r in outcome.hazard_space.regions] == [
+        *spec.agent_ids,
+        *(c.id for c in spec.components),
+    ]
+    await investigate(world, spec, cache)
+    assert len(world.calls("hazard_space")) == 4, "a fallback is not cached"
 
 
-def test_hazard_space_answer_must_list_agents_first_and_unique() -> None:
+async def test_failed_hazard_space_without_components_tells_operator_to_pin() -> None:
+    world = World(hazard_space=lambda agent, messages: '{"system_name": "x"}')
+    spec = make_spec(pinned=False, invalid_json_retries=0)
+    spec = spec.model_copy(update={"components": ()})
+    with pytest.raises(ProtocolError, match=r"hazard_space\.regions"):
+        await investigate(world, spec)
+
+
+def test_hazard_space_answer_lists_agents_first_and_drops_repeated_regions() -> None:
     answer = hazard_space_format(make_spec(pinned=False))
     regions = [r.model_dump() for r in REGIONS]
 
@@ -432,8 +447,8 @@ def test_hazard_space_answer_must_list_agents_first_and_unique() -> None:
     assert len(answer.parse(text(regions)).error_regions) == 4
     with pytest.raises(ValueError, match="exactly the agents"):
         answer.parse(text([regions[1], regions[0], *regions[2:]]))
-    with pytest.raises(ValueError, match="unique"):
-        answer.parse(text([*regions, regions[3]]))
+    repeated = answer.parse(text([*regions, regions[3], {**regions[3], "id": "doctor"}]))
+    assert [r.id for r in repeated.error_regions] == [r["id"] for r in regions]
     with pytest.raises(ValueError, match="snake_case"):
         answer.parse(text([*regions[:3], {**regions[3], "id": "Exo Skeleton"}]))
 

@@ -11,12 +11,16 @@ import hashlib
 import json
 from typing import Protocol
 
+import structlog
+
 from poirotd.config.spec import SystemSpec
 from poirotd.model import HazardRegion, HazardSpace, Phase
 from poirotd.protocol import prompts
 from poirotd.protocol.errors import AnswerFailed, ProtocolError
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.schemas import hazard_space_format
+
+log = structlog.get_logger(__name__)
 
 
 class HazardSpaceCache(Protocol):
@@ -50,16 +54,48 @@ async def resolve_hazard_space(
             retries=spec.protocol.invalid_json_retries,
         )
     except AnswerFailed as exc:
-        raise ProtocolError(
-            f"could not build the hazard space of system {spec.system.name!r}: {exc}. "
-            "Pin it instead: list the regions under `hazard_space.regions` in the system spec "
-            "(agents first, in spec order)."
-        ) from exc
+        return _declared_space(spec, version, reason=str(exc))
     space = HazardSpace(
         system=spec.system.name, version=version, regions=answer.error_regions, source="llm"
     )
     await cache.put_hazard_space(space)
     return space
+
+
+def _declared_space(spec: SystemSpec, version: str, *, reason: str) -> HazardSpace:
+    """The regions the operator declared (agents, then components), for when the LLM gives no
+    valid hazard space: an investigation still gets an attribution, over a space recorded as
+    source "spec". It is not cached, so the next investigation asks the LLM again."""
+    if not spec.components:
+        raise ProtocolError(
+            f"could not build the hazard space of system {spec.system.name!r}: {reason}. "
+            "Pin it instead: list the regions under `hazard_space.regions` in the system spec "
+            "(agents first, in spec order), or declare the system's components."
+        )
+    log.warning(
+        "hazard space from the LLM invalid; using the spec's declared regions",
+        system=spec.system.name,
+        reason=reason,
+    )
+    regions = [
+        HazardRegion(
+            id=a.id,
+            name=a.name,
+            type="agent",
+            description=(
+                f"Error signature: {a.name} produces output that contradicts its own inputs or "
+                f"departs from its role. Normal behaviour: {a.name} acts as its role prescribes."
+            ),
+        )
+        for a in spec.agents
+    ]
+    regions += [
+        HazardRegion(id=c.id, name=c.name, type=c.type, description=c.description)
+        for c in spec.components
+    ]
+    return HazardSpace(
+        system=spec.system.name, version=version, regions=tuple(regions), source="spec"
+    )
 
 
 def pinned_hazard_space(spec: SystemSpec) -> HazardSpace | None:

@@ -155,17 +155,13 @@ def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
 
     def parse(text: str) -> HazardSpaceAnswer:
         answer = _validate(HazardSpaceAnswer, text)
-        ids = [r.id for r in answer.error_regions]
         if [(r.id, r.name) for r in answer.agent_regions] != [(a.id, a.name) for a in spec.agents]:
             expected = [{"id": a.id, "name": a.name} for a in spec.agents]
             raise InvalidAnswer(f"agent_regions must be exactly the agents, in order: {expected}")
         extras = answer.other_regions
         if len(extras) > spec.protocol.max_extra_regions:
             raise InvalidAnswer(f"at most {spec.protocol.max_extra_regions} non-agent regions")
-        repeated = sorted({i for i in ids if ids.count(i) > 1})
-        if repeated:
-            raise InvalidAnswer(f"region ids must be unique; repeated: {repeated}")
-        for r in answer.error_regions[: len(agents)]:
+        for r in answer.agent_regions:
             if r.type != "agent":
                 raise InvalidAnswer(f"region {r.id!r} is an agent: its type must be 'agent'")
         for r in extras:
@@ -173,7 +169,15 @@ def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
                 raise InvalidAnswer(
                     f"region {r.id!r}: extra regions need a snake_case id and a non-agent type"
                 )
-        return answer
+        # A region listed twice (or under an agent's id) adds no location to vote on: the first
+        # listing stands, the repeats are dropped rather than failing the whole space.
+        seen = set(agents)
+        unique = []
+        for r in extras:
+            if r.id not in seen:
+                seen.add(r.id)
+                unique.append(r)
+        return answer.model_copy(update={"other_regions": tuple(unique)})
 
     return AnswerFormat(schema, parse)
 

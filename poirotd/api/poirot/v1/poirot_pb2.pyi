@@ -468,7 +468,9 @@ class HazardSpace(_message.Message):
     version: _builtins.str
     """Content hash of the system description the space was built from."""
     source: _builtins.str
-    """"llm" (built by Phase I) or "pinned" (given in the system spec)."""
+    """"llm" (built by Phase I), "pinned" (given in the system spec) or "spec" (the spec's declared
+    agents and components, used when Phase I gave no valid answer).
+    """
     @_builtins.property
     def regions(self) -> _containers.RepeatedCompositeFieldContainer[Global___HazardRegion]: ...
     def __init__(
