@@ -360,3 +360,41 @@ async def test_filtered_watch_sends_only_attributions_meeting_the_filter(
     assert await watched(component=top, min_score=top_score + 0.01) == []
     assert await watched(component="no_such_region") == []
     assert [e.event_id for e in await watched(min_score=0.1)] == [events[-1].event_id]
+
+
+async def test_watch_survives_a_forced_disconnect_without_gap_or_duplicate(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    await client.send(session(3))
+    first = await client.trigger("s1", "before the disconnect")
+    reference = [e async for e in client.watch(first.investigation_id)]
+
+    seen: list[pb.InvestigationEvent] = []
+    call = client.investigations.Watch(pb.WatchRequest())
+    async for event in call:
+        seen.append(event)
+        if len(seen) == len(reference) // 2:
+            break
+    call.cancel()  # the client drops the stream mid-way
+    second = await client.trigger("s1", "while disconnected")
+    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as again:
+        resumed = again.investigations.Watch(pb.WatchRequest(after_event_id=seen[-1].event_id))
+        async for event in resumed:
+            seen.append(event)
+            if event.investigation_id == second.investigation_id and event.HasField(
+                "attribution_ready"
+            ):
+                break
+        resumed.cancel()
+    ids = [e.event_id for e in seen]
+    assert ids == sorted(set(ids)), "no duplicate, in order"
+    assert ids[: len(reference)] == [e.event_id for e in reference], "no gap"
+    assert {e.investigation_id for e in seen} == {first.investigation_id, second.investigation_id}
+
+
+async def test_watch_for_another_system_is_empty(client: PoirotClient) -> None:
+    await client.send(session(3))
+    done = await client.trigger("s1", "x")
+    _ = [e async for e in client.watch(done.investigation_id)]
+    other = client.investigations.Watch(pb.WatchRequest(system="trading"))
+    assert [e async for e in other] == []

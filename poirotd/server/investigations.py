@@ -65,6 +65,8 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
     async def Watch(
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.InvestigationEvent]:
+        if request.system and request.system != self._service.spec.system.name:
+            return
         events = self._service.watch(
             after_event_id=request.after_event_id,
             investigation_id=request.investigation_id or None,

@@ -388,6 +388,7 @@ class WatchRequest(_message.Message):
     AFTER_EVENT_ID_FIELD_NUMBER: _builtins.int
     COMPONENT_FIELD_NUMBER: _builtins.int
     MIN_SCORE_FIELD_NUMBER: _builtins.int
+    SYSTEM_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     """Empty = every investigation."""
     after_event_id: _builtins.int
@@ -396,6 +397,10 @@ class WatchRequest(_message.Message):
     them are sent: the score of `component` (of the top region when empty) >= min_score.
     """
     min_score: _builtins.float
+    system: _builtins.str
+    """Empty or this daemon's system: every event; another system: none (a daemon serves one system,
+    so one Watch client can address several daemons the same way).
+    """
     def __init__(
         self,
         *,
@@ -403,10 +408,11 @@ class WatchRequest(_message.Message):
         after_event_id: _builtins.int = ...,
         component: _builtins.str = ...,
         min_score: _builtins.float = ...,
+        system: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_event_id", b"after_event_id", "component", b"component", "investigation_id", b"investigation_id", "min_score", b"min_score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_event_id", b"after_event_id", "component", b"component", "investigation_id", b"investigation_id", "min_score", b"min_score", "system", b"system"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
