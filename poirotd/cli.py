@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from poirotd.audit_cli import app as audit_app
 from poirotd.config import Settings
 from poirotd.config.loader import SpecError, load_spec
 
@@ -17,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="poirotd: POIROT incident attribution beside an LLM multi-agent system.",
 )
+app.add_typer(audit_app, name="audit")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML system spec")]
 

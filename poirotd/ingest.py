@@ -6,6 +6,8 @@ opened that may not be committed yet, so a session start and its first messages 
 
 from __future__ import annotations
 
+import math
+
 from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound, ResourceExhausted
 from poirotd.model import AgentMessage, MessageKind, Session, TelemetrySample
@@ -95,3 +97,8 @@ class IngestValidator:
             )
         if not sample.signal:
             raise InvalidArgument(f"seq {seq}: telemetry signal is empty", reason="invalid")
+        if not math.isfinite(sample.value):
+            raise InvalidArgument(
+                f"seq {seq}: telemetry value {sample.value} is not a finite number",
+                reason="invalid",
+            )

@@ -177,8 +177,26 @@ async def test_ingest_acks_only_durable_items_and_resends_are_stored_once(
             "this daemon monitors 'clinic'",
         ),
         (pb.IngestRequest(), grpc.StatusCode.INVALID_ARGUMENT, "invalid", "carries no item"),
+        (
+            pb.IngestRequest(
+                telemetry=pb.TelemetrySample(
+                    session_id="s1", component="exo", signal="temp", value=float("nan")
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "invalid",
+            "is not a finite number",
+        ),
     ],
-    ids=["unknown-agent", "unknown-session", "oversized", "no-kind", "wrong-system", "empty"],
+    ids=[
+        "unknown-agent",
+        "unknown-session",
+        "oversized",
+        "no-kind",
+        "wrong-system",
+        "empty",
+        "nan-telemetry",
+    ],
 )
 async def test_bad_item_ends_stream_with_precise_status_keeps_acked_data_and_daemon_serving(
     daemon: Daemon,

@@ -114,7 +114,7 @@ def space(version: str = "v1") -> HazardSpace:
 async def test_opens_in_wal_mode_with_a_schema_version(store: Store, db: Path) -> None:
     with closing(sqlite3.connect(db)) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert other.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert other.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 async def test_refuses_a_database_from_a_newer_schema(db: Path) -> None:
@@ -406,3 +406,45 @@ async def test_exchanges_are_kept_in_recording_order(store: Store) -> None:
     assert await store.exchanges("c") == []
     with pytest.raises(UnknownInvestigationError):
         await store.record_exchange("c", exchange("vote"))
+
+
+# ------------------------------------------------------------ audit chain (verify: test_audit.py)
+
+
+async def test_each_write_appends_its_entries_in_commit_order(store: Store, db: Path) -> None:
+    end = SessionEnd(session_id="s1", ended_at=T0 + timedelta(minutes=1))
+    await store.commit_ingest([session(), message(0), sample(0, 1.0), message(0), end, session()])
+    await store.put_hazard_space(space())
+    await store.save_investigation(investigation("q"))
+    await store.interrupt_unfinished("daemon stopped", T0)
+    await store.append_event(event("q"))
+    exchange = LLMExchange(
+        phase=Phase.VOTING, agent_id="planner", purpose="vote", messages=(), at=T0
+    )
+    await store.record_exchange("q", exchange)
+
+    with closing(sqlite3.connect(db)) as other:
+        entries = other.execute("SELECT seq, kind, ref, payload FROM audit ORDER BY seq").fetchall()
+        ((put_seq,),) = other.execute("SELECT put_seq FROM hazard_spaces").fetchall()
+        records = {
+            table: [r for (r,) in other.execute(f"SELECT record FROM {table}")]
+            for table in ("sessions", "messages", "telemetry", "investigations", "exchanges")
+        }
+    # The resent message and session start stored nothing, so they chained nothing.
+    assert [(kind, ref) for _, kind, ref, _ in entries] == [
+        ("session", "s1"),
+        ("message", "s1/0"),
+        ("telemetry", "1"),
+        ("session", "s1"),  # ended: the whole record again
+        ("hazard_space", '["cortex","v1"]'),
+        ("investigation", "q"),
+        ("investigation", "q"),  # interrupted
+        ("event", "1"),
+        ("exchange", "q/1"),
+    ]
+    assert [seq for seq, *_ in entries] == list(range(1, 10))
+    assert put_seq == 5  # the seq of the space's entry: "latest" is chained too
+    payloads = [payload for *_, payload in entries]
+    for table, stored in records.items():
+        assert set(stored) <= set(payloads), table  # each row's record is its entry's payload
+    assert '"ended_at":"2025-03-01T12:01:00.123456Z"' in payloads[3]

@@ -1,10 +1,22 @@
-"""Durable storage: sessions, investigations, events and the audit of every LLM exchange."""
+"""Durable storage: sessions, investigations, events and the audit of every LLM exchange, every
+write chained into a tamper-evident log (`poirotd.audit` checks and exports it)."""
 
 from poirotd.store.sqlite import (
+    GENESIS_HASH,
     IngestItem,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
+    canonical_json,
+    entry_hash,
 )
 
-__all__ = ["IngestItem", "Store", "UnknownInvestigationError", "UnknownSessionError"]
+__all__ = [
+    "GENESIS_HASH",
+    "IngestItem",
+    "Store",
+    "UnknownInvestigationError",
+    "UnknownSessionError",
+    "canonical_json",
+    "entry_hash",
+]

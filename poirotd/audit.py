@@ -1,0 +1,359 @@
+"""Checks the store's audit chain and exports one investigation as a self-contained report.
+
+Both read through a read-only connection inside one read transaction: they see one committed
+state even while the daemon writes, and cannot change what they check. Verify streams every table
+and finds each row's entry through the `audit (kind, ref, seq)` index: memory stays flat and time
+grows with the rows; export holds one investigation's records.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from poirotd.store.sqlite import (
+    AUDITED_TABLES,
+    GENESIS_HASH,
+    SCHEMA_VERSION,
+    AuditedTable,
+    Row,
+    connect_read_only,
+    entry_hash,
+)
+
+EXPORT_FORMAT = "poirotd-investigation-export/1"
+_TABLES = {table.kind: table for table in AUDITED_TABLES}
+_LATEST = "SELECT seq, payload FROM audit WHERE kind = ? AND ref = ? ORDER BY seq DESC LIMIT 1"
+_ENTRY = "SELECT seq, kind, ref, payload, prev_hash, hash FROM audit"
+
+
+class AuditError(Exception):
+    """The database cannot be audited (missing, not a poirotd store, another schema version), or
+    the investigation asked for is not in it."""
+
+
+@dataclass(frozen=True)
+class ChainHead:
+    """An entry's seq and hash: the head at export or verify time, kept elsewhere as an anchor."""
+
+    seq: int
+    hash: str
+
+    def __str__(self) -> str:
+        return f"{self.seq}:{self.hash}"
+
+    @classmethod
+    def parse(cls, text: str) -> ChainHead:
+        seq, _, digest = text.partition(":")
+        if seq.isdigit() and len(digest) == 64:
+            try:
+                return cls(int(seq), bytes.fromhex(digest).hex())
+            except ValueError:
+                pass
+        raise ValueError(f"an anchor is SEQ:HASH (64 hex digits), not {text!r}")
+
+
+@dataclass(frozen=True)
+class BrokenLink:
+    """The first thing that does not check out; seq is None for a row that has no entry."""
+
+    seq: int | None
+    kind: str
+    ref: str
+    problem: str
+
+    def __str__(self) -> str:
+        where = "a row without entry" if self.seq is None else f"seq {self.seq}"
+        what = f" ({self.kind} {self.ref})" if self.kind else ""
+        return f"{where}{what}: {self.problem}"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What verify checked; `head` is the last entry that checks out."""
+
+    entries: int  # audit entries whose links check out (up to the break, if any)
+    rows: int  # rows of the record tables compared with their latest entry
+    head: ChainHead | None
+    broken: BrokenLink | None
+
+    @property
+    def ok(self) -> bool:
+        return self.broken is None
+
+    def summary(self) -> str:
+        if self.broken is not None:
+            return f"BROKEN at {self.broken}"
+        head = f"head {self.head}" if self.head else "the chain is empty"
+        return f"ok: {self.entries} entries chained, {self.rows} rows match them; {head}"
+
+
+def verify(db_path: Path | str, *, anchor: ChainHead | None = None) -> VerifyReport:
+    """Checks the chain link by link, then every row of the record tables against the latest
+    entry for its ref (and that every ref still has its row).
+
+    The chain is checked first: past a broken link no entry can be trusted. Among row problems
+    the one with the lowest seq is reported. `anchor`, a head noted earlier, must still be in the
+    chain: this catches a history rewritten (and re-hashed) or cut back to before it.
+    """
+    with _snapshot(Path(db_path)) as conn:
+        entries, head, broken = _check_chain(conn, anchor)
+        rows = 0
+        if broken is None:
+            rows, broken = _check_rows(conn)
+    return VerifyReport(entries, rows, head, broken)
+
+
+def _check_chain(
+    conn: sqlite3.Connection, anchor: ChainHead | None
+) -> tuple[int, ChainHead | None, BrokenLink | None]:
+    head = ChainHead(0, GENESIS_HASH)
+    for seq, kind, ref, payload, prev_hash, digest in conn.execute(f"{_ENTRY} ORDER BY seq"):
+        problem = _link_problem(head, seq, kind, ref, payload, prev_hash, digest)
+        if problem is None and anchor is not None and seq == anchor.seq and digest != anchor.hash:
+            problem = f"its hash is not the anchor's {anchor.hash}"
+        if problem is not None:
+            return head.seq, _head_or_none(head), BrokenLink(seq, str(kind), str(ref), problem)
+        head = ChainHead(seq, digest)
+    if anchor is not None and anchor.seq > head.seq:
+        problem = f"the chain ends at seq {head.seq}, before the anchor {anchor}"
+        return head.seq, _head_or_none(head), BrokenLink(anchor.seq, "", "", problem)
+    return head.seq, _head_or_none(head), None
+
+
+def _link_problem(
+    prev: ChainHead, seq: int, kind: Any, ref: Any, payload: Any, prev_hash: Any, digest: Any
+) -> str | None:
+    if seq != prev.seq + 1:
+        missing = f"{prev.seq + 1}" if seq == prev.seq + 2 else f"{prev.seq + 1}..{seq - 1}"
+        return f"the entries before it are missing: {missing}"
+    if prev_hash != prev.hash:
+        return f"its prev_hash is not the hash of seq {prev.seq}"
+    try:
+        recomputed = entry_hash(prev_hash, kind, ref, payload)
+    except (AttributeError, TypeError, ValueError):  # a value of the wrong type
+        return "the entry is malformed"
+    if recomputed != digest:
+        return "its hash does not match its kind, ref and payload"
+    if kind not in _TABLES:
+        return f"unknown kind {kind!r}"
+    return None
+
+
+def _head_or_none(head: ChainHead) -> ChainHead | None:
+    return head if head.seq else None
+
+
+def _check_rows(conn: sqlite3.Connection) -> tuple[int, BrokenLink | None]:
+    rows, first = 0, None
+    for table in AUDITED_TABLES:
+        with_entry = 0
+        for row in conn.execute(table.select):
+            rows += 1
+            ref = table.ref(row)
+            latest = conn.execute(_LATEST, (table.kind, ref)).fetchone()
+            seq = None if latest is None else int(latest[0])
+            with_entry += seq is not None
+            problem = _row_problem(table, row, latest)
+            if problem is not None:
+                first = _earlier(first, BrokenLink(seq, table.kind, ref, problem))
+        # Refs are one per row, so more refs than rows with an entry means rows were removed.
+        refs = conn.execute(
+            "SELECT count(*) FROM (SELECT DISTINCT ref FROM audit WHERE kind = ?)", (table.kind,)
+        ).fetchone()[0]
+        if refs > with_entry and (removed := _first_removed_row(conn, table)) is not None:
+            first = _earlier(first, removed)
+    return rows, first
+
+
+def _row_problem(table: AuditedTable, row: Row, latest: tuple[int, str] | None) -> str | None:
+    if latest is None:
+        return "the row has no audit entry"
+    seq, payload = latest
+    if row[-1] != payload:
+        return f"its record differs from its latest entry's payload{_difference(row[-1], payload)}"
+    try:
+        expected = table.expect(row, seq)
+    except (TypeError, ValueError) as exc:
+        return f"its record does not decode: {' '.join(str(exc).split())[:200]}"
+    for column, stored, derived in zip(table.columns, row, expected, strict=True):
+        if stored != derived:
+            return f"{column} is {_clip(stored)}, its record gives {_clip(derived)}"
+    return None
+
+
+def _first_removed_row(conn: sqlite3.Connection, table: AuditedTable) -> BrokenLink | None:
+    """The ref whose row is gone, by lowest latest seq. Run only when refs outnumber rows; the
+    refs present go to a temporary table (a file, like any SQLite temp table), not to memory."""
+    conn.execute("CREATE TEMP TABLE present (ref TEXT PRIMARY KEY)")
+    try:
+        conn.executemany(
+            "INSERT OR IGNORE INTO temp.present VALUES (?)",
+            ((table.ref(row),) for row in conn.execute(table.select)),
+        )
+        found = conn.execute(
+            "SELECT max(seq), ref FROM audit WHERE kind = ?"
+            " AND ref NOT IN (SELECT ref FROM temp.present) GROUP BY ref ORDER BY 1 LIMIT 1",
+            (table.kind,),
+        ).fetchone()
+    finally:
+        conn.execute("DROP TABLE temp.present")
+    if found is None:
+        return None
+    return BrokenLink(found[0], table.kind, found[1], f"its row is missing from {table.table}")
+
+
+def _earlier(a: BrokenLink | None, b: BrokenLink) -> BrokenLink:
+    """Lower seq first; rows that have no entry at all come last."""
+    if a is None:
+        return b
+    return min(a, b, key=lambda link: (link.seq is None, link.seq or 0))
+
+
+def _difference(stored: Any, audited: str) -> str:
+    if not isinstance(stored, str):
+        return f" (it is a {type(stored).__name__})"
+    at = next(
+        (i for i, (x, y) in enumerate(zip(stored, audited, strict=False)) if x != y),
+        min(len(stored), len(audited)),
+    )
+    return f" from character {at}: {_clip(stored[at : at + 20])} vs {_clip(audited[at : at + 20])}"
+
+
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ------------------------------------------------------------ export
+
+
+def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str, Any]:
+    """One investigation as a JSON-ready report that stands on its own.
+
+    Every record is given as it was chained: {seq, kind, ref, prev_hash, hash, record}, so a reader
+    re-hashes it with `entry_hash(prev_hash, kind, ref, canonical_json(record))`; the chain head
+    at export lets `poirotd audit verify --anchor` show later that the database still holds it.
+
+    The report is built from the chain, not from the tables: `verify` tells whether both agree.
+    `messages` are those the investigation could have read: the runner reads the session after
+    the investigation's `started` event and before its next write, so the window between those
+    two entries' seqs bounds the read; messages with a seq inside it may or may not have been seen.
+    """
+    with _snapshot(Path(db_path)) as conn:
+        versions = _entries(conn, "investigation", investigation_id)
+        if not versions:
+            raise AuditError(f"investigation {investigation_id!r} is not in {db_path}")
+        record = versions[-1]["record"]
+        head = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        events = _rows_of(conn, "event", "investigation_id = ? ORDER BY event_id", investigation_id)
+        exchanges = _rows_of(conn, "exchange", "investigation_id = ? ORDER BY id", investigation_id)
+        session = _entries(conn, "session", record["session_id"])
+        hazard_space = None
+        if (space := record.get("hazard_space")) is not None:
+            ref = _TABLES["hazard_space"].ref((space["system"], space["version"]))
+            # The space as stored before the investigation's last save (a pinned one never is).
+            stored = _entries(conn, "hazard_space", ref)
+            hazard_space = next(
+                (e for e in reversed(stored) if e["seq"] < versions[-1]["seq"]), None
+            )
+        read_after = next((e["seq"] for e in events if e["record"]["kind"] == "started"), None)
+        read_before = None
+        if read_after is not None:
+            read_before = min(
+                (e["seq"] for e in (*versions, *events, *exchanges) if e["seq"] > read_after),
+                default=head[0] + 1,
+            )
+        messages = [
+            m
+            for m in _rows_of(conn, "message", "session_id = ? ORDER BY idx", record["session_id"])
+            if read_before is not None and m["seq"] < read_before
+        ]
+    return {
+        "format": EXPORT_FORMAT,
+        "exported_at": datetime.now(UTC).isoformat(),
+        "chain": {
+            "head": {"seq": head[0], "hash": head[1]},
+            "genesis_prev_hash": GENESIS_HASH,
+            "hash": "hex SHA-256 of: prev_hash as 32 bytes, then kind and then ref, each after"
+            " its UTF-8 length as 4 big-endian bytes, then the record as canonical JSON",
+            "canonical_json": "json.dumps(record, sort_keys=True, separators=(',', ':'),"
+            " ensure_ascii=False) in UTF-8",
+        },
+        "investigation": versions[-1],
+        "earlier_versions": versions[:-1],
+        "session": session[-1] if session else None,
+        "hazard_space": hazard_space,
+        "messages": {
+            "read_after_seq": read_after,
+            "read_before_seq": read_before,
+            "entries": messages,
+        },
+        "exchanges": exchanges,
+        "events": events,
+    }
+
+
+def _entries(conn: sqlite3.Connection, kind: str, ref: str) -> list[dict[str, Any]]:
+    """Every entry of one record, oldest first."""
+    rows = conn.execute(f"{_ENTRY} WHERE kind = ? AND ref = ? ORDER BY seq", (kind, ref))
+    return [_envelope(row) for row in rows]
+
+
+def _rows_of(conn: sqlite3.Connection, kind: str, where: str, key: str) -> list[dict[str, Any]]:
+    """The latest entry of each row of `kind` selected by `where`, in its order."""
+    table = _TABLES[kind]
+    found = []
+    for row in conn.execute(f"{table.select} WHERE {where}", (key,)):
+        entry = conn.execute(
+            f"{_ENTRY} WHERE kind = ? AND ref = ? ORDER BY seq DESC LIMIT 1",
+            (kind, table.ref(row)),
+        ).fetchone()
+        if entry is None:
+            raise AuditError(f"{kind} {table.ref(row)} has no audit entry; run verify")
+        found.append(_envelope(entry))
+    return found
+
+
+def _envelope(entry: Row) -> dict[str, Any]:
+    seq, kind, ref, payload, prev_hash, digest = entry
+    return {
+        "seq": seq,
+        "kind": kind,
+        "ref": ref,
+        "prev_hash": prev_hash,
+        "hash": digest,
+        "record": json.loads(payload),
+    }
+
+
+@contextmanager
+def _snapshot(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read transaction on `path`; an unreadable file, table or row is an AuditError."""
+    if not path.is_file():
+        raise AuditError(f"{path}: no such database file")
+    with closing(connect_read_only(path)) as conn:
+        try:
+            conn.execute("BEGIN")  # every read below sees this one committed state
+            _check_version(path, conn.execute("PRAGMA user_version").fetchone()[0])
+            yield conn
+        except sqlite3.DatabaseError as exc:
+            raise AuditError(f"{path} cannot be read: {exc}") from exc
+
+
+def _check_version(path: Path, version: int) -> None:
+    if version == 1:
+        raise AuditError(
+            f"{path} has schema 1, from before the audit chain; open it once with this"
+            " poirotd (`poirotd run`) to migrate it: the chain then starts at migration"
+        )
+    if version != SCHEMA_VERSION:
+        raise AuditError(
+            f"{path} has schema version {version}; this poirotd audits version {SCHEMA_VERSION}"
+        )

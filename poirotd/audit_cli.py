@@ -1,0 +1,67 @@
+"""`poirotd audit`: check the tamper-evident record, export an investigation for an auditor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Check the audit chain; export an investigation as a re-verifiable JSON report.",
+)
+
+DbOption = Annotated[
+    Path,
+    typer.Option("--db", envvar="POIROTD_DB_PATH", help="the daemon's SQLite database (read only)"),
+]
+
+
+@app.command("verify")
+def verify_command(
+    db: DbOption,
+    anchor: Annotated[
+        str | None,
+        typer.Option(help="SEQ:HASH noted from an earlier verify or export: must still be there"),
+    ] = None,
+) -> None:
+    """Check the chain and every stored record against it.
+
+    Exit 0 with a one-line summary when all is intact, 1 naming the first broken link, 2 when the
+    database cannot be audited.
+    """
+    from poirotd.audit import AuditError, ChainHead, verify
+
+    try:
+        report = verify(db, anchor=ChainHead.parse(anchor) if anchor else None)
+    except (AuditError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(report.summary(), err=not report.ok)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command("export")
+def export_command(
+    investigation_id: Annotated[str, typer.Argument(help="the investigation to export")],
+    db: DbOption,
+    out: Annotated[Path | None, typer.Option(help="write here instead of to stdout")] = None,
+) -> None:
+    """Write one investigation as a self-contained JSON report.
+
+    Everything it saw and produced, each record with its audit hashes, and the chain head.
+    """
+    from poirotd.audit import AuditError, export_investigation
+
+    try:
+        report = export_investigation(db, investigation_id)
+    except AuditError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    text = json.dumps(report, ensure_ascii=False, indent=2) + "\n"
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
