@@ -32,7 +32,6 @@ from typing import Self
 
 import grpc
 import structlog
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from hwbridge.backoff import Backoff
 from hwbridge.config import PoirotdConfig
@@ -40,6 +39,7 @@ from hwbridge.deadletter import DeadLetterStore
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.model import TelemetrySample
+from poirotd.server import convert
 
 log = structlog.get_logger(__name__)
 
@@ -232,7 +232,7 @@ class Forwarder:
         session = pb.SessionStart(
             session_id=self._session_id,
             system=self._config.system,
-            started_at=_timestamp(self._started_at),
+            started_at=convert.timestamp(self._started_at),
             labels=self._config.labels,
         )
         await call.write(pb.IngestRequest(seq=_SESSION_SEQ, session_start=session))
@@ -245,7 +245,9 @@ class Forwarder:
                 item.seq = seq
                 self._inflight.append(item)
                 self.stats.sent += 1
-                await call.write(pb.IngestRequest(seq=seq, telemetry=_telemetry(item.sample)))
+                await call.write(
+                    pb.IngestRequest(seq=seq, telemetry=convert.telemetry(item.sample))
+                )
                 if probe:
                     await self._until_acked(seq)
                     probe = False
@@ -289,19 +291,3 @@ class Forwarder:
         for item in (*self._inflight, *self._unsent):
             item.call.fail(error)
         self._room.set()
-
-
-def _timestamp(at: datetime) -> Timestamp:
-    ts = Timestamp()
-    ts.FromDatetime(at)
-    return ts
-
-
-def _telemetry(sample: TelemetrySample) -> pb.TelemetrySample:
-    return pb.TelemetrySample(
-        session_id=sample.session_id,
-        component=sample.component,
-        signal=sample.signal,
-        value=sample.value,
-        measured_at=_timestamp(sample.measured_at),
-    )

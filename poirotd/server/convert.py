@@ -51,12 +51,14 @@ def _time(ts: Timestamp, *, default: datetime) -> datetime:
     return ts.ToDatetime(tzinfo=UTC)
 
 
-def _ts(value: datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
+def timestamp(value: datetime) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(value)
     return ts
+
+
+def _ts(value: datetime | None) -> Timestamp | None:
+    return None if value is None else timestamp(value)
 
 
 def ingest_item(request: pb.IngestRequest, received_at: datetime) -> IngestItem:
