@@ -13,14 +13,13 @@ from poirotd.config.spec import DecisionRuleSpec
 from poirotd.model import HazardRegion, HazardSpace, Vote
 from poirotd.protocol.aggregation import aggregate, score, weigh, weights
 
-RUNS = Path("/work/shared/data/poirot-runs")
+# The shared data folder sits beside the checkout (as it does for CI).
+RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "poirot-runs"
 ARGMAX = DecisionRuleSpec()
 
 
 def _recorded(name: str) -> dict[str, Any]:
     path = RUNS / name
-    if not path.exists():
-        pytest.skip(f"recorded run {path} not available")
     data: dict[str, Any] = json.loads(path.read_text())["voting_data"]
     return data
 
