@@ -15,6 +15,7 @@ from prometheus_client import start_http_server
 
 from poirotd.config import Settings, SystemSpec
 from poirotd.events import EventBus
+from poirotd.inputs import MqttInput
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend
 from poirotd.metrics import Metrics
@@ -41,6 +42,7 @@ class Daemon:
         self._store: Store | None = None
         self._runner: InvestigationRunner | None = None
         self._grpc: GrpcServer | None = None
+        self._mqtt_input: MqttInput | None = None
         self._metrics_http: WSGIServer | None = None
         self._background: list[asyncio.Task[None]] = []
         self.metrics = Metrics(spec.system.name)
@@ -93,6 +95,10 @@ class Daemon:
             s.metrics_port, s.metrics_host, registry=self.metrics.registry
         )
         self.metrics_port = self._metrics_http.server_port
+        # Last: telemetry flows only once everything that handles it and its metrics is up.
+        if self.spec.inputs is not None:
+            self._mqtt_input = MqttInput(self.spec.inputs, service, self.metrics.registry)
+            self._mqtt_input.start()
         log.info(
             "daemon ready",
             system=self.spec.system.name,
@@ -103,9 +109,12 @@ class Daemon:
         )
 
     async def stop(self) -> None:
-        """Drain order: stop taking investigations, let running ones finish (or persist them as
-        interrupted), close RPCs, then release the model and the store."""
+        """Drain order: stop the in-process input (un-acked telemetry stays with the broker),
+        stop taking investigations, let running ones finish (or persist them as interrupted),
+        close RPCs, then release the model and the store."""
         log.info("daemon draining", drain_seconds=self.settings.drain_seconds)
+        if self._mqtt_input is not None:
+            await self._mqtt_input.stop()
         if self._grpc is not None:
             await self._grpc.enter_drain()
         for task in self._background:

@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from hwbridge.config import DeadLetterConfig, MqttInputConfig, PipelineConfig
 from poirotd.hazards.spec import RuleSet, RuleSpec
 from poirotd.model import HazardRegion, RegionType
 
@@ -145,6 +146,21 @@ class PinnedHazardSpace(SpecModel):
     regions: tuple[HazardRegion, ...] = Field(min_length=1)
 
 
+class InputsSpec(SpecModel):
+    """Telemetry the daemon reads itself with hwbridge's pipeline, with no gRPC hop between.
+
+    Session policy: every sample goes to ``session_id``, which the input starts under this
+    system when it starts (a no-op if the store has it). A fixed id, as the standalone bridge
+    has, because an input cannot tell which of several open sessions a sensor belongs to; give
+    the agents the same id and rules see their messages and the hardware in one session.
+    """
+
+    session_id: str = Field(min_length=1)
+    mqtt: MqttInputConfig
+    pipeline: PipelineConfig = PipelineConfig()
+    dead_letter: DeadLetterConfig = DeadLetterConfig()
+
+
 class SystemSpec(SpecModel):
     system: SystemInfo
     agents: tuple[AgentSpec, ...] = Field(min_length=1)
@@ -153,6 +169,7 @@ class SystemSpec(SpecModel):
     protocol: ProtocolSpec = ProtocolSpec()
     hazard_space: PinnedHazardSpace | None = None
     rules: RuleSet = ()
+    inputs: InputsSpec | None = None
 
     @model_validator(mode="after")
     def _ids_unique_and_pin_covers_agents(self) -> SystemSpec:
@@ -188,6 +205,25 @@ class SystemSpec(SpecModel):
             if sender is not None and sender not in agents:
                 raise ValueError(f"rules[{i}] {rule.name!r}: sender {sender!r} is not an agent")
         return rules
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_name_declared_parts(
+        cls, inputs: InputsSpec | None, info: ValidationInfo
+    ) -> InputsSpec | None:
+        """A mapping to a fixed undeclared component would dead-letter every sample; templated
+        components ({w1}...) are only known per message and checked then."""
+        if inputs is None:
+            return None
+        parties = {a.id for a in info.data.get("agents", ())}
+        parties |= {c.id for c in info.data.get("components", ())}
+        for i, mapping in enumerate(inputs.mqtt.mappings):
+            if "{" not in mapping.component and mapping.component not in parties:
+                raise ValueError(
+                    f"mqtt.mappings[{i}] {mapping.topic!r}: component {mapping.component!r} "
+                    "is not declared"
+                )
+        return inputs
 
     @property
     def agent_ids(self) -> tuple[str, ...]:

@@ -1,0 +1,273 @@
+"""In-process MQTT input: hwbridge's pipeline feeding the daemon's own core, no gRPC hop.
+
+The standalone bridge forwards samples to poirotd over gRPC. Here the sink is
+``PoirotService.commit`` in the daemon's event loop, so a sample is stored durably and evaluated
+by the hazard rules before the broker gets its PUBACK (hwbridge acks a delivery only once the
+sink has returned for it). hwbridge's ``Bridge``, config models, codecs and dead letters are used
+as they are; this module adds the sink, a restart loop and the Prometheus view of the counters.
+
+Session: every sample goes to the spec's ``inputs.session_id`` (see ``InputsSpec``), started
+under this system before the first sample (a no-op when the store has it already). In the spec:
+
+    inputs:
+      session_id: d2w-session-001
+      mqtt:                         # hwbridge's MqttInputConfig: broker and topic mappings
+        broker: {host: 127.0.0.1, port: 1883, client_id: poirotd-d2w}
+        mappings: [...]             # as in hwbridge/bridge.example.yaml
+      pipeline: {max_batch: 512}    # optional, hwbridge's PipelineConfig
+      dead_letter: {path: dead.jsonl}  # optional, hwbridge's DeadLetterConfig
+
+Samples the daemon refuses (a templated component that is not declared) are dead-lettered like
+undecodable payloads and acked: retrying cannot make them valid. A failed commit (the store
+raised) stops the bridge with nothing from that batch on acked; the input logs, waits (the
+broker's backoff) and starts a new bridge, to which the broker redelivers what was not acked.
+Stopping cancels the bridge the same way. Delivery is therefore at least once: batches in
+flight at a stop or failure may be stored twice, never lost.
+
+Size ``mqtt.broker.queue_size`` for a whole burst: Mosquitto 2.0.11 lets un-acked deliveries run
+far past its ``max_inflight_messages`` once PUBACKs flow (see BENCHMARKS.md), and a message the
+full client buffer drops is counted (``poirot_mqtt_messages_dropped_total``) but stays un-acked
+at the broker until the next reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from hwbridge.backoff import Backoff
+from hwbridge.bridge import Bridge
+from hwbridge.config import BridgeConfig, PoirotdConfig
+from hwbridge.deadletter import DeadLetterStore
+from poirotd.config.spec import InputsSpec
+from poirotd.errors import ServiceError
+from poirotd.model import Session, TelemetrySample
+from poirotd.service import PoirotService
+
+log = structlog.get_logger(__name__)
+
+# (metric name without _total, counter key, help). Keys are hwbridge's InputStats and MqttStats
+# fields, plus this module's own.
+_COUNTERS = (
+    ("poirot_mqtt_messages_received", "received", "MQTT messages received by the input"),
+    (
+        "poirot_mqtt_messages_acked",
+        "acked",
+        "MQTT messages acknowledged (PUBACK) after their samples were committed",
+    ),
+    (
+        "poirot_mqtt_messages_undecodable",
+        "undecodable",
+        "MQTT messages dead-lettered undecoded: bad payload, too large, or no mapping",
+    ),
+    (
+        "poirot_mqtt_messages_dropped",
+        "dropped",
+        "MQTT messages the client discarded because its buffer was full",
+    ),
+    ("poirot_mqtt_samples_decoded", "decoded", "Samples decoded from MQTT payloads"),
+    (
+        "poirot_mqtt_samples_committed",
+        "committed",
+        "MQTT samples stored durably and evaluated by the hazard rules",
+    ),
+    (
+        "poirot_mqtt_samples_refused",
+        "refused",
+        "MQTT samples the daemon refused (e.g. an undeclared component), dead-lettered",
+    ),
+    ("poirot_mqtt_dead_letters", "stored", "Dead letters recorded by the MQTT input"),
+    (
+        "poirot_mqtt_dead_letter_write_errors",
+        "write_errors",
+        "Dead letters that could not be appended to the dead-letter file",
+    ),
+    ("poirot_mqtt_connects", "connects", "Connections to the broker that subscribed"),
+    ("poirot_mqtt_input_restarts", "restarts", "Restarts of the input after a failed commit"),
+)
+
+
+@dataclass
+class SinkStats:
+    committed: int = 0
+    refused: int = 0
+    restarts: int = 0
+
+
+class _CommitSink:
+    """One bridge run's sink. Each sample passes the same checks gRPC ingest applies (one
+    validator per run, as per stream), so both transports accept exactly the same data.
+
+    Group commit: calls that arrive while a commit is in flight are committed together, in call
+    order, by the first of them to get its turn. hwbridge cuts a batch as soon as no decoded
+    message is waiting, which at a few thousand messages/s means a batch per message or two;
+    one transaction and one rule evaluation per call would then cost far more than the data
+    (the rule engine's cost is mostly per batch, and every commit is an fsync).
+    """
+
+    def __init__(
+        self,
+        service: PoirotService,
+        session: Session,
+        dead_letters: DeadLetterStore,
+        stats: SinkStats,
+    ) -> None:
+        self._service = service
+        self._validator = service.new_ingest_validator()
+        self._seq = itertools.count(1)
+        self._dead_letters = dead_letters
+        self._stats = stats
+        self._turn = asyncio.Lock()
+        self._queued: list[TelemetrySample] = []
+        # Resolved once the samples now in _queued are committed (or failed with the commit).
+        self._round: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Payload sizes are bounded by the pipeline before decoding: no per-item size here.
+        self._validator.check(next(self._seq), session, 0)
+
+    async def __call__(self, samples: Sequence[TelemetrySample]) -> None:
+        accepted = []
+        for sample in samples:
+            try:
+                self._validator.check(next(self._seq), sample, 0)
+            except ServiceError as refusal:
+                self._dead_letters.add("poirotd", str(refusal), sample.model_dump_json().encode())
+                self._stats.refused += 1
+            else:
+                accepted.append(sample)
+        if not accepted:
+            return
+        self._queued.extend(accepted)
+        joined = self._round
+        async with self._turn:
+            if joined is self._round:  # nobody has committed this round yet: this call does
+                await self._commit_round()
+        await joined  # every call of a failed round raises the commit's error
+
+    async def _commit_round(self) -> None:
+        batch, done = self._queued, self._round
+        self._queued, self._round = [], asyncio.get_running_loop().create_future()
+        try:
+            await self._service.commit(batch)
+        except asyncio.CancelledError:
+            done.cancel()
+            raise
+        except Exception as exc:
+            done.set_exception(exc)
+        else:
+            self._stats.committed += len(batch)
+            done.set_result(None)
+
+
+class MqttInput:
+    """Runs from ``start()`` until ``stop()``; its counters are on the given registry."""
+
+    def __init__(
+        self, config: InputsSpec, service: PoirotService, registry: CollectorRegistry
+    ) -> None:
+        self._config = config
+        self._service = service
+        self._bridge_config = BridgeConfig(
+            session_id=config.session_id,
+            # The bridge's link to poirotd: only the system name matters in-process.
+            poirotd=PoirotdConfig(system=service.spec.system.name),
+            mqtt=config.mqtt,
+            pipeline=config.pipeline,
+            dead_letter=config.dead_letter,
+        )
+        self._dead_letters = DeadLetterStore(
+            config.dead_letter, log_interval_s=config.pipeline.log_interval_s
+        )
+        self.stats = SinkStats()
+        self._bridge: Bridge | None = None
+        # Counts of bridges that have stopped; read by the scrape thread, hence the lock.
+        self._retired: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._task: asyncio.Task[None] | None = None
+        registry.register(_MqttCollector(self))
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="mqtt-input")
+
+    async def stop(self) -> None:
+        """Cancels the bridge: what it has not acked stays with the broker for the next run."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._dead_letters.close()
+
+    def totals(self) -> dict[str, int]:
+        """Every counter since start, summed over restarts (Prometheus counters never drop)."""
+        with self._lock:
+            counts = self._retired.copy()
+            if self._bridge is not None:
+                counts.update(_bridge_counts(self._bridge))
+        counts.update(asdict(self.stats))
+        counts.update(asdict(self._dead_letters.stats))
+        return dict(counts)
+
+    async def _run(self) -> None:
+        backoff = Backoff(self._config.mqtt.broker.backoff)
+        while True:
+            session = Session(
+                session_id=self._config.session_id,
+                system=self._service.spec.system.name,
+                started_at=datetime.now(UTC),
+                labels={"input": "mqtt"},
+            )
+            committed_before = self.stats.committed
+            try:
+                await self._service.commit([session])
+                sink = _CommitSink(self._service, session, self._dead_letters, self.stats)
+                bridge = Bridge(self._bridge_config, sink, self._dead_letters)
+                with self._lock:
+                    self._bridge = bridge
+                await bridge.run()
+            except Exception as exc:
+                self.stats.restarts += 1
+                log.error("mqtt input failed; restarting", error=repr(exc))
+            finally:
+                self._retire()
+            if self.stats.committed > committed_before:
+                backoff.reset()
+            await backoff.sleep()
+
+    def _retire(self) -> None:
+        with self._lock:
+            if self._bridge is not None:
+                self._retired.update(_bridge_counts(self._bridge))
+                self._bridge = None
+
+
+def _bridge_counts(bridge: Bridge) -> dict[str, int]:
+    """The MQTT pipeline's and client's counters (the dead letters outlive bridges)."""
+    stats = bridge.stats()
+    return {**stats["input.mqtt"], **stats["mqtt"]}
+
+
+class _MqttCollector(Collector):
+    """Reads the input's counters at scrape time: hwbridge keeps plain ints, and the daemon's
+    Metrics is not the place for an optional input's families."""
+
+    def __init__(self, mqtt_input: MqttInput) -> None:
+        self._input = mqtt_input
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        totals = self._input.totals()
+        for name, key, documentation in _COUNTERS:
+            yield CounterMetricFamily(name, documentation, value=totals.get(key, 0))
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        """Lets the registry refuse a second input registering the same names."""
+        return self.collect()

@@ -1,0 +1,178 @@
+"""The daemon's in-process MQTT input against a real Mosquitto: simulated D2W gait with the
+Sensor-X calibration fault is stored, trips a rule that opens an investigation, bad payloads are
+dead-lettered and counted, and a failed commit loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from subprocess import PIPE, STDOUT
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from pydantic import ValidationError
+
+from hwbridge import exo
+from hwbridge.mqtt import MqttPublisher
+from poirotd.config import Settings, SystemSpec
+from poirotd.daemon import Daemon
+from poirotd.llm.scripted import ScriptedBackend
+from poirotd.service import PoirotService
+from poirotd.store import IngestItem
+from tests.conftest import Mosquitto
+from tests.hwbridge.support import eventually
+from tests.test_grpc_api import SPEC, _answer
+
+EXAMPLE = Path(__file__).parents[1] / "hwbridge" / "bridge.example.yaml"
+SESSION = "d2w-p7"
+# 1 s of gait at 1500 samples/s over the frame channels, one heart rate, two clinical scores.
+SAMPLES = 1503
+DISTINCT_SAMPLES = "SELECT count(DISTINCT record) FROM telemetry"
+SENSOR_X = exo.FaultSpec(signal="proprioception_score", kind="offset", magnitude=-4)
+
+
+def spec(mosquitto: Mosquitto) -> SystemSpec:
+    """The gRPC tests' clinic, reading the example bridge's topics into its `exo` component,
+    plus a mapping whose component comes from the topic (for refusals)."""
+    mqtt = yaml.safe_load(EXAMPLE.read_text())["mqtt"]
+    mqtt["broker"].update(
+        port=mosquitto.port,
+        client_id="poirotd-under-test",
+        timeout_s=1.0,
+        backoff={"initial_s": 0.05, "max_s": 0.2},
+    )
+    for mapping in mqtt["mappings"]:
+        mapping["component"] = "exo"
+    mqtt["mappings"].append({"topic": "lab/+/raw", "component": "{w1}"})
+    rule = {
+        "name": "proprioception_implausible",
+        "kind": "threshold",
+        "severity": "critical",
+        "component": "exo",
+        "signal": "proprioception_score",
+        "below": 3,
+    }
+    data = SPEC.model_dump(mode="json")
+    data.update(rules=[rule], inputs={"session_id": SESSION, "mqtt": mqtt})
+    return SystemSpec.model_validate(data)
+
+
+@pytest.fixture
+async def daemon(mosquitto: Mosquitto, tmp_path: Path) -> AsyncIterator[Daemon]:
+    settings = Settings(db_path=tmp_path / "poirotd.db", grpc_port=0, metrics_port=0)
+    d = Daemon(settings, spec(mosquitto), backend=ScriptedBackend(_answer))
+    await d.start()
+    async with asyncio.timeout(10):
+        await eventually(lambda: counter(d, "connects") >= 1)
+    yield d
+    await d.stop()
+
+
+def counter(daemon: Daemon, name: str) -> float:
+    value = daemon.metrics.registry.get_sample_value(f"poirot_mqtt_{name}_total")
+    assert value is not None, name
+    return value
+
+
+def query(daemon: Daemon, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(daemon.settings.db_path) as db:
+        return db.execute(sql).fetchall()
+
+
+def stored_samples(daemon: Daemon) -> int:
+    return int(query(daemon, "SELECT count(*) FROM telemetry")[0][0])
+
+
+async def publish_gait(mosquitto: Mosquitto, extra: Sequence[tuple[str, bytes]] = ()) -> None:
+    simulator = exo.ExoSimulator(exo.ExoSimConfig(rate_hz=1500, faults=(SENSOR_X,), seed=4))
+    inputs = spec(mosquitto).inputs
+    assert inputs is not None
+    broker = inputs.mqtt.broker.model_copy(update={"client_id": "simulator"})
+    async with MqttPublisher(broker) as publisher:
+        for topic, payload in [*exo.messages(simulator.advance(1.0), "p7"), *extra]:
+            await publisher.publish(topic, payload)
+
+
+async def test_sensor_x_gait_is_stored_and_opens_an_investigation(
+    daemon: Daemon, mosquitto: Mosquitto
+) -> None:
+    malformed = [
+        ("d2w/p7/joints", b"\x00\x01\x02"),  # not a whole number of frames
+        ("d2w/p7/vitals", b"{not json"),
+        ("lab/ghost/raw", b"1.5"),  # decodes, but `ghost` is not a component of the clinic
+    ]
+    await publish_gait(mosquitto, malformed)
+    async with asyncio.timeout(30):
+        await eventually(lambda: stored_samples(daemon) == SAMPLES)
+        await eventually(
+            lambda: counter(daemon, "messages_acked") == counter(daemon, "messages_received")
+        )
+        await eventually(
+            lambda: query(daemon, "SELECT state FROM investigations") == [("succeeded",)]
+        )
+
+    (session, trigger, reason) = query(
+        daemon,
+        "SELECT session_id, json_extract(record, '$.trigger.rule'),"
+        " json_extract(record, '$.reason') FROM investigations",
+    )[0]
+    assert session == SESSION and trigger == "proprioception_implausible"
+    assert "proprioception_score" in reason
+    # Sensor-X: a proprioception score of 6/8 reported as 2/8.
+    assert query(
+        daemon,
+        "SELECT json_extract(record, '$.value') FROM telemetry"
+        " WHERE json_extract(record, '$.signal') = 'proprioception_score'",
+    ) == [(2.0,)]
+    assert query(daemon, "SELECT json_extract(record, '$.labels.input') FROM sessions") == [
+        ("mqtt",)
+    ]
+
+    assert counter(daemon, "messages_undecodable") == 2
+    assert counter(daemon, "samples_refused") == 1
+    assert counter(daemon, "dead_letters") == 3
+    assert counter(daemon, "samples_committed") == SAMPLES
+    assert counter(daemon, "samples_decoded") == SAMPLES + 1
+    assert counter(daemon, "messages_dropped") == counter(daemon, "input_restarts") == 0
+    exposition = generate_latest(daemon.metrics.registry)
+    assert b"poirot_mqtt_messages_acked_total " in exposition
+    if shutil.which("promtool") is not None:
+        lint = await asyncio.create_subprocess_exec(
+            "promtool", "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
+        )
+        problems, _ = await lint.communicate(exposition)
+        assert b"poirot_mqtt" not in problems, problems
+
+
+async def test_a_failed_commit_restarts_the_input_and_the_broker_redelivers(
+    daemon: Daemon, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commit = PoirotService.commit
+    failures = [OSError("disk I/O error")]
+
+    async def failing_once(self: PoirotService, items: Sequence[IngestItem]) -> None:
+        if failures and len(items) > 1:
+            raise failures.pop()
+        await commit(self, items)
+
+    monkeypatch.setattr(PoirotService, "commit", failing_once)
+    await publish_gait(mosquitto)
+    async with asyncio.timeout(30):
+        await eventually(lambda: query(daemon, DISTINCT_SAMPLES) == [(SAMPLES,)])
+    assert counter(daemon, "input_restarts") == 1 and counter(daemon, "connects") == 2
+    # At least once: batches committed after the failed one were redelivered too.
+    assert stored_samples(daemon) >= SAMPLES
+
+
+def test_a_mapping_to_an_undeclared_component_is_refused_with_the_spec(
+    mosquitto: Mosquitto,
+) -> None:
+    data = spec(mosquitto).model_dump(mode="json")
+    data["inputs"]["mqtt"]["mappings"][0]["component"] = "treadmill"
+    with pytest.raises(ValidationError, match="component 'treadmill' is not declared"):
+        SystemSpec.model_validate(data)
