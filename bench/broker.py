@@ -16,17 +16,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from poirotd.launcher import free_port, stop_process
+
 # Un-acked deliveries per subscriber; hwbridge's client buffer (BrokerConfig.queue_size, 10000)
 # must stay above it or the client would drop messages.
 MAX_INFLIGHT = 1000
 MAX_QUEUED = 5_000_000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager
@@ -51,12 +46,7 @@ def mosquitto() -> Iterator[int]:
             _wait_listening(process, port)
             yield port
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
 
 
 def _wait_listening(process: subprocess.Popen[bytes], port: int) -> None:

@@ -12,12 +12,7 @@ from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from poirotd.launcher import free_port, stop_process
 
 
 class Mosquitto:
@@ -66,8 +61,7 @@ class Mosquitto:
 
     def stop(self) -> None:
         if self._process is not None:
-            self._process.terminate()
-            self._process.wait(timeout=10)
+            stop_process(self._process)
             self._process = None
 
     def restart(self) -> None:

