@@ -137,6 +137,9 @@ class Vote(Frozen):
     weight: float = 0.0
     abstention_reason: str = ""
     forced: bool = False
+    # "When": the session index of the message where this agent says the fault first shows
+    # (None when it did not say, or abstained).
+    step: int | None = Field(default=None, ge=0)
 
     @property
     def abstained(self) -> bool:
@@ -152,6 +155,8 @@ class Attribution(Frozen):
     decision: tuple[int, ...]
     rule: str
     beta: float
+    # "When": the weighted consensus over the voters' steps (None when no voter gave one).
+    step: int | None = Field(default=None, ge=0)
 
 
 class LLMExchange(Frozen):
@@ -171,6 +176,21 @@ class LLMExchange(Frozen):
     at: datetime
 
 
+class ContextCut(Frozen):
+    """One thing the context-budget policy removed or shortened so a prompt fits the model."""
+
+    # The agent whose view was cut ("" for the baseline's single, full-session prompt).
+    agent_id: str
+    # Session index of the message affected.
+    index: int = Field(ge=0)
+    action: Literal["dropped", "shortened"]
+    chars_before: int = Field(ge=0)
+    chars_after: int = Field(ge=0)
+
+
+InvestigationMethod = Literal["poirot", "baseline"]
+
+
 class PhaseTiming(Frozen):
     phase: Phase
     seconds: float
@@ -188,7 +208,9 @@ class Investigation(Frozen):
     session_id: str
     state: InvestigationState
     reason: str
-    method: str = "poirot"
+    # poirot: the five-phase protocol; baseline: one LLM call over the full session, same vote
+    # schema (the paper's all-at-once baseline).
+    method: InvestigationMethod = "poirot"
     # The rule event that opened the investigation (None for a manual trigger).
     trigger: HazardEvent | None = None
     # What the agents are told about the incident: the reason and the hardware readings.
@@ -203,6 +225,8 @@ class Investigation(Frozen):
     phases: tuple[PhaseTiming, ...] = ()
     error: str = ""
     usage: LLMUsage = LLMUsage()
+    # What the context-budget policy cut so the prompts fit (empty: nothing was cut).
+    context_cuts: tuple[ContextCut, ...] = ()
 
 
 # ------------------------------------------------------------------ investigation events
