@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMPS := .stamps
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint proto bench clean
+.PHONY: demo test test-fast lint proto bench bench-tta clean
 
 demo: $(STAMPS)/python-deps
 	$(BIN)/poirotd demo
@@ -43,6 +43,10 @@ $(STAMPS)/system-deps:
 	    mosquitto prometheus; \
 	fi
 	@mkdir -p $(STAMPS) && touch $@
+
+# poirotd against poirot-framework 0.2.0 (own venv, made on first use) on Who&When: about an hour.
+bench-tta: $(STAMPS)/python-deps
+	$(BIN)/python -m bench.tta
 
 clean:
 	rm -rf $(VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache

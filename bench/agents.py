@@ -2,8 +2,9 @@
 are other processes): ``python -m bench.agents --target HOST:PORT ...``.
 
 Each stream opens its own session and sends agent messages through ``Ingest.Stream`` from a
-generator, so nothing is materialised up front; the daemon batches them and acks each batch only
-once committed. Prints ``ready``, starts on a line on stdin, prints one JSON line of results.
+generator, so nothing is materialised up front: as fast as acks allow in batched requests, or
+paced, one item per request; the daemon commits them in batches and acks each only once
+committed. Prints ``ready``, starts on a line on stdin, prints one JSON line of results.
 Bounded: a message count per stream, or a rate for a duration.
 """
 
@@ -15,10 +16,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.client import PoirotClient
+from poirotd.client import PoirotClient, batched
 
 SENDERS = ("doctor", "chief", "physio")
 # About the length of one turn in the BLAME CORTEX sessions.
@@ -29,17 +30,10 @@ CONTENT = (
 )
 
 
-async def requests(
-    session_id: str, count: int, rate: float | None
-) -> AsyncIterator[pb.IngestRequest]:
-    """The session start, then `count` messages: at `rate` per second, or as fast as taken."""
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    start = pb.SessionStart(session_id=session_id, system="clinic")
-    yield pb.IngestRequest(seq=1, session_start=start)
+def requests(session_id: str, count: int) -> Iterator[pb.IngestRequest]:
+    """The session start, then `count` messages (one item each, not numbered)."""
+    yield pb.IngestRequest(session_start=pb.SessionStart(session_id=session_id, system="clinic"))
     for index in range(count):
-        if rate is not None:
-            await asyncio.sleep(max(0.0, began + index / rate - loop.time()))
         message = pb.AgentMessage(
             session_id=session_id,
             index=index,
@@ -47,13 +41,26 @@ async def requests(
             sender=SENDERS[index % 3],
             content=CONTENT,
         )
-        yield pb.IngestRequest(seq=index + 2, agent_message=message)
+        yield pb.IngestRequest(agent_message=message)
+
+
+async def paced(items: Iterator[pb.IngestRequest], rate: float) -> AsyncIterator[pb.IngestRequest]:
+    """One item per request, numbered from 1, the messages at `rate` per second: an agent that
+    says one thing at a time (the original single-item form of the wire)."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    for seq, request in enumerate(items, start=1):
+        await asyncio.sleep(max(0.0, began + (seq - 2) / rate - loop.time()))
+        request.seq = seq
+        yield request
 
 
 async def stream(client: PoirotClient, session_id: str, count: int, rate: float | None) -> int:
-    """Messages acked as durable (the session start is not counted)."""
+    """Messages acked as durable (the session start is not counted). Unpaced, the items go in
+    batched requests, as a client with a backlog sends them."""
+    items = requests(session_id, count)
     durable = 0
-    async for ack in client.ingest.Stream(requests(session_id, count, rate)):
+    async for ack in client.ingest.Stream(batched(items) if rate is None else paced(items, rate)):
         durable = ack.durable_seq
     return max(0, durable - 1)
 

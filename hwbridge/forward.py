@@ -38,6 +38,7 @@ from hwbridge.config import PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
+from poirotd.client import batched
 from poirotd.model import TelemetrySample
 from poirotd.server import convert
 
@@ -227,8 +228,9 @@ class Forwarder:
             call.cancel()
 
     async def _write(self, call: grpc.aio.StreamStreamCall, *, probe: bool) -> None:
-        """Writes the session start and then samples; each write waits for HTTP/2 flow control.
-        The session start, and after a failed stream the first sample, go alone (see above)."""
+        """Writes the session start and then samples, those waiting in batched requests; each
+        write waits for HTTP/2 flow control. The session start, and after a failed stream the
+        first sample, go alone (see above)."""
         session = pb.SessionStart(
             session_id=self._session_id,
             system=self._config.system,
@@ -240,14 +242,15 @@ class Forwarder:
         seq = _SESSION_SEQ
         while True:
             while self._unsent:
-                item = self._unsent.popleft()
-                seq += 1
-                item.seq = seq
-                self._inflight.append(item)
-                self.stats.sent += 1
-                await call.write(
-                    pb.IngestRequest(seq=seq, telemetry=convert.telemetry(item.sample))
-                )
+                taken = [self._unsent.popleft() for _ in range(1 if probe else len(self._unsent))]
+                for item in taken:
+                    seq += 1
+                    item.seq = seq
+                self._inflight.extend(taken)
+                singles = (pb.IngestRequest(telemetry=convert.telemetry(i.sample)) for i in taken)
+                for request in batched(singles, first_seq=taken[0].seq):
+                    self.stats.sent += len(request.items)
+                    await call.write(request)
                 if probe:
                     await self._until_acked(seq)
                     probe = False

@@ -12,6 +12,8 @@ from pydantic import ValidationError
 from poirotd.audit_cli import app as audit_app
 from poirotd.config import Settings
 from poirotd.config.loader import SpecError, load_spec
+from poirotd.eval.cli import CaseArgument, DataDirOption, MethodOption, load_case
+from poirotd.eval.cli import app as eval_app
 
 app = typer.Typer(
     add_completion=False,
@@ -19,6 +21,7 @@ app = typer.Typer(
     help="poirotd: POIROT incident attribution beside an LLM multi-agent system.",
 )
 app.add_typer(audit_app, name="audit")
+app.add_typer(eval_app, name="eval")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML system spec")]
 
@@ -81,3 +84,62 @@ def demo(
     from poirotd.demo.main import run_demo
 
     raise typer.Exit(run_demo(workdir))
+
+
+@app.command()
+def replay(
+    case: CaseArgument,
+    target: Annotated[
+        str, typer.Option(help="the running daemon's gRPC address (host:port)")
+    ] = "127.0.0.1:50051",
+    data_dir: DataDirOption = Path("data"),
+    speed: Annotated[
+        float, typer.Option(min=0.001, help="replay this many times faster than recorded")
+    ] = 1.0,
+    interval: Annotated[
+        float | None, typer.Option(min=0, help="seconds between messages, ignoring their times")
+    ] = None,
+    session_id: Annotated[
+        str | None, typer.Option(help="session id to use (default: the case's, made unique)")
+    ] = None,
+    trigger: Annotated[bool, typer.Option(help="trigger an investigation at the end")] = False,
+    watch: Annotated[
+        bool, typer.Option(help="follow the investigation to its attribution (implies --trigger)")
+    ] = False,
+    method: MethodOption = "poirot",
+) -> None:
+    """Feed a benchmark case into a running daemon over gRPC, paced like the session.
+
+    The daemon must serve the case's system: `poirotd eval spec CASE -o spec.yaml`, then
+    `poirotd run --config spec.yaml`.
+    """
+    import uuid
+
+    import grpc
+    from rich.console import Console
+
+    from poirotd.eval.replay import replay as replay_case
+    from poirotd.eval.session import session_id_of
+
+    loaded = load_case(case, data_dir)
+    try:
+        investigation = asyncio.run(
+            replay_case(
+                loaded,
+                target,
+                session_id=session_id or f"{session_id_of(loaded)}-{uuid.uuid4().hex[:8]}",
+                speed=speed,
+                interval=interval,
+                trigger=trigger or watch,
+                watch=watch,
+                method=method,
+                console=Console(),
+            )
+        )
+    except grpc.aio.AioRpcError as exc:
+        typer.echo(f"the daemon at {target} refused: {exc.code().name}: {exc.details()}", err=True)
+        raise typer.Exit(1) from exc
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if watch and investigation is not None and investigation.error:
+        raise typer.Exit(1)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Self
 
@@ -11,7 +10,10 @@ import grpc
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.wire import MAX_REPLY_BYTES
+from poirotd.wire import BATCH_BYTES, MAX_REPLY_BYTES
+
+# A batched item's tag and length prefix, on top of its own size.
+_FRAMING_BYTES = 4
 
 
 class PoirotClient:
@@ -34,18 +36,26 @@ class PoirotClient:
         await self._channel.close()
 
     async def send(self, requests: Iterable[pb.IngestRequest]) -> int:
-        """Streams the requests (seq numbers are assigned here, from 1) and returns the highest
-        seq the daemon acknowledged as durable. Raises grpc.aio.AioRpcError on refusal."""
-        counter = itertools.count(1)
-        numbered = [_with_seq(request, next(counter)) for request in requests]
+        """Streams the requests' items, numbered here from 1 and packed by `batched`, and returns
+        the highest seq the daemon acknowledged as durable. Raises grpc.aio.AioRpcError on
+        refusal."""
         durable = 0
-        async for ack in self.ingest.Stream(iter(numbered)):
+        async for ack in self.ingest.Stream(batched(requests)):
             durable = ack.durable_seq
         return durable
 
-    async def trigger(self, session_id: str, reason: str) -> pb.Investigation:
+    async def stream(self, requests: AsyncIterable[pb.IngestRequest]) -> int:
+        """Like `send` for requests that come over time (a paced replay): each goes out alone,
+        numbered here from 1, as soon as it is produced."""
+        durable = 0
+        async for ack in self.ingest.Stream(_numbered(requests)):
+            durable = ack.durable_seq
+        return durable
+
+    async def trigger(self, session_id: str, reason: str, method: str = "") -> pb.Investigation:
+        """`method`: "poirot" (also when empty) or "baseline"."""
         investigation: pb.Investigation = await self.investigations.Trigger(
-            pb.TriggerRequest(session_id=session_id, reason=reason)
+            pb.TriggerRequest(session_id=session_id, reason=reason, method=method)
         )
         return investigation
 
@@ -63,8 +73,33 @@ class PoirotClient:
             yield event
 
 
-def _with_seq(request: pb.IngestRequest, seq: int) -> pb.IngestRequest:
-    numbered = pb.IngestRequest()
-    numbered.CopyFrom(request)
-    numbered.seq = seq
-    return numbered
+def batched(
+    requests: Iterable[pb.IngestRequest], first_seq: int = 1, limit: int = BATCH_BYTES
+) -> Iterator[pb.IngestRequest]:
+    """The items of single-item requests, numbered from first_seq, in batched requests of up to
+    `limit` bytes each (an item larger than that goes alone): one read of the stream per batch
+    for the daemon instead of one per item."""
+    batch, size = pb.IngestRequest(seq=first_seq), 0
+    for seq, request in enumerate(requests, start=first_seq):
+        item = pb.IngestItem()
+        which = request.WhichOneof("item")
+        if which is not None:
+            getattr(item, which).CopyFrom(getattr(request, which))
+        item_size = item.ByteSize() + _FRAMING_BYTES
+        if batch.items and size + item_size > limit:
+            yield batch
+            batch, size = pb.IngestRequest(seq=seq), 0
+        batch.items.append(item)
+        size += item_size
+    if batch.items:
+        yield batch
+
+
+async def _numbered(requests: AsyncIterable[pb.IngestRequest]) -> AsyncIterator[pb.IngestRequest]:
+    seq = 0
+    async for request in requests:
+        seq += 1
+        numbered = pb.IngestRequest()
+        numbered.CopyFrom(request)
+        numbered.seq = seq
+        yield numbered

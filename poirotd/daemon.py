@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
@@ -32,6 +33,37 @@ log = structlog.get_logger(__name__)
 _RPC_GRACE_SECONDS = 5.0
 
 
+@dataclass(frozen=True)
+class Core:
+    """The daemon without transports or lifecycle: the eval runner builds one per case."""
+
+    service: PoirotService
+    runner: InvestigationRunner
+    monitor: HazardMonitor
+
+
+def build_core(
+    spec: SystemSpec, store: Store, backend: LLMBackend, metrics: Metrics, settings: Settings
+) -> Core:
+    engine = InvestigationEngine(spec, backend, store)
+    bus = EventBus()
+    runner = InvestigationRunner(
+        spec,
+        store,
+        engine,
+        bus,
+        metrics,
+        backend_name=backend.name,
+        capacity=settings.queue_capacity,
+        workers=settings.concurrent_investigations,
+    )
+    monitor = HazardMonitor(spec, runner, metrics)
+    service = PoirotService(
+        spec, store, runner, monitor, bus, metrics, max_item_bytes=settings.max_message_bytes
+    )
+    return Core(service, runner, monitor)
+
+
 class Daemon:
     def __init__(
         self, settings: Settings, spec: SystemSpec, *, backend: LLMBackend | None = None
@@ -54,34 +86,14 @@ class Daemon:
         self._store = await Store.open(s.db_path)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
-        engine = InvestigationEngine(self.spec, self._backend, self._store)
-        bus = EventBus()
-        self._runner = InvestigationRunner(
-            self.spec,
-            self._store,
-            engine,
-            bus,
-            self.metrics,
-            backend_name=self._backend.name,
-            capacity=s.queue_capacity,
-            workers=s.concurrent_investigations,
-        )
+        core = build_core(self.spec, self._store, self._backend, self.metrics, s)
+        service, monitor, self._runner = core.service, core.monitor, core.runner
         await self._runner.interrupt_unfinished(
             "daemon restarted before the investigation finished"
         )
         self._runner.start()
-        monitor = HazardMonitor(self.spec, self._runner, self.metrics)
         if monitor.active:
             self._background.append(asyncio.create_task(monitor.tick_forever(), name="rules-tick"))
-        service = PoirotService(
-            self.spec,
-            self._store,
-            self._runner,
-            monitor,
-            bus,
-            self.metrics,
-            max_item_bytes=s.max_message_bytes,
-        )
         self._grpc = GrpcServer(
             service,
             host=s.grpc_host,

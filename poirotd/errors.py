@@ -19,6 +19,10 @@ class NotFound(ServiceError):
     pass
 
 
+class FailedPrecondition(ServiceError):
+    """The request is valid but the state it addresses does not allow it (yet, or any more)."""
+
+
 class ResourceExhausted(ServiceError):
     pass
 

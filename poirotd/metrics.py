@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -75,6 +75,20 @@ class Metrics:
             ["system", "agent", "component"],
             registry=r,
         )
+        self.agent_beta = Gauge(
+            "poirot_agent_beta",
+            "β each agent's vote is weighed with: the spec's β, or its learned reputation",
+            ["system", "agent"],
+            registry=r,
+        )
+        self.investigations_degraded = Counter(
+            "poirot_investigations_degraded_total",
+            "Succeeded investigations that lacked votes, reports or the LLM's hazard space",
+            ["system"],
+            registry=r,
+        )
+        # At 0 from the start, so a rate over the first degraded run sees it.
+        self.investigations_degraded.labels(system)
         self.last_attribution = Gauge(
             "poirot_last_attribution_timestamp_seconds",
             "Unix time of the latest attribution",
@@ -130,6 +144,10 @@ class Metrics:
             ["rpc", "reason"],
             registry=r,
         )
+
+    def record_betas(self, betas: Mapping[str, float]) -> None:
+        for agent, beta in betas.items():
+            self.agent_beta.labels(self.system, agent).set(beta)
 
     def record_attribution(
         self, region_ids: Sequence[str], scores: Sequence[float], top: Sequence[int]

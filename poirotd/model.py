@@ -169,6 +169,8 @@ class LLMExchange(Frozen):
     messages: tuple[dict[str, str], ...]
     response: str = ""
     error: str = ""
+    # The failure's bounded label (unavailable, timeout, bad_response, ...); "" when it answered.
+    error_reason: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int | None = None
@@ -202,6 +204,28 @@ class LLMUsage(Frozen):
     completion_tokens: int = 0
 
 
+class ConfirmedOutcome(Frozen):
+    """What control software confirmed truly caused an investigated incident (ground truth)."""
+
+    # The true cause(s), in hazard-space order, and the same as a decision vector over it.
+    region_ids: tuple[str, ...] = Field(min_length=1)
+    decision: tuple[int, ...]
+    note: str = ""
+    at: datetime
+
+
+class AgentReputation(Frozen):
+    """An agent's learned β_i (the reputation variant), as of its latest confirmed outcome."""
+
+    system: str
+    agent_id: str
+    beta: float = Field(ge=0.0, le=0.5)
+    # Confirmed outcomes that updated it, and the latest of them.
+    confirmations: int = Field(ge=0)
+    investigation_id: str
+    updated_at: datetime
+
+
 class Investigation(Frozen):
     investigation_id: str
     system: str
@@ -227,6 +251,13 @@ class Investigation(Frozen):
     usage: LLMUsage = LLMUsage()
     # What the context-budget policy cut so the prompts fit (empty: nothing was cut).
     context_cuts: tuple[ContextCut, ...] = ()
+    # The β each agent's vote was weighed with: the spec's β, or its reputation at the start.
+    betas: dict[str, float] = Field(default_factory=dict)
+    # Set on a success that lacked something (abstentions, missing reports, the fallback hazard
+    # space): what was missing and why. "" for a complete run.
+    degraded_reason: str = ""
+    # The true cause(s), once control software confirmed them (ConfirmOutcome).
+    confirmed: ConfirmedOutcome | None = None
 
 
 # ------------------------------------------------------------------ investigation events

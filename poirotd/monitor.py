@@ -1,4 +1,4 @@
-"""Turns committed telemetry and messages into investigations.
+"""Turns ingested telemetry and messages into investigations.
 
 Rules fire HazardEvents (each rule has its own per-session cooldown in the rule engine); on top of
 that, a session gets at most one investigation per cooldown whichever rule fires, so one incident
@@ -40,17 +40,25 @@ class HazardMonitor:
     def active(self) -> bool:
         return bool(self._spec.rules)
 
-    async def observe(self, items: Sequence[IngestItem]) -> None:
-        """Evaluates a committed batch (in order) and opens what it calls for."""
+    def evaluate(self, items: Sequence[IngestItem]) -> list[HazardEvent]:
+        """Runs the rules over a batch (in order) as it arrives, before its commit: an event's
+        latency is then decoding and rule evaluation, not an fsync. Nothing is opened here."""
         telemetry = [i for i in items if isinstance(i, TelemetrySample)]
         events = self._rules.observe_telemetry(telemetry) if telemetry else []
         for item in items:
             if isinstance(item, AgentMessage):
                 events += self._rules.observe_message(item)
-        await self._open(sorted(events, key=lambda event: event.at))
         for item in items:
             if isinstance(item, SessionEnd):
                 self._rules.end_session(item.session_id)
+        return sorted(events, key=lambda event: event.at)
+
+    async def open(self, events: Sequence[HazardEvent], items: Sequence[IngestItem]) -> None:
+        """Opens what a batch's events call for, once the batch is committed: every
+        investigation has its evidence in the store."""
+        await self._open(events)
+        for item in items:
+            if isinstance(item, SessionEnd):
                 self._opened.pop(item.session_id, None)
 
     async def tick_forever(self, interval: float = 1.0) -> None:

@@ -27,14 +27,16 @@ from poirotd.model import (
     HazardSpace,
     Investigation,
     InvestigationEvent,
+    InvestigationMethod,
     InvestigationState,
     LLMExchange,
     PhaseTiming,
     Vote,
 )
-from poirotd.protocol.engine import InvestigationEngine
+from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import (
+    ContextCutsMade,
     ExchangeDone,
     PhaseBegun,
     PhaseEnded,
@@ -42,6 +44,7 @@ from poirotd.protocol.events import (
     ReportFiled,
     VoteCast,
 )
+from poirotd.protocol.reputation import betas_in_use
 from poirotd.store import Store
 
 log = structlog.get_logger(__name__)
@@ -90,9 +93,15 @@ class InvestigationRunner:
         return not self._draining
 
     async def submit(
-        self, session_id: str, reason: str, trigger: HazardEvent | None = None
+        self,
+        session_id: str,
+        reason: str,
+        trigger: HazardEvent | None = None,
+        *,
+        method: InvestigationMethod = "poirot",
     ) -> Investigation:
-        """Queues an investigation over a stored session and returns its QUEUED record."""
+        """Queues an investigation over a stored session, to be run by `method`, and returns
+        its QUEUED record."""
         async with self._submitting:  # the capacity check holds until the record is queued
             if self._draining:
                 raise Unavailable(
@@ -109,6 +118,7 @@ class InvestigationRunner:
                 session_id=session_id,
                 state=InvestigationState.QUEUED,
                 reason=reason,
+                method=method,
                 trigger=trigger,
                 created_at=_now(),
             )
@@ -188,8 +198,16 @@ class _Investigating:
         self._log.info("investigation started")
         try:
             messages = await r._store.session_messages(self._record.session_id)
-            await self._update(incident=await self._describe_incident())
-            outcome = await r._engine.run(messages, self._on_event, incident=self._record.incident)
+            betas = betas_in_use(r._spec, await r._store.reputations(system))
+            r._metrics.record_betas(betas)
+            await self._update(incident=await self._describe_incident(), betas=betas)
+            outcome = await r._engine.run(
+                messages,
+                self._on_event,
+                incident=self._record.incident,
+                betas=betas,
+                method=self._record.method,
+            )
         except ProtocolError as exc:
             await self._fail(str(exc), started)
         except asyncio.CancelledError:
@@ -211,7 +229,10 @@ class _Investigating:
                 attribution=outcome.attribution,
                 phases=tuple(outcome.phases),
                 usage=outcome.usage,
+                degraded_reason=degraded_reason(outcome),
             )
+            if self._record.degraded_reason:
+                r._metrics.investigations_degraded.labels(system).inc()
             self._count_vote_components(outcome.hazard_space, outcome.votes)
             region_ids = [region.id for region in outcome.hazard_space.regions]
             r._metrics.record_attribution(
@@ -223,7 +244,11 @@ class _Investigating:
                 region_ids=tuple(region.id for region in outcome.hazard_space.regions),
                 region_names=tuple(region.name for region in outcome.hazard_space.regions),
             )
-            self._log.info("investigation succeeded", top=list(outcome.attribution.top))
+            self._log.info(
+                "investigation succeeded",
+                top=list(outcome.attribution.top),
+                degraded=self._record.degraded_reason,
+            )
             self._count_finished(InvestigationState.SUCCEEDED, started)
 
     async def _describe_incident(self) -> str:
@@ -271,6 +296,8 @@ class _Investigating:
             self._count_llm_call(event.exchange)
         elif isinstance(event, ReportFiled):
             await self._update(reports={**self._record.reports, event.agent_id: event.report})
+        elif isinstance(event, ContextCutsMade):
+            await self._update(context_cuts=(*self._record.context_cuts, *event.cuts))
         elif isinstance(event, VoteCast):
             self._count_vote(event.vote)
             await self._update(votes=(*self._record.votes, event.vote))
@@ -290,7 +317,7 @@ class _Investigating:
 
     def _count_llm_call(self, exchange: LLMExchange) -> None:
         m, backend = self._r._metrics, self._r._backend_name
-        m.llm_calls.labels(backend, "error" if exchange.error else "ok").inc()
+        m.llm_calls.labels(backend, exchange.error_reason or "ok").inc()
         m.llm_up.labels(backend).set(0 if exchange.error else 1)
         m.llm_duration.labels(backend).observe(exchange.seconds)
         m.llm_tokens.labels(backend, "prompt").inc(exchange.prompt_tokens)
@@ -303,3 +330,17 @@ class _Investigating:
 
     async def _emit(self, kind: EventKind, **fields: object) -> None:
         await self._r._emit(self._record.investigation_id, kind, **fields)
+
+
+def degraded_reason(outcome: ProtocolOutcome) -> str:
+    """What a successful run lacked, for the record: "" when every agent reported and voted over
+    the hazard space the LLM built (or the operator pinned)."""
+    lacks = [
+        f"{vote.agent_id} abstained ({vote.abstention_reason})"
+        for vote in outcome.votes
+        if vote.abstained
+    ]
+    lacks += [f"{agent} filed no valid report" for agent, r in outcome.reports.items() if r is None]
+    if outcome.hazard_space.source == "spec":
+        lacks.append("Phase I gave no valid hazard space; the spec's declared parts were used")
+    return "; ".join(lacks)

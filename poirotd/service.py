@@ -5,18 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import cast, get_args
 
 from poirotd.config import SystemSpec
-from poirotd.errors import InvalidArgument, NotFound
+from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound
 from poirotd.events import EventBus
 from poirotd.ingest import IngestValidator
 from poirotd.metrics import Metrics
 from poirotd.model import (
     AgentMessage,
+    AgentReputation,
+    ConfirmedOutcome,
     EventKind,
     HazardSpace,
     Investigation,
     InvestigationEvent,
+    InvestigationMethod,
     InvestigationState,
     LLMExchange,
     Session,
@@ -25,8 +30,9 @@ from poirotd.model import (
 )
 from poirotd.monitor import HazardMonitor
 from poirotd.protocol.hazard_space import pinned_hazard_space
+from poirotd.protocol.reputation import betas_in_use, reassess
 from poirotd.runner import InvestigationRunner
-from poirotd.store import IngestItem, Store
+from poirotd.store import AlreadyConfirmedError, IngestItem, Store
 
 _TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
 # How often an idle Watch re-checks the store without a wake-up (a safety net, not a poll loop).
@@ -66,10 +72,12 @@ class PoirotService:
 
     async def commit(self, items: Sequence[IngestItem]) -> None:
         """Stores a validated batch in one transaction; returns once it is durable. Hazard rules
-        see the batch only after it is committed, so every investigation they open has its
-        evidence in the store."""
+        evaluate the batch on arrival (so an event does not wait for the fsync) and the
+        investigations they call for open after the commit, with their evidence in the store.
+        If the commit fails, its events are dropped: the sender still holds the batch, un-acked."""
+        events = self._monitor.evaluate(items)
         await self._store.commit_ingest(items)
-        await self._monitor.observe(items)
+        await self._monitor.open(events, items)
         for item in items:
             self.metrics.ingested.labels(_KIND_LABELS[type(item)]).inc()
         for kind in {_KIND_LABELS[type(item)] for item in items}:
@@ -77,12 +85,23 @@ class PoirotService:
 
     # ------------------------------------------------------------ investigations
 
-    async def trigger(self, session_id: str, reason: str) -> Investigation:
+    async def trigger(
+        self, session_id: str, reason: str, *, method: str = "poirot"
+    ) -> Investigation:
+        """Queues an investigation of a stored session by `method`: "poirot" (the protocol) or
+        "baseline" (one LLM call over the full session, the paper's comparator)."""
         if not session_id:
             raise InvalidArgument("session_id is empty", reason="invalid")
+        methods = get_args(InvestigationMethod)
+        if method not in methods:
+            raise InvalidArgument(
+                f"method must be one of {list(methods)}, got {method!r}", reason="invalid"
+            )
         if not self._store.has_session(session_id):
             raise NotFound(f"session {session_id!r} is not known", reason="unknown_session")
-        investigation = await self._runner.submit(session_id, reason or "manual trigger")
+        investigation = await self._runner.submit(
+            session_id, reason or "manual trigger", method=cast(InvestigationMethod, method)
+        )
         self.metrics.hazard_events.labels(self.spec.system.name, "manual", "warning").inc()
         return investigation
 
@@ -160,6 +179,63 @@ class PoirotService:
             return False
         events = await self._store.events_after(0, investigation_id=investigation_id)
         return any(e.kind in _TERMINAL_EVENTS and e.event_id <= event_id for e in events)
+
+    async def confirm_outcome(
+        self, investigation_id: str, region_ids: Sequence[str], note: str
+    ) -> tuple[Investigation, bool]:
+        """Records which region(s) truly caused a succeeded investigation's incident and, with
+        reputation enabled, moves the β_i of the agents that voted. Returns the record and
+        whether this call confirmed it (False: the same regions were confirmed before, nothing
+        changed). Other regions than a first confirmation's are refused: its update stands."""
+        investigation = await self.get(investigation_id)
+        space = investigation.hazard_space
+        if investigation.state is not InvestigationState.SUCCEEDED or space is None:
+            raise FailedPrecondition(
+                f"investigation {investigation_id!r} is {investigation.state.value}; only a "
+                "succeeded one has votes to confirm",
+                reason="not_succeeded",
+            )
+        known = [region.id for region in space.regions]
+        if not region_ids:
+            raise InvalidArgument("region_ids is empty: name the true cause(s)", reason="invalid")
+        unknown = sorted(set(region_ids) - set(known))
+        if unknown:
+            raise InvalidArgument(
+                f"regions {unknown} are not in the investigation's hazard space {known}",
+                reason="unknown_region",
+            )
+        truth = tuple(int(region in region_ids) for region in known)
+        outcome = ConfirmedOutcome(
+            region_ids=tuple(r for r in known if r in region_ids),
+            decision=truth,
+            note=note,
+            at=datetime.now(UTC),
+        )
+        try:
+            record, confirmed = await self._store.confirm_outcome(
+                investigation_id,
+                outcome,
+                lambda inv, stored: reassess(
+                    self.spec,
+                    inv.votes,
+                    truth,
+                    stored,
+                    investigation_id=investigation_id,
+                    at=outcome.at,
+                ),
+            )
+        except AlreadyConfirmedError as exc:
+            raise FailedPrecondition(str(exc), reason="already_confirmed") from exc
+        self.metrics.record_betas(await self.betas())
+        return record, confirmed
+
+    async def reputations(self) -> dict[str, AgentReputation]:
+        """The stored reputation of each agent that has one (confirmed outcomes moved it)."""
+        return await self._store.reputations(self.spec.system.name)
+
+    async def betas(self) -> dict[str, float]:
+        """The β each agent's vote is weighed with from now on."""
+        return betas_in_use(self.spec, await self.reputations())
 
     async def hazard_space(self) -> HazardSpace:
         pinned = pinned_hazard_space(self.spec)

@@ -11,7 +11,7 @@ import pytest
 
 from poirotd.config.spec import DecisionRuleSpec
 from poirotd.model import HazardRegion, HazardSpace, Vote
-from poirotd.protocol.aggregation import aggregate, score, weigh, weights
+from poirotd.protocol.aggregation import aggregate, consensus_step, score, weigh, weights
 
 # The shared data folder sits beside the checkout (as it does for CI).
 RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "poirot-runs"
@@ -131,3 +131,41 @@ def test_no_anomaly_when_every_vote_is_all_zeros() -> None:
     assert attribution.tie is False
     assert attribution.decision == (0, 0, 0, 0)
     assert all(weigh(space, v, 0.25).weight == pytest.approx(0.25 + 0.5 * 3 / 4) for v in votes)
+
+
+# ------------------------------------------------------------------ "when"
+
+
+def _stepped(agent: str, step: int | None, weight: float) -> Vote:
+    return Vote(agent_id=agent, location=(0, 0, 0, 1), weight=weight, step=step)
+
+
+def test_consensus_step_is_the_heaviest_step() -> None:
+    votes = [_stepped("a0", 5, 0.5), _stepped("a1", 3, 0.3), _stepped("a2", 3, 0.3)]
+    assert consensus_step(votes) == 3  # 0.6 for #3 beats 0.5 for #5
+
+
+def test_consensus_step_tie_goes_to_the_earliest() -> None:
+    votes = [_stepped("a0", 7, 0.5), _stepped("a1", 2, 0.25), _stepped("a2", 2, 0.25)]
+    assert consensus_step(votes) == 2
+
+
+def test_consensus_step_ignores_abstentions_and_votes_without_a_step() -> None:
+    votes = [
+        _stepped("a0", None, 0.75),
+        Vote(agent_id="a1", abstention_reason="vote: no valid answer", step=1),
+        _stepped("a2", 4, 0.25),
+    ]
+    assert consensus_step(votes) == 4
+    assert consensus_step(votes[:2]) is None
+    assert consensus_step([]) is None
+
+
+def test_aggregate_carries_the_consensus_step() -> None:
+    space = _space()
+    votes = [weigh(space, _stepped(f"a{i}", step, 0.0), 0.25) for i, step in enumerate((6, 6, 1))]
+    assert aggregate(space, votes, 0.25, ARGMAX).step == 6
+    assert (
+        aggregate(space, [v.model_copy(update={"step": None}) for v in votes], 0.25, ARGMAX).step
+        is None
+    )

@@ -643,7 +643,7 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
         (2, "hazard_space", '["cortex","v2"]'),
         (3, "hazard_space", '["cortex","v1"]'),
     ]
-    assert query(db, "PRAGMA user_version") == [(2,)]
+    assert query(db, "PRAGMA user_version") == [(3,)]
     assert [c[1] for c in query(db, "PRAGMA table_info(sessions)")] == ["session_id", "record"]
 
 
@@ -651,7 +651,7 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
     ("damage", "message"),
     [
         ("DROP TABLE exchanges", "cannot be read: no such table: exchanges"),
-        ("PRAGMA user_version = 3", "schema version 3; this poirotd audits version 2"),
+        ("PRAGMA user_version = 4", "schema version 4; this poirotd audits version 3"),
     ],
 )
 def test_a_database_that_cannot_be_audited_exits_2(db: Path, damage: str, message: str) -> None:

@@ -416,3 +416,36 @@ async def test_watch_for_another_system_is_empty(client: PoirotClient) -> None:
     _ = [e async for e in client.watch(done.investigation_id)]
     other = client.investigations.Watch(pb.WatchRequest(system="trading"))
     assert [e async for e in other] == []
+
+
+async def test_trigger_chooses_the_method(daemon: Daemon, client: PoirotClient) -> None:
+    await client.send(session(4))
+    queued = await client.investigations.Trigger(
+        pb.TriggerRequest(session_id="s1", reason="compare", method="baseline")
+    )
+    assert queued.method == "baseline"
+    _ = [e async for e in client.watch(queued.investigation_id)]
+    record = await client.get(queued.investigation_id)
+    assert record.state == pb.INVESTIGATION_STATE_SUCCEEDED
+    assert record.attribution.rule == "baseline"
+    assert record.llm_calls == 2  # Phase I builds the hazard space, then the one baseline call
+    (vote,) = record.votes
+    assert vote.agent_id == "" and vote.HasField("step") and record.attribution.step == vote.step
+    assert not record.context_cuts
+    assert (
+        daemon.metrics.registry.get_sample_value(
+            "poirot_investigations_total",
+            {"system": "clinic", "outcome": "succeeded", "method": "baseline"},
+        )
+        == 1
+    )
+
+    default = await client.investigations.Trigger(pb.TriggerRequest(session_id="s1", reason="x"))
+    assert default.method == "poirot"
+    with pytest.raises(grpc.aio.AioRpcError) as invalid:
+        await client.investigations.Trigger(
+            pb.TriggerRequest(session_id="s1", reason="x", method="oracle")
+        )
+    assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "oracle" in (invalid.value.details() or "")
+    assert rejected(daemon, "Investigations.Trigger", "invalid") == 1

@@ -477,8 +477,8 @@ def _walk(schema: Any) -> list[dict[str, Any]]:
     [
         hazard_space_format(make_spec(pinned=False)).schema,
         report_format(["a", "b"]).schema,
-        turn_format(["b"], 4).schema,
-        vote_format(4).schema,
+        turn_format(["b"], 4, {0}).schema,
+        vote_format(4, {0}).schema,
     ],
 )
 def test_schemas_stay_in_the_grammar_subset(schema: dict[str, Any]) -> None:
@@ -594,3 +594,21 @@ async def test_cancellation_propagates_promptly() -> None:
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, timeout=1)
     assert cancelled == len(AGENTS)
+
+
+# ------------------------------------------------------------------ "when"
+
+
+async def test_votes_say_when_and_the_attribution_weighs_it() -> None:
+    steps = {"doctor": 6, "chief": 2, "physio": 7}  # #2 is the doctor's private tool output
+
+    def turn(agent: str, messages: Sequence[ChatMessage]) -> str:
+        vote = json.loads(vote_json(action=True))
+        return json.dumps(vote | {"step": steps[agent]})
+
+    world = World(turn=turn)
+    outcome = await investigate(world)
+
+    assert {v.agent_id: v.step for v in outcome.votes} == {"doctor": 6, "chief": None, "physio": 7}
+    assert all(not v.abstained for v in outcome.votes)  # a bad step costs the vote nothing
+    assert outcome.attribution.step == 6  # equal weights: the earliest of the tied steps

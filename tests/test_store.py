@@ -114,7 +114,7 @@ def space(version: str = "v1") -> HazardSpace:
 async def test_opens_in_wal_mode_with_a_schema_version(store: Store, db: Path) -> None:
     with closing(sqlite3.connect(db)) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert other.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert other.execute("PRAGMA user_version").fetchone()[0] == 3
 
 
 async def test_refuses_a_database_from_a_newer_schema(db: Path) -> None:

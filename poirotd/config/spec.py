@@ -123,8 +123,38 @@ class DecisionRuleSpec(SpecModel):
     tau: float = Field(default=0.8, gt=0.0, le=1.0)
 
 
+class ReputationSpec(SpecModel):
+    """The paper's reputation variant of β: one β_i per agent, learned from confirmed outcomes.
+
+    When control software confirms which region(s) truly caused an investigated incident, each
+    agent that cast a valid vote gets an accuracy a_i in [0, 1], the Jaccard similarity of its
+    vote and the confirmed decision vector (1: exactly right, 0: nothing in common), and
+    β_i <- β_i + learning_rate * (min + (max - min) * a_i - β_i): an exponential moving average
+    of the agent's accuracy mapped onto [min, max]. A right vote raises β_i, a wrong one lowers
+    it, and it never leaves [min, max]; abstentions leave β_i unchanged. Agents start at
+    `initial`. Disabled (the default), every vote is weighed with `protocol.beta`, as in the
+    paper, and confirmations are recorded without updating any β.
+    """
+
+    enabled: bool = False
+    initial: float = Field(default=0.25, ge=0.0, le=0.5)
+    min: float = Field(default=0.0, ge=0.0, le=0.5)
+    max: float = Field(default=0.5, ge=0.0, le=0.5)
+    learning_rate: float = Field(default=0.2, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _initial_within_bounds(self) -> ReputationSpec:
+        if not self.min <= self.initial <= self.max:
+            raise ValueError(
+                f"reputation needs min <= initial <= max, not {self.min}, {self.initial}, "
+                f"{self.max}"
+            )
+        return self
+
+
 class ProtocolSpec(SpecModel):
     beta: float = Field(default=0.25, ge=0.0, le=0.5)
+    reputation: ReputationSpec = ReputationSpec()
     max_invocations: int = Field(default=8, ge=1, le=64)
     empty_answer_retries: int = Field(default=3, ge=0, le=10)
     # Attempts after the first when an answer is not valid JSON for its schema.

@@ -64,7 +64,7 @@ def session_requests(
     yield pb.IngestRequest(session_end=pb.SessionEnd(session_id=session_id))
 
 
-def _describe(event: pb.InvestigationEvent) -> str:
+def describe_event(event: pb.InvestigationEvent) -> str:
     which = event.WhichOneof("event")
     if which == "started":
         return f"investigation started ({event.started.reason})"
@@ -87,7 +87,7 @@ def _describe(event: pb.InvestigationEvent) -> str:
     return f"[red]interrupted[/]: {event.interrupted.reason}"
 
 
-def _attribution_table(investigation: pb.Investigation) -> Table:
+def attribution_table(investigation: pb.Investigation) -> Table:
     a = investigation.attribution
     table = Table(title=f"Attribution ({a.rule}, beta={a.beta})")
     for column in ("#", "region", "type", "score", ""):
@@ -108,7 +108,7 @@ async def _investigate(daemon: DaemonProcess, system: str) -> pb.Investigation:
         investigation = await client.trigger(SESSION_ID, "demo: clinician reported an incident")
         console.print(f"triggered investigation {investigation.investigation_id}")
         async for event in client.watch(investigation.investigation_id):
-            console.print("  " + _describe(event))
+            console.print("  " + describe_event(event))
         return await client.get(investigation.investigation_id)
 
 
@@ -136,7 +136,7 @@ def run_demo(workdir: Path | None) -> int:
             console.print(f"daemon ready: gRPC {daemon.grpc_target}, metrics {daemon.metrics_url}")
             investigation = asyncio.run(_investigate(daemon, "cortex"))
             if investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED:
-                console.print(_attribution_table(investigation))
+                console.print(attribution_table(investigation))
             else:
                 state = pb.InvestigationState.Name(investigation.state)
                 console.print(f"[red]investigation ended {state}:[/] {investigation.error}")

@@ -9,7 +9,7 @@ zeros. Ties are reported, never broken.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -91,10 +91,28 @@ def weigh(space: HazardSpace, vote: Vote, beta: float) -> Vote:
 
 
 def aggregate(
-    space: HazardSpace, votes: Sequence[Vote], beta: float, rule: DecisionRuleSpec
+    space: HazardSpace,
+    votes: Sequence[Vote],
+    beta: float | Mapping[str, float],
+    rule: DecisionRuleSpec,
 ) -> Attribution:
-    """The attribution over the votes that are not abstentions."""
+    """The attribution over the votes that are not abstentions; `beta` is one β for all or a
+    β_i per agent id (the reputation variant)."""
     cast = [v for v in votes if not v.abstained]
     locations = np.array([v.location for v in cast], dtype=np.int64).reshape(len(cast), space.size)
-    _, attribution = score(positions(space, [v.agent_id for v in cast]), locations, beta, rule)
-    return attribution
+    betas = [beta[v.agent_id] for v in cast] if isinstance(beta, Mapping) else beta
+    _, attribution = score(positions(space, [v.agent_id for v in cast]), locations, betas, rule)
+    return attribution.model_copy(update={"step": consensus_step(cast)})
+
+
+def consensus_step(votes: Sequence[Vote]) -> int | None:
+    """ "When": the step with the highest total weight among the non-abstaining votes that gave
+    one; a tie goes to the earliest step (the first sign of a fault); None when none gave one."""
+    totals: dict[int, float] = {}
+    for v in votes:
+        if not v.abstained and v.step is not None:
+            totals[v.step] = totals.get(v.step, 0.0) + v.weight
+    if not totals:
+        return None
+    best = max(totals.values())
+    return min(step for step, total in totals.items() if total >= best - TIE_TOLERANCE)

@@ -1,4 +1,5 @@
-"""The POIROT engine: the five phases in order, for one system spec, one incident per `run`.
+"""The engine: for one system spec, one incident per `run`, by the method the investigation
+chose: POIROT's five phases in order, or the all-at-once baseline (`baseline.py`) after Phase I.
 
 Everything the run learns is pushed to `on_event` as it happens (each LLM exchange, report and
 vote) and returned as a `ProtocolOutcome` at the end. A run holds no state beyond its own call.
@@ -6,28 +7,31 @@ vote) and returned as a `ProtocolOutcome` at the end. A run holds no state beyon
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from poirotd.config.spec import SystemSpec
-from poirotd.llm.base import LLMBackend
+from poirotd.llm.base import ChatMessage, LLMBackend
 from poirotd.model import (
     AgentMessage,
     Attribution,
     Frozen,
     HazardSpace,
+    InvestigationMethod,
     LLMUsage,
     Phase,
     PhaseTiming,
     Vote,
 )
-from poirotd.protocol import prompts
+from poirotd.protocol import baseline, prompts
 from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import AttributionReady, ProtocolEvent
 from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
 from poirotd.protocol.interrogation import interrogate
 from poirotd.protocol.run import RunContext
+from poirotd.protocol.schemas import SelfReport
 from poirotd.protocol.self_assessment import self_assess
 
 
@@ -55,25 +59,41 @@ class InvestigationEngine:
         on_event: Callable[[ProtocolEvent], Awaitable[None]],
         *,
         incident: str = "",
+        betas: Mapping[str, float] | None = None,
+        method: InvestigationMethod = "poirot",
     ) -> ProtocolOutcome:
         """Investigate the session `messages` (in session order); `incident` tells the agents
-        why the investigation was opened and what the hardware reported around it.
+        why the investigation was opened and what the hardware reported around it; `betas`
+        are the agents' β_i (the reputation variant), the spec's β for all when None;
+        `method` picks POIROT or the baseline (which ignores `betas`: it weighs nothing).
 
-        Raises ProtocolError when no hazard space can be built or every agent abstains;
+        Raises ProtocolError when no hazard space can be built or every voter abstains;
         cancellation propagates and cancels every LLM call in flight.
         """
         spec, run = self._spec, RunContext(self._backend, on_event)
         async with run.phase(Phase.HAZARD_SPACE):
             space = await resolve_hazard_space(spec, self._hazard_spaces, run)
-        prefixes = {a.id: prompts.agent_prefix(a, messages, incident) for a in spec.agents}
-        async with run.phase(Phase.SELF_ASSESSMENT):
-            reports = await self_assess(spec, prefixes, run)
-        votes = await interrogate(spec, space, prefixes, reports, run)
+        if betas is None:
+            betas = {agent: spec.protocol.beta for agent in spec.agent_ids}
+        reports: dict[str, SelfReport | None] = {}
+        if method == "baseline":
+            async with run.phase(Phase.VOTING):
+                votes = [await baseline.baseline_vote(spec, space, messages, incident, run)]
+        else:
+            views = await self._views(space, messages, incident, run)
+            prefixes = {a.id: prompts.agent_prefix(a, views[a.id], incident) for a in spec.agents}
+            async with run.phase(Phase.SELF_ASSESSMENT):
+                reports = await self_assess(spec, prefixes, run)
+            seen = {agent: {m.index for m in view} for agent, view in views.items()}
+            votes = await interrogate(spec, space, prefixes, reports, run, betas, seen)
         if all(v.abstained for v in votes):
-            reasons = "; ".join(f"{v.agent_id}: {v.abstention_reason}" for v in votes)
+            reasons = "; ".join(f"{v.agent_id or 'baseline'}: {v.abstention_reason}" for v in votes)
             raise ProtocolError(f"no agent cast a valid vote: {reasons}")
         async with run.phase(Phase.AGGREGATION):
-            attribution = aggregate(space, votes, spec.protocol.beta, spec.protocol.decision)
+            if method == "baseline":
+                attribution = baseline.attribution(votes[0])
+            else:
+                attribution = aggregate(space, votes, betas, spec.protocol.decision)
             await run.emit(AttributionReady(attribution=attribution, hazard_space=space))
         return ProtocolOutcome(
             hazard_space=space,
@@ -83,3 +103,34 @@ class InvestigationEngine:
             phases=run.timings(),
             usage=run.usage,
         )
+
+    async def _views(
+        self,
+        space: HazardSpace,
+        messages: Sequence[AgentMessage],
+        incident: str,
+        run: RunContext,
+    ) -> dict[str, tuple[AgentMessage, ...]]:
+        """Each agent's session view, cut by the context budget to leave room for its longest
+        request known in advance: the Phase II task or the Phase III opening (measured before
+        any report exists), plus that phase's answer. The reports' summary and the consultation
+        that follows are not reserved: a request they push past the window fails with
+        context_exceeded, as before."""
+        spec, limits = self._spec, self._spec.protocol
+        views = {}
+        for agent in spec.agents:
+            suffixes = (
+                (prompts.self_assessment(spec, agent.id), limits.report_max_tokens),
+                (prompts.interrogation_opening(spec, space, {}, agent.id), limits.turn_max_tokens),
+            )
+            reserve = max(
+                run.count_tokens([ChatMessage(role="user", content=text)]) + answer
+                for text, answer in suffixes
+            )
+            views[agent.id] = await run.fit(
+                agent.id,
+                [m for m in messages if prompts.in_view(agent.id, m)],
+                partial(prompts.agent_prefix, agent, incident=incident),
+                reserve=reserve,
+            )
+        return views

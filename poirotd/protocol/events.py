@@ -10,7 +10,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from poirotd.model import Attribution, Frozen, HazardSpace, LLMExchange, Phase, Vote
+from poirotd.model import (
+    Attribution,
+    ContextCut,
+    Frozen,
+    HazardSpace,
+    LLMExchange,
+    Phase,
+    Vote,
+)
 
 
 class PhaseBegun(Frozen):
@@ -47,6 +55,13 @@ class VoteCast(Frozen):
     vote: Vote
 
 
+class ContextCutsMade(Frozen):
+    """What the context-budget policy cut from one viewer's session view so its prompts fit."""
+
+    kind: Literal["context_cuts"] = "context_cuts"
+    cuts: tuple[ContextCut, ...]
+
+
 class AttributionReady(Frozen):
     kind: Literal["attribution_ready"] = "attribution_ready"
     attribution: Attribution
@@ -54,6 +69,12 @@ class AttributionReady(Frozen):
 
 
 ProtocolEvent = Annotated[
-    PhaseBegun | PhaseEnded | ExchangeDone | ReportFiled | VoteCast | AttributionReady,
+    PhaseBegun
+    | PhaseEnded
+    | ExchangeDone
+    | ReportFiled
+    | VoteCast
+    | ContextCutsMade
+    | AttributionReady,
     Field(discriminator="kind"),
 ]

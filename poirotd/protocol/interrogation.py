@@ -15,7 +15,7 @@ begins when the first agent leaves, interrogation ends when the last one does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
 from poirotd.config.spec import SystemSpec
@@ -35,9 +35,13 @@ async def interrogate(
     prefixes: Mapping[str, Sequence[ChatMessage]],
     reports: Mapping[str, SelfReport | None],
     run: RunContext,
+    betas: Mapping[str, float],
+    seen: Mapping[str, Collection[int]],
 ) -> list[Vote]:
-    """Every agent's vote or abstention, weighted, in spec order; each is emitted as it lands."""
-    interrogation = _Interrogation(spec, space, prefixes, reports, run)
+    """Every agent's vote or abstention, weighted with its β, in spec order; each is emitted
+    as it lands. `seen` holds the session indices in each agent's view (what its step may name).
+    """
+    interrogation = _Interrogation(spec, space, prefixes, reports, run, betas, seen)
     await run.begin(Phase.INTERROGATION)
     votes = await concurrently(interrogation.vote_of(a) for a in spec.agent_ids)
     await run.end(Phase.VOTING)
@@ -59,9 +63,13 @@ class _Interrogation:
         prefixes: Mapping[str, Sequence[ChatMessage]],
         reports: Mapping[str, SelfReport | None],
         run: RunContext,
+        betas: Mapping[str, float],
+        seen: Mapping[str, Collection[int]],
     ) -> None:
         self._spec, self._space, self._prefixes, self._run = spec, space, prefixes, run
         self._reports = reports
+        self._betas = betas
+        self._seen = seen
         self._limits = spec.protocol
         self._left = 0
         self._handover = asyncio.Lock()
@@ -71,7 +79,7 @@ class _Interrogation:
         await self._leave_consultation()
         if isinstance(outcome, _Pending):
             outcome = await self._vote(agent_id, outcome)
-        vote = weigh(self._space, outcome, self._limits.beta)
+        vote = weigh(self._space, outcome, self._betas[agent_id])
         await self._run.emit(VoteCast(vote=vote))
         return vote
 
@@ -82,7 +90,7 @@ class _Interrogation:
         peers = [a for a in self._spec.agent_ids if a != agent_id]
         if not peers:  # the opening already ends with the final-vote request
             return _Pending(transcript, forced=False)
-        turn = turn_format(peers, self._space.size)
+        turn = turn_format(peers, self._space.size, self._seen[agent_id])
         for n in range(1, self._limits.max_invocations + 1):
             try:
                 action = await self._run.until_valid(
@@ -100,6 +108,7 @@ class _Interrogation:
                     location=action.location,
                     hazard_vector=action.hazard_vector,
                     justification=action.justification,
+                    step=action.step,
                 )
             answer = await self._answer(action.peer_id, agent_id, action.question)
             transcript += [
@@ -131,7 +140,7 @@ class _Interrogation:
             answer = await self._run.until_valid(
                 CallSite(Phase.VOTING, agent_id, "vote"),
                 pending.transcript,
-                vote_format(self._space.size),
+                vote_format(self._space.size, self._seen[agent_id]),
                 max_tokens=self._limits.turn_max_tokens,
                 retries=self._limits.invalid_json_retries,
             )
@@ -143,6 +152,7 @@ class _Interrogation:
             hazard_vector=answer.hazard_vector,
             justification=answer.justification,
             forced=pending.forced,
+            step=answer.step,
         )
 
     async def _leave_consultation(self) -> None:

@@ -15,12 +15,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import structlog
+
 from poirotd.llm.base import ChatMessage, Completion, LLMBackend, LLMError
-from poirotd.model import LLMExchange, LLMUsage, Phase, PhaseTiming
+from poirotd.model import AgentMessage, LLMExchange, LLMUsage, Phase, PhaseTiming
 from poirotd.protocol import prompts
+from poirotd.protocol.context_budget import fit_view
 from poirotd.protocol.errors import AnswerFailed
-from poirotd.protocol.events import ExchangeDone, PhaseBegun, PhaseEnded, ProtocolEvent
+from poirotd.protocol.events import (
+    ContextCutsMade,
+    ExchangeDone,
+    PhaseBegun,
+    PhaseEnded,
+    ProtocolEvent,
+)
 from poirotd.protocol.schemas import AnswerFormat, InvalidAnswer
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -73,6 +84,47 @@ class RunContext:
     def usage(self) -> LLMUsage:
         return self._usage
 
+    # -------------------------------------------------------------- context budget
+
+    def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        return self._backend.count_tokens(messages)
+
+    async def fit(
+        self,
+        viewer: str,
+        view: Sequence[AgentMessage],
+        render: Callable[[Sequence[AgentMessage]], Sequence[ChatMessage]],
+        *,
+        reserve: int,
+    ) -> tuple[AgentMessage, ...]:
+        """`view` cut by the context-budget policy so that `render(view)` plus `reserve` tokens
+        (what the viewer's longest request adds to it, and its answer) fit the backend's window.
+        Cuts are logged and emitted; a view that cannot be made to fit comes back whole (its
+        requests then fail with context_exceeded, which the protocol handles as it always has).
+        """
+        limit = self._backend.context_tokens
+        fitted = fit_view(
+            viewer, view, lambda v: self._backend.count_tokens(render(v)) + reserve, limit
+        )
+        if not fitted.fits:
+            log.warning(
+                "context budget: prompt does not fit even with every cut; left whole",
+                viewer=viewer,
+                tokens=fitted.tokens,
+                limit=limit,
+            )
+        elif fitted.cuts:
+            log.warning(
+                "context budget: session view cut to fit the context window",
+                viewer=viewer,
+                shortened=sum(c.action == "shortened" for c in fitted.cuts),
+                dropped=sum(c.action == "dropped" for c in fitted.cuts),
+                tokens=fitted.tokens,
+                limit=limit,
+            )
+            await self.emit(ContextCutsMade(cuts=fitted.cuts))
+        return fitted.messages
+
     # -------------------------------------------------------------- calls
 
     async def complete(
@@ -90,7 +142,7 @@ class RunContext:
                 messages, schema=schema, max_tokens=max_tokens
             )
         except LLMError as exc:
-            await self._record(site, messages, at, start, error=f"{exc.reason}: {exc}")
+            await self._record(site, messages, at, start, error=exc)
             raise
         await self._record(site, messages, at, start, completion=completion)
         return completion.text
@@ -144,7 +196,7 @@ class RunContext:
         start: float,
         *,
         completion: Completion | None = None,
-        error: str = "",
+        error: LLMError | None = None,
     ) -> None:
         prompt = completion.prompt_tokens if completion else 0
         generated = completion.completion_tokens if completion else 0
@@ -159,7 +211,8 @@ class RunContext:
             purpose=site.purpose,
             messages=tuple(m.model_dump() for m in messages),
             response=completion.text if completion else "",
-            error=error,
+            error=f"{error.reason}: {error}" if error else "",
+            error_reason=error.reason if error else "",
             prompt_tokens=prompt,
             completion_tokens=generated,
             cached_tokens=completion.cached_tokens if completion else None,

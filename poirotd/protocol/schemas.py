@@ -11,14 +11,17 @@ back to the model in a repair prompt.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
+import structlog
 from pydantic import Field, StrictInt, TypeAdapter, ValidationError
 
 from poirotd.config.spec import SystemSpec
 from poirotd.model import Frozen, HazardRegion
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -102,6 +105,9 @@ class VoteAnswer(Frozen):
     hazard_vector: str
     location: tuple[StrictInt, ...]
     justification: str
+    # "When": the session index (#N) of the message where the fault first shows; optional, and
+    # dropped by the parser when it names a message the voter never saw.
+    step: StrictInt | None = None
 
 
 class VoteAction(VoteAnswer):
@@ -215,8 +221,11 @@ def report_format(agent_ids: Sequence[str]) -> AnswerFormat[SelfReport]:
     return AnswerFormat(schema, parse)
 
 
-def turn_format(peer_ids: Sequence[str], size: int) -> AnswerFormat[AskAction | VoteAction]:
-    """Phase III: ask one peer a question, or cast the vote (which ends the consultation)."""
+def turn_format(
+    peer_ids: Sequence[str], size: int, steps: Collection[int]
+) -> AnswerFormat[AskAction | VoteAction]:
+    """Phase III: ask one peer a question, or cast the vote (which ends the consultation).
+    `steps` are the session indices the voter saw, the only ones a vote's step may name."""
     tools = [peer_tool(p) for p in peer_ids]
     ask = _object(action={"const": "ask"}, peer={"enum": tools}, question=_text(QUESTION_MAX))
     vote = _object(action={"const": "vote"}, **_vote_properties(size))
@@ -228,20 +237,22 @@ def turn_format(peer_ids: Sequence[str], size: int) -> AnswerFormat[AskAction | 
             raise InvalidAnswer(_describe(exc)) from exc
         if isinstance(action, VoteAction):
             _check_location(action.location, size)
-        elif action.peer not in tools:
+            return _seen_step(action, steps)
+        if action.peer not in tools:
             raise InvalidAnswer(f"peer must be one of {tools}, got {action.peer!r}")
         return action
 
     return AnswerFormat({"anyOf": [ask, vote]}, parse)
 
 
-def vote_format(size: int) -> AnswerFormat[VoteAnswer]:
-    """Phase IV: the private vote over the N regions; all zeros means "no anomaly"."""
+def vote_format(size: int, steps: Collection[int]) -> AnswerFormat[VoteAnswer]:
+    """Phase IV (and the baseline): the private vote over the N regions; all zeros means "no
+    anomaly". `steps` are the session indices the voter saw, the only ones its step may name."""
 
     def parse(text: str) -> VoteAnswer:
         vote = _validate(VoteAnswer, text)
         _check_location(vote.location, size)
-        return vote
+        return _seen_step(vote, steps)
 
     return AnswerFormat(_object(**_vote_properties(size)), parse)
 
@@ -286,6 +297,8 @@ def _vote_properties(size: int) -> dict[str, dict[str, Any]]:
         "hazard_vector": _text(HAZARD_VECTOR_MAX),
         "location": _bits(min_items=size, max_items=size),
         "justification": _text(JUSTIFICATION_MAX),
+        # Required (strict structured outputs want every property listed) but nullable.
+        "step": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
     }
 
 
@@ -296,6 +309,18 @@ def _check_location(location: Sequence[int], size: int) -> None:
         )
     if any(x not in (0, 1) for x in location):
         raise InvalidAnswer("location entries must be 0 or 1")
+
+
+VoteT = TypeVar("VoteT", bound=VoteAnswer)
+
+
+def _seen_step(vote: VoteT, steps: Collection[int]) -> VoteT:
+    """The vote without its step when the step names a message the voter never saw: a wrong
+    "when" is noted and dropped, it does not cost the vote its "where"."""
+    if vote.step is None or vote.step in steps:
+        return vote
+    log.warning("vote step dropped: not a message the voter saw", step=vote.step)
+    return vote.model_copy(update={"step": None})
 
 
 ModelT = TypeVar("ModelT", bound=Frozen)

@@ -11,13 +11,14 @@ from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.server.ingest import IngestServicer
 from poirotd.server.investigations import InvestigationsServicer
 from poirotd.service import PoirotService
-from poirotd.wire import MAX_REPLY_BYTES
+from poirotd.wire import BATCH_BYTES, MAX_REPLY_BYTES
 
 SERVICES = tuple(
     pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Ingest", "Investigations")
 )
 # gRPC's own hard limit sits above the per-item limit the core checks, so that ordinary oversized
 # items get the core's precise, counted error; only grossly oversized ones meet gRPC's generic one.
+# A batch of items (see BATCH_BYTES) fits on top.
 _TRANSPORT_LIMIT_FACTOR = 4
 
 
@@ -31,7 +32,7 @@ class GrpcServer:
         max_message_bytes: int,
         batch_max: int,
     ) -> None:
-        limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR
+        limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR + BATCH_BYTES
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -12,7 +12,10 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.errors import InvalidArgument
 from poirotd.model import (
     AgentMessage,
+    AgentReputation,
     Attribution,
+    ConfirmedOutcome,
+    ContextCut,
     EventKind,
     HazardEvent,
     HazardSpace,
@@ -34,6 +37,7 @@ _KINDS = {
     pb.MESSAGE_KIND_TOOL: MessageKind.TOOL,
     pb.MESSAGE_KIND_SYSTEM: MessageKind.SYSTEM,
 }
+_KINDS_TO_PB = {v: k for k, v in _KINDS.items()}
 _STATES = {
     InvestigationState.QUEUED: pb.INVESTIGATION_STATE_QUEUED,
     InvestigationState.RUNNING: pb.INVESTIGATION_STATE_RUNNING,
@@ -61,8 +65,11 @@ def _ts(value: datetime | None) -> Timestamp | None:
     return None if value is None else timestamp(value)
 
 
-def ingest_item(request: pb.IngestRequest, received_at: datetime) -> IngestItem:
-    """Raises InvalidArgument (naming the seq) for a request without an item or a kind."""
+def ingest_item(
+    request: pb.IngestRequest | pb.IngestItem, seq: int, received_at: datetime
+) -> IngestItem:
+    """The item of a single-item request or of one batched item, which has the seq given.
+    Raises InvalidArgument (naming the seq) for one without an item or a kind."""
     which = request.WhichOneof("item")
     if which == "session_start":
         s = request.session_start
@@ -78,9 +85,7 @@ def ingest_item(request: pb.IngestRequest, received_at: datetime) -> IngestItem:
     if which == "agent_message":
         m = request.agent_message
         if m.kind not in _KINDS:
-            raise InvalidArgument(
-                f"seq {request.seq}: message kind is unspecified", reason="invalid"
-            )
+            raise InvalidArgument(f"seq {seq}: message kind is unspecified", reason="invalid")
         return AgentMessage(
             session_id=m.session_id,
             index=m.index,
@@ -101,7 +106,39 @@ def ingest_item(request: pb.IngestRequest, received_at: datetime) -> IngestItem:
             value=t.value,
             measured_at=_time(t.measured_at, default=received_at),
         )
-    raise InvalidArgument(f"seq {request.seq}: request carries no item", reason="invalid")
+    raise InvalidArgument(f"seq {seq}: request carries no item", reason="invalid")
+
+
+def ingest_request(item: IngestItem) -> pb.IngestRequest:
+    """The single-item request that carries `item`: the inverse of `ingest_item`."""
+    if isinstance(item, Session):
+        return pb.IngestRequest(
+            session_start=pb.SessionStart(
+                session_id=item.session_id,
+                system=item.system,
+                started_at=timestamp(item.started_at),
+                labels=item.labels,
+            )
+        )
+    if isinstance(item, SessionEnd):
+        return pb.IngestRequest(
+            session_end=pb.SessionEnd(session_id=item.session_id, ended_at=timestamp(item.ended_at))
+        )
+    if isinstance(item, AgentMessage):
+        return pb.IngestRequest(
+            agent_message=pb.AgentMessage(
+                session_id=item.session_id,
+                index=item.index,
+                kind=_KINDS_TO_PB[item.kind],
+                sender=item.sender,
+                recipient=item.recipient,
+                content=item.content,
+                tool_calls=item.tool_calls,
+                tool_name=item.tool_name,
+                sent_at=timestamp(item.sent_at),
+            )
+        )
+    return pb.IngestRequest(telemetry=telemetry(item))
 
 
 def state_from_pb(state: int) -> InvestigationState | None:
@@ -129,6 +166,7 @@ def vote(v: Vote) -> pb.Vote:
         weight=v.weight,
         abstention_reason=v.abstention_reason,
         forced=v.forced,
+        step=v.step,
     )
 
 
@@ -140,6 +178,17 @@ def attribution(a: Attribution) -> pb.Attribution:
         decision=list(a.decision),
         rule=a.rule,
         beta=a.beta,
+        step=a.step,
+    )
+
+
+def context_cut(c: ContextCut) -> pb.ContextCut:
+    return pb.ContextCut(
+        agent_id=c.agent_id,
+        index=c.index,
+        action=c.action,
+        chars_before=c.chars_before,
+        chars_after=c.chars_after,
     )
 
 
@@ -204,13 +253,42 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
             for agent, report in inv.reports.items()
         ],
         exchanges=[exchange(x) for x in exchanges],
+        context_cuts=[context_cut(c) for c in inv.context_cuts],
+        betas=inv.betas,
+        degraded_reason=inv.degraded_reason,
     )
+    if inv.confirmed is not None:
+        message.confirmed.CopyFrom(confirmed_outcome(inv.confirmed))
     if inv.trigger is not None:
         message.trigger.CopyFrom(hazard_event(inv.trigger))
     if inv.hazard_space is not None:
         message.hazard_space.CopyFrom(hazard_space(inv.hazard_space))
     if inv.attribution is not None:
         message.attribution.CopyFrom(attribution(inv.attribution))
+    return message
+
+
+def confirmed_outcome(outcome: ConfirmedOutcome) -> pb.ConfirmedOutcome:
+    return pb.ConfirmedOutcome(
+        region_ids=list(outcome.region_ids),
+        decision=list(outcome.decision),
+        note=outcome.note,
+        at=_ts(outcome.at),
+    )
+
+
+def agent_betas(
+    betas: Mapping[str, float], reputations: Mapping[str, AgentReputation]
+) -> list[pb.AgentBeta]:
+    """Each agent's β in use, with the history of its reputation where it has one."""
+    message = []
+    for agent, beta in betas.items():
+        entry = pb.AgentBeta(agent_id=agent, beta=beta)
+        if (reputation := reputations.get(agent)) is not None:
+            entry.confirmations = reputation.confirmations
+            entry.investigation_id = reputation.investigation_id
+            entry.updated_at.CopyFrom(timestamp(reputation.updated_at))
+        message.append(entry)
     return message
 
 

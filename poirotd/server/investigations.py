@@ -25,7 +25,9 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
         self, request: pb.TriggerRequest, context: grpc.aio.ServicerContext
     ) -> pb.Investigation:
         try:
-            investigation = await self._service.trigger(request.session_id, request.reason)
+            investigation = await self._service.trigger(
+                request.session_id, request.reason, method=request.method or "poirot"
+            )
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.Trigger", error)
         return convert.investigation(investigation)
@@ -87,3 +89,31 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.GetHazardSpace", error)
         return convert.hazard_space(space)
+
+    async def ConfirmOutcome(
+        self, request: pb.ConfirmOutcomeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ConfirmOutcomeResponse:
+        try:
+            record, newly = await self._service.confirm_outcome(
+                request.investigation_id, list(request.region_ids), request.note
+            )
+        except ServiceError as error:
+            await abort(context, self._service.metrics, "Investigations.ConfirmOutcome", error)
+        assert record.confirmed is not None, "confirm_outcome returns the confirmed record"
+        return pb.ConfirmOutcomeResponse(
+            confirmed=convert.confirmed_outcome(record.confirmed),
+            newly_confirmed=newly,
+            betas=await self._agent_betas(),
+        )
+
+    async def GetReputation(
+        self, request: pb.GetReputationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetReputationResponse:
+        return pb.GetReputationResponse(
+            reputation_enabled=self._service.spec.protocol.reputation.enabled,
+            betas=await self._agent_betas(),
+        )
+
+    async def _agent_betas(self) -> list[pb.AgentBeta]:
+        reputations = await self._service.reputations()
+        return convert.agent_betas(await self._service.betas(), reputations)

@@ -7,7 +7,14 @@ from typing import NoReturn
 import grpc
 import structlog
 
-from poirotd.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
+from poirotd.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+)
 from poirotd.metrics import Metrics
 
 log = structlog.get_logger(__name__)
@@ -15,6 +22,7 @@ log = structlog.get_logger(__name__)
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     NotFound: grpc.StatusCode.NOT_FOUND,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
 }

@@ -3,6 +3,7 @@ write chained into a tamper-evident log (`poirotd.audit` checks and exports it).
 
 from poirotd.store.sqlite import (
     GENESIS_HASH,
+    AlreadyConfirmedError,
     IngestItem,
     Store,
     UnknownInvestigationError,
@@ -13,6 +14,7 @@ from poirotd.store.sqlite import (
 
 __all__ = [
     "GENESIS_HASH",
+    "AlreadyConfirmedError",
     "IngestItem",
     "Store",
     "UnknownInvestigationError",

@@ -15,7 +15,8 @@ Ordering keys for time are integer UTC microseconds (naive datetimes are taken a
 keeps the datetime exactly as given.
 
 Audit chain (EU AI Act Art. 12): every write of a record (a session started or ended, a message, a
-telemetry sample, a hazard space, each save of an investigation, an event, an LLM exchange) also
+telemetry sample, a hazard space, each save of an investigation, an event, an LLM exchange, an
+agent's reputation) also
 appends, in the same transaction, an entry (seq, kind, ref, payload, prev_hash, hash) to the
 append-only `audit` table. `ref` is the record's key within its kind; `payload` is the record in
 canonical JSON (`encode_record`), byte for byte the text its table stores, so a check needs no
@@ -44,6 +45,8 @@ from pydantic import BaseModel
 
 from poirotd.model import (
     AgentMessage,
+    AgentReputation,
+    ConfirmedOutcome,
     HazardSpace,
     Investigation,
     InvestigationEvent,
@@ -57,7 +60,8 @@ from poirotd.model import (
 IngestItem: TypeAlias = Session | SessionEnd | AgentMessage | TelemetrySample
 
 # 2: the audit chain; sessions keep their record as JSON like every other table.
-SCHEMA_VERSION = 2
+# 3: agents' reputations (a new table; a schema-2 store gains it empty when opened).
+SCHEMA_VERSION = 3
 _BUSY_TIMEOUT_MS = 5_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -114,6 +118,12 @@ CREATE TABLE IF NOT EXISTS exchanges (
     record           TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS exchanges_by_investigation ON exchanges (investigation_id, id);
+CREATE TABLE IF NOT EXISTS reputations (
+    system   TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    record   TEXT NOT NULL,
+    PRIMARY KEY (system, agent_id)
+);
 CREATE TABLE IF NOT EXISTS audit (
     seq       INTEGER PRIMARY KEY,
     kind      TEXT NOT NULL,
@@ -151,6 +161,10 @@ VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (investigation_id) DO UPDATE SET
     system = excluded.system, session_id = excluded.session_id, state = excluded.state,
     created_us = excluded.created_us, record = excluded.record
+"""
+_PUT_REPUTATION = """
+INSERT INTO reputations (system, agent_id, record) VALUES (?, ?, ?)
+ON CONFLICT (system, agent_id) DO UPDATE SET record = excluded.record
 """
 _INSERT_EVENT = "INSERT INTO events (event_id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_EXCHANGE = "INSERT INTO exchanges (id, investigation_id, record) VALUES (?, ?, ?)"
@@ -230,6 +244,22 @@ class UnknownInvestigationError(ValueError):
     def __init__(self, investigation_id: str) -> None:
         super().__init__(f"investigation {investigation_id!r} is not known; save it first")
         self.investigation_id = investigation_id
+
+
+class AlreadyConfirmedError(ValueError):
+    """The investigation's outcome was confirmed before, with other regions; the first stands
+    (the reputations it moved cannot be moved back)."""
+
+    def __init__(self, investigation_id: str, confirmed: ConfirmedOutcome) -> None:
+        super().__init__(
+            f"investigation {investigation_id!r} was already confirmed with "
+            f"{list(confirmed.region_ids)} at {confirmed.at.isoformat()}"
+        )
+        self.confirmed = confirmed
+
+
+# Given an investigation and the stored reputations of its system, the reputations to store.
+Reassess: TypeAlias = Callable[[Investigation, dict[str, AgentReputation]], list[AgentReputation]]
 
 
 class Store:
@@ -398,6 +428,26 @@ class Store:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest first;
         emitting the matching events is the caller's job."""
         return await self._write(_interrupt_unfinished, reason, at)
+
+    # ------------------------------------------------------------ confirmed outcomes
+
+    async def confirm_outcome(
+        self, investigation_id: str, outcome: ConfirmedOutcome, reassess: Reassess
+    ) -> tuple[Investigation, bool]:
+        """Records the investigation's true cause and the reputations `reassess` derives from it,
+        in one transaction on the writer thread, so two confirmations never read the same
+        reputations. Idempotent: confirming the same regions again changes nothing and returns
+        (record, False); other regions raise AlreadyConfirmedError. Returns (record, True) when
+        this call confirmed it."""
+        return await self._write(_confirm_outcome, investigation_id, outcome, reassess)
+
+    async def reputations(self, system: str) -> dict[str, AgentReputation]:
+        """The stored reputation of each agent of `system` that has one, by agent id."""
+        rows = await self._read(
+            _all, "SELECT record FROM reputations WHERE system = ? ORDER BY agent_id", (system,)
+        )
+        reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
+        return {r.agent_id: r for r in reputations}
 
     # ------------------------------------------------------------ investigation events
 
@@ -661,6 +711,30 @@ def _save_investigation(conn: sqlite3.Connection, inv: Investigation) -> None:
         _write(conn, chain, _INVESTIGATIONS, _SAVE_INVESTIGATION, _investigation_row(inv))
 
 
+def _confirm_outcome(
+    conn: sqlite3.Connection, investigation_id: str, outcome: ConfirmedOutcome, reassess: Reassess
+) -> tuple[Investigation, bool]:
+    with _transaction(conn) as chain:
+        row = conn.execute(
+            "SELECT record FROM investigations WHERE investigation_id = ?", (investigation_id,)
+        ).fetchone()
+        if row is None:
+            raise UnknownInvestigationError(investigation_id)
+        inv = Investigation.model_validate_json(row[0])
+        if inv.confirmed is not None:
+            if inv.confirmed.region_ids == outcome.region_ids:
+                return inv, False
+            raise AlreadyConfirmedError(investigation_id, inv.confirmed)
+        stored = conn.execute("SELECT record FROM reputations WHERE system = ?", (inv.system,))
+        reputations = (AgentReputation.model_validate_json(record) for (record,) in stored)
+        current = {r.agent_id: r for r in reputations}
+        inv = inv.model_copy(update={"confirmed": outcome})
+        _write(conn, chain, _INVESTIGATIONS, _SAVE_INVESTIGATION, _investigation_row(inv))
+        for reputation in reassess(inv, current):
+            _write(conn, chain, _REPUTATIONS, _PUT_REPUTATION, _reputation_row(reputation))
+    return inv, True
+
+
 def _interrupt_unfinished(conn: sqlite3.Connection, reason: str, at: datetime) -> list[str]:
     with _transaction(conn) as chain:
         rows = conn.execute(
@@ -737,6 +811,10 @@ def _investigation_row(inv: Investigation) -> Row:
     )
 
 
+def _reputation_row(reputation: AgentReputation) -> Row:
+    return (reputation.system, reputation.agent_id, encode_record(reputation))
+
+
 def _event_row(event: InvestigationEvent, event_id: int | None) -> Row:
     # The id is the row's key (and the entry's ref), not part of the record.
     return (event_id, event.investigation_id, encode_record(event, exclude={"event_id"}))
@@ -802,15 +880,27 @@ _EXCHANGES = AuditedTable(
     ref=lambda row: f"{row[1]}/{row[0]}",
     expect=lambda row, _: _exchange_row(LLMExchange.model_validate_json(row[-1]), row[1], row[0]),
 )
+_REPUTATIONS = AuditedTable(
+    "reputation",
+    "reputations",
+    ("system", "agent_id", "record"),
+    ref=lambda row: canonical_json([row[0], row[1]]),
+    expect=lambda row, _: _reputation_row(AgentReputation.model_validate_json(row[-1])),
+)
 AUDITED_TABLES = (
     _SESSIONS,
     _HAZARD_SPACES,
     _INVESTIGATIONS,
+    _REPUTATIONS,
     _MESSAGES,
     _TELEMETRY,
     _EVENTS,
     _EXCHANGES,
 )
+
+
+# The audited tables schema 1 had besides sessions (reputations came with schema 3).
+_V1_TABLES = (_HAZARD_SPACES, _INVESTIGATIONS, _MESSAGES, _TELEMETRY, _EVENTS, _EXCHANGES)
 
 
 def _migrate_from_v1(conn: sqlite3.Connection, chain: _Chain, path: Path) -> None:
@@ -824,7 +914,7 @@ def _migrate_from_v1(conn: sqlite3.Connection, chain: _Chain, path: Path) -> Non
     v1_sessions = "session_id, system, started_at, ended_at, labels"
     scans = [
         (_SESSIONS, v1_sessions, _v1_session_row),
-        *((t, ", ".join(t.columns), t.expect) for t in AUDITED_TABLES if t is not _SESSIONS),
+        *((t, ", ".join(t.columns), t.expect) for t in _V1_TABLES),
     ]
     with closing(connect_read_only(path)) as v1:
         for table, columns, upgrade in scans:

@@ -150,7 +150,8 @@ class HidingRefusals:
         self._written = 0
 
     async def write(self, request: pb.IngestRequest) -> None:
-        self._written = max(self._written, request.seq)
+        last = request.seq + max(len(request.items), 1) - 1  # a batch numbers from its seq
+        self._written = max(self._written, last)
         await self._call.write(request)
 
     async def read(self) -> object:

@@ -81,8 +81,49 @@ class IngestRequest(_message.Message):
     AGENT_MESSAGE_FIELD_NUMBER: _builtins.int
     TELEMETRY_FIELD_NUMBER: _builtins.int
     SESSION_END_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
-    """Client-chosen, strictly increasing within one stream."""
+    """Client-chosen, strictly increasing within one stream: the seq of the one item below, or of
+    the first of `items` (they take seq, seq + 1, ...).
+    """
+    @_builtins.property
+    def session_start(self) -> Global___SessionStart: ...
+    @_builtins.property
+    def agent_message(self) -> Global___AgentMessage: ...
+    @_builtins.property
+    def telemetry(self) -> Global___TelemetrySample: ...
+    @_builtins.property
+    def session_end(self) -> Global___SessionEnd: ...
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___IngestItem]: ...
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        session_start: Global___SessionStart | None = ...,
+        agent_message: Global___AgentMessage | None = ...,
+        telemetry: Global___TelemetrySample | None = ...,
+        session_end: Global___SessionEnd | None = ...,
+        items: _abc.Iterable[Global___IngestItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "items", b"items", "seq", b"seq", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["session_start", "agent_message", "telemetry", "session_end"]  # noqa: Y015
+    _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
+
+Global___IngestRequest: _TypeAlias = IngestRequest  # noqa: Y015
+
+@_typing.final
+class IngestItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_START_FIELD_NUMBER: _builtins.int
+    AGENT_MESSAGE_FIELD_NUMBER: _builtins.int
+    TELEMETRY_FIELD_NUMBER: _builtins.int
+    SESSION_END_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def session_start(self) -> Global___SessionStart: ...
     @_builtins.property
@@ -94,7 +135,6 @@ class IngestRequest(_message.Message):
     def __init__(
         self,
         *,
-        seq: _builtins.int = ...,
         session_start: Global___SessionStart | None = ...,
         agent_message: Global___AgentMessage | None = ...,
         telemetry: Global___TelemetrySample | None = ...,
@@ -102,13 +142,13 @@ class IngestRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "seq", b"seq", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["session_start", "agent_message", "telemetry", "session_end"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
-Global___IngestRequest: _TypeAlias = IngestRequest  # noqa: Y015
+Global___IngestItem: _TypeAlias = IngestItem  # noqa: Y015
 
 @_typing.final
 class IngestAck(_message.Message):
@@ -290,17 +330,23 @@ class TriggerRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     reason: _builtins.str
+    method: _builtins.str
+    """"poirot" (the five-phase protocol; also when empty) or "baseline" (the paper's comparator:
+    one LLM call over the full session, same vote). Anything else is INVALID_ARGUMENT.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        method: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "reason", b"reason", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -434,6 +480,169 @@ class GetHazardSpaceRequest(_message.Message):
 Global___GetHazardSpaceRequest: _TypeAlias = GetHazardSpaceRequest  # noqa: Y015
 
 @_typing.final
+class ConfirmOutcomeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVESTIGATION_ID_FIELD_NUMBER: _builtins.int
+    REGION_IDS_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    investigation_id: _builtins.str
+    note: _builtins.str
+    @_builtins.property
+    def region_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Ids of the regions (of the investigation's hazard space) that truly caused the incident."""
+
+    def __init__(
+        self,
+        *,
+        investigation_id: _builtins.str = ...,
+        region_ids: _abc.Iterable[_builtins.str] | None = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["investigation_id", b"investigation_id", "note", b"note", "region_ids", b"region_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmOutcomeRequest: _TypeAlias = ConfirmOutcomeRequest  # noqa: Y015
+
+@_typing.final
+class ConfirmOutcomeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIRMED_FIELD_NUMBER: _builtins.int
+    NEWLY_CONFIRMED_FIELD_NUMBER: _builtins.int
+    BETAS_FIELD_NUMBER: _builtins.int
+    newly_confirmed: _builtins.bool
+    """False when these regions had been confirmed before: nothing changed."""
+    @_builtins.property
+    def confirmed(self) -> Global___ConfirmedOutcome: ...
+    @_builtins.property
+    def betas(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentBeta]:
+        """Every agent's β after the confirmation."""
+
+    def __init__(
+        self,
+        *,
+        confirmed: Global___ConfirmedOutcome | None = ...,
+        newly_confirmed: _builtins.bool = ...,
+        betas: _abc.Iterable[Global___AgentBeta] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["confirmed", b"confirmed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["betas", b"betas", "confirmed", b"confirmed", "newly_confirmed", b"newly_confirmed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmOutcomeResponse: _TypeAlias = ConfirmOutcomeResponse  # noqa: Y015
+
+@_typing.final
+class GetReputationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReputationRequest: _TypeAlias = GetReputationRequest  # noqa: Y015
+
+@_typing.final
+class GetReputationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPUTATION_ENABLED_FIELD_NUMBER: _builtins.int
+    BETAS_FIELD_NUMBER: _builtins.int
+    reputation_enabled: _builtins.bool
+    """False: every agent is weighed with the spec's β, and confirmations move no β."""
+    @_builtins.property
+    def betas(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentBeta]: ...
+    def __init__(
+        self,
+        *,
+        reputation_enabled: _builtins.bool = ...,
+        betas: _abc.Iterable[Global___AgentBeta] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["betas", b"betas", "reputation_enabled", b"reputation_enabled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReputationResponse: _TypeAlias = GetReputationResponse  # noqa: Y015
+
+@_typing.final
+class AgentBeta(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    BETA_FIELD_NUMBER: _builtins.int
+    CONFIRMATIONS_FIELD_NUMBER: _builtins.int
+    INVESTIGATION_ID_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    beta: _builtins.float
+    confirmations: _builtins.int
+    """Confirmed outcomes that moved it, the latest of them, and when."""
+    investigation_id: _builtins.str
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        beta: _builtins.float = ...,
+        confirmations: _builtins.int = ...,
+        investigation_id: _builtins.str = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "beta", b"beta", "confirmations", b"confirmations", "investigation_id", b"investigation_id", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentBeta: _TypeAlias = AgentBeta  # noqa: Y015
+
+@_typing.final
+class ConfirmedOutcome(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGION_IDS_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    note: _builtins.str
+    @_builtins.property
+    def region_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """In hazard-space order; decision is the same as a binary vector over the hazard space."""
+
+    @_builtins.property
+    def decision(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        region_ids: _abc.Iterable[_builtins.str] | None = ...,
+        decision: _abc.Iterable[_builtins.int] | None = ...,
+        note: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "decision", b"decision", "note", b"note", "region_ids", b"region_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmedOutcome: _TypeAlias = ConfirmedOutcome  # noqa: Y015
+
+@_typing.final
 class HazardRegion(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -506,6 +715,7 @@ class Vote(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     ABSTENTION_REASON_FIELD_NUMBER: _builtins.int
     FORCED_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     hazard_vector: _builtins.str
     justification: _builtins.str
@@ -514,6 +724,10 @@ class Vote(_message.Message):
     """Set when no valid vote could be had; such an agent is left out of the aggregation."""
     forced: _builtins.bool
     """The vote came after the agent hit its invocation limit."""
+    step: _builtins.int
+    """"When": session index of the message where the voter says the fault first shows (unset when
+    it did not say, or named a message it never saw).
+    """
     @_builtins.property
     def location(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -526,12 +740,15 @@ class Vote(_message.Message):
         weight: _builtins.float = ...,
         abstention_reason: _builtins.str = ...,
         forced: _builtins.bool = ...,
+        step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_step", b"_step", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abstention_reason", b"abstention_reason", "agent_id", b"agent_id", "forced", b"forced", "hazard_vector", b"hazard_vector", "justification", b"justification", "location", b"location", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_step", b"_step", "abstention_reason", b"abstention_reason", "agent_id", b"agent_id", "forced", b"forced", "hazard_vector", b"hazard_vector", "justification", b"justification", "location", b"location", "step", b"step", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__step: _TypeAlias = _typing.Literal["step"]  # noqa: Y015
+    _WhichOneofArgType__step: _TypeAlias = _typing.Literal["_step", b"_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step) -> _WhichOneofReturnType__step | None: ...
 
 Global___Vote: _TypeAlias = Vote  # noqa: Y015
 
@@ -545,9 +762,14 @@ class Attribution(_message.Message):
     DECISION_FIELD_NUMBER: _builtins.int
     RULE_FIELD_NUMBER: _builtins.int
     BETA_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
     tie: _builtins.bool
     rule: _builtins.str
     beta: _builtins.float
+    step: _builtins.int
+    """"When": the step with the highest total vote weight among the votes that gave one (ties go to
+    the earliest); unset when no vote gave one.
+    """
     @_builtins.property
     def scores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     @_builtins.property
@@ -567,12 +789,15 @@ class Attribution(_message.Message):
         decision: _abc.Iterable[_builtins.int] | None = ...,
         rule: _builtins.str = ...,
         beta: _builtins.float = ...,
+        step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_step", b"_step", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["beta", b"beta", "decision", b"decision", "rule", b"rule", "scores", b"scores", "tie", b"tie", "top", b"top"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_step", b"_step", "beta", b"beta", "decision", b"decision", "rule", b"rule", "scores", b"scores", "step", b"step", "tie", b"tie", "top", b"top"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__step: _TypeAlias = _typing.Literal["step"]  # noqa: Y015
+    _WhichOneofArgType__step: _TypeAlias = _typing.Literal["_step", b"_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step) -> _WhichOneofReturnType__step | None: ...
 
 Global___Attribution: _TypeAlias = Attribution  # noqa: Y015
 
@@ -733,6 +958,26 @@ Global___Exchange: _TypeAlias = Exchange  # noqa: Y015
 class Investigation(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class BetasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     INVESTIGATION_ID_FIELD_NUMBER: _builtins.int
     SYSTEM_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
@@ -753,6 +998,10 @@ class Investigation(_message.Message):
     INCIDENT_FIELD_NUMBER: _builtins.int
     REPORTS_FIELD_NUMBER: _builtins.int
     EXCHANGES_FIELD_NUMBER: _builtins.int
+    CONTEXT_CUTS_FIELD_NUMBER: _builtins.int
+    BETAS_FIELD_NUMBER: _builtins.int
+    DEGRADED_REASON_FIELD_NUMBER: _builtins.int
+    CONFIRMED_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -765,6 +1014,10 @@ class Investigation(_message.Message):
     completion_tokens: _builtins.int
     incident: _builtins.str
     """What the agents were told about the incident."""
+    degraded_reason: _builtins.str
+    """Set on a success that lacked something (abstentions, missing reports, the fallback hazard
+    space): what was missing and why. Empty for a complete run.
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -786,6 +1039,18 @@ class Investigation(_message.Message):
     @_builtins.property
     def exchanges(self) -> _containers.RepeatedCompositeFieldContainer[Global___Exchange]:
         """Only with GetInvestigationRequest.include_exchanges."""
+
+    @_builtins.property
+    def context_cuts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextCut]:
+        """What the context-budget policy cut so the prompts fit the model (empty: nothing was cut)."""
+
+    @_builtins.property
+    def betas(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The β each agent's vote was weighed with: the spec's β, or its reputation at the start."""
+
+    @_builtins.property
+    def confirmed(self) -> Global___ConfirmedOutcome:
+        """The true cause(s), once confirmed (ConfirmOutcome)."""
 
     def __init__(
         self,
@@ -810,14 +1075,54 @@ class Investigation(_message.Message):
         incident: _builtins.str = ...,
         reports: _abc.Iterable[Global___AgentReport] | None = ...,
         exchanges: _abc.Iterable[Global___Exchange] | None = ...,
+        context_cuts: _abc.Iterable[Global___ContextCut] | None = ...,
+        betas: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        degraded_reason: _builtins.str = ...,
+        confirmed: Global___ConfirmedOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "completion_tokens", b"completion_tokens", "created_at", b"created_at", "error", b"error", "exchanges", b"exchanges", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Investigation: _TypeAlias = Investigation  # noqa: Y015
+
+@_typing.final
+class ContextCut(_message.Message):
+    """One message the context-budget policy shortened or dropped from a prompt's session view."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    CHARS_BEFORE_FIELD_NUMBER: _builtins.int
+    CHARS_AFTER_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """The agent whose view was cut; empty for the baseline's single, full-session prompt."""
+    index: _builtins.int
+    """Session index of the message."""
+    action: _builtins.str
+    """"shortened" (head and tail kept, a marker in between) or "dropped"."""
+    chars_before: _builtins.int
+    chars_after: _builtins.int
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        index: _builtins.int = ...,
+        action: _builtins.str = ...,
+        chars_before: _builtins.int = ...,
+        chars_after: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "agent_id", b"agent_id", "chars_after", b"chars_after", "chars_before", b"chars_before", "index", b"index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContextCut: _TypeAlias = ContextCut  # noqa: Y015
 
 @_typing.final
 class InvestigationEvent(_message.Message):

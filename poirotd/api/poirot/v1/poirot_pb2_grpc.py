@@ -148,6 +148,16 @@ class InvestigationsStub:
                 request_serializer=poirot_dot_v1_dot_poirot__pb2.GetHazardSpaceRequest.SerializeToString,
                 response_deserializer=poirot_dot_v1_dot_poirot__pb2.HazardSpace.FromString,
                 _registered_method=True)
+        self.ConfirmOutcome = channel.unary_unary(
+                '/poirot.v1.Investigations/ConfirmOutcome',
+                request_serializer=poirot_dot_v1_dot_poirot__pb2.ConfirmOutcomeRequest.SerializeToString,
+                response_deserializer=poirot_dot_v1_dot_poirot__pb2.ConfirmOutcomeResponse.FromString,
+                _registered_method=True)
+        self.GetReputation = channel.unary_unary(
+                '/poirot.v1.Investigations/GetReputation',
+                request_serializer=poirot_dot_v1_dot_poirot__pb2.GetReputationRequest.SerializeToString,
+                response_deserializer=poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.FromString,
+                _registered_method=True)
 
 
 class InvestigationsServicer:
@@ -188,6 +198,25 @@ class InvestigationsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConfirmOutcome(self, request, context):
+        """Control software confirms which region(s) truly caused a succeeded investigation's incident.
+        The record keeps it; with reputation enabled in the spec, each agent that voted has its
+        β_i moved toward its accuracy. Confirming the same regions again changes nothing; other
+        regions are FAILED_PRECONDITION (the first confirmation's update stands), as is an
+        investigation that did not succeed. NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no
+        region, or one outside the investigation's hazard space.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetReputation(self, request, context):
+        """The β each agent's vote is weighed with now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InvestigationsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -215,6 +244,16 @@ def add_InvestigationsServicer_to_server(servicer, server):
                     servicer.GetHazardSpace,
                     request_deserializer=poirot_dot_v1_dot_poirot__pb2.GetHazardSpaceRequest.FromString,
                     response_serializer=poirot_dot_v1_dot_poirot__pb2.HazardSpace.SerializeToString,
+            ),
+            'ConfirmOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConfirmOutcome,
+                    request_deserializer=poirot_dot_v1_dot_poirot__pb2.ConfirmOutcomeRequest.FromString,
+                    response_serializer=poirot_dot_v1_dot_poirot__pb2.ConfirmOutcomeResponse.SerializeToString,
+            ),
+            'GetReputation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReputation,
+                    request_deserializer=poirot_dot_v1_dot_poirot__pb2.GetReputationRequest.FromString,
+                    response_serializer=poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -354,6 +393,60 @@ class Investigations:
             '/poirot.v1.Investigations/GetHazardSpace',
             poirot_dot_v1_dot_poirot__pb2.GetHazardSpaceRequest.SerializeToString,
             poirot_dot_v1_dot_poirot__pb2.HazardSpace.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConfirmOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/poirot.v1.Investigations/ConfirmOutcome',
+            poirot_dot_v1_dot_poirot__pb2.ConfirmOutcomeRequest.SerializeToString,
+            poirot_dot_v1_dot_poirot__pb2.ConfirmOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReputation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/poirot.v1.Investigations/GetReputation',
+            poirot_dot_v1_dot_poirot__pb2.GetReputationRequest.SerializeToString,
+            poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -94,6 +94,16 @@ class InvestigationsStub:
     follows new ones live. Resuming with the last event_id seen loses and repeats nothing.
     """
     GetHazardSpace: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.GetHazardSpaceRequest, _poirot_pb2.HazardSpace]
+    ConfirmOutcome: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.ConfirmOutcomeRequest, _poirot_pb2.ConfirmOutcomeResponse]
+    """Control software confirms which region(s) truly caused a succeeded investigation's incident.
+    The record keeps it; with reputation enabled in the spec, each agent that voted has its
+    β_i moved toward its accuracy. Confirming the same regions again changes nothing; other
+    regions are FAILED_PRECONDITION (the first confirmation's update stands), as is an
+    investigation that did not succeed. NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no
+    region, or one outside the investigation's hazard space.
+    """
+    GetReputation: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.GetReputationRequest, _poirot_pb2.GetReputationResponse]
+    """The β each agent's vote is weighed with now."""
 
 @_typing.type_check_only
 class InvestigationsAsyncStub(InvestigationsStub):
@@ -109,6 +119,16 @@ class InvestigationsAsyncStub(InvestigationsStub):
     follows new ones live. Resuming with the last event_id seen loses and repeats nothing.
     """
     GetHazardSpace: _aio.UnaryUnaryMultiCallable[_poirot_pb2.GetHazardSpaceRequest, _poirot_pb2.HazardSpace]  # type: ignore[assignment]
+    ConfirmOutcome: _aio.UnaryUnaryMultiCallable[_poirot_pb2.ConfirmOutcomeRequest, _poirot_pb2.ConfirmOutcomeResponse]  # type: ignore[assignment]
+    """Control software confirms which region(s) truly caused a succeeded investigation's incident.
+    The record keeps it; with reputation enabled in the spec, each agent that voted has its
+    β_i moved toward its accuracy. Confirming the same regions again changes nothing; other
+    regions are FAILED_PRECONDITION (the first confirmation's update stands), as is an
+    investigation that did not succeed. NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no
+    region, or one outside the investigation's hazard space.
+    """
+    GetReputation: _aio.UnaryUnaryMultiCallable[_poirot_pb2.GetReputationRequest, _poirot_pb2.GetReputationResponse]  # type: ignore[assignment]
+    """The β each agent's vote is weighed with now."""
 
 class InvestigationsServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------- investigations"""
@@ -151,5 +171,27 @@ class InvestigationsServicer(metaclass=_abc_1.ABCMeta):
         request: _poirot_pb2.GetHazardSpaceRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_poirot_pb2.HazardSpace, _abc.Awaitable[_poirot_pb2.HazardSpace]]: ...
+
+    @_abc_1.abstractmethod
+    def ConfirmOutcome(
+        self,
+        request: _poirot_pb2.ConfirmOutcomeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_poirot_pb2.ConfirmOutcomeResponse, _abc.Awaitable[_poirot_pb2.ConfirmOutcomeResponse]]:
+        """Control software confirms which region(s) truly caused a succeeded investigation's incident.
+        The record keeps it; with reputation enabled in the spec, each agent that voted has its
+        β_i moved toward its accuracy. Confirming the same regions again changes nothing; other
+        regions are FAILED_PRECONDITION (the first confirmation's update stands), as is an
+        investigation that did not succeed. NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no
+        region, or one outside the investigation's hazard space.
+        """
+
+    @_abc_1.abstractmethod
+    def GetReputation(
+        self,
+        request: _poirot_pb2.GetReputationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_poirot_pb2.GetReputationResponse, _abc.Awaitable[_poirot_pb2.GetReputationResponse]]:
+        """The β each agent's vote is weighed with now."""
 
 def add_InvestigationsServicer_to_server(servicer: InvestigationsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,739 @@
+"""Time to attribution (issue #3): poirotd against poirot-framework 0.2.0's full mode (C3).
+
+    .venv/bin/python -m bench.tta                  # the fixed cases, about an hour on 2 cores
+    .venv/bin/python -m bench.tta --cases 38 --no-write    # one case, to try the set-up
+
+Both sides investigate the same Who&When Algorithm-Generated cases against one llama.cpp server
+(`python -m llama_cpp.server`, the embedded SmolLM2-135M, one slot: that server serves one request
+at a time), with the same per-call token limit and the same hazard space, pinned, so that Phase
+I/0 does not decide the comparison. The library runs in a venv of its own (created here when
+missing), driven by bench/tta_library.py. A reverse proxy between each client and the server
+records every call identically for both sides; the server's own log says how many prompt tokens
+each call actually evaluated (the rest came from its prompt cache). Each run gets a fresh server,
+so neither side inherits the other's cache; the sides alternate case by case so that the shared
+machine's noise hits both alike. The results replace this bench's section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.client
+import json
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from bench.report import begin_marker, end_marker, write_section
+from poirotd.config.spec import OpenAILLMSpec, SystemSpec
+from poirotd.llm.embedded import default_model_path
+from poirotd.llm.openai_http import OpenAIBackend
+from poirotd.model import AgentMessage, HazardRegion, HazardSpace, MessageKind
+from poirotd.protocol.engine import InvestigationEngine
+from poirotd.protocol.errors import ProtocolError
+from poirotd.protocol.events import ProtocolEvent
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "whowhen" / "Algorithm-Generated"
+LIBRARY = "poirot-framework==0.2.0"
+LIBRARY_VENV = ROOT / ".venv-bench-lib"
+LIBRARY_DRIVER = Path(__file__).with_name("tta_library.py")
+SECTION = "bench.tta"
+# The smallest Who&When Algorithm-Generated sessions with 2-3 agents, some with the code executor
+# as a non-agent speaker: every prompt of either side fits the 8k context with room to answer.
+CASES = ("38", "93", "12", "73", "58")
+CONTEXT_TOKENS = 8192
+# One limit for every call of both sides: poirotd's longest default (Phase II reports), so its
+# schema-bounded answers are never cut; the library has no limit of its own for most calls.
+MAX_TOKENS = 768
+MODEL = "smollm2-135m"
+# What both sides are told about why the investigation was opened.
+INCIDENT = "Manual trigger: the system's final answer to its task is suspected to be wrong."
+RUN_TIMEOUT_S = 1800.0
+SERVER_START_TIMEOUT_S = 120.0
+
+Side = Literal["poirotd", "library"]
+SIDES: tuple[Side, Side] = ("poirotd", "library")
+
+
+# ------------------------------------------------------------------ Who&When case → both inputs
+
+
+@dataclass(frozen=True)
+class Party:
+    id: str
+    name: str
+    text: str  # an agent's system prompt, a component's description
+
+
+@dataclass(frozen=True)
+class LibraryMessage:
+    """One message as one agent's LangChain history holds it."""
+
+    own: bool
+    sender: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Case:
+    case_id: str
+    question: str
+    agents: tuple[Party, ...]
+    components: tuple[Party, ...]
+    messages: tuple[AgentMessage, ...]
+    truth: str  # the mistake agent's id
+    # Per agent id, its history for the library's LangChain adapter.
+    histories: dict[str, tuple[LibraryMessage, ...]]
+
+    @property
+    def system_name(self) -> str:
+        return f"whowhen_{self.case_id}"
+
+    @property
+    def description(self) -> str:
+        names = ", ".join(a.name for a in self.agents)
+        return f"An AutoGen group chat of agents ({names}) that solves this task: {self.question}"
+
+
+def party_id(name: str) -> str:
+    """A speaker's name as a spec identifier: ^[a-z][a-z0-9_]{0,63}$."""
+    ident = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_") or "party"
+    if not ident[0].isalpha():
+        ident = "p_" + ident
+    return ident[:64]
+
+
+def load_case(path: Path) -> Case:
+    """A Who&When case: agents are the system_prompt entries that speak in the history; every
+    other speaker (the code executor, mostly) is a component. The group chat is broadcast, so
+    poirotd's messages have no recipient. The library's adapter needs a history per agent and
+    counts a message once per (sender, recipient): each message goes to the next agent to speak
+    (the previous one at the end), so the session is not duplicated in its prompts."""
+    data = json.loads(path.read_text())
+    history = data["history"]
+    speakers = [m.get("name") or m["role"] for m in history]
+    agents = tuple(
+        Party(party_id(name), name, prompt)
+        for name, prompt in data["system_prompt"].items()
+        if name in speakers
+    )
+    agent_ids = {a.name: a.id for a in agents}
+    others = sorted({s for s in speakers if s not in agent_ids})
+    components = tuple(
+        Party(
+            party_id(name),
+            name,
+            f"{name}: speaks in the group chat without being an agent "
+            "(it runs the code the agents write and returns its output).",
+        )
+        for name in others
+    )
+    ids = agent_ids | {c.name: c.id for c in components}
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    messages = tuple(
+        AgentMessage(
+            session_id=path.stem,
+            index=i,
+            kind=MessageKind.AGENT if speaker in agent_ids else MessageKind.TOOL,
+            sender=ids[speaker],
+            content=m["content"],
+            sent_at=at + timedelta(seconds=i),
+        )
+        for i, (speaker, m) in enumerate(zip(speakers, history, strict=True))
+    )
+    histories: dict[str, list[LibraryMessage]] = {a.id: [] for a in agents}
+    for i, (speaker, m) in enumerate(zip(speakers, history, strict=True)):
+        recipient = _recipient(speakers, i, agent_ids)
+        if speaker in agent_ids:
+            histories[agent_ids[speaker]].append(LibraryMessage(True, ids[speaker], m["content"]))
+        if recipient is not None:
+            histories[recipient].append(LibraryMessage(False, ids[speaker], m["content"]))
+    return Case(
+        case_id=path.stem,
+        question=data["question"],
+        agents=agents,
+        components=components,
+        messages=messages,
+        truth=party_id(data["mistake_agent"]),
+        histories={k: tuple(v) for k, v in histories.items()},
+    )
+
+
+def _recipient(speakers: Sequence[str], i: int, agent_ids: dict[str, str]) -> str | None:
+    """The agent that receives message i: the next other agent to speak, else the last one."""
+    later = [s for s in speakers[i + 1 :] if s in agent_ids and s != speakers[i]]
+    earlier = [s for s in speakers[:i] if s in agent_ids and s != speakers[i]]
+    chosen = later[:1] or earlier[-1:]
+    return agent_ids[chosen[0]] if chosen else None
+
+
+def hazard_regions(case: Case) -> tuple[HazardRegion, ...]:
+    """The space poirotd falls back to when its Phase I gives no valid answer (which the 135M
+    model never does): the agents, then the declared components. Pinned for both sides."""
+    regions = [
+        HazardRegion(
+            id=a.id,
+            name=a.name,
+            type="agent",
+            description=(
+                f"Error signature: {a.name} produces output that contradicts its own inputs or "
+                f"departs from its role. Normal behaviour: {a.name} acts as its role prescribes."
+            ),
+        )
+        for a in case.agents
+    ]
+    regions += [
+        HazardRegion(id=c.id, name=c.name, type="software", description=c.text)
+        for c in case.components
+    ]
+    return tuple(regions)
+
+
+def poirotd_spec(case: Case, base_url: str, max_tokens: int) -> SystemSpec:
+    limits = ("report", "turn", "answer", "hazard_space")
+    return SystemSpec.model_validate(
+        {
+            "system": {"name": case.system_name, "description": case.description},
+            "agents": [{"id": a.id, "name": a.name, "system_prompt": a.text} for a in case.agents],
+            "components": [
+                {"id": c.id, "name": c.name, "type": "software", "description": c.text}
+                for c in case.components
+            ],
+            "llm": {
+                "backend": "openai",
+                "base_urls": [base_url],
+                "model": MODEL,
+                "context_tokens": CONTEXT_TOKENS,
+                "structured_output": "json_object",
+                "timeout_seconds": RUN_TIMEOUT_S,
+            },
+            "protocol": {f"{name}_max_tokens": max_tokens for name in limits},
+            "hazard_space": {"regions": [r.model_dump() for r in hazard_regions(case)]},
+        }
+    )
+
+
+def library_job(case: Case, base_url: str, max_tokens: int) -> dict[str, Any]:
+    """What bench/tta_library.py needs, as JSON: the agents, their histories, the error space."""
+    regions = hazard_regions(case)
+    return {
+        "system_name": case.system_name,
+        "system_description": case.description,
+        "base_url": base_url,
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "error_space": {
+            "system_name": case.system_name,
+            "error_regions": [r.model_dump() for r in regions],
+            "error_vector_example": [0] * len(regions),
+        },
+        "agents": [
+            {
+                "id": a.id,
+                "name": a.name,
+                "system_prompt": a.text,
+                "messages": [asdict(m) for m in case.histories[a.id]],
+            }
+            for a in case.agents
+        ],
+    }
+
+
+def library_vote_valid(vote: Any, size: int) -> bool:
+    """The same test poirotd's vote schema applies: a 0/1 vector with one entry per region."""
+    return (
+        isinstance(vote, list)
+        and len(vote) == size
+        and all(isinstance(x, int) and not isinstance(x, bool) and x in (0, 1) for x in vote)
+    )
+
+
+# ------------------------------------------------------------------ server, proxy, call records
+
+
+@dataclass(frozen=True)
+class Call:
+    max_tokens: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    # Prompt tokens the server evaluated (the rest came from its cache); None when its log said
+    # nothing for this call.
+    evaluated: int | None
+    finish_reason: str
+    status: int
+    seconds: float
+
+
+_PROMPT_EVAL = re.compile(r"prompt eval time =.*/\s*(\d+) tokens")
+
+
+class ServerLog:
+    """The server's stderr, kept in a file; one 'prompt eval time' line per completion."""
+
+    def __init__(self, stream: IO[str], path: Path) -> None:
+        self._evaluated: list[int] = []
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream, path), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str], path: Path) -> None:
+        with path.open("a", buffering=1) as out:
+            for line in stream:
+                out.write(line)
+                found = _PROMPT_EVAL.search(line)
+                if found:
+                    with self._changed:
+                        self._evaluated.append(int(found.group(1)))
+                        self._changed.notify_all()
+
+    def seen(self) -> int:
+        with self._changed:
+            return len(self._evaluated)
+
+    def evaluated(self, index: int, timeout: float = 5.0) -> int | None:
+        """The count of the index-th completion, waiting for the line to be read."""
+        with self._changed:
+            self._changed.wait_for(lambda: len(self._evaluated) > index, timeout)
+            return self._evaluated[index] if len(self._evaluated) > index else None
+
+
+class _Proxy(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, upstream: int, log: ServerLog) -> None:
+        super().__init__(("127.0.0.1", 0), _Forward)
+        self.upstream = upstream
+        self.log = log
+        # The server completes one request at a time; holding the slot here keeps its log lines
+        # in step with the calls (nothing is lost: requests would queue at the server anyway).
+        self.slot = threading.Lock()
+        self.calls: list[Call] = []
+
+
+class _Forward(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Proxy
+
+    def do_GET(self) -> None:
+        self._forward(b"")
+
+    def do_POST(self) -> None:
+        self._forward(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+
+    def _forward(self, body: bytes) -> None:
+        proxy = self.server
+        completion = self.path.rstrip("/").endswith("/chat/completions")
+        with proxy.slot if completion else contextlib.nullcontext():
+            seen, started = proxy.log.seen(), time.monotonic()
+            upstream = http.client.HTTPConnection(
+                "127.0.0.1", proxy.upstream, timeout=RUN_TIMEOUT_S
+            )
+            try:
+                headers = {"Content-Type": "application/json"}
+                upstream.request(self.command, self.path, body=body or None, headers=headers)
+                response = upstream.getresponse()
+                data, status = response.read(), response.status
+            finally:
+                upstream.close()
+            if completion:
+                proxy.calls.append(
+                    _call(body, data, status, time.monotonic() - started, proxy, seen)
+                )
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the calls are recorded, not logged."""
+
+
+def _call(body: bytes, data: bytes, status: int, seconds: float, proxy: _Proxy, seen: int) -> Call:
+    request = json.loads(body)
+    usage: dict[str, Any] = {}
+    finish = ""
+    if status == 200:
+        answer = json.loads(data)
+        usage = answer.get("usage") or {}
+        finish = answer["choices"][0].get("finish_reason") or ""
+    return Call(
+        max_tokens=request.get("max_tokens"),
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        completion_tokens=usage.get("completion_tokens", 0),
+        evaluated=proxy.log.evaluated(seen) if status == 200 else None,
+        finish_reason=finish,
+        status=status,
+        seconds=seconds,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def llm_server(logs: Path) -> Iterator[_Proxy]:
+    """A fresh llama.cpp server (empty caches) behind a recording proxy; both stopped after."""
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(default_model_path()),
+        "--n_ctx", str(CONTEXT_TOKENS),
+        "--n_threads", "2",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--verbose", "true",
+        # Its RAM prompt cache (saved states, longest-prefix reuse); vLLM's prefix cache plays
+        # this part in production.
+        "--cache", "true",
+        "--cache_size", str(2 << 30),
+    ]  # fmt: skip
+    server = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert server.stderr is not None
+    log = ServerLog(server.stderr, logs / "server.log")
+    proxy = _Proxy(port, log)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        _wait_ready(port, server)
+        yield proxy
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _wait_ready(port: int, server: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"llama.cpp server exited with {server.returncode}")
+        url = f"http://127.0.0.1:{port}/v1/models"
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
+            return
+        time.sleep(0.5)
+    raise RuntimeError("llama.cpp server did not answer within the start timeout")
+
+
+# ------------------------------------------------------------------ the two sides
+
+
+@dataclass
+class Run:
+    side: Side
+    case_id: str
+    agents: int
+    regions: int
+    seconds: float = 0.0
+    valid_votes: int = 0
+    attributed: list[str] = field(default_factory=list)
+    truth: str = ""
+    error: str = ""
+    calls: list[Call] = field(default_factory=list)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(c.prompt_tokens for c in self.calls)
+
+    @property
+    def evaluated(self) -> int | None:
+        counts = [c.evaluated for c in self.calls if c.status == 200]
+        return None if None in counts else sum(c or 0 for c in counts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.calls)
+
+
+class _NoCache:
+    """Phase I's cache: never consulted, the space is pinned."""
+
+    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None:
+        return None
+
+    async def put_hazard_space(self, space: HazardSpace) -> None:
+        return None
+
+
+async def _ignore(_event: ProtocolEvent) -> None:
+    return None
+
+
+async def run_poirotd(case: Case, base_url: str, max_tokens: int, run: Run) -> None:
+    """The daemon's engine over its OpenAI backend; TTA = the whole `InvestigationEngine.run`."""
+    spec = poirotd_spec(case, base_url, max_tokens)
+    assert isinstance(spec.llm, OpenAILLMSpec)
+    backend = await OpenAIBackend.open(spec.llm)
+    engine = InvestigationEngine(spec, backend, _NoCache())
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(RUN_TIMEOUT_S):
+            outcome = await engine.run(case.messages, _ignore, incident=INCIDENT)
+    except (ProtocolError, TimeoutError) as exc:
+        run.error = str(exc) or "timed out"
+        return
+    finally:
+        run.seconds = time.monotonic() - started
+        await backend.aclose()
+    run.valid_votes = sum(not v.abstained for v in outcome.votes)
+    run.attributed = [outcome.hazard_space.regions[i].id for i in outcome.attribution.top]
+
+
+def run_library(case: Case, base_url: str, max_tokens: int, run: Run, logs: Path) -> None:
+    """The library in its own venv; TTA = its `run_poirot_from_agents` call, timed inside."""
+    job = json.dumps(library_job(case, base_url, max_tokens))
+    regions = hazard_regions(case)
+    with (logs / f"library-{case.case_id}.log").open("w") as progress:
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                [str(LIBRARY_VENV / "bin" / "python"), str(LIBRARY_DRIVER)],
+                input=job,
+                stdout=subprocess.PIPE,
+                stderr=progress,
+                text=True,
+                timeout=RUN_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            run.seconds, run.error = time.monotonic() - started, "timed out"
+            return
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        run.seconds = time.monotonic() - started
+        run.error = f"driver exited with {done.returncode}; see {progress.name}"
+        return
+    outcome = json.loads(lines[-1])
+    run.seconds = outcome["seconds"]
+    run.valid_votes = sum(library_vote_valid(v, len(regions)) for v in outcome["votes"].values())
+    names = {r.name: r.id for r in regions}
+    top = outcome["consensus"]["faulty_component"]
+    run.attributed = [names.get(name, name) for name in top.split(" / ")]
+
+
+def ensure_library_venv() -> None:
+    """The library and its LangChain stack live apart from the project's venv."""
+    python = LIBRARY_VENV / "bin" / "python"
+    probe = "import importlib.metadata as m; print(m.version('poirot-framework'))"
+    if python.exists():
+        found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+        if found.stdout.strip() == LIBRARY.split("==")[1]:
+            return
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(LIBRARY_VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", LIBRARY], check=True)
+
+
+def investigate(side: Side, case: Case, max_tokens: int, logs: Path) -> Run:
+    run = Run(side, case.case_id, len(case.agents), len(hazard_regions(case)), truth=case.truth)
+    with llm_server(logs) as proxy:
+        base_url = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
+        if side == "poirotd":
+            asyncio.run(run_poirotd(case, base_url, max_tokens, run))
+        else:
+            run_library(case, base_url, max_tokens, run, logs)
+        run.calls = list(proxy.calls)
+    return run
+
+
+# ------------------------------------------------------------------ figures and the report
+
+
+@dataclass(frozen=True)
+class Totals:
+    runs: int
+    median_seconds: float
+    calls: int
+    prompt_tokens: int
+    evaluated: int | None
+    completion_tokens: int
+    valid_votes: int
+    agents: int
+    correct: int
+    failed: int
+    max_prompt: int
+    cut: int  # calls that stopped at the token limit
+
+    @property
+    def valid_share(self) -> float:
+        return self.valid_votes / self.agents if self.agents else 0.0
+
+
+def totals(runs: Sequence[Run]) -> Totals:
+    calls = [c for r in runs for c in r.calls]
+    evaluated = [r.evaluated for r in runs]
+    return Totals(
+        runs=len(runs),
+        median_seconds=statistics.median(r.seconds for r in runs),
+        calls=len(calls),
+        prompt_tokens=sum(r.prompt_tokens for r in runs),
+        evaluated=None if None in evaluated else sum(e or 0 for e in evaluated),
+        completion_tokens=sum(r.completion_tokens for r in runs),
+        valid_votes=sum(r.valid_votes for r in runs),
+        agents=sum(r.agents for r in runs),
+        correct=sum(r.truth in r.attributed and not r.error for r in runs),
+        failed=sum(bool(r.error) for r in runs),
+        max_prompt=max((c.prompt_tokens for c in calls), default=0),
+        cut=sum(c.finish_reason == "length" for c in calls),
+    )
+
+
+def _count(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
+
+
+def _commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)
+    suffix = " plus uncommitted changes" if dirty.stdout.strip() else ""
+    return f"`{head.stdout.strip() or 'unknown'}`{suffix}"
+
+
+def render(runs: Sequence[Run], max_tokens: int, started: datetime) -> str:
+    """The BENCHMARKS.md section: the figures, per case, then how they were measured."""
+    by_side = {s: [r for r in runs if r.side == s] for s in SIDES}
+    ours, theirs = totals(by_side["poirotd"]), totals(by_side["library"])
+    ratio = ours.median_seconds / theirs.median_seconds if theirs.median_seconds else 0.0
+    cases = ", ".join(r.case_id for r in by_side["poirotd"])
+    limits = sorted({c.max_tokens or 0 for r in runs for c in r.calls})
+
+    def row(label: str, a: str, b: str, goal: str = "") -> str:
+        return f"| {label} | {a} | {b} | {goal} |"
+
+    lines = [
+        row("median time to attribution", f"**{ours.median_seconds:.0f} s**",
+            f"{theirs.median_seconds:.0f} s", f"≤ 1/3 of the library's: **{ratio:.2f}x**"),
+        row("LLM calls", f"{ours.calls}", f"{theirs.calls}"),
+        row("prompt tokens sent", f"{ours.prompt_tokens:,}", f"{theirs.prompt_tokens:,}"),
+        row("prompt tokens evaluated (sent minus cached)", f"**{_count(ours.evaluated)}**",
+            _count(theirs.evaluated), "no more than the library's"),
+        row("completion tokens", f"{ours.completion_tokens:,}", f"{theirs.completion_tokens:,}"),
+        row("calls cut at the token limit", f"{ours.cut}", f"{theirs.cut}"),
+        row("schema-valid votes", f"**{ours.valid_votes}/{ours.agents} "
+            f"({ours.valid_share:.0%})**", f"{theirs.valid_votes}/{theirs.agents} "
+            f"({theirs.valid_share:.0%})", "≥ 99%"),
+        row("runs without an attribution", f"{ours.failed}", f"{theirs.failed}"),
+        row("attribution = Who&When's mistake agent", f"{ours.correct}/{ours.runs}",
+            f"{theirs.correct}/{theirs.runs}"),
+        row("largest prompt of one call (tokens)", f"{ours.max_prompt:,}",
+            f"{theirs.max_prompt:,}"),
+    ]  # fmt: skip
+    per_case = [
+        "| case | agents / regions | side | TTA | calls | prompt sent / evaluated | completion "
+        "| valid votes | attributed (truth) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in runs:
+        attributed = r.error[:60] if r.error else ", ".join(r.attributed)
+        per_case.append(
+            f"| {r.case_id} | {r.agents} / {r.regions} | {r.side} | {r.seconds:.0f} s "
+            f"| {len(r.calls)} | {r.prompt_tokens:,} / {_count(r.evaluated)} "
+            f"| {r.completion_tokens:,} | {r.valid_votes}/{r.agents} | {attributed} ({r.truth}) |"
+        )
+    header = (
+        f"{started:%Y-%m-%d %H:%M} UTC, commit {_commit()}; {platform.machine()}, "
+        f"Python {platform.python_version()}, llama-cpp-python's server with SmolLM2-135M-Instruct "
+        f"(Q4_1), 8k context, 2 threads, one slot; Who&When Algorithm-Generated cases {cases}; "
+        f"per-call token limit **{max_tokens}** on both sides (limits seen in requests: "
+        f"{', '.join(map(str, limits))})."
+    )
+    return f"""{begin_marker(SECTION)}
+## Time to attribution (`python -m bench.tta`)
+
+{header}
+
+| figure | poirotd | poirot-framework 0.2.0, C3 | goal |
+| --- | ---: | ---: | --- |
+{chr(10).join(lines)}
+
+{chr(10).join(per_case)}
+
+### How it is measured
+
+- **Same inputs.** Each case becomes a poirotd system spec (agents = the `system_prompt` entries
+  that speak in the history; any other speaker, the code executor, a component; the history is
+  the session, broadcast) and, for the library, one LangChain agent per agent
+  (`create_react_agent` over `ChatOpenAI` at the same server, the agent's system prompt, its
+  history: its own messages as AI turns, each message it received as a human turn named after
+  the sender) passed to `run_poirot_from_agents(provider="local", mode="C3")`.
+- **Same hazard space, pinned.** Both sides vote over the space poirotd falls back to when its
+  Phase I gives no valid answer: one region per agent, then the components. poirotd gets it as
+  `hazard_space.regions` in the spec; the library gets it as its Phase 0 result (its own Phase 0
+  fails with this model on every case tried; `run_poirot` reads a saved one from its output
+  directory, `run_poirot_from_agents` cannot be given one, so the driver answers Phase 0 with
+  it). Neither side spends a call on it.
+- **Same limit.** Every request carries `max_tokens` = {max_tokens}: poirotd's report, turn,
+  answer and vote limits are all set to it; the library's chat models are all created with it
+  (its Phase 2 models otherwise have none, and the server then generates until the context is
+  full). The proxy records the `max_tokens` of every request (listed above).
+- **Time to attribution.** poirotd: `InvestigationEngine.run` in this process, from its start to
+  the attribution (the daemon's store and gRPC around it are not included). Library: its
+  `run_poirot_from_agents` call, timed inside its driver process (not its imports).
+- **Calls and tokens.** A recording reverse proxy sits between each client and the server and
+  takes prompt and completion tokens from each response's `usage`. The server does not report
+  cached tokens (`prompt_tokens_details` is absent), so "evaluated" is what llama.cpp's own
+  `prompt eval time ... / N tokens` log line says for that call; the proxy forwards one request
+  at a time (the server runs one anyway) so each line belongs to one call. The server runs with
+  its RAM prompt cache (`--cache`), which both sides may use, and is restarted for every run so
+  neither side starts with the other's cache.
+- **Schema-valid votes.** poirotd: votes that passed its vote schema (not abstentions, repairs
+  allowed). Library: final votes whose `location` is a 0/1 vector with one entry per region, the
+  same test.
+- **Order.** Cases alternate sides (poirotd, library, next case...) on a shared 2-core machine.
+
+{end_marker(SECTION)}"""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=list(CASES))
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    ensure_library_venv()
+    logs = Path(tempfile.mkdtemp(prefix="bench-tta-"))
+    print(f"logs: {logs}", flush=True)
+    started = datetime.now(UTC)
+    runs: list[Run] = []
+    for case_id in args.cases:
+        case = load_case(args.data / f"{case_id}.json")
+        for side in SIDES:
+            run = investigate(side, case, args.max_tokens, logs)
+            runs.append(run)
+            print(json.dumps(asdict(run)), flush=True)
+    (logs / "runs.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
+    section = render(runs, args.max_tokens, started)
+    print(section)
+    if not args.no_write:
+        write_section(SECTION, section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""`poirotd eval`: run benchmark cases through the daemon, score them, export a case's spec."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+import yaml
+from pydantic import TypeAdapter, ValidationError
+from rich.console import Console
+
+from poirotd.config import LLMSpec
+from poirotd.eval.cases import Dataset, EvalCase
+from poirotd.model import InvestigationMethod
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Run benchmark cases (BLAME, Who&When, TracerTraj) through the daemon and score them.",
+)
+
+DataDirOption = Annotated[
+    Path,
+    typer.Option(
+        envvar="POIROTD_EVAL_DATA",
+        help="the data folder holding blame/, whowhen/ and tracertraj/",
+    ),
+]
+CaseArgument = Annotated[
+    str, typer.Argument(help="DATASET:CASE_ID (e.g. whowhen:12) or a JSON file holding one case")
+]
+MethodOption = Annotated[
+    InvestigationMethod,
+    typer.Option(
+        help="poirot: the five-phase protocol; baseline: one all-at-once LLM call",
+    ),
+]
+
+
+def load_case(ref: str, data_dir: Path) -> EvalCase:
+    """The case a command names, or exit 2 saying why it cannot be had."""
+    from poirotd.eval.selection import resolve_case
+
+    try:
+        return resolve_case(ref, data_dir)
+    except (OSError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command("run")
+def run_command(
+    dataset: Annotated[Dataset, typer.Option()],
+    out: Annotated[
+        Path, typer.Option(help="run directory: results.jsonl and run.json (resumed if present)")
+    ],
+    data_dir: DataDirOption = Path("data"),
+    method: MethodOption = "poirot",
+    ids: Annotated[
+        str | None, typer.Option(help="comma-separated case ids to keep (default: all)")
+    ] = None,
+    offset: Annotated[int, typer.Option(min=0, help="skip this many selected cases")] = 0,
+    limit: Annotated[int | None, typer.Option(min=1, help="at most this many cases")] = None,
+    model_path: Annotated[
+        Path | None, typer.Option(help="embedded: GGUF file (default: the shipped SmolLM2-135M)")
+    ] = None,
+    context_tokens: Annotated[
+        int | None, typer.Option(min=512, help="context window (default: the backend's)")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="embedded: CPU threads")] = None,
+    base_url: Annotated[
+        list[str] | None,
+        typer.Option(help="OpenAI-compatible server (vLLM); repeat to fail over; needs --model"),
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="the served model's name")] = None,
+    structured_output: Annotated[
+        Literal["json_schema", "json_object"],
+        typer.Option(
+            help="server: json_schema (vLLM, OpenAI) or json_object (llama.cpp's server)",
+        ),
+    ] = "json_schema",
+    case_timeout: Annotated[
+        float | None, typer.Option(min=1, help="seconds a case may take (default: no limit)")
+    ] = None,
+    retry_failed: Annotated[
+        bool, typer.Option(help="run again the cases recorded as failed or timed out")
+    ] = False,
+) -> None:
+    """Run cases through the daemon's core, one fresh store per case and one model for all.
+
+    One line per case is appended to OUT/results.jsonl as soon as the case finishes; rerunning
+    the same command skips the cases already there, so an interrupted run resumes.
+    """
+    from poirotd import logs
+    from poirotd.eval.journal import RunJournal, RunMismatch
+    from poirotd.eval.progress import RunProgress
+    from poirotd.eval.runner import run_cases
+    from poirotd.eval.selection import select_cases
+
+    llm = _llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
+    chosen = [i.strip() for i in ids.split(",") if i.strip()] if ids else None
+    try:
+        cases = select_cases(dataset, data_dir, ids=chosen, offset=offset, limit=limit)
+    except (OSError, KeyError, ValueError) as exc:
+        typer.echo(f"cannot load {dataset} from {data_dir}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    journal = RunJournal(out)
+    try:
+        journal.begin(
+            dataset=dataset,
+            method=method,
+            llm=llm.model_dump(mode="json"),
+            selection={"ids": chosen, "offset": offset, "limit": limit},
+        )
+    except RunMismatch as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    logs.configure("error", "console")
+    console = Console()
+    progress = RunProgress(console)
+    try:
+        with progress:
+            asyncio.run(
+                run_cases(
+                    cases,
+                    journal,
+                    method=method,
+                    llm=llm,
+                    observer=progress,
+                    case_timeout=case_timeout,
+                    retry=("failed", "timeout") if retry_failed else (),
+                )
+            )
+    except KeyboardInterrupt:
+        console.print(
+            f"interrupted: {progress.ok + progress.failed} cases recorded this time in "
+            f"{journal.results_path}; run the same command again to resume"
+        )
+        raise typer.Exit(130) from None
+    console.print(f"{progress.ok} ok, {progress.failed} not ok; results in {journal.results_path}")
+
+
+@app.command("report")
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory of `poirotd eval run`")],
+) -> None:
+    """Score a run directory's results and write the report beside them."""
+    from poirotd.eval.journal import RunJournal
+    from poirotd.eval.report import render_report
+
+    journal = RunJournal(run_dir)
+    results = journal.results()
+    if not results:
+        typer.echo(f"no results in {journal.results_path}", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(render_report(results, run_dir)))
+
+
+@app.command("spec")
+def spec_command(
+    case: CaseArgument,
+    output: Annotated[Path, typer.Option("--output", "-o", help="where to write the YAML spec")],
+    data_dir: DataDirOption = Path("data"),
+) -> None:
+    """Write a case's system spec as YAML, for a daemon that `poirotd replay` can feed it to."""
+    spec = load_case(case, data_dir).spec
+    output.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    typer.echo(f"{output}: spec of system {spec.system.name!r} ({len(spec.agents)} agents)")
+
+
+def _llm_spec(
+    model_path: Path | None,
+    context_tokens: int | None,
+    threads: int | None,
+    base_urls: list[str] | None,
+    model: str | None,
+    structured_output: str,
+) -> LLMSpec:
+    """An OpenAI-compatible server when --base-url is given, else the embedded model."""
+    fields: dict[str, object] = {}
+    if context_tokens is not None:
+        fields["context_tokens"] = context_tokens
+    if base_urls:
+        if model is None:
+            raise typer.BadParameter("--base-url needs --model", param_hint="--model")
+        fields |= {
+            "backend": "openai",
+            "base_urls": base_urls,
+            "model": model,
+            "structured_output": structured_output,
+        }
+    else:
+        fields |= {"backend": "embedded", "model_path": model_path, "threads": threads}
+    try:
+        return TypeAdapter(LLMSpec).validate_python(fields)
+    except ValidationError as exc:
+        typer.echo(f"invalid LLM options: {exc}", err=True)
+        raise typer.Exit(2) from exc

@@ -1,0 +1,99 @@
+"""The report's figures: per-agent radar (the paper's Fig. 4) and vote projection (Fig. 5).
+
+Figures are drawn on `matplotlib.figure.Figure` objects and saved as PNG with the Agg renderer,
+never through pyplot, so no display or global figure state is involved.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Circle
+
+from poirotd.eval.projection import RADIUS, anchors, project
+from poirotd.eval.results import CaseResult
+from poirotd.eval.scoring import PerAgent, truth_vector
+
+# More axes than this make a radar unreadable; the most frequent voters are kept.
+MAX_RADAR_AXES = 16
+_DPI = 120
+_VOTER_MARKERS = ("o", "s", "^", "v", "P", "X", "<", ">", "p", "h", "8", "d")
+_VOTE_OFFSET = 0.03
+
+
+def radar(stats: PerAgent, title: str, path: Path) -> Path:
+    """Each axis a voter, at the accuracy of its own votes; the shaded disc is the aggregate's."""
+    ranked = sorted(stats.agents.items(), key=lambda kv: (-kv[1].total, kv[0]))[:MAX_RADAR_AXES]
+    labels = [agent for agent, _ in ranked]
+    values = [ratio.value or 0.0 for _, ratio in ranked]
+    angles = np.linspace(0.0, 2.0 * np.pi, len(labels), endpoint=False)
+    fig = Figure(figsize=(6, 6))
+    ax = fig.add_subplot(projection="polar")
+    aggregate = stats.aggregate.value or 0.0
+    circle = np.linspace(0.0, 2.0 * np.pi, 200)
+    ax.fill(circle, np.full_like(circle, aggregate), alpha=0.25, color="tab:orange")
+    ax.plot(circle, np.full_like(circle, aggregate), color="tab:orange", label="aggregate")
+    closed = np.append(angles, angles[:1])
+    ax.plot(closed, [*values, *values[:1]], marker="o", color="tab:blue", label="agent alone")
+    ax.set_xticks(angles, labels, fontsize=8)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower right", bbox_to_anchor=(1.15, -0.1), fontsize=8)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path
+
+
+def radial(results: Sequence[CaseResult], title: str, path: Path) -> Path:
+    """Ground truths (stars), consensus decisions (diamonds, larger when runs agree) and single
+    votes (one small marker per voter, darker where runs repeat a vote), coloured by ground
+    truth, on eq. 12's plane. All results must share one hazard space."""
+    region_ids = results[0].region_ids
+    if any(r.region_ids != region_ids for r in results):
+        raise ValueError("a radial projection needs one hazard space for all results")
+    fig = Figure(figsize=(7, 7))
+    ax = fig.add_subplot()
+    ax.add_patch(Circle((0.0, 0.0), RADIUS, fill=False, color="0.7", linestyle="--"))
+    for (x, y), label in zip(anchors(len(region_ids)), region_ids, strict=True):
+        ax.annotate(label, (x * 1.12, y * 1.12), ha="center", va="center", fontsize=7)
+    scenarios = sorted({tuple(int(b) for b in truth_vector(r)) for r in results})
+    colours = {s: f"C{i % 10}" for i, s in enumerate(scenarios)}
+    # Each voter keeps one marker and a small fixed offset, so coinciding votes stay visible.
+    voters = sorted({v.agent_id for r in results for v in r.votes})
+    markers = {a: _VOTER_MARKERS[i % len(_VOTER_MARKERS)] for i, a in enumerate(voters)}
+    ring = anchors(max(len(voters), 1), _VOTE_OFFSET)
+    offsets = {a: ring[i] for i, a in enumerate(voters)}
+    for scenario in scenarios:
+        mine = [r for r in results if tuple(int(b) for b in truth_vector(r)) == scenario]
+        colour = colours[scenario]
+        votes = Counter((v.agent_id, v.location) for r in mine for v in r.votes if not v.abstained)
+        decisions = Counter(r.decision for r in mine if r.status == "ok" and r.decision)
+        for (voter, location), count in votes.items():
+            (x, y) = project([location])[0] + offsets[voter]
+            ax.scatter(
+                x,
+                y,
+                s=22,
+                color=colour,
+                alpha=min(1.0, 0.3 * count),
+                marker=markers[voter],
+                zorder=3,
+            )
+        for decision, count in decisions.items():
+            (x, y) = project([decision])[0]
+            ax.scatter(x, y, s=60 * count, color=colour, marker="D", edgecolors="black")
+        (x, y) = project([scenario])[0]
+        name = "+".join(r for r, bit in zip(region_ids, scenario, strict=True) if bit) or "none"
+        ax.scatter(x, y, s=220, color=colour, marker="*", edgecolors="black", label=f"GT {name}")
+    ax.set_xlim(-0.75, 0.75)
+    ax.set_ylim(-0.75, 0.75)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path

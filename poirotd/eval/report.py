@@ -1,0 +1,103 @@
+"""The evaluation report: one markdown file with the score tables, and the figures beside it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from poirotd.eval import plots
+from poirotd.eval.results import CaseResult
+from poirotd.eval.scoring import STEP_TOLERANCES, Ratio, Summary, groups, per_agent, summarise
+
+REPORT = "report.md"
+
+_COLUMNS = (
+    "dataset",
+    "method",
+    "model",
+    "n",
+    "ok",
+    "context_exceeded",
+    "failed",
+    "agent acc",
+    *(f"step ±{k}" if k else "step exact" for k in STEP_TOLERANCES),
+    "exact k=1",
+    "exact k>1",
+    "chance 1/N",
+    "chance 1/2^N",
+    "mean prompt tokens",
+    "mean completion tokens",
+    "mean seconds",
+)
+
+_NOTES = """\
+Rates are over all n cases of a row: a failed or context-exceeded run counts as a miss.
+*agent acc*: the decision names exactly the faulty region(s), matched by id (for BLAME, the
+overall exact-vector accuracy). *step*: the predicted session index is within ±k messages of the
+true one. *exact k=1 / k>1*: exact-vector match over the cases with one / several faults.
+*chance 1/N*: mean over cases of 1/N for N regions (a uniform single-region guess);
+*chance 1/2^N*: mean of 1/2^N (a uniform guess over all fault vectors, the reference for exact
+vectors). A dash: no case to score.
+"""
+
+
+def render_report(results: Sequence[CaseResult], out_dir: Path) -> Path:
+    """Write report.md and its PNG figures into `out_dir`; returns the markdown's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["# Attribution evaluation", "", _NOTES, _row(_COLUMNS), _row(("---",) * len(_COLUMNS))]
+    grouped = groups(results)
+    lines += [_row((*key, *_cells(summarise(rows)))) for key, rows in grouped.items()]
+    for key, rows in grouped.items():
+        lines += _figures(key, rows, out_dir)
+    path = out_dir / REPORT
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def percent(ratio: Ratio) -> str:
+    """How a rate is written in the report: "66.7% (2/3)", or a dash when nothing was scored."""
+    value = ratio.value
+    return "—" if value is None else f"{100 * value:.1f}% ({ratio.hits}/{ratio.total})"
+
+
+def _cells(s: Summary) -> tuple[str, ...]:
+    return (
+        str(s.n),
+        str(s.ok),
+        str(s.context_exceeded),
+        str(s.failed),
+        percent(s.attribution),
+        *(percent(s.step[k]) for k in STEP_TOLERANCES),
+        percent(s.exact_single),
+        percent(s.exact_multi),
+        f"{100 * s.chance_region:.2f}%",
+        f"{100 * s.chance_vector:.3g}%",
+        f"{s.mean_prompt_tokens:.0f}",
+        f"{s.mean_completion_tokens:.0f}",
+        f"{s.mean_seconds:.1f}",
+    )
+
+
+def _figures(key: tuple[str, str, str], rows: Sequence[CaseResult], out_dir: Path) -> list[str]:
+    """Per-agent table and radar when there are votes; the projection when the space is shared."""
+    title = " / ".join(k for k in key if k)
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+    stats = per_agent(rows)
+    if not stats.agents:
+        return []
+    lines = ["", f"## {title}", "", "| voter | accuracy of its own vote |", "| --- | --- |"]
+    lines += [f"| {agent} | {percent(ratio)} |" for agent, ratio in stats.agents.items()]
+    lines.append(f"| **aggregate** | {percent(stats.aggregate)} |")
+    radar = plots.radar(stats, f"{title}: voters alone vs aggregate", out_dir / f"radar-{slug}.png")
+    lines += ["", f"![per-agent accuracy]({radar.name})"]
+    if len({r.region_ids for r in rows}) == 1:
+        radial = plots.radial(
+            rows, f"{title}: votes, consensus, truth", out_dir / f"radial-{slug}.png"
+        )
+        lines += ["", f"![radial projection]({radial.name})"]
+    return lines
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"

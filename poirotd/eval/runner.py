@@ -1,0 +1,209 @@
+"""Runs benchmark cases through the daemon's own core: a fresh store per case, one model per run.
+
+Each case is committed through the ingest path gRPC uses and investigated by the daemon's
+investigation runner, so a score measures the daemon as deployed, not a harness around the
+protocol. Results are appended to `results.jsonl` one durable line per case, which is also what
+makes a run resumable: a case whose line is there is not run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from poirotd.config import LLMSpec, OpenAILLMSpec, Settings
+from poirotd.daemon import build_core
+from poirotd.errors import ServiceError
+from poirotd.eval.cases import EvalCase
+from poirotd.eval.journal import RunJournal
+from poirotd.eval.results import CaseResult, Status, TokenUsage
+from poirotd.eval.session import session_id_of, session_items
+from poirotd.llm import LLMBackend
+from poirotd.llm.factory import open_backend
+from poirotd.metrics import Metrics
+from poirotd.model import Investigation, InvestigationMethod, InvestigationState, LLMExchange
+from poirotd.service import PoirotService
+from poirotd.store import IngestItem, Store
+
+
+class Observer(Protocol):
+    """Told what the run is doing (the CLI draws a progress bar from it)."""
+
+    def planned(self, total: int, done: int) -> None: ...
+    def case_started(self, case: EvalCase) -> None: ...
+    def case_finished(self, result: CaseResult) -> None: ...
+
+
+async def run_cases(
+    cases: Sequence[EvalCase],
+    journal: RunJournal,
+    *,
+    method: InvestigationMethod,
+    llm: LLMSpec,
+    observer: Observer,
+    backend: LLMBackend | None = None,
+    settings: Settings | None = None,
+    case_timeout: float | None = None,
+    retry: Collection[Status] = (),
+) -> None:
+    """Runs every case not yet in the journal (or recorded with a status in `retry`), in order,
+    recording each as it finishes.
+
+    The backend is opened from `llm` once for the whole run (loading an embedded model is slow)
+    unless one is given; each case's spec is pointed at `llm`, so its record is what that model
+    answered. Cancellation (Ctrl-C) abandons the case in flight, which is then not recorded.
+    """
+    settings = settings or Settings()
+    todo = [c for c in cases if journal.status(c.dataset, c.case_id, method) in (None, *retry)]
+    observer.planned(len(cases), len(cases) - len(todo))
+    if not todo:
+        return
+    own = backend is None
+    backend = backend or await open_backend(llm)
+    try:
+        for case in todo:
+            observer.case_started(case)
+            case = case.model_copy(update={"spec": case.spec.model_copy(update={"llm": llm})})
+            result = await run_case(
+                case,
+                backend,
+                method=method,
+                model=model_label(llm),
+                settings=settings,
+                limit_seconds=case_timeout,
+            )
+            journal.append(result)
+            observer.case_finished(result)
+    finally:
+        if own:
+            await backend.aclose()
+
+
+def model_label(llm: LLMSpec) -> str:
+    """The served model's name, or the embedded model file's."""
+    if isinstance(llm, OpenAILLMSpec):
+        return llm.model
+    return llm.model_path.name if llm.model_path is not None else "default embedded model"
+
+
+async def run_case(
+    case: EvalCase,
+    backend: LLMBackend,
+    *,
+    method: InvestigationMethod,
+    model: str,
+    settings: Settings,
+    limit_seconds: float | None = None,
+) -> CaseResult:
+    """One case on a fresh core and a temporary store: ingest, trigger, wait for the end.
+
+    A case the daemon refuses or that overruns `limit_seconds` is a result too, not an exception:
+    a run records every case it attempts.
+    """
+    started = time.monotonic()
+    outcome = _Outcome(case, method, model)
+    with tempfile.TemporaryDirectory(prefix="poirotd-eval-") as folder:
+        store = await Store.open(Path(folder) / "case.db", synchronous="NORMAL")
+        core = build_core(case.spec, store, backend, Metrics(case.spec.system.name), settings)
+        core.runner.start()
+        try:
+            async with asyncio.timeout(limit_seconds):
+                investigation = await _investigate(
+                    core.service, case, method, settings.ingest_batch_max
+                )
+            exchanges = await core.service.exchanges(investigation.investigation_id)
+        except ServiceError as exc:
+            return outcome.result("failed", str(exc), time.monotonic() - started)
+        except TimeoutError:
+            return outcome.result(
+                "timeout", f"not finished after {limit_seconds} s", time.monotonic() - started
+            )
+        finally:
+            await core.runner.drain(0)
+            await store.close()
+    return outcome.of(investigation, exchanges, time.monotonic() - started)
+
+
+async def _investigate(
+    service: PoirotService, case: EvalCase, method: InvestigationMethod, batch_max: int
+) -> Investigation:
+    session_id = session_id_of(case)
+    await _ingest(service, session_items(case, session_id), batch_max)
+    reason = f"evaluation: {case.dataset} case {case.case_id}"
+    investigation = await service.trigger(session_id, reason, method=method)
+    async for _ in service.events(
+        after_event_id=0, investigation_id=investigation.investigation_id
+    ):
+        pass  # the stream ends with the investigation's terminal event
+    return await service.get(investigation.investigation_id)
+
+
+async def _ingest(service: PoirotService, items: Sequence[IngestItem], batch_max: int) -> None:
+    """Validated and committed in batches as gRPC ingest does; the item size checked against
+    the daemon's limit is its JSON size, the in-process stand-in for its wire size."""
+    validator = service.new_ingest_validator()
+    for start in range(0, len(items), batch_max):
+        batch = items[start : start + batch_max]
+        for seq, item in enumerate(batch, start=start + 1):
+            validator.check(seq, item, len(item.model_dump_json()))
+        await service.commit(batch)
+
+
+class _Outcome:
+    """Builds a case's result line from its finished investigation, or from why there is none."""
+
+    def __init__(self, case: EvalCase, method: InvestigationMethod, model: str) -> None:
+        self._case = case
+        self._method = method
+        self._model = model
+
+    def result(self, status: Status, error: str, seconds: float, **fields: Any) -> CaseResult:
+        fields.setdefault("region_ids", self._spec_region_ids())
+        return CaseResult(
+            case_id=self._case.case_id,
+            dataset=self._case.dataset,
+            method=self._method,
+            model=self._model,
+            status=status,
+            error=error,
+            truth=self._case.truth,
+            seconds=seconds,
+            **fields,
+        )
+
+    def of(
+        self, record: Investigation, exchanges: Sequence[LLMExchange], seconds: float
+    ) -> CaseResult:
+        fields: dict[str, Any] = {
+            "votes": record.votes,
+            "tokens": TokenUsage(
+                prompt=record.usage.prompt_tokens,
+                completion=record.usage.completion_tokens,
+                cached=sum(x.cached_tokens or 0 for x in exchanges),
+            ),
+            "context_cuts": len(record.context_cuts),
+        }
+        if record.hazard_space is not None:
+            fields["region_ids"] = tuple(r.id for r in record.hazard_space.regions)
+        if record.attribution is not None:
+            a = record.attribution
+            fields |= {"decision": a.decision, "scores": a.scores, "step": a.step}
+        if record.state is InvestigationState.SUCCEEDED:
+            return self.result("ok", "", seconds, **fields)
+        context = "context_exceeded" in record.error or any(
+            x.error_reason == "context_exceeded" for x in exchanges
+        )
+        status: Status = "context_exceeded" if context else "failed"
+        return self.result(status, record.error or record.state.value, seconds, **fields)
+
+    def _spec_region_ids(self) -> tuple[str, ...]:
+        """The regions the case is answered in when no hazard space was built: the pinned ones,
+        else the spec's agents and components (as the protocol's own fallback orders them)."""
+        spec = self._case.spec
+        if spec.hazard_space is not None:
+            return tuple(r.id for r in spec.hazard_space.regions)
+        return (*spec.agent_ids, *(c.id for c in spec.components))

@@ -1,0 +1,175 @@
+"""Scores of case results: pure functions over `CaseResult`s, no I/O.
+
+BLAME is scored by exact vector match (every bit of the decision equals the ground truth), split
+by the number k of faulty regions. Who&When and TracerTraj are scored by agent (the decision names
+exactly the faulty agent) and by step (exact or within ±k messages). Every rate is over all cases
+of a group: a run that failed or ran out of context counts as a miss, as in the original Who&When
+script, which divides by the number of cases in the dataset.
+
+Agents are matched by region id, exactly. The original Who&When evaluation
+(Agents_Failure_Attribution, Automated_FA/evaluate.py) credits a prediction when
+``actual_agent in predicted_agent`` and ``actual_step in predicted_step``, both substring tests
+on strings: a true "Verification_Expert" is credited for a predicted "DataVerification_Expert"
+(any agent whose name is contained in another's), and a true step "1" for a predicted "12".
+Numbers from that script can therefore be higher than ours for the same predictions.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from poirotd.eval.results import CaseResult
+from poirotd.model import Vote
+
+Bits = npt.NDArray[np.int64]
+
+# Step tolerances reported: exact, within one message, within three.
+STEP_TOLERANCES = (0, 1, 3)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    hits: int
+    total: int
+
+    @property
+    def value(self) -> float | None:
+        return self.hits / self.total if self.total else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One group of results (one dataset, method and model)."""
+
+    n: int
+    ok: int
+    context_exceeded: int
+    failed: int
+    # The decision names exactly the faulty region(s): agent accuracy for single-fault
+    # datasets, overall exact-vector accuracy for BLAME.
+    attribution: Ratio
+    exact_single: Ratio
+    exact_multi: Ratio
+    # Tolerance -> step accuracy, over the cases whose truth has a step.
+    step: dict[int, Ratio]
+    # Mean over the cases of 1/N: a uniform guess of one region of N (what argmax returns).
+    chance_region: float
+    # Mean over the cases of 1/2^N: a uniform guess over every binary fault vector (the
+    # paper's "2^7 = 128 localisations" for CORTEX); the reference for exact-vector match.
+    chance_vector: float
+    mean_prompt_tokens: float
+    mean_completion_tokens: float
+    mean_seconds: float
+
+
+@dataclass(frozen=True)
+class PerAgent:
+    """Each voter's own vote judged alone, beside the aggregate over the same cases."""
+
+    agents: dict[str, Ratio]
+    aggregate: Ratio
+
+
+def truth_vector(result: CaseResult) -> Bits:
+    return np.array([int(r in result.truth.regions) for r in result.region_ids], dtype=np.int64)
+
+
+def exact_match(predicted: npt.ArrayLike, truth: npt.ArrayLike) -> bool:
+    """Every bit equal. A truth naming no fault is never matched: every benchmark case has one,
+    and POIROT-web records its all-zero trading run (no injected fault logged) as incorrect."""
+    p, t = np.asarray(predicted, dtype=np.int64), np.asarray(truth, dtype=np.int64)
+    return bool(t.any()) and p.shape == t.shape and bool(np.array_equal(p, t))
+
+
+def attribution_hit(result: CaseResult) -> bool:
+    return result.status == "ok" and exact_match(result.decision, truth_vector(result))
+
+
+def step_hit(result: CaseResult, tolerance: int) -> bool:
+    """The predicted step is within `tolerance` messages of the true one (integers, not text)."""
+    truth, predicted = result.truth.step, result.step
+    if result.status != "ok" or truth is None or predicted is None:
+        return False
+    return abs(predicted - truth) <= tolerance
+
+
+def vote_hit(vote: Vote, truth: Bits) -> bool:
+    """An agent's own vote names exactly the faulty region(s); an abstention is a miss."""
+    return not vote.abstained and exact_match(vote.location, truth)
+
+
+def confusion(predicted: npt.ArrayLike, truth: npt.ArrayLike) -> tuple[int, int, int, int]:
+    """(TP, FP, FN, TN) over the regions: BLAME's partial-credit counts."""
+    p = np.asarray(predicted, dtype=bool)
+    t = np.asarray(truth, dtype=bool)
+    if p.size == 0:
+        p = np.zeros_like(t)
+    return (
+        int(np.sum(p & t)),
+        int(np.sum(p & ~t)),
+        int(np.sum(~p & t)),
+        int(np.sum(~p & ~t)),
+    )
+
+
+def summarise(results: Sequence[CaseResult]) -> Summary:
+    single = [r for r in results if len(r.truth.regions) == 1]
+    multi = [r for r in results if len(r.truth.regions) > 1]
+    stepped = [r for r in results if r.truth.step is not None]
+    sizes = np.array([len(r.region_ids) for r in results], dtype=np.float64)
+    return Summary(
+        n=len(results),
+        ok=sum(r.status == "ok" for r in results),
+        context_exceeded=sum(r.status == "context_exceeded" for r in results),
+        failed=sum(r.status in ("failed", "timeout") for r in results),
+        attribution=_ratio(attribution_hit(r) for r in results),
+        exact_single=_ratio(attribution_hit(r) for r in single),
+        exact_multi=_ratio(attribution_hit(r) for r in multi),
+        step={k: _ratio(step_hit(r, k) for r in stepped) for k in STEP_TOLERANCES},
+        chance_region=_mean(1.0 / sizes),
+        chance_vector=_mean(2.0**-sizes),
+        mean_prompt_tokens=_mean(np.array([r.tokens.prompt for r in results], dtype=np.float64)),
+        mean_completion_tokens=_mean(
+            np.array([r.tokens.completion for r in results], dtype=np.float64)
+        ),
+        mean_seconds=_mean(np.array([r.seconds for r in results], dtype=np.float64)),
+    )
+
+
+def per_agent(results: Sequence[CaseResult]) -> PerAgent:
+    """Accuracy of each voter over the finished cases it voted in, and of the aggregate there.
+
+    Voters are keyed by agent id; the aggregate is over the finished cases with any vote.
+    """
+    hits: dict[str, list[bool]] = defaultdict(list)
+    voted = [r for r in results if r.status == "ok" and r.votes]
+    for result in voted:
+        truth = truth_vector(result)
+        for vote in result.votes:
+            hits[vote.agent_id].append(vote_hit(vote, truth))
+    return PerAgent(
+        agents={agent: _ratio(h) for agent, h in sorted(hits.items())},
+        aggregate=_ratio(attribution_hit(r) for r in voted),
+    )
+
+
+def groups(results: Iterable[CaseResult]) -> dict[tuple[str, str, str], list[CaseResult]]:
+    """Results by (dataset, method, model), in sorted key order."""
+    grouped: dict[tuple[str, str, str], list[CaseResult]] = defaultdict(list)
+    for result in results:
+        grouped[(result.dataset, result.method, result.model)].append(result)
+    return dict(sorted(grouped.items()))
+
+
+def _ratio(hits: Iterable[bool]) -> Ratio:
+    flags = list(hits)
+    return Ratio(hits=sum(flags), total=len(flags))
+
+
+def _mean(values: npt.NDArray[np.float64]) -> float:
+    return float(values.mean()) if values.size else 0.0

@@ -1,0 +1,41 @@
+"""TracerTraj code-generation test split: 127 failed MetaGPT-style team runs in one parquet file.
+
+Rows look like Who&When's (history of {content, name, role, step}, mistake_agent, string
+mistake_step) but carry no system prompts: every speaker is an agent with a stand-in prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from poirotd.eval.cases import EvalCase
+from poirotd.eval.trajectory import Turn, trajectory_case
+
+FILE = Path("tracertraj") / "tracertraj-code-test.parquet"
+
+
+def load_all(data_dir: Path) -> list[EvalCase]:
+    """Every row, in file order; the file is small enough to read at once."""
+    rows: list[dict[str, Any]] = pq.read_table(data_dir / FILE).to_pylist()
+    return [_case(row) for row in rows]
+
+
+def _case(row: dict[str, Any]) -> EvalCase:
+    history = row["history"]
+    speakers = [h["name"] for h in history]
+    return trajectory_case(
+        "tracertraj",
+        row["question_ID"],
+        description=(
+            "A software team of LLM agents (team leader, product manager, architect, engineer, "
+            "data analyst) that writes a Python solution to a programming task. The task: "
+            + row["question"]
+        ),
+        prompts=dict.fromkeys(speakers, ""),
+        turns=[Turn(name=h["name"], content=h["content"]) for h in history],
+        mistake_agent=row["mistake_agent"],
+        mistake_step=int(row["mistake_step"]),
+    )

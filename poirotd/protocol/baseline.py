@@ -1,0 +1,78 @@
+"""The paper's comparator, selectable per investigation: one LLM, all at once.
+
+One request holds the system (with every agent's instructions), the FULL session log (every
+message, not an agent's view), the incident and the Phase IV task; the answer is the Phase IV
+vote, checked by the same parser and repaired or retried by the same `RunContext.until_valid`.
+The evaluator is no agent of the system: its vote and its context cuts carry agent id "".
+
+Its single vote is the decision, so there is nothing to aggregate: scores are the vote's
+location as floats, top its 1s, rule "baseline", weight 1 and β 0 (no weighting happens), and
+the step is the vote's own. No valid answer within the bound is an abstention with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from poirotd.config.spec import SystemSpec
+from poirotd.llm.base import ChatMessage
+from poirotd.model import AgentMessage, Attribution, HazardSpace, Phase, Vote
+from poirotd.protocol import prompts
+from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.events import VoteCast
+from poirotd.protocol.run import CallSite, RunContext
+from poirotd.protocol.schemas import vote_format
+
+RULE = "baseline"
+EVALUATOR = ""
+
+
+async def baseline_vote(
+    spec: SystemSpec,
+    space: HazardSpace,
+    messages: Sequence[AgentMessage],
+    incident: str,
+    run: RunContext,
+) -> Vote:
+    """The single evaluator's vote (or abstention), emitted as it lands."""
+    limits = spec.protocol
+
+    def request(view: Sequence[AgentMessage]) -> list[ChatMessage]:
+        return prompts.baseline_request(spec, space, view, incident)
+
+    view = await run.fit(EVALUATOR, messages, request, reserve=limits.turn_max_tokens)
+    try:
+        answer = await run.until_valid(
+            CallSite(Phase.VOTING, EVALUATOR, "vote"),
+            request(view),
+            vote_format(space.size, {m.index for m in view}),
+            max_tokens=limits.turn_max_tokens,
+            retries=limits.invalid_json_retries,
+        )
+    except AnswerFailed as exc:
+        vote = Vote(agent_id=EVALUATOR, abstention_reason=f"vote: {exc}")
+    else:
+        vote = Vote(
+            agent_id=EVALUATOR,
+            location=answer.location,
+            hazard_vector=answer.hazard_vector,
+            justification=answer.justification,
+            weight=1.0,
+            step=answer.step,
+        )
+    await run.emit(VoteCast(vote=vote))
+    return vote
+
+
+def attribution(vote: Vote) -> Attribution:
+    """The single vote as the attribution (see the module docstring)."""
+    top = tuple(j for j, bit in enumerate(vote.location) if bit)
+    return Attribution(
+        scores=tuple(float(bit) for bit in vote.location),
+        top=top,
+        tie=len(top) > 1,
+        decision=vote.location,
+        rule=RULE,
+        beta=0.0,
+        step=vote.step,
+    )

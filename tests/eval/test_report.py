@@ -1,0 +1,151 @@
+"""The report: tables that agree with the scorer, valid figures, and the paper's projection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from poirotd.eval import blame
+from poirotd.eval.projection import anchors, project
+from poirotd.eval.report import percent, render_report
+from poirotd.eval.results import CaseResult, TokenUsage
+from poirotd.eval.scoring import STEP_TOLERANCES, groups, summarise
+from poirotd.model import Vote
+from tests.eval.helpers import DATA, one_hot, result
+
+CORTEX = blame.region_ids(DATA, "blame-cortex")
+EXPERTS = ("excel_expert", "verification_expert", "computer_terminal")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _votes(ids: tuple[str, ...], voters: dict[str, tuple[str, ...]]) -> list[Vote]:
+    return [Vote(agent_id=a, location=one_hot(ids, *loc), weight=0.6) for a, loc in voters.items()]
+
+
+def _fixture() -> list[CaseResult]:
+    cortex = [
+        ("doctor",),
+        ("doctor",),
+        ("parent", "d2w_exoskeleton"),
+        ("chief",),
+    ]
+    results = []
+    for i, truth in enumerate(cortex):
+        predicted = truth if i % 2 == 0 else ("patient",)
+        votes = _votes(
+            CORTEX, {"doctor": truth, "chief": ("patient",), "physio_general": predicted}
+        )
+        results.append(
+            result(
+                CORTEX,
+                truth,
+                predicted,
+                dataset="blame-cortex",
+                case_id=f"cortex_{i}",
+                votes=votes,
+                tokens=TokenUsage(prompt=1000 * (i + 1), completion=100),
+                seconds=10.0 + i,
+            )
+        )
+    results.append(result(CORTEX, ("doctor",), dataset="blame-cortex", status="context_exceeded"))
+    for i, (truth, step) in enumerate([("excel_expert", 2), ("verification_expert", 4)]):
+        results.append(
+            result(
+                EXPERTS,
+                (truth,),
+                ("excel_expert",),
+                case_id=str(i),
+                step=3,
+                truth_step=step,
+                votes=_votes(EXPERTS, {"excel_expert": ("excel_expert",)}),
+            )
+        )
+        results.append(
+            result(EXPERTS, (truth,), (truth,), method="baseline", case_id=str(i), step=step)
+        )
+    return results
+
+
+def _table(markdown: str) -> dict[tuple[str, str], dict[str, str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("| dataset")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == len(header) and cells[0] in ("blame-cortex", "whowhen"):
+            rows[(cells[0], cells[1])] = dict(zip(header, cells, strict=True))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return render_report(_fixture(), tmp_path_factory.mktemp("report"))
+
+
+def test_report_numbers_match_the_scorer(rendered: Path) -> None:
+    results = _fixture()
+    table = _table(rendered.read_text())
+    assert len(table) == 3
+    for (dataset, method, _), rows in groups(results).items():
+        s = summarise(rows)
+        row = table[(dataset, method)]
+        assert (row["n"], row["ok"], row["context_exceeded"]) == (
+            str(s.n),
+            str(s.ok),
+            str(s.context_exceeded),
+        )
+        assert row["agent acc"] == percent(s.attribution)
+        assert row["exact k=1"] == percent(s.exact_single)
+        assert row["exact k>1"] == percent(s.exact_multi)
+        assert row["step exact"] == percent(s.step[0])
+        assert [row[f"step ±{k}"] for k in STEP_TOLERANCES[1:]] == [
+            percent(s.step[k]) for k in STEP_TOLERANCES[1:]
+        ]
+        assert row["mean prompt tokens"] == f"{s.mean_prompt_tokens:.0f}"
+    cortex = table[("blame-cortex", "poirot")]
+    assert cortex["agent acc"] == "40.0% (2/5)"
+    assert cortex["chance 1/2^N"] == "0.781%"
+    assert table[("whowhen", "poirot")]["step ±1"] == "100.0% (2/2)"
+
+
+def test_report_figures_are_valid_images(rendered: Path) -> None:
+    markdown = rendered.read_text()
+    figures = sorted(rendered.parent.glob("*.png"))
+    # Radar for both voting groups; the projection only where one space is shared (both here).
+    assert {f.name.split("-")[0] for f in figures} == {"radar", "radial"}
+    assert len(figures) == 4
+    for figure in figures:
+        assert figure.name in markdown
+        assert figure.read_bytes()[:8] == PNG
+        assert figure.stat().st_size > 10_000
+        height, width = imread(figure).shape[:2]
+        assert height > 300 and width > 300
+    assert "| doctor | 100.0% (4/4) |" in markdown
+    assert "| **aggregate** | 50.0% (2/4) |" in markdown
+
+
+# ----------------------------------------------------------------- eqs. 11-12
+
+
+def test_one_hot_vectors_land_on_the_circle_from_the_bottom() -> None:
+    points = project(np.eye(4, dtype=int))
+    np.testing.assert_allclose(points, [[0, -0.5], [0.5, 0], [0, 0.5], [-0.5, 0]], atol=1e-12)
+    np.testing.assert_allclose(np.hypot(*anchors(15).T), 0.5)
+
+
+def test_zero_vector_is_the_origin_and_several_faults_the_mean() -> None:
+    points = project([[0, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    np.testing.assert_allclose(points[0], [0, 0])
+    np.testing.assert_allclose(points[1], anchors(5)[:2].mean(axis=0))
+    np.testing.assert_allclose(points[2], [0, 0], atol=1e-12)
+    assert np.hypot(*points[1]) < 0.5
+
+
+@pytest.mark.parametrize("n", [7, 15])
+def test_angles_follow_eq_11(n: int) -> None:
+    d = np.arange(n)
+    theta = 2 * np.pi * d / n - np.pi / 2
+    np.testing.assert_allclose(anchors(n), 0.5 * np.column_stack((np.cos(theta), np.sin(theta))))

@@ -1,0 +1,242 @@
+"""The eval runner on hand-built cases and a scripted LLM: one line per case, resumable, and a case
+that cannot fit the model recorded rather than dropped (orchestration only, no model answers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poirotd.config import EmbeddedLLMSpec, SystemSpec
+from poirotd.eval.cases import EvalCase, GroundTruth
+from poirotd.eval.journal import RunJournal, RunMismatch
+from poirotd.eval.results import CaseResult
+from poirotd.eval.runner import run_cases
+from poirotd.llm import ChatMessage, LLMError
+from poirotd.llm.scripted import ScriptedBackend
+from poirotd.model import AgentMessage, InvestigationMethod, MessageKind
+from tests.schema_fill import fill
+
+SPEC = SystemSpec.model_validate(
+    {
+        "system": {"name": "clinic", "description": "Two agents plan therapy on an exoskeleton."},
+        "agents": [
+            {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
+            {"id": "physio", "name": "Physio", "system_prompt": "You advise on dosing."},
+        ],
+        "components": [
+            {"id": "exo", "name": "Exoskeleton", "type": "hardware", "description": "Gait robot."}
+        ],
+        "protocol": {"max_invocations": 2},
+        "hazard_space": {
+            "regions": [
+                {"id": "doctor", "name": "Doctor", "type": "agent", "description": "x"},
+                {"id": "physio", "name": "Physio", "type": "agent", "description": "x"},
+                {"id": "exo", "name": "Exoskeleton", "type": "hardware", "description": "x"},
+            ]
+        },
+    }
+)
+LLM = EmbeddedLLMSpec(context_tokens=4096)
+
+
+def case(case_id: str, *, content: str = "Knee angle 270 degrees, continue.") -> EvalCase:
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
+    turns = [
+        ("doctor", "physio", "Patient fit for gait training."),
+        ("physio", "doctor", content),
+        ("doctor", "", "Agreed."),
+    ]
+    return EvalCase(
+        dataset="whowhen",
+        case_id=case_id,
+        spec=SPEC,
+        messages=tuple(
+            AgentMessage(
+                session_id=f"s-{case_id}",
+                index=i,
+                kind=MessageKind.AGENT,
+                sender=sender,
+                recipient=recipient,
+                content=text,
+                sent_at=t0 + timedelta(seconds=i),
+            )
+            for i, (sender, recipient, text) in enumerate(turns)
+        ),
+        truth=GroundTruth(regions=("doctor",), step=0),
+    )
+
+
+def answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
+    """A schema-valid answer; every vote names region 0 (the doctor)."""
+    return json.dumps(fill(schema)) if schema is not None else "I saw nothing unusual."
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.plan: tuple[int, int] | None = None
+        self.started: list[str] = []
+        self.finished: list[CaseResult] = []
+
+    def planned(self, total: int, done: int) -> None:
+        self.plan = (total, done)
+
+    def case_started(self, c: EvalCase) -> None:
+        self.started.append(c.case_id)
+
+    def case_finished(self, result: CaseResult) -> None:
+        self.finished.append(result)
+
+
+async def run(
+    cases: Sequence[EvalCase],
+    out: Path,
+    backend: ScriptedBackend,
+    method: InvestigationMethod = "poirot",
+) -> Recorder:
+    recorder = Recorder()
+    await run_cases(
+        cases, RunJournal(out), method=method, llm=LLM, observer=recorder, backend=backend
+    )
+    return recorder
+
+
+def lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method", ["poirot", "baseline"])
+async def test_each_case_is_one_line_with_the_investigation_outcome(
+    tmp_path: Path, method: InvestigationMethod
+) -> None:
+    backend = ScriptedBackend(answer)
+    recorder = await run([case("1"), case("2")], tmp_path, backend, method)
+
+    assert recorder.plan == (2, 0)
+    assert recorder.started == ["1", "2"]
+    rows = lines(tmp_path)
+    assert [(r["case_id"], r["method"], r["status"]) for r in rows] == [
+        ("1", method, "ok"),
+        ("2", method, "ok"),
+    ]
+    first = CaseResult.model_validate(rows[0])
+    assert first.region_ids == ("doctor", "physio", "exo")
+    assert first.decision == (1, 0, 0)
+    assert first.predicted_regions == ("doctor",)
+    assert first.truth == GroundTruth(regions=("doctor",), step=0)
+    assert first.model == "default embedded model"
+    assert first.tokens.prompt > 0 and first.tokens.completion > 0
+    assert first.seconds > 0
+    assert len(first.votes) == (2 if method == "poirot" else 1)
+    # The session reached the LLM as ingested: the physio's message is in the prompts.
+    assert any("Knee angle 270" in m.content for call in backend.calls for m in call.messages)
+
+
+async def test_a_rerun_skips_recorded_cases_and_adds_the_rest(tmp_path: Path) -> None:
+    cases = [case("1"), case("2")]
+    await run(cases[:1], tmp_path, ScriptedBackend(answer))  # as if stopped after case 1
+    backend = ScriptedBackend(answer)
+    recorder = await run(cases, tmp_path, backend)
+
+    assert recorder.plan == (2, 1)
+    assert recorder.started == ["2"]
+    assert [r["case_id"] for r in lines(tmp_path)] == ["1", "2"]
+    # Another method is another key: the same cases run again under it.
+    recorder = await run(cases, tmp_path, ScriptedBackend(answer), "baseline")
+    assert recorder.started == ["1", "2"]
+    assert len(lines(tmp_path)) == 4
+
+
+async def test_a_torn_last_line_is_ignored_and_its_case_rerun(tmp_path: Path) -> None:
+    await run([case("1")], tmp_path, ScriptedBackend(answer))
+    with (tmp_path / "results.jsonl").open("a") as f:
+        f.write('{"case_id": "2", "dataset": "whowhen", "meth')  # a crash mid-write
+    recorder = await run([case("1"), case("2")], tmp_path, ScriptedBackend(answer))
+
+    assert recorder.started == ["2"]
+    assert [r.case_id for r in RunJournal(tmp_path).results()] == ["1", "2"]
+
+
+async def test_a_case_that_does_not_fit_the_context_is_recorded(tmp_path: Path) -> None:
+    def refuse_long(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
+        if any("HUGE" in m.content for m in messages):
+            raise LLMError("prompt exceeds the context of 4096 tokens", reason="context_exceeded")
+        return answer(messages, schema)
+
+    cases = [case("big", content="HUGE " * 10), case("small")]
+    recorder = await run(cases, tmp_path, ScriptedBackend(refuse_long), "baseline")
+
+    big, small = recorder.finished
+    assert big.status == "context_exceeded", big.error
+    assert big.error
+    assert big.decision == ()
+    assert big.region_ids == ("doctor", "physio", "exo")
+    assert small.status == "ok"
+    assert [r["status"] for r in lines(tmp_path)] == ["context_exceeded", "ok"]
+
+
+async def test_a_case_the_daemon_refuses_is_a_failed_line(tmp_path: Path) -> None:
+    stranger = case("1")
+    bad = stranger.model_copy(
+        update={"messages": (stranger.messages[0].model_copy(update={"sender": "nobody"}),)}
+    )
+    recorder = await run([bad], tmp_path, ScriptedBackend(answer))
+
+    [result] = recorder.finished
+    assert result.status == "failed"
+    assert "nobody" in result.error
+
+    # Fixed (say, in the loader), a failed case is run again on request; its new line counts.
+    assert (await run([stranger], tmp_path, ScriptedBackend(answer))).started == []
+    recorder = Recorder()
+    await run_cases(
+        [stranger],
+        RunJournal(tmp_path),
+        method="poirot",
+        llm=LLM,
+        observer=recorder,
+        backend=ScriptedBackend(answer),
+        retry=("failed", "timeout"),
+    )
+    assert recorder.started == ["1"]
+    assert len(lines(tmp_path)) == 2
+    assert [r.status for r in RunJournal(tmp_path).results()] == ["ok"]
+
+
+def test_run_json_refuses_a_directory_of_another_model(tmp_path: Path) -> None:
+    journal = RunJournal(tmp_path)
+    journal.begin(dataset="whowhen", method="poirot", llm=LLM.model_dump(mode="json"), selection={})
+    journal.begin(
+        dataset="whowhen", method="baseline", llm=LLM.model_dump(mode="json"), selection={}
+    )
+    run_json = json.loads((tmp_path / "run.json").read_text())
+    assert [i["method"] for i in run_json["invocations"]] == ["poirot", "baseline"]
+    assert run_json["llm"]["context_tokens"] == 4096
+
+    other = EmbeddedLLMSpec(context_tokens=8192).model_dump(mode="json")
+    with pytest.raises(RunMismatch):
+        journal.begin(dataset="whowhen", method="poirot", llm=other, selection={})
+
+
+async def test_a_case_over_its_time_limit_is_a_timeout_line(tmp_path: Path) -> None:
+    async def never(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
+        await asyncio.Event().wait()
+        return ""
+
+    recorder = Recorder()
+    await run_cases(
+        [case("1")],
+        RunJournal(tmp_path),
+        method="baseline",
+        llm=LLM,
+        observer=recorder,
+        backend=ScriptedBackend(never),
+        case_timeout=0.2,
+    )
+    [result] = recorder.finished
+    assert (result.status, result.error) == ("timeout", "not finished after 0.2 s")

@@ -1,0 +1,110 @@
+"""The time-to-attribution bench's pure parts: case conversion, vote test, report section."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.report import begin_marker, end_marker, replace_section
+from bench.tta import (
+    Call,
+    Run,
+    library_job,
+    library_vote_valid,
+    load_case,
+    party_id,
+    poirotd_spec,
+    render,
+)
+from poirotd.model import MessageKind
+
+CASE = {
+    "question": "How many?",
+    "mistake_agent": "Excel_Expert",
+    "system_prompt": {
+        "Excel_Expert": "You read spreadsheets.",
+        "Check_Expert": "You verify.",
+        "Silent_Expert": "You never speak.",
+    },
+    "history": [
+        {"content": "task", "role": "assistant", "name": "Excel_Expert"},
+        {"content": "exitcode: 0", "role": "user", "name": "Computer_terminal"},
+        {"content": "looks right", "role": "assistant", "name": "Check_Expert"},
+        {"content": "TERMINATE", "role": "assistant", "name": "Excel_Expert"},
+    ],
+}
+
+
+def _case(tmp_path: Path):
+    path = tmp_path / "7.json"
+    path.write_text(json.dumps(CASE))
+    return load_case(path)
+
+
+def test_speaking_prompts_are_agents_other_speakers_components(tmp_path: Path) -> None:
+    case = _case(tmp_path)
+    assert [a.id for a in case.agents] == ["excel_expert", "check_expert"]
+    assert [c.id for c in case.components] == ["computer_terminal"]
+    assert case.truth == "excel_expert"
+    kinds = [(m.kind, m.sender, m.recipient) for m in case.messages]
+    assert kinds[1] == (MessageKind.TOOL, "computer_terminal", "")
+    assert [m.index for m in case.messages] == [0, 1, 2, 3]
+
+
+def test_library_histories_hold_each_message_once_per_recipient(tmp_path: Path) -> None:
+    histories = _case(tmp_path).histories
+    # The next other agent to speak receives a message; the last one goes back to the previous.
+    assert [(m.own, m.sender, m.content) for m in histories["check_expert"]] == [
+        (False, "excel_expert", "task"),
+        (False, "computer_terminal", "exitcode: 0"),
+        (True, "check_expert", "looks right"),
+        (False, "excel_expert", "TERMINATE"),
+    ]
+    assert [(m.own, m.content) for m in histories["excel_expert"]] == [
+        (True, "task"),
+        (False, "looks right"),
+        (True, "TERMINATE"),
+    ]
+
+
+def test_both_sides_get_the_same_pinned_space_and_limit(tmp_path: Path) -> None:
+    case = _case(tmp_path)
+    spec = poirotd_spec(case, "http://127.0.0.1:1/v1", 300)
+    job = library_job(case, "http://127.0.0.1:1/v1", 300)
+    assert spec.hazard_space is not None
+    pinned = [r.model_dump() for r in spec.hazard_space.regions]
+    assert job["error_space"]["error_regions"] == pinned
+    assert [r["id"] for r in pinned] == ["excel_expert", "check_expert", "computer_terminal"]
+    p = spec.protocol
+    assert {p.report_max_tokens, p.turn_max_tokens, p.answer_max_tokens, job["max_tokens"]} == {300}
+
+
+def test_party_ids_are_spec_identifiers() -> None:
+    assert party_id("Python_ScikitLearn-Expert") == "python_scikitlearn_expert"
+    assert party_id("3D_Expert") == "p_3d_expert"
+
+
+def test_library_vote_valid_is_the_vote_schema() -> None:
+    assert library_vote_valid([0, 1, 0], 3)
+    assert not library_vote_valid([0, 1], 3)
+    assert not library_vote_valid([0, 2, 0], 3)
+    assert not library_vote_valid([False, True, False], 3)
+    assert not library_vote_valid("x2", 3)
+
+
+def test_render_replaces_only_its_own_section() -> None:
+    call = Call(768, 1000, 200, 400, "stop", 200, 3.0)
+    runs = [
+        Run("poirotd", "7", 2, 3, 10.0, 2, ["excel_expert"], "excel_expert", calls=[call]),
+        Run("library", "7", 2, 3, 40.0, 1, ["check_expert"], "excel_expert", calls=[call, call]),
+    ]
+    section = render(runs, 768, datetime(2026, 1, 1, tzinfo=UTC))
+    assert section.startswith(begin_marker("bench.tta")) and section.endswith(
+        end_marker("bench.tta")
+    )
+    assert "0.25x" in section and "2/2 (100%)" in section
+    other = f"{begin_marker('bench.ingest quick')}\nkept\n{end_marker('bench.ingest quick')}"
+    once = replace_section(f"# B\n\n{other}\n", "bench.tta", section)
+    twice = replace_section(once, "bench.tta", section.replace("0.25x", "0.30x"))
+    assert other in twice and "0.30x" in twice and "0.25x" not in twice
