@@ -386,39 +386,65 @@ async def mqtt_rate(p: Plan, folder: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ hazard latency
 
 
-@contextlib.contextmanager
-def probes(latencies: list[float], commits: list[tuple[int, float]]) -> Iterator[None]:
-    """Bench-only hooks, removed on exit. The HazardMonitor receiving each event is timed against
-    its triggering sample's measured_at, which the publisher stamps with its send time; each
-    store commit is recorded as (items, seconds), which is what the latency is made of."""
-    open_events, commit_ingest = HazardMonitor._open, Store.commit_ingest
+@dataclass
+class Probe:
+    """What the bench-only hooks saw: publish → HazardEvent (rules evaluated on arrival) and
+    publish → the monitor opening investigations for it (after the commit), in seconds, both
+    against the triggering sample's measured_at, which the publisher stamps with its send time;
+    and each store commit as (items, seconds)."""
 
-    async def timed_open(self: HazardMonitor, events: Sequence[HazardEvent]) -> None:
+    events: list[float] = field(default_factory=list)
+    opened: list[float] = field(default_factory=list)
+    commits: list[tuple[int, float]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def probes(probe: Probe) -> Iterator[None]:
+    """Installs the hooks that fill `probe`; removed on exit."""
+    evaluate, open_events, commit_ingest = (
+        HazardMonitor.evaluate,
+        HazardMonitor.open,
+        Store.commit_ingest,
+    )
+
+    def timed_evaluate(self: HazardMonitor, items: Sequence[IngestItem]) -> list[HazardEvent]:
+        events = evaluate(self, items)
         now = time.time()
-        latencies.extend(now - event.at.timestamp() for event in events)
-        await open_events(self, events)
+        probe.events.extend(now - event.at.timestamp() for event in events)
+        return events
+
+    async def timed_open(
+        self: HazardMonitor, events: Sequence[HazardEvent], items: Sequence[IngestItem]
+    ) -> None:
+        now = time.time()
+        probe.opened.extend(now - event.at.timestamp() for event in events)
+        await open_events(self, events, items)
 
     async def timed_commit(self: Store, items: Sequence[IngestItem]) -> None:
         began = time.perf_counter()
         await commit_ingest(self, items)
-        commits.append((len(items), time.perf_counter() - began))
+        probe.commits.append((len(items), time.perf_counter() - began))
 
-    setattr(HazardMonitor, "_open", timed_open)  # noqa: B010 - restored below
-    setattr(Store, "commit_ingest", timed_commit)  # noqa: B010
+    hooks = {
+        (HazardMonitor, "evaluate"): (timed_evaluate, evaluate),
+        (HazardMonitor, "open"): (timed_open, open_events),
+        (Store, "commit_ingest"): (timed_commit, commit_ingest),
+    }
+    for (owner, name), (hook, _) in hooks.items():
+        setattr(owner, name, hook)
     try:
         yield
     finally:
-        setattr(HazardMonitor, "_open", open_events)  # noqa: B010
-        setattr(Store, "commit_ingest", commit_ingest)  # noqa: B010
+        for (owner, name), (_, original) in hooks.items():
+            setattr(owner, name, original)
 
 
 async def hazard_latency(p: Plan, folder: Path, samples_per_s: float) -> dict[str, Any]:
     """One frame of FRAME_SIGNALS readings per message; every signal spikes once per
     SPIKE_PERIOD frames and one threshold rule per signal (cooldown 2 s) fires on it."""
-    latencies: list[float] = []
-    commits: list[tuple[int, float]] = []
+    probe = Probe()
     meter = Meter()
-    with mosquitto() as port, probes(latencies, commits):
+    with mosquitto() as port, probes(probe):
         spec = bench_spec(frame_rules(cooldown_s=2.0), port)
         async with running_daemon(spec, folder) as daemon:
             args = ("--rate", samples_per_s / FRAME_SIGNALS, "--seconds", p.latency_seconds)
@@ -430,13 +456,15 @@ async def hazard_latency(p: Plan, folder: Path, samples_per_s: float) -> dict[st
                     published = (await publisher.result(p.latency_seconds + 60))["published"]
                 await until(lambda: mqtt_counter(daemon, "messages_acked") >= published, 30)
             investigations = _count(daemon, "SELECT count(*) FROM investigations")
-    ms = np.array(latencies) * 1000
-    sizes = [n for n, _ in commits if n > 1]
-    commit_ms = np.array([t for n, t in commits if n > 1]) * 1000
+    ms = np.array(probe.events) * 1000
+    opened_ms = np.array(probe.opened) * 1000
+    sizes = [n for n, _ in probe.commits if n > 1]
+    commit_ms = np.array([t for n, t in probe.commits if n > 1]) * 1000
     return {
-        "events": len(latencies),
+        "events": len(probe.events),
         **{f"p{q}": float(np.percentile(ms, q)) for q in (50, 95, 99)},
         "max": float(ms.max()),
+        **{f"opened_p{q}": float(np.percentile(opened_ms, q)) for q in (50, 99)},
         "offered": published * FRAME_SIGNALS / meter.seconds,
         "cpu": meter.cpu_share,
         "investigations": investigations,
