@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from poirotd.llm.base import ChatMessage, Completion, LLMError
+from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, MessageKind, Phase
 from poirotd.protocol import prompts
@@ -39,11 +39,12 @@ class WindowedBackend(ScriptedBackend):
         messages: Sequence[ChatMessage],
         *,
         schema: dict[str, Any] | None = None,
+        tools: Sequence[Tool] = (),
         max_tokens: int,
     ) -> Completion:
         if self.count_tokens(messages) + max_tokens > self.context_tokens:
             raise LLMError("prompt over the window", reason="context_exceeded")
-        return await super().complete(messages, schema=schema, max_tokens=max_tokens)
+        return await super().complete(messages, schema=schema, tools=tools, max_tokens=max_tokens)
 
 
 # ------------------------------------------------------------------ baseline

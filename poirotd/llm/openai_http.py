@@ -23,7 +23,7 @@ import structlog
 from pydantic import BaseModel, Field, ValidationError
 
 from poirotd.config.spec import OpenAILLMSpec
-from poirotd.llm.base import ChatMessage, Completion, LLMError
+from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool, ToolCall
 
 log = structlog.get_logger(__name__)
 
@@ -56,9 +56,21 @@ class _Usage(BaseModel):
     prompt_tokens_details: _PromptTokensDetails | None = None
 
 
+class _Function(BaseModel):
+    name: str
+    arguments: str
+
+
+class _ToolCall(BaseModel):
+    id: str
+    function: _Function
+
+
 class _Message(BaseModel):
-    # None when the model answered with tool calls or a refusal only: an empty answer to us.
+    # None when the model answered with tool calls or a refusal only.
     content: str | None = None
+    # Absent or null when it called none.
+    tool_calls: list[_ToolCall] | None = None
 
 
 class _Choice(BaseModel):
@@ -136,8 +148,9 @@ class OpenAIBackend:
 
     A JSON schema is sent as ``response_format``: ``{"type": "json_schema", "json_schema": {...,
     "strict": true}}`` (OpenAI, vLLM) or ``{"type": "json_object", "schema": ...}``
-    (llama-cpp-python's server), per ``spec.structured_output``. ``finish_reason == "length"`` is
-    returned as is; the caller decides what a cut answer is worth.
+    (llama-cpp-python's server), per ``spec.structured_output``. Tools are sent as ``tools``
+    with ``tool_choice`` = ``spec.tool_choice``; the calls come back in ``Completion.tool_calls``.
+    ``finish_reason == "length"`` is returned as is; the caller decides what a cut answer is worth.
     """
 
     name = "openai"
@@ -173,17 +186,31 @@ class OpenAIBackend:
         messages: Sequence[ChatMessage],
         *,
         schema: dict[str, Any] | None = None,
+        tools: Sequence[Tool] = (),
         max_tokens: int,
     ) -> Completion:
         body: dict[str, Any] = {
             "model": self._spec.model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": [m.wire() for m in messages],
             "max_tokens": max_tokens,
             "temperature": self._spec.temperature,
             "stream": False,
         }
         if schema is not None:
             body["response_format"] = self._response_format(schema)
+        if tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in tools
+            ]
+            body["tool_choice"] = self._spec.tool_choice
 
         async def attempt(root: str) -> Completion:
             # httpx bounds each phase (connect, each read); this bounds the whole exchange.
@@ -203,7 +230,11 @@ class OpenAIBackend:
         history than needed. Long runs of digits or symbols can tokenize denser than 3 bytes per
         token; keep a margin below ``context_tokens`` for such input.
         """
-        content_bytes = sum(len(m.content.encode("utf-8")) for m in messages)
+        content_bytes = sum(
+            len(m.content.encode("utf-8"))
+            + sum(len(f"{c.name}{c.arguments}".encode()) for c in m.tool_calls)
+            for m in messages
+        )
         return (
             math.ceil(content_bytes / _BYTES_PER_TOKEN)
             + _TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
@@ -329,6 +360,7 @@ class OpenAIBackend:
             detail = f"malformed completion ({_first_error(exc)})"
             raise _Retryable("bad_response", detail) from None
         choice = parsed.choices[0]
+        calls = choice.message.tool_calls or ()
         usage = parsed.usage or _Usage()
         details = usage.prompt_tokens_details
         return Completion(
@@ -338,4 +370,8 @@ class OpenAIBackend:
             # vLLM sends prompt_tokens_details only with --enable-prompt-tokens-details.
             cached_tokens=None if details is None else details.cached_tokens,
             finish_reason=choice.finish_reason or "stop",
+            tool_calls=tuple(
+                ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
+                for c in calls
+            ),
         )

@@ -2,7 +2,9 @@
 
 It never runs a model, so nothing a user runs may use it or default to it. The script sees each
 request (messages and schema) and returns the answer text, or raises LLMError to simulate a
-failed call; it may be async, to hold calls in flight. Every call is recorded for assertions.
+failed call; it may be async, to hold calls in flight. A request that offers tools goes to the
+tool script instead, which sees the tools and returns the calls the "model" makes (or text, for
+a model that called none). Every call is recorded for assertions.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from poirotd.llm.base import ChatMessage, Completion
+from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool, ToolCall
 
 Script = Callable[[Sequence[ChatMessage], dict[str, Any] | None], str | Awaitable[str]]
+ToolReply = str | Sequence[ToolCall]
+ToolScript = Callable[[Sequence[ChatMessage], Sequence[Tool]], ToolReply | Awaitable[ToolReply]]
 
 
 @dataclass(frozen=True)
@@ -23,36 +27,55 @@ class ScriptedCall:
     messages: tuple[ChatMessage, ...]
     schema: dict[str, Any] | None
     max_tokens: int
+    tools: tuple[Tool, ...] = ()
 
 
 class ScriptedBackend:
-    def __init__(self, script: Script, *, context_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        script: Script,
+        *,
+        tool_script: ToolScript | None = None,
+        context_tokens: int = 8192,
+    ) -> None:
         self.name = "scripted"
         self.context_tokens = context_tokens
         self.calls: list[ScriptedCall] = []
         self._script = script
+        self._tool_script = tool_script
 
     async def complete(
         self,
         messages: Sequence[ChatMessage],
         *,
         schema: dict[str, Any] | None = None,
+        tools: Sequence[Tool] = (),
         max_tokens: int,
     ) -> Completion:
-        self.calls.append(ScriptedCall(tuple(messages), schema, max_tokens))
+        self.calls.append(ScriptedCall(tuple(messages), schema, max_tokens, tuple(tools)))
         # A real backend always suspends here; so does this one, so agents interleave.
         await asyncio.sleep(0)
-        reply = self._script(messages, schema)
-        text: str = await reply if inspect.isawaitable(reply) else reply
+        reply: ToolReply | Awaitable[ToolReply]
+        if not tools:
+            reply = self._script(messages, schema)
+        elif self._tool_script is None:
+            raise LLMError("this scripted backend has no tool script", reason="bad_request")
+        else:
+            reply = self._tool_script(messages, tools)
+        answer: ToolReply = await reply if inspect.isawaitable(reply) else reply
+        text, calls = (answer, ()) if isinstance(answer, str) else ("", tuple(answer))
         return Completion(
             text=text,
             prompt_tokens=self.count_tokens(messages),
-            completion_tokens=len(text) // 4,
+            completion_tokens=(len(text) + sum(len(c.arguments) for c in calls)) // 4,
+            tool_calls=calls,
         )
 
     def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
         """Roughly four characters per token: enough for budget arithmetic in tests."""
-        return sum(len(m.content) for m in messages) // 4
+        return (
+            sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages) // 4
+        )
 
     async def aclose(self) -> None:
         return None

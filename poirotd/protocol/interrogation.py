@@ -1,12 +1,15 @@
 """Phases III and IV: every agent consults its peers, then votes privately; all agents at once.
 
 Each agent's Phase III transcript is its prefix, the opening turn, then its own actions
-(assistant turns) and the answers it got (user turns); it only grows, so each request extends
-the previous one and the server's prefix cache covers all but the newest turn. A turn is JSON:
-ask a peer (`talk_to_<id>`) or vote. A peer answers on its own prefix plus the question and
-never votes there; answers do not count toward the asker's M = `max_invocations` turns, and
-repairs of an invalid turn do not either. After M turns without a vote comes the forced vote.
-An agent with no valid answer abstains with the reason: never an all-zero vote.
+(assistant turns) and the answers it got; it only grows, so each request extends the previous
+one and the server's prefix cache covers all but the newest turn. A turn asks a peer
+(`talk_to_<id>`) or votes, either as one JSON action object (answered by a user turn) or, with
+`llm.peer_questions: tool_calls`, as a native tool call (answered by a tool turn carrying the
+call's id); both decode to the same AskAction / VoteAction. A peer answers on its own prefix
+plus the question and never votes there; answers do not count toward the asker's
+M = `max_invocations` turns, and repairs of an invalid turn do not either. After M turns
+without a vote comes the forced vote. An agent with no valid answer abstains with the reason:
+never an all-zero vote.
 
 Phases III and IV overlap because agents leave consultation at different moments: voting
 begins when the first agent leaves, interrogation ends when the last one does.
@@ -19,14 +22,22 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
 from poirotd.config.spec import SystemSpec
-from poirotd.llm.base import ChatMessage
+from poirotd.llm.base import ChatMessage, replies_to
 from poirotd.model import HazardSpace, Phase, Vote
 from poirotd.protocol import prompts
 from poirotd.protocol.aggregation import weigh
 from poirotd.protocol.errors import AnswerFailed
 from poirotd.protocol.events import VoteCast
+from poirotd.protocol.peer_tools import turn_tools, uses_tools
 from poirotd.protocol.run import CallSite, RunContext, concurrently
-from poirotd.protocol.schemas import FREE_TEXT, SelfReport, VoteAction, turn_format, vote_format
+from poirotd.protocol.schemas import (
+    FREE_TEXT,
+    AskAction,
+    SelfReport,
+    VoteAction,
+    turn_format,
+    vote_format,
+)
 
 
 async def interrogate(
@@ -90,16 +101,9 @@ class _Interrogation:
         peers = [a for a in self._spec.agent_ids if a != agent_id]
         if not peers:  # the opening already ends with the final-vote request
             return _Pending(transcript, forced=False)
-        turn = turn_format(peers, self._space.size, self._seen[agent_id])
         for n in range(1, self._limits.max_invocations + 1):
             try:
-                action = await self._run.until_valid(
-                    CallSite(Phase.INTERROGATION, agent_id, "turn"),
-                    transcript,
-                    turn,
-                    max_tokens=self._limits.turn_max_tokens,
-                    retries=self._limits.invalid_json_retries,
-                )
+                action, asked = await self._turn(agent_id, peers, transcript)
             except AnswerFailed as exc:
                 return Vote(agent_id=agent_id, abstention_reason=f"turn {n}: {exc}")
             if isinstance(action, VoteAction):
@@ -111,12 +115,37 @@ class _Interrogation:
                     step=action.step,
                 )
             answer = await self._answer(action.peer_id, agent_id, action.question)
-            transcript += [
-                ChatMessage(role="assistant", content=action.model_dump_json()),
-                _user(answer),
-            ]
+            transcript += [asked, *replies_to(asked, answer)]
         limit = self._limits.max_invocations
         return _Pending([*transcript, _user(prompts.forced_vote(self._space, limit))], forced=True)
+
+    async def _turn(
+        self, agent_id: str, peers: Sequence[str], transcript: Sequence[ChatMessage]
+    ) -> tuple[AskAction | VoteAction, ChatMessage]:
+        """One valid turn and the assistant turn that stands for it in the transcript."""
+        site = CallSite(Phase.INTERROGATION, agent_id, "turn")
+        size, steps = self._space.size, self._seen[agent_id]
+        limits = self._limits
+        if uses_tools(self._spec):
+            called = await self._run.until_valid(
+                site,
+                transcript,
+                turn_tools(peers, size, steps),
+                max_tokens=limits.turn_max_tokens,
+                retries=limits.invalid_json_retries,
+                repair=prompts.invalid_tool_call,
+            )
+            return called.action, ChatMessage(
+                role="assistant", content="", tool_calls=(called.call,)
+            )
+        action = await self._run.until_valid(
+            site,
+            transcript,
+            turn_format(peers, size, steps),
+            max_tokens=limits.turn_max_tokens,
+            retries=limits.invalid_json_retries,
+        )
+        return action, ChatMessage(role="assistant", content=action.model_dump_json())
 
     async def _answer(self, peer_id: str, asker_id: str, question: str) -> str:
         """The peer's answer on its own prefix, retried while empty; what the asker is shown."""

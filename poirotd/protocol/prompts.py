@@ -17,6 +17,7 @@ from typing import Literal
 from poirotd.config.spec import AgentSpec, SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import AgentMessage, HazardSpace, MessageKind
+from poirotd.protocol.peer_tools import VOTE_TOOL, uses_tools
 from poirotd.protocol.schemas import SelfReport, peer_tool
 
 # ------------------------------------------------------------------ session log → chat turns
@@ -283,8 +284,7 @@ Your individual analysis (step 1) is done. Now you consult the other agents in o
 - understand the whole picture before your vote.
 
 How it works:
-- Each of your replies is one JSON object: either a question to one peer \
-({"action": "ask", ...}) or your final vote ({"action": "vote", ...}).
+- Each of your replies is {reply}.
 - The POIROT server delivers your question and brings the peer's answer back as the next message.
 - Ask precise questions about what the peer saw or did in the session.
 - You have at most {limit} replies in this step, questions included; when they run out you must \
@@ -328,24 +328,44 @@ def interrogation_opening(
 ) -> str:
     """Phase III's first user turn: override, phase rules, legend and step-1 findings (the same
     for every agent), then the agent-specific part last. With no peer to consult, that last part
-    is the final vote request (variant A)."""
+    is the final vote request (variant A). With `llm.peer_questions: tool_calls` the turns are
+    tool calls, and the texts say so."""
     agent = spec.agent(agent_id)
     peers = [a for a in spec.agents if a.id != agent_id]
+    tools = uses_tools(spec)
+    why = "explanation grounded in session evidence"
+    if tools:
+        reply = (
+            f"one tool call: a question to one peer (talk_to_<id>) or your final vote ({VOTE_TOOL})"
+        )
+    else:
+        reply = (
+            'one JSON object: either a question to one peer ({"action": "ask", ...}) or your '
+            'final vote ({"action": "vote", ...})'
+        )
     if peers:
         listed = ", ".join(f"{peer_tool(a.id)} ({a.name})" for a in peers)
-        ask = '{"action": "ask", "peer": "talk_to_<id>", "question": "<one focused question>"}'
-        vote = _vote_shape(space, "explanation grounded in session evidence", action=True)
         turn = (
-            f"# Your turn\n\nYou are {agent.name} (id: {agent.id}). Peers you can ask: "
-            f"{listed}.\nReply with exactly one JSON object, either\n{ask}\nor\n{vote}"
+            f"# Your turn\n\nYou are {agent.name} (id: {agent.id}). Peers you can ask: {listed}.\n"
         )
+        if tools:
+            turn += (
+                "Call exactly one tool: talk_to_<id> with one focused question, or "
+                f"{VOTE_TOOL} with your vote:\n{_vote_shape(space, why)}"
+            )
+        else:
+            ask = '{"action": "ask", "peer": "talk_to_<id>", "question": "<one focused question>"}'
+            vote = _vote_shape(space, why, action=True)
+            turn += f"Reply with exactly one JSON object, either\n{ask}\nor\n{vote}"
     else:
         turn = f"You are {agent.name} (id: {agent.id}); there is no peer to consult.\n\n"
         turn += final_vote(space)
     return "\n\n".join(
         [
             _OVERRIDE,
-            _CONSULTATION.replace("{limit}", str(spec.protocol.max_invocations)),
+            _CONSULTATION.replace("{limit}", str(spec.protocol.max_invocations)).replace(
+                "{reply}", reply
+            ),
             _legend(space),
             _findings(spec, reports),
             turn,
@@ -492,6 +512,14 @@ def invalid_answer(error: str) -> str:
     return (
         f"Your previous reply was rejected: {error}\n"
         "Reply again with only one JSON object in the required format."
+    )
+
+
+def invalid_tool_call(error: str) -> str:
+    """The repair after a tool call that failed validation (or a reply that called none)."""
+    return (
+        f"Your previous reply was rejected: {error}\n"
+        "Reply again by calling exactly one of the tools, with valid arguments."
     )
 
 

@@ -8,6 +8,7 @@ instance per investigation; nothing lives at module level.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from poirotd.llm.base import ChatMessage, Completion, LLMBackend, LLMError
+from poirotd.llm.base import ChatMessage, Completion, LLMBackend, LLMError, Tool, replies_to
 from poirotd.model import AgentMessage, LLMExchange, LLMUsage, Phase, PhaseTiming
 from poirotd.protocol import prompts
 from poirotd.protocol.context_budget import fit_view
@@ -29,6 +30,7 @@ from poirotd.protocol.events import (
     PhaseEnded,
     ProtocolEvent,
 )
+from poirotd.protocol.peer_tools import ToolFormat
 from poirotd.protocol.schemas import AnswerFormat, InvalidAnswer
 
 log = structlog.get_logger(__name__)
@@ -132,26 +134,27 @@ class RunContext:
         site: CallSite,
         messages: Sequence[ChatMessage],
         *,
-        schema: dict[str, Any] | None,
+        schema: dict[str, Any] | None = None,
+        tools: Sequence[Tool] = (),
         max_tokens: int,
-    ) -> str:
+    ) -> Completion:
         """One LLM call, recorded (ExchangeDone) and counted whether it succeeds or not."""
         at, start = datetime.now(UTC), time.monotonic()
         try:
             completion = await self._backend.complete(
-                messages, schema=schema, max_tokens=max_tokens
+                messages, schema=schema, tools=tools, max_tokens=max_tokens
             )
         except LLMError as exc:
             await self._record(site, messages, at, start, error=exc)
             raise
         await self._record(site, messages, at, start, completion=completion)
-        return completion.text
+        return completion
 
     async def until_valid(
         self,
         site: CallSite,
         messages: Sequence[ChatMessage],
-        answer: AnswerFormat[T],
+        answer: AnswerFormat[T] | ToolFormat[T],
         *,
         max_tokens: int,
         retries: int,
@@ -160,16 +163,20 @@ class RunContext:
         """Call until the answer parses: at most 1 + `retries` attempts.
 
         After a rejected answer the next attempt sees it as an assistant turn followed by
-        `repair(error)`; the repair pair replaces the previous one, so prompts stay bounded and
-        keep `messages` as their prefix. An LLMError is a failed attempt too (same request
-        again), except one the same request would meet again (context exceeded, bad request),
-        which ends the attempts at once. Raises AnswerFailed with the last reason.
+        `repair(error)` (as the result of each tool call it made, else as a user turn); the
+        repair turns replace the previous ones, so prompts stay bounded and keep `messages` as
+        their prefix. An LLMError is a failed attempt too (same request again), except one the
+        same request would meet again (context exceeded, bad request), which ends the attempts
+        at once. Raises AnswerFailed with the last reason.
         """
         request, attempt, reason = list(messages), site, ""
+        schema, tools = (
+            (None, answer.tools) if isinstance(answer, ToolFormat) else (answer.schema, ())
+        )
         for _ in range(retries + 1):
             try:
-                text = await self.complete(
-                    attempt, request, schema=answer.schema, max_tokens=max_tokens
+                completion = await self.complete(
+                    attempt, request, schema=schema, tools=tools, max_tokens=max_tokens
                 )
             except LLMError as exc:
                 reason = f"LLM call failed ({exc.reason}): {exc}"
@@ -177,15 +184,12 @@ class RunContext:
                     break
                 continue
             try:
-                return answer.parse(text)
+                return answer.read(completion)
             except InvalidAnswer as exc:
                 reason = str(exc)
                 attempt = CallSite(site.phase, site.agent_id, "repair")
-                request = [
-                    *messages,
-                    ChatMessage(role="assistant", content=text),
-                    ChatMessage(role="user", content=repair(reason)),
-                ]
+                rejected = completion.turn()
+                request = [*messages, rejected, *replies_to(rejected, repair(reason))]
         raise AnswerFailed(f"no valid answer in {retries + 1} attempt(s); last: {reason}")
 
     async def _record(
@@ -209,8 +213,8 @@ class RunContext:
             phase=site.phase,
             agent_id=site.agent_id,
             purpose=site.purpose,
-            messages=tuple(m.model_dump() for m in messages),
-            response=completion.text if completion else "",
+            messages=tuple(_audited(m) for m in messages),
+            response=_audited(completion.turn())["content"] if completion else "",
             error=f"{error.reason}: {error}" if error else "",
             error_reason=error.reason if error else "",
             prompt_tokens=prompt,
@@ -220,6 +224,18 @@ class RunContext:
             at=at,
         )
         await self.emit(ExchangeDone(exchange=exchange))
+
+
+def _audited(message: ChatMessage) -> dict[str, str]:
+    """A turn as the audit keeps it (flat strings): tool calls are appended to the content as
+    JSON, so a reader of role and content alone still sees them."""
+    record = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        calls = json.dumps([c.model_dump() for c in message.tool_calls], ensure_ascii=False)
+        record["content"] = "\n".join(part for part in (message.content, calls) if part)
+    if message.tool_call_id:
+        record["tool_call_id"] = message.tool_call_id
+    return record
 
 
 async def concurrently(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:

@@ -19,6 +19,7 @@ import structlog
 from pydantic import Field, StrictInt, TypeAdapter, ValidationError
 
 from poirotd.config.spec import SystemSpec
+from poirotd.llm.base import Completion
 from poirotd.model import Frozen, HazardRegion
 
 log = structlog.get_logger(__name__)
@@ -47,6 +48,9 @@ class AnswerFormat(Generic[T]):
 
     schema: dict[str, Any] | None
     parse: Callable[[str], T]
+
+    def read(self, completion: Completion) -> T:
+        return self.parse(completion.text)
 
 
 def peer_tool(agent_id: str) -> str:
