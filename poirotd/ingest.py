@@ -76,7 +76,8 @@ class IngestValidator:
                 raise InvalidArgument(
                     f"seq {seq}: a tool message needs tool_name", reason="invalid"
                 )
-            if message.recipient not in self._agents:
+            # Empty recipient: a shared executor's output broadcast to a group chat.
+            if message.recipient and message.recipient not in self._agents:
                 raise InvalidArgument(
                     f"seq {seq}: tool result recipient {message.recipient!r} is not an agent "
                     f"(agents: {', '.join(self._spec.agent_ids)})",

@@ -215,10 +215,15 @@ def _message(case_id: str, index: int, raw: dict[str, Any], agents: set[str]) ->
         kind,
         sender,
         raw.get("content") or "",
-        recipient=agent_id(raw.get("to") or ""),
+        recipient=_recipient(raw.get("to") or ""),
         tool_calls=_tool_calls(raw.get("tool_calls")),
         tool_name=raw.get("tool_name") or "",
     )
+
+
+def _recipient(to: str) -> str:
+    """BLAME writes "broadcast" where the wire model leaves the recipient empty."""
+    return "" if to in ("", "broadcast") else agent_id(to)
 
 
 def _tool_calls(value: str | list[str] | None) -> list[str]:

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from poirotd.config import LLMSpec
 from poirotd.eval.cases import Dataset, EvalCase
+from poirotd.llm import LLMError
 from poirotd.model import InvestigationMethod
 
 app = typer.Typer(
@@ -105,13 +106,22 @@ def run_command(
     except (OSError, KeyError, ValueError) as exc:
         typer.echo(f"cannot load {dataset} from {data_dir}: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if not cases:
+        typer.echo(f"cannot load {dataset} from {data_dir}: no cases selected", err=True)
+        raise typer.Exit(2)
     journal = RunJournal(out)
     try:
         journal.begin(
             dataset=dataset,
             method=method,
             llm=llm.model_dump(mode="json"),
-            selection={"ids": chosen, "offset": offset, "limit": limit},
+            settings={
+                "ids": chosen,
+                "offset": offset,
+                "limit": limit,
+                "case_timeout": case_timeout,
+                "retry_failed": retry_failed,
+            },
         )
     except RunMismatch as exc:
         typer.echo(str(exc), err=True)
@@ -193,7 +203,12 @@ def _llm_spec(
     else:
         fields |= {"backend": "embedded", "model_path": model_path, "threads": threads}
     try:
+        if fields["backend"] == "embedded" and model_path is None:
+            # Named in full, so run.json and every result line say which file answered.
+            from poirotd.llm.embedded import default_model_path
+
+            fields["model_path"] = default_model_path()
         return TypeAdapter(LLMSpec).validate_python(fields)
-    except ValidationError as exc:
+    except (LLMError, ValidationError) as exc:
         typer.echo(f"invalid LLM options: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -43,7 +43,7 @@ class RunJournal:
         return self._status.get((dataset, case_id, method))
 
     def begin(
-        self, *, dataset: str, method: str, llm: dict[str, Any], selection: dict[str, Any]
+        self, *, dataset: str, method: str, llm: dict[str, Any], settings: dict[str, Any]
     ) -> None:
         """Records this invocation in run.json; raises RunMismatch when earlier invocations used
         another LLM setup."""
@@ -60,7 +60,7 @@ class RunJournal:
             {
                 "dataset": dataset,
                 "method": method,
-                "selection": selection,
+                "settings": settings,
                 "started_at": datetime.now(UTC).isoformat(),
                 "poirotd_version": __version__,
             }

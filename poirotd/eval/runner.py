@@ -87,7 +87,7 @@ def model_label(llm: LLMSpec) -> str:
     """The served model's name, or the embedded model file's."""
     if isinstance(llm, OpenAILLMSpec):
         return llm.model
-    return llm.model_path.name if llm.model_path is not None else "default embedded model"
+    return llm.model_path.name if llm.model_path is not None else "embedded default"
 
 
 async def run_case(

@@ -64,7 +64,14 @@ def trajectory_case(
         hazard_space=pinned_space(agents, [_agent_description(a.name) for a in agents], components),
     )
     messages = tuple(
-        message(case_id, i, _kind(turn.name, prompts), ids[turn.name], turn.content)
+        message(
+            case_id,
+            i,
+            kind := _kind(turn.name, prompts),
+            ids[turn.name],
+            turn.content,
+            tool_name=turn.name if kind is MessageKind.TOOL else "",
+        )
         for i, turn in enumerate(turns)
     )
     truth = GroundTruth(regions=(ids[mistake_agent],), step=mistake_step)

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import re
+from typing import cast
 
 import pytest
 
+from poirotd.config.settings import Settings
 from poirotd.eval import blame
 from poirotd.eval.cases import EvalCase
 from poirotd.eval.loaders import DATASETS, load_cases
 from poirotd.eval.parts import region_ids
+from poirotd.eval.session import session_id_of, session_items
+from poirotd.ingest import IngestValidator
 from poirotd.model import MessageKind
+from poirotd.store import Store
 from tests.eval.helpers import DATA
 
 ID = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -131,3 +136,22 @@ def test_filters_select_limit_and_reject_unknown_ids() -> None:
     assert len(load_cases("tracertraj", DATA, limit=2)) == 2
     with pytest.raises(KeyError, match="nope"):
         load_cases("blame-cortex", DATA, ids=["nope"])
+
+
+class _EmptyStore:
+    """Stands in for a fresh store: no session exists before the case's own session_start."""
+
+    def has_session(self, session_id: str) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_every_case_passes_the_daemons_ingest_checks(dataset: str) -> None:
+    """A loader whose messages the daemon refuses would turn a case into a failed run."""
+    for case in load_cases(dataset, DATA):  # type: ignore[arg-type]
+        validator = IngestValidator(
+            case.spec, cast(Store, _EmptyStore()), max_item_bytes=Settings().max_message_bytes
+        )
+        items = session_items(case, session_id_of(case))
+        for seq, item in enumerate(items, start=1):
+            validator.check(seq, item, len(item.model_dump_json()))

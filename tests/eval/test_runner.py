@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -129,7 +131,7 @@ async def test_each_case_is_one_line_with_the_investigation_outcome(
     assert first.decision == (1, 0, 0)
     assert first.predicted_regions == ("doctor",)
     assert first.truth == GroundTruth(regions=("doctor",), step=0)
-    assert first.model == "default embedded model"
+    assert first.model == "embedded default"
     assert first.tokens.prompt > 0 and first.tokens.completion > 0
     assert first.seconds > 0
     assert len(first.votes) == (2 if method == "poirot" else 1)
@@ -210,9 +212,9 @@ async def test_a_case_the_daemon_refuses_is_a_failed_line(tmp_path: Path) -> Non
 
 def test_run_json_refuses_a_directory_of_another_model(tmp_path: Path) -> None:
     journal = RunJournal(tmp_path)
-    journal.begin(dataset="whowhen", method="poirot", llm=LLM.model_dump(mode="json"), selection={})
+    journal.begin(dataset="whowhen", method="poirot", llm=LLM.model_dump(mode="json"), settings={})
     journal.begin(
-        dataset="whowhen", method="baseline", llm=LLM.model_dump(mode="json"), selection={}
+        dataset="whowhen", method="baseline", llm=LLM.model_dump(mode="json"), settings={}
     )
     run_json = json.loads((tmp_path / "run.json").read_text())
     assert [i["method"] for i in run_json["invocations"]] == ["poirot", "baseline"]
@@ -220,7 +222,7 @@ def test_run_json_refuses_a_directory_of_another_model(tmp_path: Path) -> None:
 
     other = EmbeddedLLMSpec(context_tokens=8192).model_dump(mode="json")
     with pytest.raises(RunMismatch):
-        journal.begin(dataset="whowhen", method="poirot", llm=other, selection={})
+        journal.begin(dataset="whowhen", method="poirot", llm=other, settings={})
 
 
 async def test_a_case_over_its_time_limit_is_a_timeout_line(tmp_path: Path) -> None:
@@ -240,3 +242,60 @@ async def test_a_case_over_its_time_limit_is_a_timeout_line(tmp_path: Path) -> N
     )
     [result] = recorder.finished
     assert (result.status, result.error) == ("timeout", "not finished after 0.2 s")
+
+
+def poirotd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "poirotd", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+async def test_eval_report_scores_a_run_directory(tmp_path: Path) -> None:
+    await run([case("1"), case("2")], tmp_path, ScriptedBackend(answer))
+    result = poirotd("eval", "report", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = Path(result.stdout.strip())
+    assert report.parent == tmp_path and await asyncio.to_thread(report.is_file)
+
+
+def test_eval_cli_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    empty = poirotd("eval", "report", str(tmp_path))
+    assert (empty.returncode, "no results in") == (2, empty.stderr[: len("no results in")])
+    common = ["eval", "run", "--dataset", "whowhen", "--out", str(tmp_path / "run")]
+    no_model = poirotd(*common, "--base-url", "http://127.0.0.1:1/v1")
+    assert no_model.returncode == 2 and "--model" in no_model.stderr
+    no_data = poirotd(*common, "--data-dir", str(tmp_path / "nowhere"), "--model-path", "x.gguf")
+    assert no_data.returncode == 2 and "cannot load whowhen" in no_data.stderr
+
+
+async def test_cancelling_abandons_the_case_in_flight_and_records_nothing_for_it(
+    tmp_path: Path,
+) -> None:
+    """What Ctrl-C does to a run: the finished case stays, the one in flight is not recorded."""
+    asked = asyncio.Event()
+
+    async def stall_on_second(
+        messages: Sequence[ChatMessage], schema: dict[str, Any] | None
+    ) -> str:
+        if any("the second case" in m.content for m in messages):
+            asked.set()
+            await asyncio.Event().wait()
+        return answer(messages, schema)
+
+    recorder = Recorder()
+    task = asyncio.create_task(
+        run_cases(
+            [case("1"), case("2", content="the second case")],
+            RunJournal(tmp_path),
+            method="baseline",
+            llm=LLM,
+            observer=recorder,
+            backend=ScriptedBackend(stall_on_second),
+        )
+    )
+    await asyncio.wait_for(asked.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert recorder.started == ["1", "2"]
+    assert [r["case_id"] for r in lines(tmp_path)] == ["1"]

@@ -32,7 +32,9 @@ class _MessageKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MessageKi
     MESSAGE_KIND_HUMAN: _MessageKind.ValueType  # 2
     """Written by a human or by the orchestrator (sender is free text, e.g. "system", "parent")."""
     MESSAGE_KIND_TOOL: _MessageKind.ValueType  # 3
-    """A tool's result handed back to an agent (recipient must be a declared agent id)."""
+    """A tool's result handed back to an agent (recipient, when set, must be a declared agent id;
+    empty = broadcast, e.g. a group chat's shared code executor).
+    """
     MESSAGE_KIND_SYSTEM: _MessageKind.ValueType  # 4
 
 class MessageKind(_MessageKind, metaclass=_MessageKindEnumTypeWrapper): ...
@@ -43,7 +45,9 @@ MESSAGE_KIND_AGENT: MessageKind.ValueType  # 1
 MESSAGE_KIND_HUMAN: MessageKind.ValueType  # 2
 """Written by a human or by the orchestrator (sender is free text, e.g. "system", "parent")."""
 MESSAGE_KIND_TOOL: MessageKind.ValueType  # 3
-"""A tool's result handed back to an agent (recipient must be a declared agent id)."""
+"""A tool's result handed back to an agent (recipient, when set, must be a declared agent id;
+empty = broadcast, e.g. a group chat's shared code executor).
+"""
 MESSAGE_KIND_SYSTEM: MessageKind.ValueType  # 4
 Global___MessageKind: _TypeAlias = MessageKind  # noqa: Y015
 
