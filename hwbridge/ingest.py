@@ -6,8 +6,9 @@ transport only after the sink has accepted every batch up to and including it, i
 (MQTT requires PUBACKs in the order the PUBLISHes came, MQTT-4.6.0-2). For the gRPC forwarder,
 "accepted" means durable at poirotd; for an in-process daemon, committed to its store.
 
-Memory is bounded by backpressure, not by dropping: a full decode queue stops reading from the
-transport, and at most ``max_batches_in_flight`` sink calls are outstanding. For MQTT at QoS 1
+Memory is bounded by backpressure, not by dropping: a full queue of received deliveries (kept
+undecoded: a payload is far smaller than its samples) stops reading from the transport, and at
+most ``max_batches_in_flight`` sink calls are outstanding. For MQTT at QoS 1
 that reaches the broker, which stops sending once its in-flight window of un-acked messages is
 full and queues the rest (persisted) on its side.
 """
@@ -47,12 +48,6 @@ class InputStats:
     undecodable: int = 0  # deliveries dead-lettered: bad payload, too large, or no route
     forwarded: int = 0  # samples the sink accepted
     acked: int = 0  # deliveries acknowledged to the transport
-
-
-@dataclass(frozen=True)
-class _Decoded:
-    delivery: Delivery
-    samples: list[TelemetrySample]
 
 
 @dataclass(frozen=True)
@@ -124,45 +119,45 @@ class TelemetryInput:
         Raises what the sink raised; deliveries from the failed batch on stay un-acked, so an
         MQTT broker redelivers them to the next session.
         """
-        decoded: asyncio.Queue[_Decoded | None] = asyncio.Queue(self._config.max_batch)
+        received: asyncio.Queue[Delivery | None] = asyncio.Queue(self._config.max_batch)
         batches: asyncio.Queue[_Batch | None] = asyncio.Queue(self._config.max_batches_in_flight)
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._decode_all(deliveries, decoded))
-                group.create_task(self._batch_all(decoded, batches, group))
+                group.create_task(self._receive_all(deliveries, received))
+                group.create_task(self._batch_all(received, batches, group))
                 group.create_task(self._ack_all(batches))
         except ExceptionGroup as failure:  # the first failure is the cause; the rest follow it
             raise failure.exceptions[0] from failure
 
-    async def _decode_all(
-        self, deliveries: AsyncIterable[Delivery], decoded: asyncio.Queue[_Decoded | None]
+    async def _receive_all(
+        self, deliveries: AsyncIterable[Delivery], received: asyncio.Queue[Delivery | None]
     ) -> None:
         async for delivery in deliveries:
-            await decoded.put(_Decoded(delivery, self.decode(delivery)))
-        await decoded.put(None)
+            await received.put(delivery)
+        await received.put(None)
 
     async def _batch_all(
         self,
-        decoded: asyncio.Queue[_Decoded | None],
+        received: asyncio.Queue[Delivery | None],
         batches: asyncio.Queue[_Batch | None],
         group: asyncio.TaskGroup,
     ) -> None:
-        """Waits for one delivery, then takes whatever else is already decoded: batches grow
-        under load and cost no added latency when idle. A batch may exceed max_batch by the
-        samples of its last delivery (deliveries are never split)."""
+        """Waits for one delivery, then takes whatever else has already arrived, decoding as it
+        goes: batches grow under load and cost no added latency when idle. A batch may exceed
+        max_batch by the samples of its last delivery (deliveries are never split)."""
         ended = False
         while not ended:
-            first = await decoded.get()
+            first = await received.get()
             if first is None:
                 break
-            deliveries, samples = [first.delivery], list(first.samples)
-            while len(samples) < self._config.max_batch and not decoded.empty():
-                more = decoded.get_nowait()
+            deliveries, samples = [first], self.decode(first)
+            while len(samples) < self._config.max_batch and not received.empty():
+                more = received.get_nowait()
                 if more is None:
                     ended = True
                     break
-                deliveries.append(more.delivery)
-                samples.extend(more.samples)
+                deliveries.append(more)
+                samples.extend(self.decode(more))
             sink_call = group.create_task(self._forward(samples)) if samples else None
             await batches.put(_Batch(sink_call, deliveries))
         await batches.put(None)

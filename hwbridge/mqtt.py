@@ -33,12 +33,17 @@ from hwbridge.ingest import Delivery
 
 log = structlog.get_logger(__name__)
 
+# Room left in the client's buffer when reading pauses (see _Valve).
+_READ_SLACK = 16
+
 
 @dataclass
 class MqttStats:
     connects: int = 0
     # Messages the client discarded because its buffer (BrokerConfig.queue_size) was full.
     dropped: int = 0
+    # Times reading from the broker paused because that buffer was nearly full.
+    paused: int = 0
 
 
 def _client(
@@ -88,6 +93,57 @@ class _Connection:
         return ack
 
 
+class _Valve:
+    """TCP backpressure for one connection: stops reading the broker's socket once the client's
+    buffer holds `high` messages, and reads again when it is down to half. Mosquitto lets
+    un-acked deliveries run far past its max_inflight_messages once PUBACKs flow (see
+    BENCHMARKS.md), so without this a burst lands in the buffer whole: memory grows with the
+    burst, and past queue_size aiomqtt drops messages that then wait un-acked at the broker until
+    a reconnect. Paused, the broker keeps the backlog; the buffer, hence memory, stays bounded.
+
+    aiomqtt registers its own socket reader and offers no pause, so resuming registers this
+    valve's reader in its place; it does what aiomqtt's does for a plain TCP socket. Armed only
+    once subscribed: before that, nothing takes messages from the buffer, and a pause would also
+    hold back the SUBACK.
+    """
+
+    def __init__(self, high: int, stats: MqttStats) -> None:
+        self._high, self._low = high, high // 2
+        self._stats = stats
+        self.buffer: asyncio.Queue[aiomqtt.Message] | None = None
+        self._paho: paho.Client | None = None
+        self._paused_fd: int | None = None
+
+    def arm(self, client: paho.Client) -> None:
+        self._paho = client
+        if self.buffer is not None:
+            self.after_put(self.buffer.qsize())
+
+    def after_put(self, size: int) -> None:
+        if size < self._high or self._paused_fd is not None or self._paho is None:
+            return
+        sock = self._paho.socket()
+        if sock is not None and asyncio.get_running_loop().remove_reader(sock.fileno()):
+            self._paused_fd = sock.fileno()
+            self._stats.paused += 1
+
+    def after_get(self, size: int) -> None:
+        if self._paused_fd is None or size > self._low or self._paho is None:
+            return
+        fd, self._paused_fd = self._paused_fd, None
+        sock = self._paho.socket()
+        if sock is not None and sock.fileno() == fd:  # else the connection is gone: no reader
+            asyncio.get_running_loop().add_reader(fd, self._read)
+
+    def _read(self) -> None:
+        assert self._paho is not None
+        try:
+            self._paho.loop_read()
+        except Exception as exc:  # aiomqtt's reader ends the connection likewise
+            log.warning("mqtt read failed; disconnecting", error=repr(exc))
+            self._paho.disconnect()
+
+
 class MqttSubscriber:
     """Yields deliveries from the subscribed filters forever, reconnecting as needed."""
 
@@ -96,34 +152,48 @@ class MqttSubscriber:
         self._subscriptions = list(subscriptions)
         self.stats = MqttStats()
 
-    def _counting_queue(self) -> type[asyncio.Queue[aiomqtt.Message]]:
-        """aiomqtt drops a message when its queue is full and only logs it; count it too."""
+    def _counting_queue(self, valve: _Valve) -> type[asyncio.Queue[aiomqtt.Message]]:
+        """aiomqtt drops a message when its queue is full and only logs it; count it too. The
+        valve sees the queue's size after each put and get."""
         stats = self.stats
 
         class CountingQueue(asyncio.Queue[aiomqtt.Message]):
+            def __init__(self, maxsize: int = 0) -> None:
+                super().__init__(maxsize)
+                valve.buffer = self
+
             def put_nowait(self, item: aiomqtt.Message) -> None:
                 try:
                     super().put_nowait(item)
                 except asyncio.QueueFull:
                     stats.dropped += 1
                     raise
+                valve.after_put(self.qsize())
+
+            def get_nowait(self) -> aiomqtt.Message:
+                item = super().get_nowait()
+                valve.after_get(self.qsize())
+                return item
 
         return CountingQueue
 
     async def deliveries(self) -> AsyncGenerator[Delivery]:
         backoff = Backoff(self._broker.backoff)
         while True:
+            # Paused a little short of full: a read may deliver a few messages at once.
+            valve = _Valve(max(1, self._broker.queue_size - _READ_SLACK), self.stats)
             client = _client(
                 self._broker,
                 identifier=self._broker.client_id,
                 clean_session=False,
-                queue_type=self._counting_queue(),
+                queue_type=self._counting_queue(valve),
             )
             connection = _Connection(client)
             try:
                 async with client:
                     granted = await client.subscribe(self._subscriptions)
                     self._report_refused(granted)
+                    valve.arm(_paho(client))
                     self.stats.connects += 1
                     backoff.reset()
                     log.info("mqtt subscribed", broker=f"{self._broker.host}:{self._broker.port}")

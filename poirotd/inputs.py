@@ -1,8 +1,8 @@
 """In-process MQTT input: hwbridge's pipeline feeding the daemon's own core, no gRPC hop.
 
 The standalone bridge forwards samples to poirotd over gRPC. Here the sink is
-``PoirotService.commit`` in the daemon's event loop, so a sample is stored durably and evaluated
-by the hazard rules before the broker gets its PUBACK (hwbridge acks a delivery only once the
+``PoirotService`` in the daemon's event loop: the hazard rules see a sample as it arrives, and it
+is stored durably before the broker gets its PUBACK (hwbridge acks a delivery only once the
 sink has returned for it). hwbridge's ``Bridge``, config models, codecs and dead letters are used
 as they are; this module adds the sink, a restart loop and the Prometheus view of the counters.
 
@@ -24,10 +24,10 @@ broker's backoff) and starts a new bridge, to which the broker redelivers what w
 Stopping cancels the bridge the same way. Delivery is therefore at least once: batches in
 flight at a stop or failure may be stored twice, never lost.
 
-Size ``mqtt.broker.queue_size`` for a whole burst: Mosquitto 2.0.11 lets un-acked deliveries run
-far past its ``max_inflight_messages`` once PUBACKs flow (see BENCHMARKS.md), and a message the
-full client buffer drops is counted (``poirot_mqtt_messages_dropped_total``) but stays un-acked
-at the broker until the next reconnect.
+Memory stays bounded under any burst: the input stops reading from the broker while its client
+buffer (``mqtt.broker.queue_size`` messages) is nearly full, and holds at most
+``pipeline.max_batch`` undecoded deliveries plus ``pipeline.max_batches_in_flight`` batches of
+samples; the backlog waits, un-acked, at the broker.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from hwbridge.config import BridgeConfig, PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from poirotd.config.spec import InputsSpec
 from poirotd.errors import ServiceError
-from poirotd.model import Session, TelemetrySample
+from poirotd.model import HazardEvent, Session, TelemetrySample
 from poirotd.service import PoirotService
 
 log = structlog.get_logger(__name__)
@@ -75,6 +75,11 @@ _COUNTERS = (
         "poirot_mqtt_messages_dropped",
         "dropped",
         "MQTT messages the client discarded because its buffer was full",
+    ),
+    (
+        "poirot_mqtt_read_pauses",
+        "paused",
+        "Times the input stopped reading from the broker because its buffer was nearly full",
     ),
     ("poirot_mqtt_samples_decoded", "decoded", "Samples decoded from MQTT payloads"),
     (
@@ -130,6 +135,8 @@ class _CommitSink:
         self._stats = stats
         self._turn = asyncio.Lock()
         self._queued: list[TelemetrySample] = []
+        # Their hazard events: the rules see each call's samples on arrival, not at its commit.
+        self._events: list[HazardEvent] = []
         # Resolved once the samples now in _queued are committed (or failed with the commit).
         self._round: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Payload sizes are bounded by the pipeline before decoding: no per-item size here.
@@ -147,6 +154,7 @@ class _CommitSink:
                 accepted.append(sample)
         if not accepted:
             return
+        self._events.extend(self._service.evaluate(accepted))
         self._queued.extend(accepted)
         joined = self._round
         async with self._turn:
@@ -155,10 +163,11 @@ class _CommitSink:
         await joined  # every call of a failed round raises the commit's error
 
     async def _commit_round(self) -> None:
-        batch, done = self._queued, self._round
-        self._queued, self._round = [], asyncio.get_running_loop().create_future()
+        batch, events, done = self._queued, self._events, self._round
+        self._queued, self._events = [], []
+        self._round = asyncio.get_running_loop().create_future()
         try:
-            await self._service.commit(batch)
+            await self._service.commit(batch, sorted(events, key=lambda event: event.at))
         except asyncio.CancelledError:
             done.cancel()
             raise

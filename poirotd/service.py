@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import cast, get_args
@@ -18,6 +19,7 @@ from poirotd.model import (
     AgentReputation,
     ConfirmedOutcome,
     EventKind,
+    HazardEvent,
     HazardSpace,
     Investigation,
     InvestigationEvent,
@@ -70,17 +72,24 @@ class PoirotService:
     def new_ingest_validator(self) -> IngestValidator:
         return IngestValidator(self.spec, self._store, max_item_bytes=self._max_item_bytes)
 
-    async def commit(self, items: Sequence[IngestItem]) -> None:
+    def evaluate(self, items: Sequence[IngestItem]) -> list[HazardEvent]:
+        """Hazard rules over validated items as they arrive, ahead of their commit."""
+        return self._monitor.evaluate(items)
+
+    async def commit(
+        self, items: Sequence[IngestItem], events: Sequence[HazardEvent] | None = None
+    ) -> None:
         """Stores a validated batch in one transaction; returns once it is durable. Hazard rules
-        evaluate the batch on arrival (so an event does not wait for the fsync) and the
-        investigations they call for open after the commit, with their evidence in the store.
-        If the commit fails, its events are dropped: the sender still holds the batch, un-acked."""
-        events = self._monitor.evaluate(items)
+        see the batch on arrival, here or by the caller's `evaluate` (its events passed in), so
+        an event does not wait for the fsync; the investigations they call for open after the
+        commit, with their evidence in the store. If the commit fails, its events are dropped:
+        the sender still holds the batch, un-acked."""
+        if events is None:
+            events = self._monitor.evaluate(items)
         await self._store.commit_ingest(items)
         await self._monitor.open(events, items)
-        for item in items:
-            self.metrics.ingested.labels(_KIND_LABELS[type(item)]).inc()
-        for kind in {_KIND_LABELS[type(item)] for item in items}:
+        for kind, count in Counter(_KIND_LABELS[type(item)] for item in items).items():
+            self.metrics.ingested.labels(kind).inc(count)
             self.metrics.last_ingest.labels(kind).set_to_current_time()
 
     # ------------------------------------------------------------ investigations

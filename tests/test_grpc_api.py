@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.client import PoirotClient
+from poirotd.client import PoirotClient, batched
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage
@@ -111,13 +111,7 @@ async def send_collecting_acks(
         copy.CopyFrom(request)
         copy.seq = seq
         numbered.append(copy)
-    acks: list[int] = []
-    try:
-        async for ack in client.ingest.Stream(iter(numbered)):
-            acks.append(ack.durable_seq)
-    except grpc.aio.AioRpcError as error:
-        return acks, error
-    return acks, None
+    return await send_collecting_acks_raw(client, numbered)
 
 
 def stored_messages(daemon: Daemon) -> int:
@@ -224,6 +218,61 @@ async def test_transport_refuses_grossly_oversized_message(client: PoirotClient)
         client, [start(), message(0, content="x" * (MAX_ITEM_BYTES * 5))]
     )
     assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def batch(first_seq: int, requests: list[pb.IngestRequest]) -> pb.IngestRequest:
+    """One request carrying the items of these single-item requests, numbered from first_seq."""
+    (packed,) = batched(requests, first_seq, limit=1 << 20)
+    return packed
+
+
+async def test_batched_and_single_item_requests_mix_in_one_stream_and_ack_per_item_seq(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    single = pb.IngestRequest(seq=5, agent_message=message(3).agent_message)
+    requests = [batch(1, [start(), message(0), message(1), message(2)]), single]
+    acks = [ack.durable_seq async for ack in client.ingest.Stream(iter(requests))]
+    assert acks[-1] == 5 and stored_messages(daemon) == 4
+
+
+async def test_a_bad_item_inside_a_batch_is_named_by_its_own_seq(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    requests = [batch(1, [start(), message(0), message(1, sender="mallory"), message(2)])]
+    acks, error = await send_collecting_acks_raw(client, requests)
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.details() or "").startswith("seq 3: sender 'mallory'")
+    assert acks == [2] and stored_messages(daemon) == 1
+
+
+async def test_a_request_with_an_item_and_a_batch_is_refused(client: PoirotClient) -> None:
+    both = batch(2, [message(0)])
+    both.agent_message.CopyFrom(message(1).agent_message)
+    acks, error = await send_collecting_acks_raw(client, [batch(1, [start()]), both])
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.details() or "").startswith("seq 2: a request carries one item or a batch")
+    assert acks == [1]
+
+
+def test_batched_packs_items_up_to_the_limit_and_a_larger_one_alone() -> None:
+    requests = [start(), *(message(i, content="x" * 100) for i in range(5)), message(5, "y" * 900)]
+    packed = list(batched(requests, first_seq=7, limit=400))
+    assert [(r.seq, len(r.items)) for r in packed] == [(7, 4), (11, 2), (13, 1)]
+    assert all(r.ByteSize() <= 400 for r in packed[:2]) and packed[2].ByteSize() > 900
+    assert packed[1].items[0].agent_message.index == 3
+
+
+async def send_collecting_acks_raw(
+    client: PoirotClient, requests: list[pb.IngestRequest]
+) -> tuple[list[int], grpc.aio.AioRpcError | None]:
+    """Sends the requests as they are (already numbered), collecting acks until an error."""
+    acks: list[int] = []
+    try:
+        async for ack in client.ingest.Stream(iter(requests)):
+            acks.append(ack.durable_seq)
+    except grpc.aio.AioRpcError as error:
+        return acks, error
+    return acks, None
 
 
 async def test_investigation_lifecycle_events_record_and_metrics(

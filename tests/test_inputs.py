@@ -22,6 +22,7 @@ from hwbridge.mqtt import MqttPublisher
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
+from poirotd.model import HazardEvent
 from poirotd.service import PoirotService
 from poirotd.store import IngestItem
 from tests.conftest import Mosquitto
@@ -155,10 +156,14 @@ async def test_a_failed_commit_restarts_the_input_and_the_broker_redelivers(
     commit = PoirotService.commit
     failures = [OSError("disk I/O error")]
 
-    async def failing_once(self: PoirotService, items: Sequence[IngestItem]) -> None:
+    async def failing_once(
+        self: PoirotService,
+        items: Sequence[IngestItem],
+        events: Sequence[HazardEvent] | None = None,
+    ) -> None:
         if failures and len(items) > 1:
             raise failures.pop()
-        await commit(self, items)
+        await commit(self, items, events)
 
     monkeypatch.setattr(PoirotService, "commit", failing_once)
     await publish_gait(mosquitto)

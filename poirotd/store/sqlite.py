@@ -151,6 +151,7 @@ _INSERT_MESSAGE = "INSERT OR IGNORE INTO messages (session_id, idx, record) VALU
 _INSERT_TELEMETRY = (
     "INSERT INTO telemetry (id, session_id, measured_us, record) VALUES (?, ?, ?, ?)"
 )
+_NEXT_TELEMETRY_ID = "SELECT coalesce(max(id), 0) + 1 FROM telemetry"
 _PUT_HAZARD_SPACE = """
 INSERT INTO hazard_spaces (system, version, put_seq, record) VALUES (?, ?, ?, ?)
 ON CONFLICT (system, version) DO UPDATE SET put_seq = excluded.put_seq, record = excluded.record
@@ -665,11 +666,22 @@ def _commit_ingest(
     planned = [_ingest_row(item) for item in items]
     with _transaction(conn) as chain:
         stored: list[tuple[AuditedTable, Row]] = []
+        # Samples are never ignored: numbered here (as SQLite would, max + 1, under the write
+        # lock) and inserted in one executemany, a fraction of a statement each.
+        samples: list[Row] = []
         for item, (table, sql, row) in zip(items, planned, strict=True):
+            if table is _TELEMETRY:
+                if not samples:
+                    (first,) = conn.execute(_NEXT_TELEMETRY_ID).fetchone()
+                row = (first + len(samples), *row[1:])
+                samples.append(row)
+                stored.append((table, row))
+                continue
             if isinstance(item, SessionEnd):
                 row = _ended_session_row(conn, item)
             if (written := _store_row(conn, sql, row)) is not None:
                 stored.append((table, written))
+        conn.executemany(_INSERT_TELEMETRY, samples)
         for table, row in stored:
             chain.append(table.kind, table.ref(row), row[-1])
     sessions.update(started)

@@ -34,6 +34,7 @@ from tests.hwbridge.support import Collector, eventually
 
 T = 1_767_225_600.0
 FAST = BackoffConfig(initial_s=0.05, max_s=0.2)
+DEFAULT_PIPELINE = PipelineConfig()
 SEQ_MAPPING = TopicMapping(topic="seq/#", component="exo", signal="n", codec=DocumentCodecConfig())
 
 
@@ -51,13 +52,16 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def running(
-    config: BrokerConfig, mappings: Sequence[TopicMapping], sink: Sink
+    config: BrokerConfig,
+    mappings: Sequence[TopicMapping],
+    sink: Sink,
+    pipeline_config: PipelineConfig = DEFAULT_PIPELINE,
 ) -> AsyncIterator[Running]:
     """An MQTT input until the block ends (then cleanly disconnected, session kept)."""
     subscriber = MqttSubscriber(config, [(m.topic, m.qos) for m in mappings])
     dead_letters = DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
     pipeline = TelemetryInput(
-        Router([m.route() for m in mappings]), "s", sink, dead_letters, PipelineConfig()
+        Router([m.route() for m in mappings]), "s", sink, dead_letters, pipeline_config
     )
     async with contextlib.aclosing(subscriber.deliveries()) as deliveries:
         task = asyncio.create_task(pipeline.run(deliveries))
@@ -169,6 +173,31 @@ async def test_messages_are_acked_only_after_the_sink_accepted_them(mosquitto: M
     async with running(config, [SEQ_MAPPING], collector):
         async with asyncio.timeout(10):
             await collector.wait_until(lambda samples: numbers(samples) == set(range(100)))
+
+
+async def test_a_full_client_buffer_pauses_reading_instead_of_dropping(
+    mosquitto: Mosquitto,
+) -> None:
+    """A stalled sink and a pipeline that holds one delivery: the broker's in-flight window (20)
+    fills most of the client buffer (30), and reading pauses until the sink takes them."""
+    config = broker(mosquitto).model_copy(update={"queue_size": 30})
+    async with running(config, [SEQ_MAPPING], Collector()):
+        pass  # the broker now holds a session with the subscription
+    await publish_sequence(mosquitto, range(300))
+    released = asyncio.Event()
+    collector = Collector()
+
+    async def stalled(samples: Sequence[TelemetrySample]) -> None:
+        await released.wait()
+        await collector(samples)
+
+    one_at_a_time = PipelineConfig(max_batch=1, max_batches_in_flight=1)
+    async with running(config, [SEQ_MAPPING], stalled, one_at_a_time) as bridge:
+        async with asyncio.timeout(10):
+            await eventually(lambda: bridge.subscriber.stats.paused > 0)
+            released.set()
+            await collector.wait_until(lambda samples: numbers(samples) == set(range(300)))
+    assert bridge.subscriber.stats.dropped == 0
 
 
 async def test_broker_restart_mid_stream_loses_no_qos1_sample(mosquitto: Mosquitto) -> None:
