@@ -18,10 +18,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client import PoirotClient, batched
-from poirotd.config import Settings, SystemSpec
+from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
+from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 
 SPEC = SystemSpec.model_validate(
@@ -52,22 +53,14 @@ def _answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> s
 
 @pytest.fixture
 async def daemon(tmp_path: Any) -> AsyncIterator[Daemon]:
-    settings = Settings(
-        db_path=tmp_path / "poirotd.db",
-        grpc_port=0,
-        metrics_port=0,
-        max_message_bytes=MAX_ITEM_BYTES,
-        drain_seconds=5,
-    )
-    d = Daemon(settings, SPEC, backend=ScriptedBackend(_answer))
-    await d.start()
-    yield d
-    await d.stop()
+    backend = ScriptedBackend(_answer)
+    async with in_process_daemon(tmp_path, SPEC, backend, max_message_bytes=MAX_ITEM_BYTES) as d:
+        yield d
 
 
 @pytest.fixture
 async def client(daemon: Daemon) -> AsyncIterator[PoirotClient]:
-    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as c:
+    async with client_of(daemon) as c:
         yield c
 
 

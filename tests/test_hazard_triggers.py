@@ -12,9 +12,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client import PoirotClient
-from poirotd.config import Settings, SystemSpec
+from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
+from tests.inprocess import in_process_daemon
 from tests.test_grpc_api import SPEC, _answer, session
 
 RULES = [
@@ -41,11 +42,8 @@ T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
 @pytest.fixture
 async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
-    settings = Settings(db_path=tmp_path / "poirotd.db", grpc_port=0, metrics_port=0)
-    d = Daemon(settings, SPEC_WITH_RULES, backend=ScriptedBackend(_answer))
-    await d.start()
-    yield d
-    await d.stop()
+    async with in_process_daemon(tmp_path, SPEC_WITH_RULES, ScriptedBackend(_answer)) as d:
+        yield d
 
 
 def sample(seconds: float, value: float) -> pb.IngestRequest:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from hwbridge import exo
 from hwbridge.mqtt import MqttPublisher
-from poirotd.config import Settings, SystemSpec
+from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import HazardEvent
@@ -27,6 +27,7 @@ from poirotd.service import PoirotService
 from poirotd.store import IngestItem
 from tests.conftest import Mosquitto
 from tests.hwbridge.support import eventually
+from tests.inprocess import in_process_daemon
 from tests.test_grpc_api import SPEC, _answer
 
 EXAMPLE = Path(__file__).parents[1] / "hwbridge" / "bridge.example.yaml"
@@ -65,13 +66,10 @@ def spec(mosquitto: Mosquitto) -> SystemSpec:
 
 @pytest.fixture
 async def daemon(mosquitto: Mosquitto, tmp_path: Path) -> AsyncIterator[Daemon]:
-    settings = Settings(db_path=tmp_path / "poirotd.db", grpc_port=0, metrics_port=0)
-    d = Daemon(settings, spec(mosquitto), backend=ScriptedBackend(_answer))
-    await d.start()
-    async with asyncio.timeout(10):
-        await eventually(lambda: counter(d, "connects") >= 1)
-    yield d
-    await d.stop()
+    async with in_process_daemon(tmp_path, spec(mosquitto), ScriptedBackend(_answer)) as d:
+        async with asyncio.timeout(10):
+            await eventually(lambda: counter(d, "connects") >= 1)
+        yield d
 
 
 def counter(daemon: Daemon, name: str) -> float:

@@ -22,10 +22,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client import PoirotClient
-from poirotd.config import Settings, SystemSpec
+from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.launcher import free_port
 from poirotd.metrics import Metrics
+from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 from tests.test_grpc_api import SPEC, session
 from tests.test_openai_backend import chat_body
@@ -122,18 +123,13 @@ async def model() -> AsyncIterator[ModelServer]:
 
 @pytest.fixture
 async def daemon(tmp_path: Path, model: ModelServer) -> AsyncIterator[Daemon]:
-    settings = Settings(
-        db_path=tmp_path / "poirotd.db", grpc_port=0, metrics_port=0, drain_seconds=5
-    )
-    d = Daemon(settings, outage_spec(model.url))  # the backend is built from the spec
-    await d.start()
-    yield d
-    await d.stop()
+    async with in_process_daemon(tmp_path, outage_spec(model.url)) as d:  # spec's backend
+        yield d
 
 
 @pytest.fixture
 async def client(daemon: Daemon) -> AsyncIterator[PoirotClient]:
-    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as c:
+    async with client_of(daemon) as c:
         yield c
 
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.audit import verify
 from poirotd.client import PoirotClient
-from poirotd.config import Settings, SystemSpec
+from poirotd.config import SystemSpec
 from poirotd.config.spec import ReputationSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage, LLMError
@@ -35,6 +35,7 @@ from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.reputation import accuracy, betas_in_use, reassess, updated_beta
 from poirotd.store import AlreadyConfirmedError, Store, UnknownInvestigationError
 from poirotd.store.sqlite import SCHEMA_VERSION
+from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 from tests.test_grpc_api import SPEC, rejected, session
 
@@ -283,18 +284,13 @@ def answers() -> Answers:
 
 @pytest.fixture
 async def daemon(tmp_path: Path, answers: Answers) -> AsyncIterator[Daemon]:
-    settings = Settings(
-        db_path=tmp_path / "poirotd.db", grpc_port=0, metrics_port=0, drain_seconds=5
-    )
-    d = Daemon(settings, REPUTED, backend=ScriptedBackend(answers))
-    await d.start()
-    yield d
-    await d.stop()
+    async with in_process_daemon(tmp_path, REPUTED, ScriptedBackend(answers)) as d:
+        yield d
 
 
 @pytest.fixture
 async def client(daemon: Daemon) -> AsyncIterator[PoirotClient]:
-    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as c:
+    async with client_of(daemon) as c:
         yield c
 
 

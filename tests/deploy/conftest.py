@@ -19,10 +19,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from poirotd.client import PoirotClient
-from poirotd.config import Settings
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.metrics import Metrics
+from tests.inprocess import in_process_daemon
 from tests.test_grpc_api import SPEC, _answer, session
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,13 +123,8 @@ def declared_families() -> set[str]:
 @pytest.fixture
 async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
     """An in-process daemon like tests/test_grpc_api.py's, on free loopback ports."""
-    settings = Settings(
-        db_path=tmp_path / "poirotd.db", grpc_port=0, metrics_port=0, drain_seconds=5
-    )
-    d = Daemon(settings, SPEC, backend=ScriptedBackend(_answer))
-    await d.start()
-    yield d
-    await d.stop()
+    async with in_process_daemon(tmp_path, SPEC, ScriptedBackend(_answer)) as d:
+        yield d
 
 
 async def run_one_investigation(daemon: Daemon) -> str:

@@ -16,7 +16,6 @@ import pytest
 from rich.console import Console
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.config import Settings
 from poirotd.config.loader import load_spec
 from poirotd.daemon import Daemon
 from poirotd.eval.replay import pauses, replay
@@ -25,15 +24,13 @@ from poirotd.launcher import DaemonProcess
 from poirotd.llm.scripted import ScriptedBackend
 from tests.eval.helpers import DATA
 from tests.eval.test_runner import answer, case
+from tests.inprocess import in_process_daemon
 
 
 @pytest.fixture
 async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
-    settings = Settings(db_path=tmp_path / "poirotd.db", grpc_port=0, metrics_port=0)
-    d = Daemon(settings, case("1").spec, backend=ScriptedBackend(answer))
-    await d.start()
-    yield d
-    await d.stop()
+    async with in_process_daemon(tmp_path, case("1").spec, ScriptedBackend(answer)) as d:
+        yield d
 
 
 async def test_replay_streams_the_session_and_follows_the_investigation(daemon: Daemon) -> None:

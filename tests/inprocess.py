@@ -1,0 +1,37 @@
+"""An in-process daemon on OS-chosen loopback ports, and a client for it: the fixture most API
+tests share."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from poirotd.client import PoirotClient
+from poirotd.config.settings import Settings
+from poirotd.config.spec import SystemSpec
+from poirotd.daemon import Daemon
+from poirotd.llm.base import LLMBackend
+
+
+@asynccontextmanager
+async def in_process_daemon(
+    tmp_path: Path, spec: SystemSpec, backend: LLMBackend | None = None, **settings: Any
+) -> AsyncIterator[Daemon]:
+    """A started daemon with its store in `tmp_path`; without `backend` it builds the spec's."""
+    defaults: dict[str, Any] = {"grpc_port": 0, "metrics_port": 0, "drain_seconds": 5}
+    daemon = Daemon(
+        Settings(db_path=tmp_path / "poirotd.db", **(defaults | settings)), spec, backend=backend
+    )
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
+
+
+@asynccontextmanager
+async def client_of(daemon: Daemon) -> AsyncIterator[PoirotClient]:
+    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client:
+        yield client
