@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle
 
@@ -20,15 +21,22 @@ from poirotd.eval.scoring import PerAgent, truth_vector
 
 # More axes than this make a radar unreadable; the most frequent voters are kept.
 MAX_RADAR_AXES = 16
+# Small multiples beyond this are too small to read.
+MAX_CASE_PANELS = 12
 _DPI = 120
 _VOTER_MARKERS = ("o", "s", "^", "v", "P", "X", "<", ">", "p", "h", "8", "d")
 _VOTE_OFFSET = 0.03
 
 
+def voter_label(agent_id: str) -> str:
+    """The baseline's single evaluator votes under the empty agent id."""
+    return agent_id or "single LLM (baseline)"
+
+
 def radar(stats: PerAgent, title: str, path: Path) -> Path:
     """Each axis a voter, at the accuracy of its own votes; the shaded disc is the aggregate's."""
     ranked = sorted(stats.agents.items(), key=lambda kv: (-kv[1].total, kv[0]))[:MAX_RADAR_AXES]
-    labels = [agent for agent, _ in ranked]
+    labels = [voter_label(agent) for agent, _ in ranked]
     values = [ratio.value or 0.0 for _, ratio in ranked]
     angles = np.linspace(0.0, 2.0 * np.pi, len(labels), endpoint=False)
     fig = Figure(figsize=(6, 6))
@@ -51,14 +59,38 @@ def radial(results: Sequence[CaseResult], title: str, path: Path) -> Path:
     """Ground truths (stars), consensus decisions (diamonds, larger when runs agree) and single
     votes (one small marker per voter, darker where runs repeat a vote), coloured by ground
     truth, on eq. 12's plane. All results must share one hazard space."""
-    region_ids = results[0].region_ids
-    if any(r.region_ids != region_ids for r in results):
+    if any(r.region_ids != results[0].region_ids for r in results):
         raise ValueError("a radial projection needs one hazard space for all results")
     fig = Figure(figsize=(7, 7))
     ax = fig.add_subplot()
+    _project_onto(ax, results, label_size=7)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path
+
+
+def radial_per_case(results: Sequence[CaseResult], title: str, path: Path) -> Path:
+    """One small projection per case (at most MAX_CASE_PANELS), for sets such as Who&When
+    where every case has its own hazard space and one shared plane would mean nothing."""
+    shown = list(results)[:MAX_CASE_PANELS]
+    columns = min(4, len(shown))
+    rows = -(-len(shown) // columns)
+    fig = Figure(figsize=(3.2 * columns, 3.4 * rows))
+    for i, result in enumerate(shown, start=1):
+        ax = fig.add_subplot(rows, columns, i)
+        _project_onto(ax, [result], label_size=5)
+        ax.set_title(f"case {result.case_id}", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path
+
+
+def _project_onto(ax: Axes, results: Sequence[CaseResult], *, label_size: int) -> None:
+    region_ids = results[0].region_ids
     ax.add_patch(Circle((0.0, 0.0), RADIUS, fill=False, color="0.7", linestyle="--"))
     for (x, y), label in zip(anchors(len(region_ids)), region_ids, strict=True):
-        ax.annotate(label, (x * 1.12, y * 1.12), ha="center", va="center", fontsize=7)
+        ax.annotate(label, (x * 1.12, y * 1.12), ha="center", va="center", fontsize=label_size)
     scenarios = sorted({tuple(int(b) for b in truth_vector(r)) for r in results})
     colours = {s: f"C{i % 10}" for i, s in enumerate(scenarios)}
     # Each voter keeps one marker and a small fixed offset, so coinciding votes stay visible.
@@ -93,7 +125,3 @@ def radial(results: Sequence[CaseResult], title: str, path: Path) -> Path:
     ax.set_aspect("equal")
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper right")
-    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
-    return path

@@ -87,15 +87,17 @@ def _figures(key: tuple[str, str, str], rows: Sequence[CaseResult], out_dir: Pat
     if not stats.agents:
         return []
     lines = ["", f"## {title}", "", "| voter | accuracy of its own vote |", "| --- | --- |"]
-    lines += [f"| {agent} | {percent(ratio)} |" for agent, ratio in stats.agents.items()]
+    lines += [
+        f"| {plots.voter_label(agent)} | {percent(ratio)} |"
+        for agent, ratio in stats.agents.items()
+    ]
     lines.append(f"| **aggregate** | {percent(stats.aggregate)} |")
     radar = plots.radar(stats, f"{title}: voters alone vs aggregate", out_dir / f"radar-{slug}.png")
     lines += ["", f"![per-agent accuracy]({radar.name})"]
-    if len({r.region_ids for r in rows}) == 1:
-        radial = plots.radial(
-            rows, f"{title}: votes, consensus, truth", out_dir / f"radial-{slug}.png"
-        )
-        lines += ["", f"![radial projection]({radial.name})"]
+    shared_space = len({r.region_ids for r in rows}) == 1
+    draw = plots.radial if shared_space else plots.radial_per_case
+    radial = draw(rows, f"{title}: votes, consensus, truth", out_dir / f"radial-{slug}.png")
+    lines += ["", f"![radial projection]({radial.name})"]
     return lines
 
 

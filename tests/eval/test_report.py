@@ -127,6 +127,20 @@ def test_report_figures_are_valid_images(rendered: Path) -> None:
     assert "| **aggregate** | 50.0% (2/4) |" in markdown
 
 
+def test_cases_with_their_own_spaces_get_one_projection_panel_each(tmp_path: Path) -> None:
+    """Who&When: every case has its own agents, so one shared plane would mean nothing."""
+    spaces = [("planner", "coder", "terminal"), ("searcher", "verifier")]
+    rows = [
+        result(ids, (ids[0],), (ids[1],), case_id=str(i), votes=_votes(ids, {ids[0]: (ids[1],)}))
+        for i, ids in enumerate(spaces)
+    ]
+    markdown = render_report(rows, tmp_path).read_text()
+    (radial,) = tmp_path.glob("radial-*.png")
+    assert radial.name in markdown
+    height, width = imread(radial).shape[:2]
+    assert width > 1.5 * height  # two panels side by side
+
+
 # ----------------------------------------------------------------- eqs. 11-12
 
 
