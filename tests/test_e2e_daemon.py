@@ -47,6 +47,9 @@ async def _stream_and_trigger(daemon: DaemonProcess, client: PoirotClient) -> st
     return (await client.trigger("e2e-1", "end-to-end test")).investigation_id
 
 
+# A full investigation on the embedded model: ~5 min on a quiet 2-core box, over 10 min when
+# the box is shared with other model runs, so it gets more than the suite's default timeout.
+@pytest.mark.timeout(1800)
 def test_stream_trigger_watch_scrape_and_store(daemon: DaemonProcess) -> None:
     async def scenario() -> tuple[str, list[pb.InvestigationEvent]]:
         async with PoirotClient(daemon.grpc_target) as client:
