@@ -37,6 +37,7 @@ from typing import Any
 import aiomqtt
 import numpy as np
 
+from bench import report
 from bench.agents import CONTENT, SENDERS
 from bench.broker import MAX_INFLIGHT, mosquitto
 from bench.publisher import FRAME_SIGNALS, SPIKE, SPIKE_PERIOD
@@ -51,13 +52,6 @@ from poirotd.wire import BATCH_BYTES
 from tests.test_grpc_api import SPEC, _answer
 
 ROOT = Path(__file__).resolve().parents[1]
-REPORT = ROOT / "BENCHMARKS.md"
-HEADER = """# Benchmarks
-
-Figures are ratios of rates measured side by side in one run, on a shared 2-core machine whose
-other tenants load it unpredictably: absolute numbers move from run to run, the ratios much less.
-Each section says when it was run, on which commit, and how to run it again.
-"""
 
 # Telemetry load of the latency and memory runs (issue #4), and a tenth of it for contrast.
 LOAD = 10_000.0
@@ -780,7 +774,7 @@ def section(p: Plan, r: Results) -> str:
             "bounded",
         ),
     )
-    return f"""{_begin(p.mode)}
+    return f"""{report.begin_marker(_section(p.mode))}
 ## Ingest, {p.mode} run (`python -m bench.ingest {command}`)
 
 {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit `{commit}`{dirty}; {os.cpu_count()} CPUs,
@@ -881,7 +875,7 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   rule windows (`max_window_samples` per stream), SQLite's page cache and the investigation
   queue, and CPython keeps its high-water mark in its arenas. {_kept_up(rss)}
 
-{_end(p.mode)}"""
+{report.end_marker(_section(p.mode))}"""
 
 
 def _listed(values: Sequence[float]) -> str:
@@ -968,12 +962,8 @@ def _clock(minutes: float) -> str:
     return f"{whole}:{seconds:02d}"
 
 
-def _begin(mode: str) -> str:
-    return f"<!-- bench.ingest {mode}: begin (generated; edits are overwritten) -->"
-
-
-def _end(mode: str) -> str:
-    return f"<!-- bench.ingest {mode}: end -->"
+def _section(mode: str) -> str:
+    return f"bench.ingest {mode}"
 
 
 def reflow(text: str, width: int = 100) -> str:
@@ -997,17 +987,6 @@ def reflow(text: str, width: int = 100) -> str:
             )
         )
     return "\n\n".join(blocks)
-
-
-def write_section(mode: str, text: str) -> None:
-    current = REPORT.read_text() if REPORT.exists() else HEADER
-    begin, end = _begin(mode), _end(mode)
-    if begin in current and end in current:
-        head, rest = current.split(begin, 1)
-        current = head + text + rest.split(end, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    REPORT.write_text(current)
 
 
 async def run(p: Plan) -> Results:
@@ -1044,7 +1023,7 @@ def main() -> None:
     logs.configure("warning", "json")
     p = plan(args.quick, args.minutes)
     text = reflow(section(p, asyncio.run(until_signalled(run(p)))))
-    write_section(p.mode, text)
+    report.write_section(_section(p.mode), text)
     print(text)
 
 

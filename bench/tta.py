@@ -23,11 +23,13 @@ import http.client
 import json
 import platform
 import re
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import urllib.request
@@ -53,13 +55,14 @@ LIBRARY = "poirot-framework==0.2.0"
 LIBRARY_VENV = ROOT / ".venv-bench-lib"
 LIBRARY_DRIVER = Path(__file__).with_name("tta_library.py")
 SECTION = "bench.tta"
-# The smallest Who&When Algorithm-Generated sessions with 2-3 agents, some with the code executor
-# as a non-agent speaker: every prompt of either side fits the 8k context with room to answer.
-CASES = ("38", "93", "12", "73", "58")
+# The five Who&When Algorithm-Generated cases with 2+ agents whose sessions cost least to read
+# (summed over the agents: system prompt plus history), smallest first; every prompt of either
+# side fits the 8k context with room to answer. Three have the code executor as a component.
+CASES = ("12", "93", "65", "53", "38")
 CONTEXT_TOKENS = 8192
-# One limit for every call of both sides: poirotd's longest default (Phase II reports), so its
-# schema-bounded answers are never cut; the library has no limit of its own for most calls.
-MAX_TOKENS = 768
+# One limit for every call of both sides: poirotd's default for turns and votes (its reports get
+# 768 by default); the library has no limit of its own for most calls.
+MAX_TOKENS = 512
 MODEL = "smollm2-135m"
 # What both sides are told about why the investigation was opened.
 INCIDENT = "Manual trigger: the system's final answer to its task is suspected to be wrong."
@@ -398,7 +401,10 @@ def llm_server(logs: Path) -> Iterator[_Proxy]:
         sys.executable, "-m", "llama_cpp.server",
         "--model", str(default_model_path()),
         "--n_ctx", str(CONTEXT_TOKENS),
-        "--n_threads", "2",
+        # One thread: with OpenMP, two threads on two cores shared with other tenants wait on
+        # each other (measured here: 1.6 tokens/s generated with two, 10.7 with one).
+        "--n_threads", "1",
+        "--n_threads_batch", "1",
         "--host", "127.0.0.1",
         "--port", str(port),
         "--verbose", "true",
@@ -590,7 +596,7 @@ def totals(runs: Sequence[Run]) -> Totals:
     evaluated = [r.evaluated for r in runs]
     return Totals(
         runs=len(runs),
-        median_seconds=statistics.median(r.seconds for r in runs),
+        median_seconds=statistics.median(r.seconds for r in runs) if runs else 0.0,
         calls=len(calls),
         prompt_tokens=sum(r.prompt_tokens for r in runs),
         evaluated=None if None in evaluated else sum(e or 0 for e in evaluated),
@@ -604,6 +610,10 @@ def totals(runs: Sequence[Run]) -> Totals:
     )
 
 
+def _lower(side: Totals) -> str:
+    return "≥ " if side.failed else ""
+
+
 def _count(n: int | None) -> str:
     return "unknown" if n is None else f"{n:,}"
 
@@ -615,20 +625,68 @@ def _commit() -> str:
     return f"`{head.stdout.strip() or 'unknown'}`{suffix}"
 
 
+def limits_text(ours: Totals, theirs: Totals, runs: Sequence[Run]) -> str:
+    """Where the time goes, from the recorded calls, then what the call logs show."""
+    lines = []
+    for label, side in (("poirotd", ours), ("library", theirs)):
+        calls = [c for r in runs if r.side == label for c in r.calls]
+        if not calls:
+            continue
+        per_call = statistics.mean(c.seconds for c in calls)
+        evaluated = side.evaluated or 0
+        lines.append(
+            f"- **{label}:** {len(calls)} calls, {per_call:.0f} s each on average, one at a time; "
+            f"{evaluated / len(calls):,.0f} prompt tokens evaluated and "
+            f"{side.completion_tokens / len(calls):,.0f} generated per call; {side.cut} calls "
+            "stopped at the token limit."
+        )
+    lines += [
+        "- **The machine: prompt evaluation.** llama.cpp evaluated prompts at 13-33 tokens/s "
+        "and generated 5-12 tokens/s on its one thread here (its own log; other jobs held the "
+        "cores), so a fresh 3k-token prompt costs 100-190 s before its first token. On both "
+        "sides time to attribution is mostly prompt evaluation: the evaluated-token counts "
+        "predict it better than the call counts.",
+        "- **poirotd.** Every request of one agent starts with the same prefix (system prompt, "
+        "session), so the server evaluates it once per agent, in the agent's Phase II report; "
+        "its peer answers and votes then evaluate about 100 tokens each. What remains is the "
+        "protocol's own text: the self-assessment task (~1k tokens) and the interrogation "
+        "opening (~1.7k tokens, region legend and findings) are each evaluated once per agent "
+        "and cost more than the session itself on these cases. They, not the model's answers, "
+        "are what to shrink next. The agents run concurrently, but a one-slot server runs "
+        "their calls one after another; a batching server (vLLM) would overlap them.",
+        "- **The library.** Phase 1 evaluates each agent's whole prompt afresh. In Phase 2 each "
+        "call appends the model's last answer and then repeats the ~2.4k-token Phase 2 "
+        "instructions after it, so the cache covers only the growing history and every call "
+        "evaluates those instructions again. The model answers in free text and never calls "
+        "`talk_to_<peer>` (llama-cpp-python's server returned no tool call for this model's "
+        "chat template) nor writes the vote JSON, so each agent loops to its 8-call limit with "
+        "answers cut at the token limit, its prompt growing by ~530 tokens a call toward the 8k "
+        "context, and its forced final vote came back malformed. Agents consult one after "
+        "another, so on this machine a run ends at the time limit while the second agent is "
+        "still looping: no valid vote. Its valid-vote share above counts those missing votes, and "
+        "its calls and tokens leave out the call in flight at the time limit.",
+    ]
+    return "\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in lines)
+
+
 def render(runs: Sequence[Run], max_tokens: int, started: datetime) -> str:
     """The BENCHMARKS.md section: the figures, per case, then how they were measured."""
     by_side = {s: [r for r in runs if r.side == s] for s in SIDES}
     ours, theirs = totals(by_side["poirotd"]), totals(by_side["library"])
     ratio = ours.median_seconds / theirs.median_seconds if theirs.median_seconds else 0.0
+    # A run without an attribution counts with the time it ran: a lower bound of its TTA.
+    bound = {(False, False): "", (False, True): "≤ ", (True, False): "≥ "}
+    ratio_text = f"{bound.get((ours.failed > 0, theirs.failed > 0), '? ')}{ratio:.2f}x"
     cases = ", ".join(r.case_id for r in by_side["poirotd"])
-    limits = sorted({c.max_tokens or 0 for r in runs for c in r.calls})
+    limits = sorted({str(c.max_tokens) for r in runs for c in r.calls})
 
     def row(label: str, a: str, b: str, goal: str = "") -> str:
         return f"| {label} | {a} | {b} | {goal} |"
 
     lines = [
-        row("median time to attribution", f"**{ours.median_seconds:.0f} s**",
-            f"{theirs.median_seconds:.0f} s", f"≤ 1/3 of the library's: **{ratio:.2f}x**"),
+        row("median time to attribution", f"**{_lower(ours)}{ours.median_seconds:.0f} s**",
+            f"{_lower(theirs)}{theirs.median_seconds:.0f} s",
+            f"≤ 1/3 of the library's: **{ratio_text}**"),
         row("LLM calls", f"{ours.calls}", f"{theirs.calls}"),
         row("prompt tokens sent", f"{ours.prompt_tokens:,}", f"{theirs.prompt_tokens:,}"),
         row("prompt tokens evaluated (sent minus cached)", f"**{_count(ours.evaluated)}**",
@@ -650,19 +708,21 @@ def render(runs: Sequence[Run], max_tokens: int, started: datetime) -> str:
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in runs:
-        attributed = r.error[:60] if r.error else ", ".join(r.attributed)
+        attributed = f"none: {r.error[:60]}" if r.error else ", ".join(r.attributed)
         per_case.append(
-            f"| {r.case_id} | {r.agents} / {r.regions} | {r.side} | {r.seconds:.0f} s "
+            f"| {r.case_id} | {r.agents} / {r.regions} | {r.side} "
+            f"| {'≥ ' if r.error else ''}{r.seconds:.0f} s "
             f"| {len(r.calls)} | {r.prompt_tokens:,} / {_count(r.evaluated)} "
             f"| {r.completion_tokens:,} | {r.valid_votes}/{r.agents} | {attributed} ({r.truth}) |"
         )
     header = (
         f"{started:%Y-%m-%d %H:%M} UTC, commit {_commit()}; {platform.machine()}, "
         f"Python {platform.python_version()}, llama-cpp-python's server with SmolLM2-135M-Instruct "
-        f"(Q4_1), 8k context, 2 threads, one slot; Who&When Algorithm-Generated cases {cases}; "
+        f"(Q4_1), 8k context, 1 thread, one slot; Who&When Algorithm-Generated cases {cases}; "
         f"per-call token limit **{max_tokens}** on both sides (limits seen in requests: "
-        f"{', '.join(map(str, limits))})."
+        f"{', '.join(limits)}); runs without an attribution end at {RUN_TIMEOUT_S:.0f} s."
     )
+    header = textwrap.fill(header, 100, break_on_hyphens=False)
     return f"""{begin_marker(SECTION)}
 ## Time to attribution (`python -m bench.tta`)
 
@@ -689,9 +749,12 @@ def render(runs: Sequence[Run], max_tokens: int, started: datetime) -> str:
   directory, `run_poirot_from_agents` cannot be given one, so the driver answers Phase 0 with
   it). Neither side spends a call on it.
 - **Same limit.** Every request carries `max_tokens` = {max_tokens}: poirotd's report, turn,
-  answer and vote limits are all set to it; the library's chat models are all created with it
-  (its Phase 2 models otherwise have none, and the server then generates until the context is
-  full). The proxy records the `max_tokens` of every request (listed above).
+  answer and vote limits are all set to it (by default reports get 768, peer answers 256). The
+  library's chat models are all created with it; left alone, its Phase 2 models have none, and
+  langchain-openai sends a limit as `max_completion_tokens`, a field llama-cpp-python's server
+  ignores: it then generates until the context is full (the earlier ~400 s, ~10k-completion-token
+  case). The driver therefore also puts `max_tokens` in each request body. The proxy records the
+  `max_tokens` of every request (listed above).
 - **Time to attribution.** poirotd: `InvestigationEngine.run` in this process, from its start to
   the attribution (the daemon's store and gRPC around it are not included). Library: its
   `run_poirot_from_agents` call, timed inside its driver process (not its imports).
@@ -705,33 +768,65 @@ def render(runs: Sequence[Run], max_tokens: int, started: datetime) -> str:
 - **Schema-valid votes.** poirotd: votes that passed its vote schema (not abstentions, repairs
   allowed). Library: final votes whose `location` is a 0/1 vector with one entry per region, the
   same test.
-- **Order.** Cases alternate sides (poirotd, library, next case...) on a shared 2-core machine.
+- **Order and machine.** Cases alternate sides (poirotd, library, next case...) on a shared
+  2-core machine that other jobs kept busy (load average 4-5). The server runs llama.cpp on one
+  thread: with two, its OpenMP threads wait on each other whenever another tenant holds a core
+  (measured: 1.6 tokens/s generated with two threads, 10.7 with one).
+
+### What limits it
+
+{limits_text(ours, theirs, runs)}
 
 {end_marker(SECTION)}"""
 
 
+def save_runs(path: Path, started: datetime, max_tokens: int, runs: Sequence[Run]) -> None:
+    runs_json = [asdict(r) for r in runs]
+    record = {"started": started.isoformat(), "max_tokens": max_tokens, "runs": runs_json}
+    path.write_text(json.dumps(record, indent=1))
+
+
+def load_runs(path: Path) -> tuple[datetime, int, list[Run]]:
+    """What `save_runs` wrote, so a report can be re-rendered without running again."""
+    record = json.loads(path.read_text())
+    runs = [Run(**(r | {"calls": [Call(**c) for c in r["calls"]]})) for r in record["runs"]]
+    return datetime.fromisoformat(record["started"]), record["max_tokens"], runs
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    # SIGTERM unwinds like Ctrl-C, so the servers started here are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES))
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    parser.add_argument("--render", type=Path, help="only re-render a saved runs.json")
     args = parser.parse_args(argv)
+    if args.render:
+        _report(*load_runs(args.render), write=not args.no_write)
+        return
     ensure_library_venv()
     logs = Path(tempfile.mkdtemp(prefix="bench-tta-"))
     print(f"logs: {logs}", flush=True)
     started = datetime.now(UTC)
     runs: list[Run] = []
+    # The section is rewritten after every case: an interrupted run still leaves its figures.
     for case_id in args.cases:
         case = load_case(args.data / f"{case_id}.json")
-        for side in SIDES:
+        for side in args.sides:
             run = investigate(side, case, args.max_tokens, logs)
             runs.append(run)
             print(json.dumps(asdict(run)), flush=True)
-    (logs / "runs.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
-    section = render(runs, args.max_tokens, started)
-    print(section)
-    if not args.no_write:
+        save_runs(logs / "runs.json", started, args.max_tokens, runs)
+        _report(started, args.max_tokens, runs, write=not args.no_write)
+
+
+def _report(started: datetime, max_tokens: int, runs: Sequence[Run], *, write: bool) -> None:
+    section = render(runs, max_tokens, started)
+    print(section, flush=True)
+    if write:
         write_section(SECTION, section)
 
 

@@ -4,8 +4,10 @@ Executed by the library's own venv, so it imports nothing from poirotd: the job 
 on stdin and the result leaves as one JSON line on stdout (the library's progress goes to
 stderr). Three settings the library does not expose are set here, each to what poirotd gets:
 - the server: provider "local" always talks to LLMFactory.DEFAULT_LOCAL_BASE_URL;
-- the per-call token limit: Phase 2 creates its chat models without max_tokens (the server then
-  generates until the context is full), so every model is created with the job's limit;
+- the per-call token limit: Phase 2 creates its chat models without one, and langchain-openai
+  sends a model's limit as `max_completion_tokens`, which llama-cpp-python's server ignores (it
+  then generates until the context is full); so every model gets the job's limit, also as
+  `max_tokens` in the request body, the field that server reads;
 - the error space: run_poirot_from_agents always builds it (Phase 0), so Phase 0 returns the
   supplied one, as run_poirot does when it finds one saved in its output directory.
 """
@@ -32,9 +34,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     LLMFactory.DEFAULT_LOCAL_BASE_URL = job["base_url"]
     create = LLMFactory.create_chat_llm.__func__  # type: ignore[attr-defined]
 
+    enforced = {"max_tokens": limit, "extra_body": {"max_tokens": limit}}
+
     def create_limited(cls: type, *args: Any, **kwargs: Any) -> Any:
-        kwargs["max_tokens"] = limit
-        return create(cls, *args, **kwargs)
+        return create(cls, *args, **(kwargs | enforced))
 
     LLMFactory.create_chat_llm = classmethod(create_limited)  # type: ignore[method-assign]
     space = job["error_space"]
@@ -53,7 +56,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             base_url=job["base_url"],
             api_key="none",
             temperature=0,
-            max_tokens=limit,
+            **enforced,
         )
         adapters.append(
             poirot.LangChainAgentAdapter(

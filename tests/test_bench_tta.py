@@ -13,9 +13,11 @@ from bench.tta import (
     library_job,
     library_vote_valid,
     load_case,
+    load_runs,
     party_id,
     poirotd_spec,
     render,
+    save_runs,
 )
 from poirotd.model import MessageKind
 
@@ -108,3 +110,21 @@ def test_render_replaces_only_its_own_section() -> None:
     once = replace_section(f"# B\n\n{other}\n", "bench.tta", section)
     twice = replace_section(once, "bench.tta", section.replace("0.25x", "0.30x"))
     assert other in twice and "0.30x" in twice and "0.25x" not in twice
+
+
+def test_saved_runs_render_again(tmp_path: Path) -> None:
+    call = Call(None, 1000, 200, None, "length", 200, 3.0)
+    runs = [Run("library", "7", 2, 3, 40.0, 1, ["check_expert"], "excel_expert", calls=[call])]
+    started = datetime(2026, 1, 1, tzinfo=UTC)
+    save_runs(tmp_path / "runs.json", started, 512, runs)
+    assert load_runs(tmp_path / "runs.json") == (started, 512, runs)
+    assert "limits seen in requests: None" in " ".join(render(runs, 512, started).split())
+
+
+def test_a_run_without_attribution_makes_its_side_a_lower_bound() -> None:
+    runs = [
+        Run("poirotd", "7", 2, 3, 10.0, 2, ["excel_expert"], "excel_expert"),
+        Run("library", "7", 2, 3, 40.0, 0, [], "excel_expert", error="timed out"),
+    ]
+    section = render(runs, 512, datetime(2026, 1, 1, tzinfo=UTC))
+    assert "≥ 40 s" in section and "≤ 0.25x" in section and "none: timed out" in section
