@@ -48,6 +48,7 @@ from poirotd.model import AgentMessage, HazardRegion, HazardSpace, MessageKind
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ProtocolEvent
+from poirotd.protocol.hazard_space import agent_region
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "whowhen" / "Algorithm-Generated"
@@ -188,18 +189,7 @@ def _recipient(speakers: Sequence[str], i: int, agent_ids: dict[str, str]) -> st
 def hazard_regions(case: Case) -> tuple[HazardRegion, ...]:
     """The space poirotd falls back to when its Phase I gives no valid answer (which the 135M
     model never does): the agents, then the declared components. Pinned for both sides."""
-    regions = [
-        HazardRegion(
-            id=a.id,
-            name=a.name,
-            type="agent",
-            description=(
-                f"Error signature: {a.name} produces output that contradicts its own inputs or "
-                f"departs from its role. Normal behaviour: {a.name} acts as its role prescribes."
-            ),
-        )
-        for a in case.agents
-    ]
+    regions = [agent_region(a.id, a.name) for a in case.agents]
     regions += [
         HazardRegion(id=c.id, name=c.name, type="software", description=c.text)
         for c in case.components

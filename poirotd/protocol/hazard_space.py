@@ -77,24 +77,26 @@ def _declared_space(spec: SystemSpec, version: str, *, reason: str) -> HazardSpa
         system=spec.system.name,
         reason=reason,
     )
-    regions = [
-        HazardRegion(
-            id=a.id,
-            name=a.name,
-            type="agent",
-            description=(
-                f"Error signature: {a.name} produces output that contradicts its own inputs or "
-                f"departs from its role. Normal behaviour: {a.name} acts as its role prescribes."
-            ),
-        )
-        for a in spec.agents
-    ]
+    regions = [agent_region(a.id, a.name) for a in spec.agents]
     regions += [
         HazardRegion(id=c.id, name=c.name, type=c.type, description=c.description)
         for c in spec.components
     ]
     return HazardSpace(
         system=spec.system.name, version=version, regions=tuple(regions), source="spec"
+    )
+
+
+def agent_region(agent_id: str, name: str) -> HazardRegion:
+    """An agent's region when no Phase I description is available."""
+    return HazardRegion(
+        id=agent_id,
+        name=name,
+        type="agent",
+        description=(
+            f"Error signature: {name} produces output that contradicts its own inputs or "
+            f"departs from its role. Normal behaviour: {name} acts as its role prescribes."
+        ),
     )
 
 
