@@ -52,14 +52,7 @@ async def baseline_vote(
     except AnswerFailed as exc:
         vote = Vote(agent_id=EVALUATOR, abstention_reason=f"vote: {exc}")
     else:
-        vote = Vote(
-            agent_id=EVALUATOR,
-            location=answer.location,
-            hazard_vector=answer.hazard_vector,
-            justification=answer.justification,
-            weight=1.0,
-            step=answer.step,
-        )
+        vote = answer.as_vote(EVALUATOR, weight=1.0)
     await run.emit(VoteCast(vote=vote))
     return vote
 

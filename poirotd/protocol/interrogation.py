@@ -107,13 +107,7 @@ class _Interrogation:
             except AnswerFailed as exc:
                 return Vote(agent_id=agent_id, abstention_reason=f"turn {n}: {exc}")
             if isinstance(action, VoteAction):
-                return Vote(
-                    agent_id=agent_id,
-                    location=action.location,
-                    hazard_vector=action.hazard_vector,
-                    justification=action.justification,
-                    step=action.step,
-                )
+                return action.as_vote(agent_id)
             answer = await self._answer(action.peer_id, agent_id, action.question)
             transcript += [asked, *replies_to(asked, answer)]
         limit = self._limits.max_invocations
@@ -175,14 +169,7 @@ class _Interrogation:
             )
         except AnswerFailed as exc:
             return Vote(agent_id=agent_id, abstention_reason=f"vote: {exc}", forced=pending.forced)
-        return Vote(
-            agent_id=agent_id,
-            location=answer.location,
-            hazard_vector=answer.hazard_vector,
-            justification=answer.justification,
-            forced=pending.forced,
-            step=answer.step,
-        )
+        return answer.as_vote(agent_id, forced=pending.forced)
 
     async def _leave_consultation(self) -> None:
         """Serialised so phase events keep their order even when the event sink awaits."""

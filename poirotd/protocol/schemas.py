@@ -20,7 +20,7 @@ from pydantic import Field, StrictInt, TypeAdapter, ValidationError
 
 from poirotd.config.spec import SystemSpec
 from poirotd.llm.base import Completion
-from poirotd.model import Frozen, HazardRegion
+from poirotd.model import Frozen, HazardRegion, Vote
 
 log = structlog.get_logger(__name__)
 
@@ -112,6 +112,18 @@ class VoteAnswer(Frozen):
     # "When": the session index (#N) of the message where the fault first shows; optional, and
     # dropped by the parser when it names a message the voter never saw.
     step: StrictInt | None = None
+
+    def as_vote(self, agent_id: str, *, forced: bool = False, weight: float = 0.0) -> Vote:
+        """The validated answer as `agent_id`'s vote."""
+        return Vote(
+            agent_id=agent_id,
+            location=self.location,
+            hazard_vector=self.hazard_vector,
+            justification=self.justification,
+            weight=weight,
+            forced=forced,
+            step=self.step,
+        )
 
 
 class VoteAction(VoteAnswer):
