@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -15,6 +16,14 @@ from poirotd.config.loader import SpecError, load_spec
 from poirotd.eval.cli import CaseArgument, DataDirOption, MethodOption, load_case
 from poirotd.eval.cli import app as eval_app
 
+if TYPE_CHECKING:
+    import grpc
+
+    from poirotd.api.poirot.v1 import poirot_pb2 as pb
+    from poirotd.client import PoirotClient
+
+T = TypeVar("T")
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -24,6 +33,8 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(eval_app, name="eval")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML system spec")]
+TargetOption = Annotated[str, typer.Option(help="the running daemon's gRPC address (host:port)")]
+DEFAULT_TARGET = "127.0.0.1:50051"
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -89,9 +100,7 @@ def demo(
 @app.command()
 def replay(
     case: CaseArgument,
-    target: Annotated[
-        str, typer.Option(help="the running daemon's gRPC address (host:port)")
-    ] = "127.0.0.1:50051",
+    target: TargetOption = DEFAULT_TARGET,
     data_dir: DataDirOption = Path("data"),
     speed: Annotated[
         float, typer.Option(min=0.001, help="replay this many times faster than recorded")
@@ -137,9 +146,70 @@ def replay(
             )
         )
     except grpc.aio.AioRpcError as exc:
-        typer.echo(f"the daemon at {target} refused: {exc.code().name}: {exc.details()}", err=True)
-        raise typer.Exit(1) from exc
+        raise _refused(target, exc) from exc
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if watch and investigation is not None and investigation.error:
         raise typer.Exit(1)
+
+
+@app.command()
+def confirm(
+    investigation_id: Annotated[str, typer.Argument(help="a succeeded investigation")],
+    regions: Annotated[
+        list[str], typer.Argument(help="id(s) of the hazard region(s) that truly caused it")
+    ],
+    note: Annotated[str, typer.Option(help="who confirmed it, and how")] = "",
+    target: TargetOption = DEFAULT_TARGET,
+) -> None:
+    """Report the true cause of an investigated incident (ConfirmOutcome).
+
+    The record keeps it; with reputation enabled in the spec, every agent that voted has its β
+    moved toward its accuracy. Confirming the same regions again changes nothing.
+    """
+    response = _with_client(target, lambda client: client.confirm(investigation_id, regions, note))
+    status = "confirmed" if response.newly_confirmed else "already confirmed, unchanged"
+    typer.echo(f"{investigation_id}: {', '.join(response.confirmed.region_ids)} ({status})")
+    _print_betas(response.betas)
+
+
+@app.command()
+def reputation(target: TargetOption = DEFAULT_TARGET) -> None:
+    """Show the β each agent's vote is weighed with now (GetReputation)."""
+    response = _with_client(target, lambda client: client.reputation())
+    if not response.reputation_enabled:
+        typer.echo("reputation is off in the spec: every vote is weighed with the spec's β")
+    _print_betas(response.betas)
+
+
+def _with_client(target: str, call: Callable[[PoirotClient], Awaitable[T]]) -> T:
+    """One call to the daemon at `target`; a refusal or an unreachable daemon exits 1."""
+    import grpc
+
+    from poirotd.client import PoirotClient
+
+    async def once() -> T:
+        async with PoirotClient(target) as client:
+            return await call(client)
+
+    try:
+        return asyncio.run(once())
+    except grpc.aio.AioRpcError as exc:
+        raise _refused(target, exc) from exc
+
+
+def _refused(target: str, exc: grpc.aio.AioRpcError) -> typer.Exit:
+    typer.echo(f"the daemon at {target} refused: {exc.code().name}: {exc.details()}", err=True)
+    return typer.Exit(1)
+
+
+def _print_betas(betas: Iterable[pb.AgentBeta]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("agent", "β", "confirmations", "last confirmed investigation")
+    for beta in betas:
+        table.add_row(
+            beta.agent_id, f"{beta.beta:.3f}", str(beta.confirmations), beta.investigation_id
+        )
+    Console().print(table)

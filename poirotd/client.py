@@ -65,6 +65,23 @@ class PoirotClient:
         )
         return investigation
 
+    async def confirm(
+        self, investigation_id: str, region_ids: Iterable[str], note: str = ""
+    ) -> pb.ConfirmOutcomeResponse:
+        """Reports the true cause(s) of a succeeded investigation's incident (see ConfirmOutcome)."""
+        response: pb.ConfirmOutcomeResponse = await self.investigations.ConfirmOutcome(
+            pb.ConfirmOutcomeRequest(
+                investigation_id=investigation_id, region_ids=list(region_ids), note=note
+            )
+        )
+        return response
+
+    async def reputation(self) -> pb.GetReputationResponse:
+        response: pb.GetReputationResponse = await self.investigations.GetReputation(
+            pb.GetReputationRequest()
+        )
+        return response
+
     async def watch(
         self, investigation_id: str = "", after_event_id: int = 0
     ) -> AsyncIterator[pb.InvestigationEvent]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import closing
@@ -37,6 +39,7 @@ from poirotd.store import AlreadyConfirmedError, Store, UnknownInvestigationErro
 from poirotd.store.sqlite import SCHEMA_VERSION
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
+from tests.test_cli import poirotd
 from tests.test_grpc_api import SPEC, rejected, session
 
 AT = datetime(2025, 1, 1, tzinfo=UTC)
@@ -301,14 +304,6 @@ async def investigate(client: PoirotClient) -> pb.Investigation:
     return await client.get(queued.investigation_id)
 
 
-def confirm(client: PoirotClient, investigation_id: str, *regions: str) -> Any:
-    return client.investigations.ConfirmOutcome(
-        pb.ConfirmOutcomeRequest(
-            investigation_id=investigation_id, region_ids=list(regions), note="clinician"
-        )
-    )
-
-
 def betas_of(message: Any) -> dict[str, float]:
     return {b.agent_id: b.beta for b in message.betas}
 
@@ -321,7 +316,7 @@ async def test_confirm_outcome_moves_the_betas_the_next_investigation_uses(
     assert first.state == pb.INVESTIGATION_STATE_SUCCEEDED
     assert dict(first.betas) == dict.fromkeys(AGENTS, 0.25)
 
-    confirmed = await confirm(client, first.investigation_id, "doctor")
+    confirmed = await client.confirm(first.investigation_id, ["doctor"], note="clinician")
     assert confirmed.newly_confirmed
     assert list(confirmed.confirmed.region_ids) == ["doctor"]
     assert list(confirmed.confirmed.decision) == [1, 0, 0, 0]
@@ -339,7 +334,7 @@ async def test_confirm_outcome_moves_the_betas_the_next_investigation_uses(
     assert record.confirmed.note == "clinician"
 
     # The same confirmation again (a retry) changes nothing.
-    repeated = await confirm(client, first.investigation_id, "doctor")
+    repeated = await client.confirm(first.investigation_id, ["doctor"], note="clinician")
     assert not repeated.newly_confirmed and betas_of(repeated) == betas_of(confirmed)
 
     second = await investigate(client)
@@ -349,7 +344,7 @@ async def test_confirm_outcome_moves_the_betas_the_next_investigation_uses(
     assert weights == pytest.approx({"doctor": 0.8, "chief": 0.55, "physio": 0.575})
     assert second.attribution.beta == pytest.approx(sum(moved.values()) / 3)
 
-    reputation = await client.investigations.GetReputation(pb.GetReputationRequest())
+    reputation = await client.reputation()
     assert reputation.reputation_enabled and betas_of(reputation) == pytest.approx(moved)
     assert verify(daemon.settings.db_path).ok
 
@@ -376,13 +371,13 @@ async def test_confirm_outcome_refusals_are_counted(
     ]
     for (investigation_id, *regions), code, reason in cases:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await confirm(client, investigation_id, *regions)
+            await client.confirm(investigation_id, regions)
         assert refused.value.code() == code, reason
         assert rejected(daemon, rpc, reason) == 1
 
-    await confirm(client, done.investigation_id, "exo")
+    await client.confirm(done.investigation_id, ["exo"])
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await confirm(client, done.investigation_id, "doctor")
+        await client.confirm(done.investigation_id, ["doctor"])
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "already confirmed with ['exo']" in (refused.value.details() or "")
     assert rejected(daemon, rpc, "already_confirmed") == 1
@@ -401,3 +396,30 @@ async def test_a_schema_2_store_gains_the_reputations_table_when_opened(tmp_path
     with closing(sqlite3.connect(db)) as reopened:
         assert reopened.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert verify(db).ok
+
+
+async def test_operators_confirm_and_read_reputation_from_the_command_line(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    await client.send(session(6))
+    done = await investigate(client)
+    target = f"127.0.0.1:{daemon.grpc_port}"
+
+    confirmed = await asyncio.to_thread(
+        poirotd, "confirm", done.investigation_id, "doctor", "--note", "ward", "--target", target
+    )
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert f"{done.investigation_id}: doctor (confirmed)" in confirmed.stdout
+    assert "0.300" in confirmed.stdout  # doctor's and chief's β, moved up from 0.25
+
+    other = await asyncio.to_thread(
+        poirotd, "confirm", done.investigation_id, "exo", "--target", target
+    )
+    assert other.returncode == 1
+    assert "refused: FAILED_PRECONDITION" in other.stderr
+
+    shown = await asyncio.to_thread(poirotd, "reputation", "--target", target)
+    assert shown.returncode == 0, shown.stderr
+    assert "reputation is off" not in shown.stdout
+    assert re.search(r"doctor\W+0\.300\W+1\W+" + done.investigation_id, shown.stdout)
+    assert (await client.get(done.investigation_id)).confirmed.note == "ward"
