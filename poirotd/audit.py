@@ -242,6 +242,9 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
     at export lets `poirotd audit verify --anchor` show later that the database still holds it.
 
     The report is built from the chain, not from the tables: `verify` tells whether both agree.
+    `reputation_updates` are the agents' β as its confirmed outcome moved them (none before a
+    confirmation, or with reputation off).
+
     `messages` are those the investigation could have read: the runner reads the session after
     the investigation's `started` event and before its next write, so the window between those
     two entries' seqs bounds the read; messages with a seq inside it may or may not have been seen.
@@ -275,6 +278,15 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
             for m in _rows_of(conn, "message", "session_id = ? ORDER BY idx", record["session_id"])
             if read_before is not None and m["seq"] < read_before
         ]
+        # The β moves its confirmed outcome made (ConfirmOutcome), one entry per agent.
+        reputation_updates = [
+            _envelope(row)
+            for row in conn.execute(
+                f"{_ENTRY} WHERE kind = 'reputation'"
+                " AND json_extract(payload, '$.investigation_id') = ? ORDER BY seq",
+                (investigation_id,),
+            )
+        ]
     return {
         "format": EXPORT_FORMAT,
         "exported_at": datetime.now(UTC).isoformat(),
@@ -297,6 +309,7 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
         },
         "exchanges": exchanges,
         "events": events,
+        "reputation_updates": reputation_updates,
     }
 
 

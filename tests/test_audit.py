@@ -18,9 +18,12 @@ from typer.testing import CliRunner
 from poirotd.audit import AuditError, ChainHead, export_investigation, verify
 from poirotd.cli import app
 from poirotd.model import (
+    AgentReputation,
     Attribution,
+    ConfirmedOutcome,
     EventKind,
     HazardEvent,
+    Investigation,
     InvestigationState,
     LLMExchange,
     Phase,
@@ -432,6 +435,7 @@ def envelopes(report: dict[str, Any]) -> list[dict[str, Any]]:
         *report["messages"]["entries"],
         *report["exchanges"],
         *report["events"],
+        *report["reputation_updates"],
     ]
 
 
@@ -498,6 +502,41 @@ def test_a_reader_can_re_hash_every_exported_record(db: Path, tmp_path: Path) ->
     anchor = f"{report['chain']['head']['seq']}:{report['chain']['head']['hash']}"
     result = CliRunner().invoke(app, ["audit", "verify", "--db", str(db), "--anchor", anchor])
     assert result.exit_code == 0, result.output
+
+
+async def test_export_holds_the_beta_moves_of_the_investigations_confirmation(db: Path) -> None:
+    assert export_investigation(db, "i1")["reputation_updates"] == []
+
+    def reassess(inv: Investigation, stored: dict[str, AgentReputation]) -> list[AgentReputation]:
+        return [
+            AgentReputation(
+                system=inv.system,
+                agent_id=agent,
+                beta=beta,
+                confirmations=1,
+                investigation_id=inv.investigation_id,
+                updated_at=T0,
+            )
+            for agent, beta in (("planner", 0.3), ("controller", 0.2))
+        ]
+
+    store = await Store.open(db)
+    try:
+        outcome = ConfirmedOutcome(region_ids=("knee_motor",), decision=(0, 1), note="", at=T0)
+        await store.confirm_outcome("i1", outcome, reassess)
+    finally:
+        await store.close()
+    report = export_investigation(db, "i1")
+    updates = report["reputation_updates"]
+    assert [(u["record"]["agent_id"], u["record"]["beta"]) for u in updates] == [
+        ("planner", 0.3),
+        ("controller", 0.2),
+    ]
+    assert report["investigation"]["record"]["confirmed"]["region_ids"] == ["knee_motor"]
+    for entry in envelopes(report):
+        payload = canonical_json(entry["record"])
+        assert entry_hash(entry["prev_hash"], entry["kind"], entry["ref"], payload) == entry["hash"]
+    assert export_investigation(db, "i2")["reputation_updates"] == []
 
 
 def test_an_investigation_that_never_ran_saw_no_messages(db: Path) -> None:
