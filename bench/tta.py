@@ -659,8 +659,17 @@ def limits_text(ours: Totals, theirs: Totals, runs: Sequence[Run]) -> str:
     return "\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in lines)
 
 
-def render(runs: Sequence[Run], max_tokens: int, started: datetime) -> str:
-    """The BENCHMARKS.md section: the figures, per case, then how they were measured."""
+@dataclass(frozen=True)
+class Sitting:
+    """One invocation that added runs: when it started and the code it measured."""
+
+    started: datetime
+    commit: str
+
+
+def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) -> str:
+    """The BENCHMARKS.md section: the figures, per case, then how they were measured.
+    `sittings`: when each invocation that added runs started (a resumed run has several)."""
     by_side = {s: [r for r in runs if r.side == s] for s in SIDES}
     ours, theirs = totals(by_side["poirotd"]), totals(by_side["library"])
     ratio = ours.median_seconds / theirs.median_seconds if theirs.median_seconds else 0.0
@@ -705,8 +714,16 @@ def render(runs: Sequence[Run], max_tokens: int, started: datetime) -> str:
             f"| {len(r.calls)} | {r.prompt_tokens:,} / {_count(r.evaluated)} "
             f"| {r.completion_tokens:,} | {r.valid_votes}/{r.agents} | {attributed} ({r.truth}) |"
         )
+    resumed = (
+        f" (resumed: {len(sittings)} sittings, the last at {sittings[-1].started:%Y-%m-%d %H:%M}"
+        " UTC; each case's two sides ran back to back)"
+        if len(sittings) > 1
+        else ""
+    )
+    commits = ", ".join(dict.fromkeys(s.commit for s in sittings))
     header = (
-        f"{started:%Y-%m-%d %H:%M} UTC, commit {_commit()}; {platform.machine()}, "
+        f"{sittings[0].started:%Y-%m-%d %H:%M} UTC{resumed}, commit {commits}; "
+        f"{platform.machine()}, "
         f"Python {platform.python_version()}, llama-cpp-python's server with SmolLM2-135M-Instruct "
         f"(Q4_1), 8k context, 1 thread, one slot; Who&When Algorithm-Generated cases {cases}; "
         f"per-call token limit **{max_tokens}** on both sides (limits seen in requests: "
@@ -770,17 +787,28 @@ def render(runs: Sequence[Run], max_tokens: int, started: datetime) -> str:
 {end_marker(SECTION)}"""
 
 
-def save_runs(path: Path, started: datetime, max_tokens: int, runs: Sequence[Run]) -> None:
-    runs_json = [asdict(r) for r in runs]
-    record = {"started": started.isoformat(), "max_tokens": max_tokens, "runs": runs_json}
-    path.write_text(json.dumps(record, indent=1))
+def save_runs(
+    path: Path, sittings: Sequence[Sitting], max_tokens: int, runs: Sequence[Run]
+) -> None:
+    record = {
+        "started": sittings[0].started.isoformat(),
+        "sittings": [{"started": t.started.isoformat(), "commit": t.commit} for t in sittings],
+        "max_tokens": max_tokens,
+        "runs": [asdict(r) for r in runs],
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
 
 
-def load_runs(path: Path) -> tuple[datetime, int, list[Run]]:
-    """What `save_runs` wrote, so a report can be re-rendered without running again."""
+def load_runs(path: Path) -> tuple[list[Sitting], int, list[Run]]:
+    """What `save_runs` wrote, to re-render a report or resume a run without repeating a case.
+    Files from before sittings were saved give one, its commit not recorded."""
     record = json.loads(path.read_text())
     runs = [Run(**(r | {"calls": [Call(**c) for c in r["calls"]]})) for r in record["runs"]]
-    return datetime.fromisoformat(record["started"]), record["max_tokens"], runs
+    saved = record.get("sittings") or [{"started": record["started"], "commit": "not recorded"}]
+    sittings = [Sitting(datetime.fromisoformat(t["started"]), t["commit"]) for t in saved]
+    return sittings, record["max_tokens"], runs
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -793,28 +821,45 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     parser.add_argument("--render", type=Path, help="only re-render a saved runs.json")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        help="save the runs here after every case (default: in the log folder); if it exists, "
+        "resume: its runs are kept and their cases not run again",
+    )
     args = parser.parse_args(argv)
     if args.render:
-        _report(*load_runs(args.render), write=not args.no_write)
+        sittings, max_tokens, runs = load_runs(args.render)
+        _report(sittings, max_tokens, runs, write=not args.no_write)
         return
     ensure_library_venv()
     logs = Path(tempfile.mkdtemp(prefix="bench-tta-"))
     print(f"logs: {logs}", flush=True)
-    started = datetime.now(UTC)
-    runs: list[Run] = []
+    saved = args.runs or logs / "runs.json"
+    sittings, runs = [Sitting(datetime.now(UTC), _commit())], []
+    if saved.exists():
+        earlier, max_tokens, runs = load_runs(saved)
+        if max_tokens != args.max_tokens:
+            parser.error(f"{saved} was run with --max-tokens {max_tokens}")
+        sittings = [*earlier, *sittings]
+    done = {(r.case_id, r.side) for r in runs}
     # The section is rewritten after every case: an interrupted run still leaves its figures.
     for case_id in args.cases:
         case = load_case(args.data / f"{case_id}.json")
         for side in args.sides:
+            if (case_id, side) in done:
+                continue
             run = investigate(side, case, args.max_tokens, logs)
             runs.append(run)
             print(json.dumps(asdict(run)), flush=True)
-        save_runs(logs / "runs.json", started, args.max_tokens, runs)
-        _report(started, args.max_tokens, runs, write=not args.no_write)
+        save_runs(saved, sittings, args.max_tokens, runs)
+        _report(sittings, args.max_tokens, runs, write=not args.no_write)
 
 
-def _report(started: datetime, max_tokens: int, runs: Sequence[Run], *, write: bool) -> None:
-    section = render(runs, max_tokens, started)
+def _report(
+    sittings: Sequence[Sitting], max_tokens: int, runs: Sequence[Run], *, write: bool
+) -> None:
+    section = render(runs, max_tokens, sittings)
     print(section, flush=True)
     if write:
         write_section(SECTION, section)

@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import pytest
+
+from bench import tta
 from bench.report import begin_marker, end_marker, replace_section
 from bench.tta import (
+    SIDES,
     Call,
     Run,
+    Sitting,
     library_job,
     library_vote_valid,
     load_case,
@@ -101,7 +108,7 @@ def test_render_replaces_only_its_own_section() -> None:
         Run("poirotd", "7", 2, 3, 10.0, 2, ["excel_expert"], "excel_expert", calls=[call]),
         Run("library", "7", 2, 3, 40.0, 1, ["check_expert"], "excel_expert", calls=[call, call]),
     ]
-    section = render(runs, 768, datetime(2026, 1, 1, tzinfo=UTC))
+    section = render(runs, 768, [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")])
     assert section.startswith(begin_marker("bench.tta")) and section.endswith(
         end_marker("bench.tta")
     )
@@ -115,10 +122,39 @@ def test_render_replaces_only_its_own_section() -> None:
 def test_saved_runs_render_again(tmp_path: Path) -> None:
     call = Call(None, 1000, 200, None, "length", 200, 3.0)
     runs = [Run("library", "7", 2, 3, 40.0, 1, ["check_expert"], "excel_expert", calls=[call])]
-    started = datetime(2026, 1, 1, tzinfo=UTC)
-    save_runs(tmp_path / "runs.json", started, 512, runs)
-    assert load_runs(tmp_path / "runs.json") == (started, 512, runs)
-    assert "limits seen in requests: None" in " ".join(render(runs, 512, started).split())
+    sittings = [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")]
+    save_runs(tmp_path / "runs.json", sittings, 512, runs)
+    assert load_runs(tmp_path / "runs.json") == (sittings, 512, runs)
+    assert "limits seen in requests: None" in " ".join(render(runs, 512, sittings).split())
+    assert "resumed" not in render(runs, 512, sittings)
+    assert "commit `abc1234`;" in render(runs, 512, sittings)
+
+
+def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = tmp_path / "runs.json"
+    first = Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")
+    kept = [Run(side, "7", 2, 3, 40.0, 1, ["x"], "x") for side in SIDES]
+    save_runs(saved, [first], 512, kept)
+    ran: list[tuple[str, str]] = []
+
+    def investigate(side: str, case: Any, max_tokens: int, logs: Path) -> Run:
+        ran.append((case.case_id, side))
+        return Run(side, case.case_id, 2, 3, 10.0, 1, ["x"], "x")
+
+    monkeypatch.setattr(tta, "ensure_library_venv", lambda: None)
+    monkeypatch.setattr(tta, "load_case", lambda path: SimpleNamespace(case_id=path.stem))
+    monkeypatch.setattr(tta, "investigate", investigate)
+    tta.main(["--cases", "7", "8", "--runs", str(saved), "--no-write"])
+
+    assert ran == [("8", "poirotd"), ("8", "library")]
+    sittings, _, runs = load_runs(saved)
+    assert sittings[0] == first and len(sittings) == 2
+    assert [(r.case_id, r.side) for r in runs] == [("7", s) for s in SIDES] + ran
+    assert "resumed: 2 sittings" in " ".join(render(runs, 512, sittings).split())
+    with pytest.raises(SystemExit):
+        tta.main(["--cases", "7", "--runs", str(saved), "--max-tokens", "256", "--no-write"])
 
 
 def test_a_run_without_attribution_makes_its_side_a_lower_bound() -> None:
@@ -126,5 +162,5 @@ def test_a_run_without_attribution_makes_its_side_a_lower_bound() -> None:
         Run("poirotd", "7", 2, 3, 10.0, 2, ["excel_expert"], "excel_expert"),
         Run("library", "7", 2, 3, 40.0, 0, [], "excel_expert", error="timed out"),
     ]
-    section = render(runs, 512, datetime(2026, 1, 1, tzinfo=UTC))
+    section = render(runs, 512, [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")])
     assert "≥ 40 s" in section and "≤ 0.25x" in section and "none: timed out" in section
