@@ -68,7 +68,7 @@ class PoirotClient:
     async def confirm(
         self, investigation_id: str, region_ids: Iterable[str], note: str = ""
     ) -> pb.ConfirmOutcomeResponse:
-        """Reports the true cause(s) of a succeeded investigation's incident (see ConfirmOutcome)."""
+        """Reports the true cause(s) of a succeeded investigation's incident (ConfirmOutcome)."""
         response: pb.ConfirmOutcomeResponse = await self.investigations.ConfirmOutcome(
             pb.ConfirmOutcomeRequest(
                 investigation_id=investigation_id, region_ids=list(region_ids), note=note

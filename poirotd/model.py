@@ -6,9 +6,12 @@ import enum
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RegionType = Literal["agent", "hardware", "software", "physical", "human", "other"]
+# Why a vote was forced: the agent used its M replies, or its consultation filled the model's
+# context window first ("" when it was not forced).
+ForcedBy = Literal["", "invocation_limit", "context_full"]
 
 
 class Frozen(BaseModel):
@@ -137,9 +140,20 @@ class Vote(Frozen):
     weight: float = 0.0
     abstention_reason: str = ""
     forced: bool = False
+    forced_by: ForcedBy = ""
     # "When": the session index of the message where this agent says the fault first shows
     # (None when it did not say, or abstained).
     step: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forced_follows_forced_by(cls, data: Any) -> Any:
+        """`forced` is whether `forced_by` names a cause; records from before `forced_by` were
+        only ever forced by the invocation limit."""
+        if isinstance(data, dict):
+            by = data.get("forced_by") or ("invocation_limit" if data.get("forced") else "")
+            data = {**data, "forced": bool(by), "forced_by": by}
+        return data
 
     @property
     def abstained(self) -> bool:

@@ -452,6 +452,7 @@ def test_export_holds_what_the_investigation_saw_and_did(db: Path) -> None:
             "weight": 0.75,
             "abstention_reason": "",
             "forced": False,
+            "forced_by": "",
             "step": None,
         }
     ]

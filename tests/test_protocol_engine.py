@@ -21,7 +21,7 @@ from poirotd.config.spec import (
 )
 from poirotd.llm.base import ChatMessage, LLMError
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import AgentMessage, HazardRegion, HazardSpace, MessageKind, Phase
+from poirotd.model import AgentMessage, HazardRegion, HazardSpace, MessageKind, Phase, Vote
 from poirotd.protocol import prompts
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.errors import ProtocolError
@@ -34,6 +34,7 @@ from poirotd.protocol.events import (
     ReportFiled,
     VoteCast,
 )
+from poirotd.protocol.interrogation import closing_request, one_more_round
 from poirotd.protocol.schemas import hazard_space_format, report_format, turn_format, vote_format
 
 AGENTS = (
@@ -284,6 +285,38 @@ async def test_forced_vote_after_m_turns() -> None:
         assert "used all 2 replies" in votes[0][-1].content
     assert len(world.calls("answer")) == 3 * 2  # answers do not count toward the asker's M
     assert all(v.forced and not v.abstained for v in outcome.votes)
+    assert {v.forced_by for v in outcome.votes} == {"invocation_limit"}
+
+
+async def test_a_consultation_that_fills_the_context_ends_early_in_a_forced_vote() -> None:
+    spec = make_spec(max_invocations=8)
+    roomy = World(turn=always_ask)
+    space = (await investigate(roomy, spec)).hazard_space
+    first_turns = [roomy.calls("turn", a)[0] for a in ("doctor", "chief", "physio")]
+    # Room for the first turn's request, the vote request and one full round, and about two
+    # rounds more (one asked question and its answer add ~45 tokens in this world).
+    start = max(roomy.backend.count_tokens(closing_request(space, t)) for t in first_turns)
+    world = World(turn=always_ask)
+    world.backend.context_tokens = start + one_more_round(spec.protocol) + 100
+
+    outcome = await investigate(world, spec)
+
+    for agent in ("doctor", "chief", "physio"):
+        assert 1 <= len(world.calls("turn", agent)) < 8
+        (vote,) = world.calls("vote", agent)
+        assert "filled the room this step has for it" in vote[-1].content
+    assert {v.forced_by for v in outcome.votes} == {"context_full"}
+    assert all(v.forced and not v.abstained for v in outcome.votes)
+    for call in world.backend.calls:
+        tokens = world.backend.count_tokens(call.messages) + call.max_tokens
+        assert tokens <= world.backend.context_tokens
+
+
+def test_a_stored_forced_vote_from_before_forced_by_was_forced_by_the_limit() -> None:
+    old = Vote.model_validate_json('{"agent_id": "doctor", "location": [1, 0], "forced": true}')
+    assert old.forced_by == "invocation_limit"
+    assert Vote(agent_id="doctor", forced_by="context_full").forced
+    assert not Vote(agent_id="doctor").forced
 
 
 async def test_empty_answers_are_retried_three_times() -> None:

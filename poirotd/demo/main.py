@@ -78,7 +78,7 @@ def describe_event(event: pb.InvestigationEvent) -> str:
         v = event.vote_cast.vote
         if v.abstention_reason:
             return f"[magenta]{v.agent_id}[/] abstained: {v.abstention_reason}"
-        forced = " (forced)" if v.forced else ""
+        forced = f" (forced: {v.forced_by})" if v.forced else ""
         return f"[magenta]{v.agent_id}[/] voted {list(v.location)}{forced}, weight {v.weight:.4f}"
     if which == "attribution_ready":
         return "[green]attribution ready[/]"

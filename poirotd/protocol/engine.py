@@ -29,7 +29,7 @@ from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import AttributionReady, ProtocolEvent
 from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
-from poirotd.protocol.interrogation import interrogate
+from poirotd.protocol.interrogation import closing_request, interrogate, one_more_round
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.schemas import SelfReport
 from poirotd.protocol.self_assessment import self_assess
@@ -112,20 +112,19 @@ class InvestigationEngine:
         run: RunContext,
     ) -> dict[str, tuple[AgentMessage, ...]]:
         """Each agent's session view, cut by the context budget to leave room for its longest
-        request known in advance: the Phase II task or the Phase III opening (measured before
-        any report exists), plus that phase's answer. The reports' summary and the consultation
-        that follows are not reserved: a request they push past the window fails with
-        context_exceeded, as before."""
+        request known in advance plus its answer: the Phase II task, or the Phase III opening
+        (measured before any report exists) with one full consultation round and the vote after
+        it. Later rounds get the room that is left: when none is, the consultation ends early
+        (see interrogation.py); the reports' summary in the opening is not reserved."""
         spec, limits = self._spec, self._spec.protocol
         views = {}
         for agent in spec.agents:
-            suffixes = (
-                (prompts.self_assessment(spec, agent.id), limits.report_max_tokens),
-                (prompts.interrogation_opening(spec, space, {}, agent.id), limits.turn_max_tokens),
-            )
+            task = [ChatMessage(role="user", content=prompts.self_assessment(spec, agent.id))]
+            opening = prompts.interrogation_opening(spec, space, {}, agent.id)
+            consultation = closing_request(space, [ChatMessage(role="user", content=opening)])
             reserve = max(
-                run.count_tokens([ChatMessage(role="user", content=text)]) + answer
-                for text, answer in suffixes
+                run.count_tokens(task) + limits.report_max_tokens,
+                run.count_tokens(consultation) + one_more_round(limits),
             )
             views[agent.id] = await run.fit(
                 agent.id,

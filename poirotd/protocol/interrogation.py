@@ -8,8 +8,10 @@ one and the server's prefix cache covers all but the newest turn. A turn asks a 
 call's id); both decode to the same AskAction / VoteAction. A peer answers on its own prefix
 plus the question and never votes there; answers do not count toward the asker's
 M = `max_invocations` turns, and repairs of an invalid turn do not either. After M turns
-without a vote comes the forced vote. An agent with no valid answer abstains with the reason:
-never an all-zero vote.
+without a vote comes the forced vote; it comes sooner, and says why, when the transcript has no
+room left for another question, its answer and the vote (the context budget: a growing
+consultation is never truncated, it ends). An agent with no valid answer abstains with the
+reason: never an all-zero vote.
 
 Phases III and IV overlap because agents leave consultation at different moments: voting
 begins when the first agent leaves, interrogation ends when the last one does.
@@ -21,9 +23,11 @@ import asyncio
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
-from poirotd.config.spec import SystemSpec
+import structlog
+
+from poirotd.config.spec import ProtocolSpec, SystemSpec
 from poirotd.llm.base import ChatMessage, replies_to
-from poirotd.model import HazardSpace, Phase, Vote
+from poirotd.model import ForcedBy, HazardSpace, Phase, Vote
 from poirotd.protocol import prompts
 from poirotd.protocol.aggregation import weigh
 from poirotd.protocol.errors import AnswerFailed
@@ -38,6 +42,12 @@ from poirotd.protocol.schemas import (
     turn_format,
     vote_format,
 )
+
+log = structlog.get_logger(__name__)
+
+# Room kept for the words around a peer's answer in the asker's transcript (the peer's name and
+# id, or why it gave no answer), on top of the answer's own token limit.
+ANSWER_FRAME_TOKENS = 64
 
 
 async def interrogate(
@@ -63,7 +73,7 @@ class _Pending(NamedTuple):
     """A transcript that ends with a vote request."""
 
     transcript: list[ChatMessage]
-    forced: bool
+    forced_by: ForcedBy
 
 
 class _Interrogation:
@@ -100,8 +110,17 @@ class _Interrogation:
         transcript = [*self._prefixes[agent_id], _user(opening)]
         peers = [a for a in self._spec.agent_ids if a != agent_id]
         if not peers:  # the opening already ends with the final-vote request
-            return _Pending(transcript, forced=False)
+            return _Pending(transcript, forced_by="")
         for n in range(1, self._limits.max_invocations + 1):
+            if not self._room_for_another_question(transcript):
+                log.warning(
+                    "consultation ended early: the context window has no room for another turn",
+                    agent_id=agent_id,
+                    turns=n - 1,
+                    context_tokens=self._run.context_tokens,
+                )
+                vote_now = prompts.forced_vote(self._space, None)
+                return _Pending([*transcript, _user(vote_now)], forced_by="context_full")
             try:
                 action, asked = await self._turn(agent_id, peers, transcript)
             except AnswerFailed as exc:
@@ -110,8 +129,13 @@ class _Interrogation:
                 return action.as_vote(agent_id)
             answer = await self._answer(action.peer_id, agent_id, action.question)
             transcript += [asked, *replies_to(asked, answer)]
-        limit = self._limits.max_invocations
-        return _Pending([*transcript, _user(prompts.forced_vote(self._space, limit))], forced=True)
+        vote_now = prompts.forced_vote(self._space, self._limits.max_invocations)
+        return _Pending([*transcript, _user(vote_now)], forced_by="invocation_limit")
+
+    def _room_for_another_question(self, transcript: Sequence[ChatMessage]) -> bool:
+        ending = closing_request(self._space, transcript)
+        needed = self._run.count_tokens(ending) + one_more_round(self._limits)
+        return needed <= self._run.context_tokens
 
     async def _turn(
         self, agent_id: str, peers: Sequence[str], transcript: Sequence[ChatMessage]
@@ -168,8 +192,10 @@ class _Interrogation:
                 retries=self._limits.invalid_json_retries,
             )
         except AnswerFailed as exc:
-            return Vote(agent_id=agent_id, abstention_reason=f"vote: {exc}", forced=pending.forced)
-        return answer.as_vote(agent_id, forced=pending.forced)
+            return Vote(
+                agent_id=agent_id, abstention_reason=f"vote: {exc}", forced_by=pending.forced_by
+            )
+        return answer.as_vote(agent_id, forced_by=pending.forced_by)
 
     async def _leave_consultation(self) -> None:
         """Serialised so phase events keep their order even when the event sink awaits."""
@@ -179,6 +205,17 @@ class _Interrogation:
                 await self._run.begin(Phase.VOTING)
             if self._left == len(self._spec.agents):
                 await self._run.end(Phase.INTERROGATION)
+
+
+def closing_request(space: HazardSpace, transcript: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The transcript as it would end if the agent were made to vote now."""
+    return [*transcript, _user(prompts.forced_vote(space, None))]
+
+
+def one_more_round(limits: ProtocolSpec) -> int:
+    """Tokens one more consultation round adds to a transcript, each part at its limit: the
+    question, the peer's answer in its frame, and then the vote."""
+    return 2 * limits.turn_max_tokens + limits.answer_max_tokens + ANSWER_FRAME_TOKENS
 
 
 def _user(text: str) -> ChatMessage:

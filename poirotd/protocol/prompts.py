@@ -494,13 +494,18 @@ def final_vote(space: HazardSpace) -> str:
     )
 
 
-def forced_vote(space: HazardSpace, limit: int) -> str:
-    """Variant B: the agent used its M replies without voting."""
+def forced_vote(space: HazardSpace, limit: int | None) -> str:
+    """Variant B: the agent used its M = `limit` replies without voting, or (`limit` None) its
+    consultation filled the model's context window before that."""
     shape = _vote_shape(space, "why, based on your analysis and consultation")
+    why = (
+        f"You have used all {limit} replies allowed in this step."
+        if limit is not None
+        else "The consultation has filled the room this step has for it."
+    )
     return (
         "# POIROT enforcement\n\n"
-        f"You have used all {limit} replies allowed in this step. To keep the consultation "
-        "bounded, the protocol needs your final vote NOW.\n\n"
+        f"{why} To keep the consultation bounded, the protocol needs your final vote NOW.\n\n"
         f"{_location_format(space)}\n\nReply with this JSON object:\n{shape}\n\n"
         "CRITICAL: location must be a BINARY VECTOR (0s and 1s), not a text description. This "
         "is your LAST reply; nothing after it is accepted."

@@ -91,6 +91,11 @@ class RunContext:
     def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
         return self._backend.count_tokens(messages)
 
+    @property
+    def context_tokens(self) -> int:
+        """The model's context window: every request plus its answer must fit in it."""
+        return self._backend.context_tokens
+
     async def fit(
         self,
         viewer: str,

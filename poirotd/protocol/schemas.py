@@ -20,7 +20,7 @@ from pydantic import Field, StrictInt, TypeAdapter, ValidationError
 
 from poirotd.config.spec import SystemSpec
 from poirotd.llm.base import Completion
-from poirotd.model import Frozen, HazardRegion, Vote
+from poirotd.model import ForcedBy, Frozen, HazardRegion, Vote
 
 log = structlog.get_logger(__name__)
 
@@ -113,7 +113,7 @@ class VoteAnswer(Frozen):
     # dropped by the parser when it names a message the voter never saw.
     step: StrictInt | None = None
 
-    def as_vote(self, agent_id: str, *, forced: bool = False, weight: float = 0.0) -> Vote:
+    def as_vote(self, agent_id: str, *, forced_by: ForcedBy = "", weight: float = 0.0) -> Vote:
         """The validated answer as `agent_id`'s vote."""
         return Vote(
             agent_id=agent_id,
@@ -121,7 +121,7 @@ class VoteAnswer(Frozen):
             hazard_vector=self.hazard_vector,
             justification=self.justification,
             weight=weight,
-            forced=forced,
+            forced_by=forced_by,
             step=self.step,
         )
 

@@ -166,6 +166,7 @@ def vote(v: Vote) -> pb.Vote:
         weight=v.weight,
         abstention_reason=v.abstention_reason,
         forced=v.forced,
+        forced_by=v.forced_by,
         step=v.step,
     )
 

@@ -720,6 +720,7 @@ class Vote(_message.Message):
     ABSTENTION_REASON_FIELD_NUMBER: _builtins.int
     FORCED_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
+    FORCED_BY_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     hazard_vector: _builtins.str
     justification: _builtins.str
@@ -731,6 +732,10 @@ class Vote(_message.Message):
     step: _builtins.int
     """"When": session index of the message where the voter says the fault first shows (unset when
     it did not say, or named a message it never saw).
+    """
+    forced_by: _builtins.str
+    """Why it was forced: "invocation_limit" (the agent used its M replies) or "context_full" (its
+    consultation reached the end of the model's context window first).
     """
     @_builtins.property
     def location(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
@@ -745,10 +750,11 @@ class Vote(_message.Message):
         abstention_reason: _builtins.str = ...,
         forced: _builtins.bool = ...,
         step: _builtins.int | None = ...,
+        forced_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_step", b"_step", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_step", b"_step", "abstention_reason", b"abstention_reason", "agent_id", b"agent_id", "forced", b"forced", "hazard_vector", b"hazard_vector", "justification", b"justification", "location", b"location", "step", b"step", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_step", b"_step", "abstention_reason", b"abstention_reason", "agent_id", b"agent_id", "forced", b"forced", "forced_by", b"forced_by", "hazard_vector", b"hazard_vector", "justification", b"justification", "location", b"location", "step", b"step", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__step: _TypeAlias = _typing.Literal["step"]  # noqa: Y015
     _WhichOneofArgType__step: _TypeAlias = _typing.Literal["_step", b"_step"]  # noqa: Y015
