@@ -20,7 +20,7 @@ test-fast: $(STAMPS)/python-deps $(STAMPS)/system-deps
 lint: $(STAMPS)/python-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy poirotd hwbridge
+	$(BIN)/mypy poirotd hwbridge tests bench
 
 proto: $(STAMPS)/python-deps
 	$(BIN)/python -m poirotd.api.codegen

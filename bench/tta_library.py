@@ -32,16 +32,16 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
     limit = job["max_tokens"]
     LLMFactory.DEFAULT_LOCAL_BASE_URL = job["base_url"]
-    create = LLMFactory.create_chat_llm.__func__  # type: ignore[attr-defined]
+    create = LLMFactory.create_chat_llm.__func__
 
     enforced = {"max_tokens": limit, "extra_body": {"max_tokens": limit}}
 
     def create_limited(cls: type, *args: Any, **kwargs: Any) -> Any:
         return create(cls, *args, **(kwargs | enforced))
 
-    LLMFactory.create_chat_llm = classmethod(create_limited)  # type: ignore[method-assign]
+    LLMFactory.create_chat_llm = classmethod(create_limited)
     space = job["error_space"]
-    POIROTAgent.analyze_system = lambda self, *args, **kwargs: space  # type: ignore[method-assign]
+    POIROTAgent.analyze_system = lambda self, *args, **kwargs: space
 
     adapters = []
     for agent in job["agents"]:

@@ -15,7 +15,9 @@ from bench.report import begin_marker, end_marker, replace_section
 from bench.tta import (
     SIDES,
     Call,
+    Case,
     Run,
+    Side,
     Sitting,
     library_job,
     library_vote_valid,
@@ -45,7 +47,7 @@ CASE = {
 }
 
 
-def _case(tmp_path: Path):
+def _case(tmp_path: Path) -> Case:
     path = tmp_path / "7.json"
     path.write_text(json.dumps(CASE))
     return load_case(path)
@@ -139,7 +141,7 @@ def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
     save_runs(saved, [first], 512, kept)
     ran: list[tuple[str, str]] = []
 
-    def investigate(side: str, case: Any, max_tokens: int, logs: Path) -> Run:
+    def investigate(side: Side, case: Any, max_tokens: int, logs: Path) -> Run:
         ran.append((case.case_id, side))
         return Run(side, case.case_id, 2, 3, 10.0, 1, ["x"], "x")
 

@@ -73,7 +73,7 @@ def message(
     sender: str = "doctor",
     session_id: str = "s1",
     content: str = "hello",
-    kind: int = pb.MESSAGE_KIND_AGENT,
+    kind: pb.MessageKind.ValueType = pb.MESSAGE_KIND_AGENT,
     recipient: str = "",
 ) -> pb.IngestRequest:
     return pb.IngestRequest(

@@ -51,7 +51,7 @@ def _one(kind: str, name: str) -> dict[str, Any]:
 
 
 def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    every = pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
+    every: list[dict[str, Any]] = pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
     (found,) = [c for c in every if c["name"] == name]
     return found
 

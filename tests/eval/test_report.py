@@ -51,11 +51,11 @@ def _fixture() -> list[CaseResult]:
             )
         )
     results.append(result(CORTEX, ("doctor",), dataset="blame-cortex", status="context_exceeded"))
-    for i, (truth, step) in enumerate([("excel_expert", 2), ("verification_expert", 4)]):
+    for i, (mistaken, step) in enumerate([("excel_expert", 2), ("verification_expert", 4)]):
         results.append(
             result(
                 EXPERTS,
-                (truth,),
+                (mistaken,),
                 ("excel_expert",),
                 case_id=str(i),
                 step=3,
@@ -64,7 +64,7 @@ def _fixture() -> list[CaseResult]:
             )
         )
         results.append(
-            result(EXPERTS, (truth,), (truth,), method="baseline", case_id=str(i), step=step)
+            result(EXPERTS, (mistaken,), (mistaken,), method="baseline", case_id=str(i), step=step)
         )
     return results
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from poirotd.eval import blame
@@ -81,7 +83,7 @@ def test_exact_match_needs_every_bit_and_a_fault() -> None:
 
 
 def test_blame_summary_splits_single_and_multi_fault() -> None:
-    kw = {"dataset": "blame-cortex"}
+    kw: dict[str, Any] = {"dataset": "blame-cortex"}
     results = [
         result(CORTEX, ["doctor"], ["doctor"], **kw),  # k=1 hit
         result(CORTEX, ["chief"], ["doctor"], **kw),  # k=1 miss
