@@ -11,7 +11,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 
-from poirotd.config import LLMSpec
+from poirotd.config import LLMSpec, OpenAILLMSpec
 from poirotd.eval.cases import Dataset, EvalCase
 from poirotd.llm import LLMError
 from poirotd.model import InvestigationMethod
@@ -87,6 +87,15 @@ def run_command(
     retry_failed: Annotated[
         bool, typer.Option(help="run again the cases recorded as failed or timed out")
     ] = False,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="cases investigated at once, for a server that batches requests (vLLM). The "
+            "embedded model answers one request at a time: to use more cores with it, start "
+            "one process per slice of cases (--offset/--limit) with the same --out",
+        ),
+    ] = 1,
 ) -> None:
     """Run cases through the daemon's core, one fresh store per case and one model for all.
 
@@ -100,6 +109,13 @@ def run_command(
     from poirotd.eval.selection import select_cases
 
     llm = _llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
+    if concurrency > 1 and not isinstance(llm, OpenAILLMSpec):
+        typer.echo(
+            "--concurrency needs a server backend (--base-url): the embedded model answers one "
+            "request at a time",
+            err=True,
+        )
+        raise typer.Exit(2)
     chosen = [i.strip() for i in ids.split(",") if i.strip()] if ids else None
     try:
         cases = select_cases(dataset, data_dir, ids=chosen, offset=offset, limit=limit)
@@ -121,6 +137,7 @@ def run_command(
                 "limit": limit,
                 "case_timeout": case_timeout,
                 "retry_failed": retry_failed,
+                "concurrency": concurrency,
             },
         )
     except RunMismatch as exc:
@@ -140,6 +157,7 @@ def run_command(
                     observer=progress,
                     case_timeout=case_timeout,
                     retry=("failed", "timeout") if retry_failed else (),
+                    concurrency=concurrency,
                 )
             )
     except KeyboardInterrupt:

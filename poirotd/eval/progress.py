@@ -1,4 +1,4 @@
-"""The eval run's progress bar: case i/n, the case in flight, elapsed time, ok and failed counts."""
+"""The eval run's progress bar: case i/n, cases in flight, elapsed time, ok and failed counts."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class RunProgress:
             console=console,
         )
         self._task: TaskID | None = None
+        self._in_flight: dict[str, None] = {}  # ordered: oldest first
         self.ok = 0
         self.failed = 0
 
@@ -54,8 +55,8 @@ class RunProgress:
         self._task = self._bar.add_task("starting", total=total, completed=done, ok=0, failed=0)
 
     def case_started(self, case: EvalCase) -> None:
-        assert self._task is not None
-        self._bar.update(self._task, description=f"{case.dataset}:{case.case_id}")
+        self._in_flight[f"{case.dataset}:{case.case_id}"] = None
+        self._describe()
 
     def case_finished(self, result: CaseResult) -> None:
         assert self._task is not None
@@ -64,9 +65,15 @@ class RunProgress:
         else:
             self.failed += 1
         self._bar.update(self._task, advance=1, ok=self.ok, failed=self.failed)
+        self._in_flight.pop(f"{result.dataset}:{result.case_id}", None)
+        self._describe()
         self._console.print(
             f"{result.dataset}:{result.case_id} {result.status} in {result.seconds:.1f} s"
             + (f": {result.error}" if result.error else ""),
             highlight=False,
             markup=False,
         )
+
+    def _describe(self) -> None:
+        assert self._task is not None
+        self._bar.update(self._task, description=" ".join(self._in_flight) or "done")

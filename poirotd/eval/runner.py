@@ -49,13 +49,15 @@ async def run_cases(
     settings: Settings | None = None,
     case_timeout: float | None = None,
     retry: Collection[Status] = (),
+    concurrency: int = 1,
 ) -> None:
-    """Runs every case not yet in the journal (or recorded with a status in `retry`), in order,
-    recording each as it finishes.
+    """Runs every case not yet in the journal (or recorded with a status in `retry`), up to
+    `concurrency` at once, taken in order and recorded each as it finishes.
 
     The backend is opened from `llm` once for the whole run (loading an embedded model is slow)
     unless one is given; each case's spec is pointed at `llm`, so its record is what that model
-    answered. Cancellation (Ctrl-C) abandons the case in flight, which is then not recorded.
+    answered. Cancellation (Ctrl-C) abandons the cases in flight, which are then not recorded.
+    A case's `seconds` include any wait for a backend shared with the cases beside it.
     """
     settings = settings or Settings()
     todo = [c for c in cases if journal.status(c.dataset, c.case_id, method) in (None, *retry)]
@@ -64,8 +66,10 @@ async def run_cases(
         return
     own = backend is None
     backend = backend or await open_backend(llm)
-    try:
-        for case in todo:
+    queue = iter(todo)
+
+    async def work(backend: LLMBackend) -> None:
+        for case in queue:  # shared by the workers: each case is taken once
             observer.case_started(case)
             case = case.model_copy(update={"spec": case.spec.model_copy(update={"llm": llm})})
             result = await run_case(
@@ -78,7 +82,14 @@ async def run_cases(
             )
             journal.append(result)
             observer.case_finished(result)
+
+    workers = [asyncio.create_task(work(backend)) for _ in range(min(concurrency, len(todo)))]
+    try:
+        await asyncio.gather(*workers)
     finally:
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         if own:
             await backend.aclose()
 

@@ -299,3 +299,42 @@ async def test_cancelling_abandons_the_case_in_flight_and_records_nothing_for_it
         await task
     assert recorder.started == ["1", "2"]
     assert [r["case_id"] for r in lines(tmp_path)] == ["1"]
+
+
+async def test_cases_run_concurrently_up_to_the_limit_and_each_is_recorded(
+    tmp_path: Path,
+) -> None:
+    in_flight: set[str] = set()
+    most = 0
+
+    async def slow(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
+        nonlocal most
+        session = next(m.content for m in messages if "case-" in m.content)
+        in_flight.add(session)
+        most = max(most, len(in_flight))
+        await asyncio.sleep(0.05)
+        in_flight.discard(session)
+        return answer(messages, schema)
+
+    cases = [case(str(i), content=f"case-{i}: knee angle 270") for i in range(5)]
+    recorder = Recorder()
+    await run_cases(
+        cases,
+        RunJournal(tmp_path),
+        method="baseline",
+        llm=LLM,
+        observer=recorder,
+        backend=ScriptedBackend(slow),
+        concurrency=2,
+    )
+    assert most == 2
+    assert recorder.started == ["0", "1", "2", "3", "4"]
+    assert sorted(r["case_id"] for r in lines(tmp_path)) == ["0", "1", "2", "3", "4"]
+    assert {r["status"] for r in lines(tmp_path)} == {"ok"}
+
+
+def test_concurrency_is_refused_for_the_embedded_model(tmp_path: Path) -> None:
+    refused = poirotd(
+        "eval", "run", "--dataset", "whowhen", "--out", str(tmp_path), "--concurrency", "2"
+    )
+    assert refused.returncode == 2 and "needs a server backend" in refused.stderr
