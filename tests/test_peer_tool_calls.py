@@ -13,7 +13,8 @@ from poirotd.llm.base import ChatMessage, Completion, Tool, ToolCall
 from poirotd.llm.scripted import ScriptedBackend, ToolReply
 from poirotd.protocol import prompts
 from poirotd.protocol.events import ExchangeDone
-from poirotd.protocol.peer_tools import VOTE_TOOL, PeerCall, turn_tools, uses_tools
+from poirotd.protocol.interrogation import closing_request, one_more_round
+from poirotd.protocol.peer_tools import VOTE_TOOL, PeerCall, tools_text, turn_tools, uses_tools
 from poirotd.protocol.schemas import AskAction, InvalidAnswer, VoteAction, vote_format
 from tests.test_protocol_engine import AGENTS, EXO, World, investigate, make_spec, who
 
@@ -218,3 +219,32 @@ async def test_forced_vote_after_m_tool_turns_uses_the_vote_schema() -> None:
         "call_talk_to_chief_1",
     ]
     assert "used all 2 replies" in vote[-1].content
+
+
+async def test_the_context_budget_counts_the_tool_definitions_turns_send() -> None:
+    def always_ask(agent: str, messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> Any:
+        turns = sum(m.role == "tool" for m in messages)
+        return [call(f"talk_to_{next_peer(agent)}", {"question": "And then?"}, n=turns)]
+
+    spec = tools_spec(max_invocations=8)
+    roomy = tool_world(always_ask)
+    space = (await investigate(roomy, spec)).hazard_space
+    offered = {a: tools_text(spec, a, space.size, range(8)) for a in IDS}
+    assert all(offered.values()) and not tools_text(make_spec(), "doctor", space.size, range(8))
+
+    def budget(agent: str, transcript: Sequence[ChatMessage]) -> int:
+        ending = closing_request(space, transcript, offered[agent])
+        return roomy.backend.count_tokens(ending) + one_more_round(spec.protocol)
+
+    start = max(budget(a, tool_calls(roomy, a)[0]) for a in IDS)
+    world = tool_world(always_ask)
+    world.backend.context_tokens = start + 100  # about two rounds beyond the first
+
+    outcome = await investigate(world, spec)
+
+    assert {v.forced_by for v in outcome.votes} == {"context_full"}
+    for agent in IDS:
+        turns = tool_calls(world, agent)
+        assert 1 <= len(turns) < 8
+        # Every turn was taken with room for it, the answer and the vote, tools counted.
+        assert all(budget(agent, t) <= world.backend.context_tokens for t in turns)

@@ -30,6 +30,7 @@ from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import AttributionReady, ProtocolEvent
 from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
 from poirotd.protocol.interrogation import closing_request, interrogate, one_more_round
+from poirotd.protocol.peer_tools import tools_text
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.schemas import SelfReport
 from poirotd.protocol.self_assessment import self_assess
@@ -114,14 +115,21 @@ class InvestigationEngine:
         """Each agent's session view, cut by the context budget to leave room for its longest
         request known in advance plus its answer: the Phase II task, or the Phase III opening
         (measured before any report exists) with one full consultation round and the vote after
-        it. Later rounds get the room that is left: when none is, the consultation ends early
-        (see interrogation.py); the reports' summary in the opening is not reserved."""
+        it, tool definitions included. Later rounds get the room that is left: when none is, the
+        consultation ends early (see interrogation.py); the reports' summary in the opening is
+        not reserved."""
         spec, limits = self._spec, self._spec.protocol
         views = {}
         for agent in spec.agents:
             task = [ChatMessage(role="user", content=prompts.self_assessment(spec, agent.id))]
-            opening = prompts.interrogation_opening(spec, space, {}, agent.id)
-            consultation = closing_request(space, [ChatMessage(role="user", content=opening)])
+            opening = [
+                ChatMessage(
+                    role="user", content=prompts.interrogation_opening(spec, space, {}, agent.id)
+                )
+            ]
+            # Steps the agent's votes may name: at most every session index.
+            offered = tools_text(spec, agent.id, space.size, range(len(messages)))
+            consultation = closing_request(space, opening, offered)
             reserve = max(
                 run.count_tokens(task) + limits.report_max_tokens,
                 run.count_tokens(consultation) + one_more_round(limits),

@@ -32,7 +32,7 @@ from poirotd.protocol import prompts
 from poirotd.protocol.aggregation import weigh
 from poirotd.protocol.errors import AnswerFailed
 from poirotd.protocol.events import VoteCast
-from poirotd.protocol.peer_tools import turn_tools, uses_tools
+from poirotd.protocol.peer_tools import tools_text, turn_tools, uses_tools
 from poirotd.protocol.run import CallSite, RunContext, concurrently
 from poirotd.protocol.schemas import (
     FREE_TEXT,
@@ -112,7 +112,7 @@ class _Interrogation:
         if not peers:  # the opening already ends with the final-vote request
             return _Pending(transcript, forced_by="")
         for n in range(1, self._limits.max_invocations + 1):
-            if not self._room_for_another_question(transcript):
+            if not self._room_for_another_question(agent_id, transcript):
                 log.warning(
                     "consultation ended early: the context window has no room for another turn",
                     agent_id=agent_id,
@@ -132,8 +132,9 @@ class _Interrogation:
         vote_now = prompts.forced_vote(self._space, self._limits.max_invocations)
         return _Pending([*transcript, _user(vote_now)], forced_by="invocation_limit")
 
-    def _room_for_another_question(self, transcript: Sequence[ChatMessage]) -> bool:
-        ending = closing_request(self._space, transcript)
+    def _room_for_another_question(self, agent_id: str, transcript: Sequence[ChatMessage]) -> bool:
+        offered = tools_text(self._spec, agent_id, self._space.size, self._seen[agent_id])
+        ending = closing_request(self._space, transcript, offered)
         needed = self._run.count_tokens(ending) + one_more_round(self._limits)
         return needed <= self._run.context_tokens
 
@@ -207,9 +208,14 @@ class _Interrogation:
                 await self._run.end(Phase.INTERROGATION)
 
 
-def closing_request(space: HazardSpace, transcript: Sequence[ChatMessage]) -> list[ChatMessage]:
-    """The transcript as it would end if the agent were made to vote now."""
-    return [*transcript, _user(prompts.forced_vote(space, None))]
+def closing_request(
+    space: HazardSpace, transcript: Sequence[ChatMessage], offered: str = ""
+) -> list[ChatMessage]:
+    """The transcript as it would end if the agent were made to vote now, to count its tokens;
+    with the tool definitions its turns offer (`offered`, see `tools_text`) counted beside it,
+    which overestimates the vote request by them and errs high, as budgets should."""
+    ending = [*transcript, _user(prompts.forced_vote(space, None))]
+    return [*ending, ChatMessage(role="system", content=offered)] if offered else ending
 
 
 def one_more_round(limits: ProtocolSpec) -> int:

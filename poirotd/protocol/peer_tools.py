@@ -57,6 +57,16 @@ class ToolFormat(Generic[T]):
         return self.parse(calls[0])
 
 
+def tools_text(spec: SystemSpec, agent_id: str, size: int, steps: Collection[int]) -> str:
+    """The tool definitions `agent_id`'s turns offer, as the JSON a server renders into the
+    prompt ("" when turns are action objects): what the context budget counts for them."""
+    if not uses_tools(spec):
+        return ""
+    peers = [a for a in spec.agent_ids if a != agent_id]
+    tools = turn_tools(peers, size, steps).tools
+    return json.dumps([t.model_dump() for t in tools], separators=(",", ":"))
+
+
 class PeerCall(NamedTuple):
     """A turn decoded from a tool call, with the call (an ask is answered by its id)."""
 
