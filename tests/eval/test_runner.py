@@ -100,10 +100,18 @@ async def run(
     out: Path,
     backend: ScriptedBackend,
     method: InvestigationMethod = "poirot",
+    **options: Any,
 ) -> Recorder:
+    """`options`: the rest of run_cases' keywords (case_timeout, concurrency...)."""
     recorder = Recorder()
     await run_cases(
-        cases, RunJournal(out), method=method, llm=LLM, observer=recorder, backend=backend
+        cases,
+        RunJournal(out),
+        method=method,
+        llm=LLM,
+        observer=recorder,
+        backend=backend,
+        **options,
     )
     return recorder
 
@@ -230,15 +238,8 @@ async def test_a_case_over_its_time_limit_is_a_timeout_line(tmp_path: Path) -> N
         await asyncio.Event().wait()
         return ""
 
-    recorder = Recorder()
-    await run_cases(
-        [case("1")],
-        RunJournal(tmp_path),
-        method="baseline",
-        llm=LLM,
-        observer=recorder,
-        backend=ScriptedBackend(never),
-        case_timeout=0.2,
+    recorder = await run(
+        [case("1")], tmp_path, ScriptedBackend(never), "baseline", case_timeout=0.2
     )
     [result] = recorder.finished
     assert (result.status, result.error) == ("timeout", "not finished after 0.2 s")
@@ -317,16 +318,7 @@ async def test_cases_run_concurrently_up_to_the_limit_and_each_is_recorded(
         return answer(messages, schema)
 
     cases = [case(str(i), content=f"case-{i}: knee angle 270") for i in range(5)]
-    recorder = Recorder()
-    await run_cases(
-        cases,
-        RunJournal(tmp_path),
-        method="baseline",
-        llm=LLM,
-        observer=recorder,
-        backend=ScriptedBackend(slow),
-        concurrency=2,
-    )
+    recorder = await run(cases, tmp_path, ScriptedBackend(slow), "baseline", concurrency=2)
     assert most == 2
     assert recorder.started == ["0", "1", "2", "3", "4"]
     assert sorted(r["case_id"] for r in lines(tmp_path)) == ["0", "1", "2", "3", "4"]
