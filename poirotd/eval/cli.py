@@ -93,7 +93,7 @@ def run_command(
             min=1,
             help="cases investigated at once, for a server that batches requests (vLLM). The "
             "embedded model answers one request at a time: to use more cores with it, start "
-            "one process per slice of cases (--offset/--limit) with the same --out",
+            "this command once per core; the processes share the cases",
         ),
     ] = 1,
 ) -> None:

@@ -5,18 +5,22 @@ both methods, and a rerun skips what is already there (a case run again, e.g. af
 appended; its last line counts). Every line is flushed and fsynced before the next case starts:
 an interrupted run loses at most the case in flight. All invocations of one
 directory must use the same LLM, or the results would compare different models unnoticed.
+Several processes may share a directory (see claims.py): lines are appended whole, and
+`recorded_elsewhere` tells a process that another one has since recorded a case.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from poirotd import __version__
+from poirotd.eval.claims import locked
 from poirotd.eval.results import CaseResult
 
 RESULTS_FILE = "results.jsonl"
@@ -34,20 +38,32 @@ class RunJournal:
         self.folder = folder
         self.results_path = folder / RESULTS_FILE
         self.run_path = folder / RUN_FILE
-        self._status: dict[Key, str] = {
-            _key(line): str(line.get("status")) for line in _lines(self.results_path)
-        }
+        lines = list(_lines(self.results_path))
+        self._status: dict[Key, str] = {_key(line): str(line.get("status")) for line in lines}
+        # Lines per case that this process knows of: the file's at opening, plus its own.
+        self._known = Counter(_key(line) for line in lines)
 
     def status(self, dataset: str, case_id: str, method: str) -> str | None:
         """The case's recorded status (its last line's), None when it has not been run."""
         return self._status.get((dataset, case_id, method))
+
+    def recorded_elsewhere(self, dataset: str, case_id: str, method: str) -> bool:
+        """Whether another process sharing the directory has recorded the case since this
+        journal was opened."""
+        key = (dataset, case_id, method)
+        return sum(_key(line) == key for line in _lines(self.results_path)) > self._known[key]
 
     def begin(
         self, *, dataset: str, method: str, llm: dict[str, Any], settings: dict[str, Any]
     ) -> None:
         """Records this invocation in run.json; raises RunMismatch when earlier invocations used
         another LLM setup."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        with locked(self.folder):
+            self._begin(dataset, method, llm, settings)
+
+    def _begin(
+        self, dataset: str, method: str, llm: dict[str, Any], settings: dict[str, Any]
+    ) -> None:
         run: dict[str, Any] = {"llm": llm, "invocations": []}
         if self.run_path.exists():
             run = json.loads(self.run_path.read_text())
@@ -73,7 +89,7 @@ class RunJournal:
         """One line, durable before this returns. A torn last line (a crash mid-write) is
         ended first so the new line stays parseable; the torn one is ignored on reading."""
         line = result.model_dump_json() + "\n"
-        with self.results_path.open("a+b") as f:
+        with locked(self.folder), self.results_path.open("a+b") as f:
             if f.tell() > 0:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":
@@ -81,7 +97,9 @@ class RunJournal:
             f.write(line.encode())
             f.flush()
             os.fsync(f.fileno())
-        self._status[(result.dataset, result.case_id, result.method)] = result.status
+        key = (result.dataset, result.case_id, result.method)
+        self._status[key] = result.status
+        self._known[key] += 1
 
     def results(self) -> list[CaseResult]:
         """One result per case and method, its last line, in the order cases were first run."""

@@ -74,6 +74,11 @@ class RunProgress:
             markup=False,
         )
 
+    def case_skipped(self, case: EvalCase, why: str) -> None:
+        assert self._task is not None
+        self._bar.update(self._task, advance=1)
+        self._console.print(f"{case.dataset}:{case.case_id} skipped: {why}", highlight=False)
+
     def _describe(self) -> None:
         assert self._task is not None
         self._bar.update(self._task, description=" ".join(self._in_flight) or "done")

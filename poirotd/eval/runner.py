@@ -19,6 +19,7 @@ from poirotd.config import LLMSpec, OpenAILLMSpec, Settings
 from poirotd.daemon import build_core
 from poirotd.errors import ServiceError
 from poirotd.eval.cases import EvalCase
+from poirotd.eval.claims import CaseClaims
 from poirotd.eval.journal import RunJournal
 from poirotd.eval.results import CaseResult, Status, TokenUsage
 from poirotd.eval.session import session_id_of, session_items
@@ -36,6 +37,7 @@ class Observer(Protocol):
     def planned(self, total: int, done: int) -> None: ...
     def case_started(self, case: EvalCase) -> None: ...
     def case_finished(self, result: CaseResult) -> None: ...
+    def case_skipped(self, case: EvalCase, why: str) -> None: ...
 
 
 async def run_cases(
@@ -52,7 +54,8 @@ async def run_cases(
     concurrency: int = 1,
 ) -> None:
     """Runs every case not yet in the journal (or recorded with a status in `retry`), up to
-    `concurrency` at once, taken in order and recorded each as it finishes.
+    `concurrency` at once, taken in order and recorded each as it finishes. A case another
+    process on the same directory holds (claims.py) or has recorded meanwhile is skipped.
 
     The backend is opened from `llm` once for the whole run (loading an embedded model is slow)
     unless one is given; each case's spec is pointed at `llm`, so its record is what that model
@@ -67,21 +70,32 @@ async def run_cases(
     own = backend is None
     backend = backend or await open_backend(llm)
     queue = iter(todo)
+    claims = CaseClaims(journal.folder)
 
     async def work(backend: LLMBackend) -> None:
         for case in queue:  # shared by the workers: each case is taken once
-            observer.case_started(case)
-            case = case.model_copy(update={"spec": case.spec.model_copy(update={"llm": llm})})
-            result = await run_case(
-                case,
-                backend,
-                method=method,
-                model=model_label(llm),
-                settings=settings,
-                limit_seconds=case_timeout,
-            )
-            journal.append(result)
-            observer.case_finished(result)
+            key = (case.dataset, case.case_id, method)
+            if not claims.take(key):
+                observer.case_skipped(case, "being run by another process")
+                continue
+            try:
+                if journal.recorded_elsewhere(*key):
+                    observer.case_skipped(case, "recorded by another process")
+                    continue
+                observer.case_started(case)
+                case = case.model_copy(update={"spec": case.spec.model_copy(update={"llm": llm})})
+                result = await run_case(
+                    case,
+                    backend,
+                    method=method,
+                    model=model_label(llm),
+                    settings=settings,
+                    limit_seconds=case_timeout,
+                )
+                journal.append(result)
+                observer.case_finished(result)
+            finally:
+                claims.release(key)
 
     workers = [asyncio.create_task(work(backend)) for _ in range(min(concurrency, len(todo)))]
     try:

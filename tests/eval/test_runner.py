@@ -84,6 +84,7 @@ class Recorder:
         self.plan: tuple[int, int] | None = None
         self.started: list[str] = []
         self.finished: list[CaseResult] = []
+        self.skipped: list[tuple[str, str]] = []
 
     def planned(self, total: int, done: int) -> None:
         self.plan = (total, done)
@@ -93,6 +94,9 @@ class Recorder:
 
     def case_finished(self, result: CaseResult) -> None:
         self.finished.append(result)
+
+    def case_skipped(self, c: EvalCase, why: str) -> None:
+        self.skipped.append((c.case_id, why))
 
 
 async def run(
