@@ -12,7 +12,7 @@ from poirotd.eval.scoring import STEP_TOLERANCES, Ratio, Summary, groups, per_ag
 
 REPORT = "report.md"
 
-_COLUMNS = (
+_ACCURACY = (
     "dataset",
     "method",
     "model",
@@ -24,11 +24,25 @@ _COLUMNS = (
     *(f"step ±{k}" if k else "step exact" for k in STEP_TOLERANCES),
     "exact k=1",
     "exact k>1",
+    "region precision",
+    "region recall",
     "chance 1/N",
     "chance 1/2^N",
+)
+_COST = (
+    "dataset",
+    "method",
+    "model",
+    "n",
     "mean prompt tokens",
+    "cached share",
     "mean completion tokens",
     "mean seconds",
+    "cases cut to fit",
+    "votes",
+    "abstained",
+    "forced: M replies",
+    "forced: context full",
 )
 
 _NOTES = """\
@@ -36,18 +50,30 @@ Rates are over all n cases of a row: a failed or context-exceeded run counts as 
 *agent acc*: the decision names exactly the faulty region(s), matched by id (for BLAME, the
 overall exact-vector accuracy). *step*: the predicted session index is within ±k messages of the
 true one. *exact k=1 / k>1*: exact-vector match over the cases with one / several faults.
+*region precision / recall*: over every region of every case, the regions decided that were
+faulty, of those decided / of those faulty.
 *chance 1/N*: mean over cases of 1/N for N regions (a uniform single-region guess);
 *chance 1/2^N*: mean of 1/2^N (a uniform guess over all fault vectors, the reference for exact
 vectors). A dash: no case to score.
+"""
+
+_COST_NOTES = """\
+*cached share*: prompt tokens the server answered from its prefix cache, of all sent.
+*cases cut to fit*: cases where the context budget shortened or dropped session messages
+(recorded per case). *forced*: votes asked for after an agent used its M replies, or when its
+consultation filled the context window.
 """
 
 
 def render_report(results: Sequence[CaseResult], out_dir: Path) -> Path:
     """Write report.md and its PNG figures into `out_dir`; returns the markdown's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["# Attribution evaluation", "", _NOTES, _row(_COLUMNS), _row(("---",) * len(_COLUMNS))]
     grouped = groups(results)
-    lines += [_row((*key, *_cells(summarise(rows)))) for key, rows in grouped.items()]
+    summaries = {key: summarise(rows) for key, rows in grouped.items()}
+    lines = ["# Attribution evaluation", "", _NOTES, *_table(_ACCURACY)]
+    lines += [_row((*key, *_accuracy(s))) for key, s in summaries.items()]
+    lines += ["", "## Cost and reliability", "", _COST_NOTES, *_table(_COST)]
+    lines += [_row((*key, *_cost(s))) for key, s in summaries.items()]
     for key, rows in grouped.items():
         lines += _figures(key, rows, out_dir)
     path = out_dir / REPORT
@@ -61,7 +87,7 @@ def percent(ratio: Ratio) -> str:
     return "—" if value is None else f"{100 * value:.1f}% ({ratio.hits}/{ratio.total})"
 
 
-def _cells(s: Summary) -> tuple[str, ...]:
+def _accuracy(s: Summary) -> tuple[str, ...]:
     return (
         str(s.n),
         str(s.ok),
@@ -71,11 +97,25 @@ def _cells(s: Summary) -> tuple[str, ...]:
         *(percent(s.step[k]) for k in STEP_TOLERANCES),
         percent(s.exact_single),
         percent(s.exact_multi),
+        percent(s.region_precision),
+        percent(s.region_recall),
         f"{100 * s.chance_region:.2f}%",
         f"{100 * s.chance_vector:.3g}%",
+    )
+
+
+def _cost(s: Summary) -> tuple[str, ...]:
+    return (
+        str(s.n),
         f"{s.mean_prompt_tokens:.0f}",
+        "—" if s.cached_share is None else f"{100 * s.cached_share:.1f}%",
         f"{s.mean_completion_tokens:.0f}",
         f"{s.mean_seconds:.1f}",
+        str(s.cut_cases),
+        str(s.votes),
+        str(s.abstained),
+        str(s.forced_at_limit),
+        str(s.forced_by_context),
     )
 
 
@@ -99,6 +139,10 @@ def _figures(key: tuple[str, str, str], rows: Sequence[CaseResult], out_dir: Pat
     radial = draw(rows, f"{title}: votes, consensus, truth", out_dir / f"radial-{slug}.png")
     lines += ["", f"![radial projection]({radial.name})"]
     return lines
+
+
+def _table(columns: Sequence[str]) -> list[str]:
+    return [_row(columns), _row(("---",) * len(columns))]
 
 
 def _row(cells: Sequence[str]) -> str:

@@ -62,9 +62,22 @@ class Summary:
     # Mean over the cases of 1/2^N: a uniform guess over every binary fault vector (the
     # paper's "2^7 = 128 localisations" for CORTEX); the reference for exact-vector match.
     chance_vector: float
+    # Over every region of every case (micro-averaged): regions decided that were faulty /
+    # regions decided, and / regions faulty. A run without a decision decided nothing.
+    region_precision: Ratio
+    region_recall: Ratio
     mean_prompt_tokens: float
+    # Prompt tokens the server answered from its prefix cache, of all prompt tokens sent.
+    cached_share: float | None
     mean_completion_tokens: float
     mean_seconds: float
+    # Cases whose session view was cut to fit the context (never dropped: see the runner).
+    cut_cases: int
+    # Votes cast over the group, those that are abstentions, and the forced ones by cause.
+    votes: int
+    abstained: int
+    forced_at_limit: int
+    forced_by_context: int
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,10 @@ def summarise(results: Sequence[CaseResult]) -> Summary:
     multi = [r for r in results if len(r.truth.regions) > 1]
     stepped = [r for r in results if r.truth.step is not None]
     sizes = np.array([len(r.region_ids) for r in results], dtype=np.float64)
+    counts = [confusion(r.decision, truth_vector(r)) for r in results]
+    tp, fp, fn = (sum(c[i] for c in counts) for i in range(3))
+    prompt = sum(r.tokens.prompt for r in results)
+    votes = [v for r in results for v in r.votes]
     return Summary(
         n=len(results),
         ok=sum(r.status == "ok" for r in results),
@@ -133,11 +150,19 @@ def summarise(results: Sequence[CaseResult]) -> Summary:
         step={k: _ratio(step_hit(r, k) for r in stepped) for k in STEP_TOLERANCES},
         chance_region=_mean(1.0 / sizes),
         chance_vector=_mean(2.0**-sizes),
+        region_precision=Ratio(hits=tp, total=tp + fp),
+        region_recall=Ratio(hits=tp, total=tp + fn),
         mean_prompt_tokens=_mean(np.array([r.tokens.prompt for r in results], dtype=np.float64)),
+        cached_share=sum(r.tokens.cached for r in results) / prompt if prompt else None,
         mean_completion_tokens=_mean(
             np.array([r.tokens.completion for r in results], dtype=np.float64)
         ),
         mean_seconds=_mean(np.array([r.seconds for r in results], dtype=np.float64)),
+        cut_cases=sum(r.context_cuts > 0 for r in results),
+        votes=len(votes),
+        abstained=sum(v.abstained for v in votes),
+        forced_at_limit=sum(v.forced_by == "invocation_limit" for v in votes),
+        forced_by_context=sum(v.forced_by == "context_full" for v in votes),
     )
 
 

@@ -70,13 +70,15 @@ def _fixture() -> list[CaseResult]:
 
 
 def _table(markdown: str) -> dict[tuple[str, str], dict[str, str]]:
-    lines = [line for line in markdown.splitlines() if line.startswith("| dataset")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = {}
+    """Every row of the report's tables (accuracy, then cost), merged by dataset and method."""
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    header: list[str] = []
     for line in markdown.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == len(header) and cells[0] in ("blame-cortex", "whowhen"):
-            rows[(cells[0], cells[1])] = dict(zip(header, cells, strict=True))
+        if line.startswith("| dataset"):
+            header = cells
+        elif header and len(cells) == len(header) and cells[0] in ("blame-cortex", "whowhen"):
+            rows.setdefault((cells[0], cells[1]), {}).update(zip(header, cells, strict=True))
     return rows
 
 
@@ -105,10 +107,20 @@ def test_report_numbers_match_the_scorer(rendered: Path) -> None:
             percent(s.step[k]) for k in STEP_TOLERANCES[1:]
         ]
         assert row["mean prompt tokens"] == f"{s.mean_prompt_tokens:.0f}"
+        assert row["region precision"] == percent(s.region_precision)
+        assert row["votes"] == str(s.votes)
     cortex = table[("blame-cortex", "poirot")]
     assert cortex["agent acc"] == "40.0% (2/5)"
     assert cortex["chance 1/2^N"] == "0.781%"
     assert table[("whowhen", "poirot")]["step ±1"] == "100.0% (2/2)"
+    # CORTEX decisions: 2 exact hits (3 faulty regions decided), 2 one-region misses, a run
+    # without decision; faulty regions: 1 + 1 + 2 + 1 + 1.
+    assert (cortex["region precision"], cortex["region recall"]) == (
+        "60.0% (3/5)",
+        "50.0% (3/6)",
+    )
+    assert (cortex["cases cut to fit"], cortex["votes"], cortex["abstained"]) == ("0", "12", "0")
+    assert table[("whowhen", "baseline")]["cached share"] == "—"
 
 
 def test_report_figures_are_valid_images(rendered: Path) -> None:

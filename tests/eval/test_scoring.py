@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from poirotd.eval import blame
-from poirotd.eval.results import CaseResult
+from poirotd.eval.results import CaseResult, TokenUsage
 from poirotd.eval.scoring import (
+    Ratio,
     attribution_hit,
     confusion,
     exact_match,
@@ -173,3 +174,22 @@ def test_result_is_one_jsonl_line_and_checks_its_sizes() -> None:
         CaseResult.model_validate({**res.model_dump(), "decision": (1, 0)})
     with pytest.raises(ValueError, match="outside the space"):
         CaseResult.model_validate({**res.model_dump(), "truth": {"regions": ["excel_expert"]}})
+
+
+def test_summary_counts_votes_by_how_they_ended_and_the_cached_share() -> None:
+    ids = ("a", "b")
+    votes = [
+        Vote(agent_id="a", location=(1, 0)),
+        Vote(agent_id="b", abstention_reason="vote: invalid JSON"),
+        Vote(agent_id="a", location=(0, 1), forced_by="invocation_limit"),
+        Vote(agent_id="b", location=(0, 1), forced_by="context_full"),
+    ]
+    results = [
+        result(ids, ["a"], ["a"], votes=votes[:2], tokens=TokenUsage(prompt=100, cached=60)),
+        result(ids, ["a"], ["b"], votes=votes[2:], tokens=TokenUsage(prompt=300, cached=40)),
+    ]
+    s = summarise([r.model_copy(update={"context_cuts": i * 2}) for i, r in enumerate(results)])
+    assert (s.votes, s.abstained, s.forced_at_limit, s.forced_by_context) == (4, 1, 1, 1)
+    assert s.cached_share == pytest.approx(0.25)
+    assert s.cut_cases == 1
+    assert (s.region_precision, s.region_recall) == (Ratio(1, 2), Ratio(1, 2))
