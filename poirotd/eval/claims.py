@@ -47,8 +47,9 @@ class CaseClaims:
         """Claims the case for this process; False when a live process holds it."""
         path = self._path(key)
         with locked(self._folder):
-            if path.exists() and not self._abandoned(path.read_text()):
-                return path.read_text() == self._me
+            holder = path.read_text() if path.exists() else None
+            if holder is not None and not self._abandoned(holder):
+                return holder == self._me
             path.write_text(self._me)
             return True
 

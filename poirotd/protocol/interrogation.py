@@ -111,16 +111,16 @@ class _Interrogation:
         peers = [a for a in self._spec.agent_ids if a != agent_id]
         if not peers:  # the opening already ends with the final-vote request
             return _Pending(transcript, forced_by="")
+        offered = tools_text(self._spec, agent_id, self._space.size, self._seen[agent_id])
         for n in range(1, self._limits.max_invocations + 1):
-            if not self._room_for_another_question(agent_id, transcript):
+            if not self._room_for_another_question(transcript, offered):
                 log.warning(
                     "consultation ended early: the context window has no room for another turn",
                     agent_id=agent_id,
                     turns=n - 1,
                     context_tokens=self._run.context_tokens,
                 )
-                vote_now = prompts.forced_vote(self._space, None)
-                return _Pending([*transcript, _user(vote_now)], forced_by="context_full")
+                return _Pending(closing_request(self._space, transcript), "context_full")
             try:
                 action, asked = await self._turn(agent_id, peers, transcript)
             except AnswerFailed as exc:
@@ -132,8 +132,8 @@ class _Interrogation:
         vote_now = prompts.forced_vote(self._space, self._limits.max_invocations)
         return _Pending([*transcript, _user(vote_now)], forced_by="invocation_limit")
 
-    def _room_for_another_question(self, agent_id: str, transcript: Sequence[ChatMessage]) -> bool:
-        offered = tools_text(self._spec, agent_id, self._space.size, self._seen[agent_id])
+    def _room_for_another_question(self, transcript: Sequence[ChatMessage], offered: str) -> bool:
+        """`offered`: the tool definitions the agent's turns send (see `tools_text`)."""
         ending = closing_request(self._space, transcript, offered)
         needed = self._run.count_tokens(ending) + one_more_round(self._limits)
         return needed <= self._run.context_tokens
