@@ -137,12 +137,15 @@ class SignalWindow:
         A late sample, older than the stream's newest, gets the newest time, so that windows
         and cooldowns never run backwards. Events still report its own ``measured_at``.
         """
+        # Small chunks are the common case (a frame's 50 signals are 50 chunks of one): numpy
+        # calls are kept few, and lists beat np.fromiter on generators at every size.
         n = len(chunk)
-        t = np.fromiter((s.measured_at.timestamp() for s in chunk), np.float64, n)
+        t = np.array([s.measured_at.timestamp() for s in chunk], np.float64)
         if n > 1:
             np.maximum.accumulate(t, out=t)
-        np.maximum(t, self.last_time, out=t)
-        v = np.fromiter((s.value for s in chunk), np.float64, n)
+        if t[0] < self.last_time:  # t is non-decreasing now: only its start can be late
+            np.maximum(t, self.last_time, out=t)
+        v = np.array([s.value for s in chunk], np.float64)
         self._times.append(t)
         self._values.append(v)
         self._samples.append(np.fromiter(chunk, object, n))

@@ -382,6 +382,16 @@ def test_samples_for_unwatched_signals_are_ignored() -> None:
     assert eng.observe_telemetry([sample(99.0, 0.0, signal="hip_angle_deg")]) == []
 
 
+@pytest.mark.parametrize("late_first", [True, False], ids=["chunk-of-one", "start-of-chunk"])
+def test_a_late_sample_is_windowed_at_the_newest_time(late_first: bool) -> None:
+    # At the newest time (2.0 s) the late 20 shares the 0.5 s window with the 0 taken then:
+    # mean 10. At its own time (0.5 s) the window would hold every sample: mean 5.
+    eng = engine(rule("rolling_mean", window_seconds=0.5, min_samples=2, above=9.0))
+    eng.observe_telemetry([sample(0.0, 0.0), sample(0.0, 1.0), sample(0.0, 2.0)])
+    late = [sample(20.0, 0.5)] if late_first else [sample(20.0, 0.5), sample(0.0, 2.0)]
+    assert [e.rule for e in eng.observe_telemetry(late)] == ["r"]
+
+
 def test_a_late_sample_is_still_evaluated() -> None:
     eng = engine(rule("threshold", above=35), rule("rate", "jump", max_rate_per_second=1e6))
     eng.observe_telemetry([sample(0.0, 1.0)])
