@@ -631,9 +631,9 @@ def limits_text(ours: Totals, theirs: Totals, runs: Sequence[Run]) -> str:
             "stopped at the token limit."
         )
     lines += [
-        "- **The machine: prompt evaluation.** llama.cpp evaluated prompts at 13-33 tokens/s "
-        "and generated 5-12 tokens/s on its one thread here (its own log; other jobs held the "
-        "cores), so a fresh 3k-token prompt costs 100-190 s before its first token. On both "
+        "- **The machine: prompt evaluation.** On its one thread llama.cpp evaluates prompts "
+        "at a few dozen tokens/s (each sitting's speeds, from its own log, are noted above), so "
+        "a fresh 3k-token prompt costs one to three minutes before its first token. On both "
         "sides time to attribution is mostly prompt evaluation: the evaluated-token counts "
         "predict it better than the call counts.",
         "- **poirotd.** Every request of one agent starts with the same prefix (system prompt, "
@@ -659,12 +659,23 @@ def limits_text(ours: Totals, theirs: Totals, runs: Sequence[Run]) -> str:
     return "\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in lines)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Sitting:
-    """One invocation that added runs: when it started and the code it measured."""
+    """One invocation that added runs: when it started, the code it measured, the cases it ran
+    and what the operator noted about the machine then (`--note`)."""
 
     started: datetime
     commit: str
+    note: str = ""
+    cases: list[str] | None = None  # None: saved before sittings listed their cases
+
+    def describe(self) -> str:
+        if self.cases is None:
+            ran = "cases not recorded"
+        else:
+            ran = f"cases {', '.join(self.cases)}" if self.cases else "no case"
+        note = f"; {self.note}" if self.note else ""
+        return f"{self.started:%Y-%m-%d %H:%M} UTC, commit {self.commit}: {ran}{note}."
 
 
 def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) -> str:
@@ -714,15 +725,7 @@ def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) ->
             f"| {len(r.calls)} | {r.prompt_tokens:,} / {_count(r.evaluated)} "
             f"| {r.completion_tokens:,} | {r.valid_votes}/{r.agents} | {attributed} ({r.truth}) |"
         )
-    resumed = (
-        f" (resumed: {len(sittings)} sittings, the last at {sittings[-1].started:%Y-%m-%d %H:%M}"
-        " UTC; each case's two sides ran back to back)"
-        if len(sittings) > 1
-        else ""
-    )
-    commits = ", ".join(dict.fromkeys(s.commit for s in sittings))
     header = (
-        f"{sittings[0].started:%Y-%m-%d %H:%M} UTC{resumed}, commit {commits}; "
         f"{platform.machine()}, "
         f"Python {platform.python_version()}, llama-cpp-python's server with SmolLM2-135M-Instruct "
         f"(Q4_1), 8k context, 1 thread, one slot; Who&When Algorithm-Generated cases {cases}; "
@@ -730,10 +733,17 @@ def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) ->
         f"{', '.join(limits)}); runs without an attribution end at {RUN_TIMEOUT_S:.0f} s."
     )
     header = textwrap.fill(header, 100, break_on_hyphens=False)
+    sat = "\n".join(
+        textwrap.fill(f"- {s.describe()}", 100, subsequent_indent="  ", break_on_hyphens=False)
+        for s in sittings
+    )
     return f"""{begin_marker(SECTION)}
 ## Time to attribution (`python -m bench.tta`)
 
 {header}
+
+Sittings (a resumed run has several; each case's two sides ran back to back in one):
+{sat}
 
 | figure | poirotd | poirot-framework 0.2.0, C3 | goal |
 | --- | ---: | ---: | --- |
@@ -776,8 +786,8 @@ def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) ->
   allowed). Library: final votes whose `location` is a 0/1 vector with one entry per region, the
   same test.
 - **Order and machine.** Cases alternate sides (poirotd, library, next case...) on a shared
-  2-core machine that other jobs kept busy (load average 4-5). The server runs llama.cpp on one
-  thread: with two, its OpenMP threads wait on each other whenever another tenant holds a core
+  2-core machine; what else ran meanwhile is noted with each sitting. The server runs llama.cpp on
+  one thread: with two, its OpenMP threads wait on each other whenever another tenant holds a core
   (measured: 1.6 tokens/s generated with two threads, 10.7 with one).
 
 ### What limits it
@@ -792,7 +802,7 @@ def save_runs(
 ) -> None:
     record = {
         "started": sittings[0].started.isoformat(),
-        "sittings": [{"started": t.started.isoformat(), "commit": t.commit} for t in sittings],
+        "sittings": [asdict(t) | {"started": t.started.isoformat()} for t in sittings],
         "max_tokens": max_tokens,
         "runs": [asdict(r) for r in runs],
     }
@@ -807,7 +817,7 @@ def load_runs(path: Path) -> tuple[list[Sitting], int, list[Run]]:
     record = json.loads(path.read_text())
     runs = [Run(**(r | {"calls": [Call(**c) for c in r["calls"]]})) for r in record["runs"]]
     saved = record.get("sittings") or [{"started": record["started"], "commit": "not recorded"}]
-    sittings = [Sitting(datetime.fromisoformat(t["started"]), t["commit"]) for t in saved]
+    sittings = [Sitting(**(t | {"started": datetime.fromisoformat(t["started"])})) for t in saved]
     return sittings, record["max_tokens"], runs
 
 
@@ -821,6 +831,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     parser.add_argument("--render", type=Path, help="only re-render a saved runs.json")
+    parser.add_argument(
+        "--note", default="", help="what else the machine did meanwhile, shown with this sitting"
+    )
     parser.add_argument(
         "--runs",
         type=Path,
@@ -836,12 +849,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs = Path(tempfile.mkdtemp(prefix="bench-tta-"))
     print(f"logs: {logs}", flush=True)
     saved = args.runs or logs / "runs.json"
-    sittings, runs = [Sitting(datetime.now(UTC), _commit())], []
+    ran_cases: list[str] = []  # this sitting's, filled as it goes
+    sitting = Sitting(datetime.now(UTC), _commit(), args.note, ran_cases)
+    sittings, runs = [sitting], []
     if saved.exists():
         earlier, max_tokens, runs = load_runs(saved)
         if max_tokens != args.max_tokens:
             parser.error(f"{saved} was run with --max-tokens {max_tokens}")
-        sittings = [*earlier, *sittings]
+        sittings = [*earlier, sitting]
     done = {(r.case_id, r.side) for r in runs}
     # The section is rewritten after every case: an interrupted run still leaves its figures.
     for case_id in args.cases:
@@ -851,6 +866,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 continue
             run = investigate(side, case, args.max_tokens, logs)
             runs.append(run)
+            if case_id not in ran_cases:
+                ran_cases.append(case_id)
             print(json.dumps(asdict(run)), flush=True)
         save_runs(saved, sittings, args.max_tokens, runs)
         _report(sittings, args.max_tokens, runs, write=not args.no_write)

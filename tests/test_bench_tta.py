@@ -124,12 +124,12 @@ def test_render_replaces_only_its_own_section() -> None:
 def test_saved_runs_render_again(tmp_path: Path) -> None:
     call = Call(None, 1000, 200, None, "length", 200, 3.0)
     runs = [Run("library", "7", 2, 3, 40.0, 1, ["check_expert"], "excel_expert", calls=[call])]
-    sittings = [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")]
+    sittings = [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`", "machine idle", ["7"])]
     save_runs(tmp_path / "runs.json", sittings, 512, runs)
     assert load_runs(tmp_path / "runs.json") == (sittings, 512, runs)
-    assert "limits seen in requests: None" in " ".join(render(runs, 512, sittings).split())
-    assert "resumed" not in render(runs, 512, sittings)
-    assert "commit `abc1234`;" in render(runs, 512, sittings)
+    section = " ".join(render(runs, 512, sittings).split())
+    assert "limits seen in requests: None" in section
+    assert "- 2026-01-01 00:00 UTC, commit `abc1234`: cases 7; machine idle." in section
 
 
 def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
@@ -148,13 +148,15 @@ def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
     monkeypatch.setattr(tta, "ensure_library_venv", lambda: None)
     monkeypatch.setattr(tta, "load_case", lambda path: SimpleNamespace(case_id=path.stem))
     monkeypatch.setattr(tta, "investigate", investigate)
-    tta.main(["--cases", "7", "8", "--runs", str(saved), "--no-write"])
+    tta.main(["--cases", "7", "8", "--runs", str(saved), "--no-write", "--note", "idle"])
 
     assert ran == [("8", "poirotd"), ("8", "library")]
     sittings, _, runs = load_runs(saved)
     assert sittings[0] == first and len(sittings) == 2
+    assert (sittings[1].note, sittings[1].cases) == ("idle", ["8"])
     assert [(r.case_id, r.side) for r in runs] == [("7", s) for s in SIDES] + ran
-    assert "resumed: 2 sittings" in " ".join(render(runs, 512, sittings).split())
+    section = " ".join(render(runs, 512, sittings).split())
+    assert "commit `abc1234`: cases not recorded." in section and ": cases 8; idle." in section
     with pytest.raises(SystemExit):
         tta.main(["--cases", "7", "--runs", str(saved), "--max-tokens", "256", "--no-write"])
 
