@@ -17,7 +17,9 @@ offset, such as prices.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,7 +127,8 @@ class SignalWindow:
         history = max(lookback, evidence_limit - 1)
         self._times = RingBuffer(history, CHUNK, np.float64)
         self._values = RingBuffer(history, CHUNK, np.float64)
-        self._samples = RingBuffer(max(evidence_limit - 1, 0), CHUNK, object)
+        # Read only when a rule fires, so a deque: appending is cheaper than numpy's.
+        self._samples: deque[TelemetrySample] = deque(maxlen=max(evidence_limit - 1, 0) + CHUNK)
         self._sums = RingBuffer(history, CHUNK, np.float64) if sums else None
         self._squares = RingBuffer(history, CHUNK, np.float64) if sums else None
         self._ref = math.nan
@@ -148,7 +151,7 @@ class SignalWindow:
         v = np.array([s.value for s in chunk], np.float64)
         self._times.append(t)
         self._values.append(v)
-        self._samples.append(np.fromiter(chunk, object, n))
+        self._samples.extend(chunk)
         self.last_time = float(t[-1])
         span = self.lookback + n
         t_view, v_view = self._times.tail(span), self._values.tail(span)
@@ -173,4 +176,5 @@ class SignalWindow:
         """The newest ``limit`` samples at or before time ``t``."""
         k = min(len(self._times), len(self._samples))
         end = int(np.searchsorted(self._times.tail(k), t, side="right"))
-        return tuple(self._samples.tail(k)[max(0, end - limit) : end])
+        held = list(itertools.islice(self._samples, len(self._samples) - k, None))
+        return tuple(held[max(0, end - limit) : end])
