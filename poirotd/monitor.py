@@ -45,9 +45,8 @@ class HazardMonitor:
         latency is then decoding and rule evaluation, not an fsync. Nothing is opened here."""
         telemetry = [i for i in items if isinstance(i, TelemetrySample)]
         events = self._rules.observe_telemetry(telemetry) if telemetry else []
-        for item in items:
-            if isinstance(item, AgentMessage):
-                events += self._rules.observe_message(item)
+        if messages := [i for i in items if isinstance(i, AgentMessage)]:
+            events += self._rules.observe_messages(messages)
         for item in items:
             if isinstance(item, SessionEnd):
                 self._rules.end_session(item.session_id)

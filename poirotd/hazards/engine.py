@@ -134,14 +134,19 @@ class RuleEngine:
         return out.sorted_events()
 
     def observe_message(self, message: AgentMessage) -> list[HazardEvent]:
-        session, at = message.session_id, message.sent_at
-        t = at.timestamp()
-        self._sessions.setdefault(session, t)
+        return self.observe_messages([message])
+
+    def observe_messages(self, messages: Sequence[AgentMessage]) -> list[HazardEvent]:
+        """Messages in order, as one round: composites combine once per batch, as for samples."""
         out = _Round()
-        for rule, matcher in self._matchers:
-            summary = matcher.match(message)
-            if summary is not None and self._single_hit(rule, session, t, at, out):
-                out.events.append((t, _event(rule, session, at, summary)))
+        for message in messages:
+            session, at = message.session_id, message.sent_at
+            t = at.timestamp()
+            self._sessions.setdefault(session, t)
+            for rule, matcher in self._matchers:
+                summary = matcher.match(message)
+                if summary is not None and self._single_hit(rule, session, t, at, out):
+                    out.events.append((t, _event(rule, session, at, summary)))
         self._combine(out)
         return out.sorted_events()
 

@@ -365,6 +365,28 @@ def test_any_and_nested_composites() -> None:
     assert event.rule == "hurt"
 
 
+def test_a_batch_of_messages_fires_as_its_messages_one_by_one() -> None:
+    rules = [
+        rule("agent_flag", "flag", cooldown_seconds=0),
+        rule("message_pattern", "stop", pattern="STOP", emit=False),
+        rule("message_pattern", "plan", pattern="Plan 4", emit=False),
+        rule("all", "stop_and_plan", rules=["stop", "plan"], within_seconds=2),
+        rule("any", "either", rules=["stop", "plan"], cooldown_seconds=5),
+    ]
+    messages = [
+        message("STOP the session", 1.0, index=0),
+        message("[HAZARD] cable slack", 1.5, index=1),
+        message("Going with Plan 4.", 2.5, index=2),
+        message("Plan 4 again, and STOP", 9.0, index=3),
+        message("[HAZARD] again", 9.1, index=4),
+    ]
+    one_by_one = engine(*rules)
+    expected = [e for m in messages for e in one_by_one.observe_message(m)]
+    # At 9.0 s both parts hold again, but stop_and_plan is still in its cooldown.
+    assert [e.rule for e in expected] == ["either", "flag", "stop_and_plan", "either", "flag"]
+    assert engine(*rules).observe_messages(messages) == expected
+
+
 # ------------------------------------------------------------------ evidence and robustness
 
 
