@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +32,12 @@ from poirotd.model import (
     TelemetrySample,
     Vote,
 )
-from poirotd.store import Store, UnknownInvestigationError, UnknownSessionError
+from poirotd.store import (
+    Store,
+    UnknownInvestigationError,
+    UnknownSessionError,
+    canonical_json,
+)
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 CEST = timezone(timedelta(hours=2))
@@ -448,3 +455,24 @@ async def test_each_write_appends_its_entries_in_commit_order(store: Store, db: 
     for table, stored in records.items():
         assert set(stored) <= set(payloads), table  # each row's record is its entry's payload
     assert '"ended_at":"2025-03-01T12:01:00.123456Z"' in payloads[3]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b": 1e16, "a": [1e-07, -0.0, 1.0, 0.1, 5e-324], "c": None, "d": True},
+        {"é": 'naïve \u2028 \x1f " \\ /', "nested": {"z": [], "y": {}}},
+        "a string",
+        1.7976931348623157e308,
+    ],
+)
+def test_canonical_json_is_what_the_export_tells_readers(value: Any) -> None:
+    documented = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(value) == documented
+
+
+def test_canonical_json_refuses_what_json_cannot_hold() -> None:
+    with pytest.raises(ValueError):
+        canonical_json({"x": float("nan")})
+    with pytest.raises(TypeError):
+        canonical_json({"x": object()})
