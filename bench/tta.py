@@ -652,11 +652,26 @@ def limits_text(ours: Totals, theirs: Totals, runs: Sequence[Run]) -> str:
         "chat template) nor writes the vote JSON, so each agent loops to its 8-call limit with "
         "answers cut at the token limit, its prompt growing by ~530 tokens a call toward the 8k "
         "context, and its forced final vote came back malformed. Agents consult one after "
-        "another, so on this machine a run ends at the time limit while the second agent is "
-        "still looping: no valid vote. Its valid-vote share above counts those missing votes, and "
-        "its calls and tokens leave out the call in flight at the time limit.",
+        f"another, so on this machine {_library_ends(runs)} Its valid-vote share above counts "
+        "missing votes, and the calls and tokens of a run stopped at the time limit leave out "
+        "the call in flight then.",
     ]
     return "\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in lines)
+
+
+def _library_ends(runs: Sequence[Run]) -> str:
+    """How the library's runs ended: at the time limit, or finished with what votes."""
+    library = [r for r in runs if r.side == "library"]
+    stopped = sum(bool(r.error) for r in library)
+    text = f"{stopped} of {len(library)} runs ended at the time limit while an agent was looping."
+    if finished := [r for r in library if not r.error]:
+        named = ", ".join(sorted({a for r in finished for a in r.attributed})) or "nothing"
+        text += (
+            f" The {len(finished)} that finished had "
+            f"{sum(r.valid_votes for r in finished)}/{sum(r.agents for r in finished)} valid "
+            f"votes (the library pads a malformed vote into zeros) and named {named}."
+        )
+    return text
 
 
 @dataclass

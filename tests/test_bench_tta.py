@@ -168,3 +168,15 @@ def test_a_run_without_attribution_makes_its_side_a_lower_bound() -> None:
     ]
     section = render(runs, 512, [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")])
     assert "≥ 40 s" in section and "≤ 0.25x" in section and "none: timed out" in section
+
+
+def test_the_library_paragraph_says_how_its_runs_ended() -> None:
+    runs = [
+        Run("library", "7", 2, 3, 1800.0, 0, [], "x", error="timed out"),
+        Run("library", "8", 2, 3, 1700.0, 0, ["Unknown"], "x"),
+        Run("poirotd", "8", 2, 3, 300.0, 2, ["x"], "x"),
+    ]
+    sittings = [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`a`")]
+    section = " ".join(render(runs, 512, sittings).split())
+    assert "1 of 2 runs ended at the time limit" in section
+    assert "The 1 that finished had 0/2 valid votes" in section and "named Unknown." in section
