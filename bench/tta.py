@@ -748,7 +748,7 @@ def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) ->
         f"{', '.join(limits)}); runs without an attribution end at {RUN_TIMEOUT_S:.0f} s."
     )
     header = textwrap.fill(header, 100, break_on_hyphens=False)
-    sat = "\n".join(
+    sitting_lines = "\n".join(
         textwrap.fill(f"- {s.describe()}", 100, subsequent_indent="  ", break_on_hyphens=False)
         for s in sittings
     )
@@ -758,7 +758,7 @@ def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) ->
 {header}
 
 Sittings (a resumed run has several; each case's two sides ran back to back in one):
-{sat}
+{sitting_lines}
 
 | figure | poirotd | poirot-framework 0.2.0, C3 | goal |
 | --- | ---: | ---: | --- |
