@@ -174,7 +174,7 @@ def test_every_record_write_is_chained_and_the_store_verifies(db: Path) -> None:
     assert counts == {
         "session": 2,  # start, end
         "message": 6,  # the resent message 1 was ignored, so it is not chained
-        "telemetry": 2,
+        "telemetry_block": 2,  # one per commit with samples
         "hazard_space": 2,
         "investigation": 7,  # i1 saved six times, i2 once
         "event": 4,
@@ -241,12 +241,12 @@ def test_the_audit_table_refuses_updates_and_deletes(db: Path) -> None:
         ),
         ("sessions", "record", "1", '"cortex"', '"cortey"', "session", "s1", "its record differs"),
         (
-            "telemetry",
+            "telemetry_blocks",
             "record",
             "id = 2",
-            '"value":2.5',
-            '"value":2.6',
-            "telemetry",
+            ",2.5,",
+            ",2.6,",
+            "telemetry_block",
             "2",
             "its record differs",
         ),
@@ -686,7 +686,7 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
         (2, "hazard_space", '["cortex","v2"]'),
         (3, "hazard_space", '["cortex","v1"]'),
     ]
-    assert query(db, "PRAGMA user_version") == [(3,)]
+    assert query(db, "PRAGMA user_version") == [(4,)]
     assert [c[1] for c in query(db, "PRAGMA table_info(sessions)")] == ["session_id", "record"]
 
 
@@ -694,7 +694,7 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
     ("damage", "message"),
     [
         ("DROP TABLE exchanges", "cannot be read: no such table: exchanges"),
-        ("PRAGMA user_version = 4", "schema version 4; this poirotd audits version 3"),
+        ("PRAGMA user_version = 5", "schema version 5; this poirotd audits version 4"),
     ],
 )
 def test_a_database_that_cannot_be_audited_exits_2(db: Path, damage: str, message: str) -> None:

@@ -34,7 +34,10 @@ EXAMPLE = Path(__file__).parents[1] / "hwbridge" / "bridge.example.yaml"
 SESSION = "d2w-p7"
 # 1 s of gait at 1500 samples/s over the frame channels, one heart rate, two clinical scores.
 SAMPLES = 1503
-DISTINCT_SAMPLES = "SELECT count(DISTINCT record) FROM telemetry"
+DISTINCT_SAMPLES = (
+    "SELECT count(*) FROM (SELECT DISTINCT component, signal, value, measured_at"
+    " FROM telemetry_samples)"
+)
 SENSOR_X = exo.FaultSpec(signal="proprioception_score", kind="offset", magnitude=-4)
 
 
@@ -84,7 +87,7 @@ def query(daemon: Daemon, sql: str) -> list[tuple[Any, ...]]:
 
 
 def stored_samples(daemon: Daemon) -> int:
-    return int(query(daemon, "SELECT count(*) FROM telemetry")[0][0])
+    return int(query(daemon, "SELECT count(*) FROM telemetry_samples")[0][0])
 
 
 async def publish_gait(mosquitto: Mosquitto, extra: Sequence[tuple[str, bytes]] = ()) -> None:
@@ -125,8 +128,7 @@ async def test_sensor_x_gait_is_stored_and_opens_an_investigation(
     # Sensor-X: a proprioception score of 6/8 reported as 2/8.
     assert query(
         daemon,
-        "SELECT json_extract(record, '$.value') FROM telemetry"
-        " WHERE json_extract(record, '$.signal') = 'proprioception_score'",
+        "SELECT value FROM telemetry_samples WHERE signal = 'proprioception_score'",
     ) == [(2.0,)]
     assert query(daemon, "SELECT json_extract(record, '$.labels.input') FROM sessions") == [
         ("mqtt",)

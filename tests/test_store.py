@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from poirotd.audit import verify
 from poirotd.model import (
     AgentMessage,
     Attribution,
@@ -38,6 +40,7 @@ from poirotd.store import (
     UnknownSessionError,
     canonical_json,
 )
+from poirotd.store import sqlite as store_sql
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 CEST = timezone(timedelta(hours=2))
@@ -121,7 +124,7 @@ def space(version: str = "v1") -> HazardSpace:
 async def test_opens_in_wal_mode_with_a_schema_version(store: Store, db: Path) -> None:
     with closing(sqlite3.connect(db)) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert other.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert other.execute("PRAGMA user_version").fetchone()[0] == 4
 
 
 async def test_refuses_a_database_from_a_newer_schema(db: Path) -> None:
@@ -212,6 +215,87 @@ async def test_telemetry_returns_the_newest_samples_in_time_order(store: Store) 
     assert await store.session_telemetry("s1", limit=2) == [sample(2, 2.0), sample(3, 3.0)]
     with pytest.raises(ValueError, match="limit"):
         await store.session_telemetry("s1", limit=0)
+
+
+async def test_telemetry_across_blocks_is_the_newest_in_time_then_arrival_order(
+    store: Store,
+) -> None:
+    """Blocks overlap in time (late samples) and tie; the newest `limit` must still be exact."""
+    rng = random.Random(7)
+    arrived = [sample(rng.randrange(40) / 4, float(i)) for i in range(300)]
+    await store.commit_ingest([session()])
+    start = 0
+    while start < len(arrived):
+        size = rng.randrange(1, 40)
+        await store.commit_ingest(arrived[start : start + size])
+        start += size
+    in_order = [s for _, s in sorted(enumerate(arrived), key=lambda p: (p[1].measured_at, p[0]))]
+    for limit in (1, 2, 17, 100, 299, 300, 1_000):
+        assert await store.session_telemetry("s1", limit=limit) == in_order[-limit:], limit
+
+
+async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
+    store: Store, db: Path
+) -> None:
+    naive = sample(2, 2.0).model_copy(update={"measured_at": datetime(2025, 3, 1, 12)})
+    cest = sample(3, 3.0, sid="s2").model_copy(update={"measured_at": T0.astimezone(CEST)})
+    batch = [session(), session("s2"), sample(0, 0.5), cest, naive]
+    await store.commit_ingest(batch)
+    with closing(sqlite3.connect(db)) as other:
+        blocks = other.execute("SELECT id, session_id FROM telemetry_blocks").fetchall()
+        shown = other.execute(
+            "SELECT session_id, component, signal, value, measured_at, block_id, position"
+            " FROM telemetry_samples ORDER BY block_id, position"
+        ).fetchall()
+    assert blocks == [(1, "s1"), (2, "s2")]
+    assert shown == [
+        ("s1", "knee_motor", "torque", 0.5, "2025-03-01T12:00:00.123456Z", 1, 0),
+        ("s1", "knee_motor", "torque", 2.0, "2025-03-01T12:00:00", 1, 1),
+        ("s2", "knee_motor", "torque", 3.0, "2025-03-01T14:00:00.123456+02:00", 2, 0),
+    ]
+    # Each datetime comes back as given (naive stays naive, an offset stays), ordered as UTC.
+    assert await store.session_telemetry("s1") == [naive, sample(0, 0.5)]
+    assert await store.session_telemetry("s2") == [cest]
+
+
+async def test_a_schema_3_store_keeps_its_sample_rows_and_adds_blocks(db: Path) -> None:
+    old = [sample(1, 1.0), sample(3, 3.0)]
+    await _schema_3_store(db, old)
+    store = await Store.open(db)
+    try:
+        await store.commit_ingest([sample(2, 2.0), sample(3, 3.5)])
+        assert await store.session_telemetry("s1") == [
+            old[0],
+            sample(2, 2.0),
+            old[1],
+            sample(3, 3.5),
+        ]
+        assert await store.session_telemetry("s1", limit=2) == [old[1], sample(3, 3.5)]
+    finally:
+        await store.close()
+    assert verify(db).ok
+    with closing(sqlite3.connect(db)) as other:
+        values = other.execute("SELECT value FROM telemetry_samples").fetchall()
+    assert sorted(values) == [(1.0,), (2.0,), (3.0,), (3.5,)]
+
+
+async def _schema_3_store(db: Path, samples: list[TelemetrySample]) -> None:
+    """A store as schema 3 left it: no blocks, one row and one entry per sample (written with
+    the store's own row and chain functions, as schema 3 wrote them)."""
+    store = await Store.open(db)
+    await store.commit_ingest([session()])
+    await store.close()
+    with closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        conn.execute("DROP VIEW telemetry_samples")
+        conn.execute("DROP TABLE telemetry_blocks")
+        with store_sql._transaction(conn) as chain:
+            for row in map(store_sql._telemetry_row, samples):
+                stored = store_sql._store_row(
+                    conn, "INSERT INTO telemetry VALUES (?, ?, ?, ?)", row
+                )
+                assert stored is not None
+                chain.append("telemetry", str(stored[0]), stored[-1])
+        conn.execute("PRAGMA user_version = 3")
 
 
 async def test_throughput_batches_all_land(store: Store) -> None:
@@ -435,14 +519,14 @@ async def test_each_write_appends_its_entries_in_commit_order(store: Store, db: 
         ((put_seq,),) = other.execute("SELECT put_seq FROM hazard_spaces").fetchall()
         records = {
             table: [r for (r,) in other.execute(f"SELECT record FROM {table}")]
-            for table in ("sessions", "messages", "telemetry", "investigations", "exchanges")
+            for table in ("sessions", "messages", "telemetry_blocks", "investigations", "exchanges")
         }
     # The resent message and session start stored nothing, so they chained nothing.
     assert [(kind, ref) for _, kind, ref, _ in entries] == [
         ("session", "s1"),
         ("message", "s1/0"),
-        ("telemetry", "1"),
         ("session", "s1"),  # ended: the whole record again
+        ("telemetry_block", "1"),  # a commit's samples, after its other records
         ("hazard_space", '["cortex","v1"]'),
         ("investigation", "q"),
         ("investigation", "q"),  # interrupted
@@ -454,7 +538,7 @@ async def test_each_write_appends_its_entries_in_commit_order(store: Store, db: 
     payloads = [payload for *_, payload in entries]
     for table, stored in records.items():
         assert set(stored) <= set(payloads), table  # each row's record is its entry's payload
-    assert '"ended_at":"2025-03-01T12:01:00.123456Z"' in payloads[3]
+    assert '"ended_at":"2025-03-01T12:01:00.123456Z"' in payloads[2]
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,13 @@ sqlite3 shell); columns exist only for what is looked up or ordered, and derive 
 Ordering keys for time are integer UTC microseconds (naive datetimes are taken as UTC); the record
 keeps the datetime exactly as given.
 
+Telemetry is stored in blocks: a commit's samples of one session are one record (a row of
+`telemetry_blocks`, one chain entry), because a row and an entry per sample cost more than all the
+rest of ingest at sensor rates. The `telemetry_samples` view shows them one sample per row, with
+the per-sample rows a schema-3 store kept (table `telemetry`, no longer written).
+
 Audit chain (EU AI Act Art. 12): every write of a record (a session started or ended, a message, a
-telemetry sample, a hazard space, each save of an investigation, an event, an LLM exchange, an
+block of telemetry, a hazard space, each save of an investigation, an event, an LLM exchange, an
 agent's reputation) also
 appends, in the same transaction, an entry (seq, kind, ref, payload, prev_hash, hash) to the
 append-only `audit` table. `ref` is the record's key within its kind; `payload` is the record in
@@ -39,10 +44,11 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache, partial
+from operator import itemgetter
 from pathlib import Path
-from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
+from typing import Annotated, Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from poirotd.model import (
     AgentMessage,
@@ -62,7 +68,8 @@ IngestItem: TypeAlias = Session | SessionEnd | AgentMessage | TelemetrySample
 
 # 2: the audit chain; sessions keep their record as JSON like every other table.
 # 3: agents' reputations (a new table; a schema-2 store gains it empty when opened).
-SCHEMA_VERSION = 3
+# 4: telemetry in blocks (a new table; a schema-3 store keeps its per-sample rows as they are).
+SCHEMA_VERSION = 4
 _BUSY_TIMEOUT_MS = 5_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -86,6 +93,24 @@ CREATE TABLE IF NOT EXISTS telemetry (
     record      TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS telemetry_by_session_time ON telemetry (session_id, measured_us, id);
+CREATE TABLE IF NOT EXISTS telemetry_blocks (
+    id         INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions (session_id),
+    first_us   INTEGER NOT NULL,
+    last_us    INTEGER NOT NULL,
+    record     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS telemetry_blocks_by_session_time
+    ON telemetry_blocks (session_id, last_us, id);
+CREATE VIEW IF NOT EXISTS telemetry_samples
+    (session_id, component, signal, value, measured_at, block_id, position) AS
+SELECT session_id, json_extract(record, '$.component'), json_extract(record, '$.signal'),
+       json_extract(record, '$.value'), json_extract(record, '$.measured_at'), NULL, id
+FROM telemetry
+UNION ALL
+SELECT b.session_id, json_extract(s.value, '$[0]'), json_extract(s.value, '$[1]'),
+       json_extract(s.value, '$[2]'), json_extract(s.value, '$[3]'), b.id, s.key
+FROM telemetry_blocks AS b, json_each(b.record, '$.samples') AS s;
 CREATE TABLE IF NOT EXISTS hazard_spaces (
     system  TEXT NOT NULL,
     version TEXT NOT NULL,
@@ -149,10 +174,10 @@ _UPSERT_SESSION = (
     " ON CONFLICT (session_id) DO UPDATE SET record = excluded.record"
 )
 _INSERT_MESSAGE = "INSERT OR IGNORE INTO messages (session_id, idx, record) VALUES (?, ?, ?)"
-_INSERT_TELEMETRY = (
-    "INSERT INTO telemetry (id, session_id, measured_us, record) VALUES (?, ?, ?, ?)"
+_INSERT_TELEMETRY_BLOCK = (
+    "INSERT INTO telemetry_blocks (id, session_id, first_us, last_us, record)"
+    " VALUES (?, ?, ?, ?, ?)"
 )
-_NEXT_TELEMETRY_ID = "SELECT coalesce(max(id), 0) + 1 FROM telemetry"
 _PUT_HAZARD_SPACE = """
 INSERT INTO hazard_spaces (system, version, put_seq, record) VALUES (?, ?, ?, ?)
 ON CONFLICT (system, version) DO UPDATE SET put_seq = excluded.put_seq, record = excluded.record
@@ -280,6 +305,28 @@ class AlreadyConfirmedError(ValueError):
         self.confirmed = confirmed
 
 
+class TelemetryBlock(BaseModel):
+    """The record of one `telemetry_blocks` row: one commit's samples of one session."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    # (component, signal, value, measured_at), in arrival order.
+    samples: Annotated[list[tuple[str, str, float, datetime]], Field(min_length=1)]
+
+    def to_samples(self) -> list[TelemetrySample]:
+        return [
+            TelemetrySample(
+                session_id=self.session_id,
+                component=component,
+                signal=signal,
+                value=value,
+                measured_at=at,
+            )
+            for component, signal, value, at in self.samples
+        ]
+
+
 # Given an investigation and the stored reputations of its system, the reputations to store.
 Reassess: TypeAlias = Callable[[Investigation, dict[str, AgentReputation]], list[AgentReputation]]
 
@@ -369,14 +416,7 @@ class Store:
     ) -> list[TelemetrySample]:
         """The newest `limit` samples, oldest first (ties in time keep arrival order)."""
         _check_limit(limit)
-        rows = await self._read(
-            _all,
-            "SELECT record FROM (SELECT id, measured_us, record FROM telemetry"
-            " WHERE session_id = ? ORDER BY measured_us DESC, id DESC LIMIT ?)"
-            " ORDER BY measured_us, id",
-            (session_id, limit),
-        )
-        return [TelemetrySample.model_validate_json(record) for (record,) in rows]
+        return await self._read(_newest_telemetry, session_id, limit)
 
     # ------------------------------------------------------------ hazard spaces
 
@@ -685,25 +725,17 @@ def _commit_ingest(
             started.add(item.session_id)
         elif item.session_id not in sessions and item.session_id not in started:
             raise UnknownSessionError(item.session_id)
-    # Three passes over the batch (encode, store, chain), each in batch order: item by item,
-    # the three evict each other from the CPU caches (measured 1.5 times slower).
-    planned = [_ingest_row(item) for item in items]
+    # Encoded before the transaction, and stored, then chained, in passes: item by item, the
+    # three evict each other from the CPU caches (measured 1.5 times slower).
+    records = [item for item in items if not isinstance(item, TelemetrySample)]
+    planned = [_ingest_row(item) for item in records]
+    blocks = [_telemetry_block_row(block) for block in _telemetry_blocks(items)]
     with _transaction(conn) as chain:
         stored: list[tuple[AuditedTable, Row]] = []
-        # Samples are never ignored: numbered here (as SQLite would, max + 1, under the write
-        # lock) and inserted in one executemany, a fraction of a statement each.
-        samples: list[Row] = []
-        # Messages are inserted together too, after the sessions they need; a resent one is
+        # Messages are inserted together, after the sessions they need; a resent one is
         # ignored, which `_insert_messages` tells.
         messages: list[Row] = []
-        for item, (table, sql, row) in zip(items, planned, strict=True):
-            if table is _TELEMETRY:
-                if not samples:
-                    (first,) = conn.execute(_NEXT_TELEMETRY_ID).fetchone()
-                row = (first + len(samples), *row[1:])
-                samples.append(row)
-                stored.append((table, row))
-                continue
+        for item, (table, sql, row) in zip(records, planned, strict=True):
             if table is _MESSAGES:
                 messages.append(row)
                 stored.append((table, row))
@@ -712,12 +744,30 @@ def _commit_ingest(
                 row = _ended_session_row(conn, item)
             if (written := _store_row(conn, sql, row)) is not None:
                 stored.append((table, written))
-        conn.executemany(_INSERT_TELEMETRY, samples)
         if ignored := _insert_messages(conn, messages):
             stored = [(table, row) for table, row in stored if id(row) not in ignored]
+        for row in blocks:
+            written = _store_row(conn, _INSERT_TELEMETRY_BLOCK, row)
+            assert written is not None, "a telemetry block is never ignored"
+            stored.append((_TELEMETRY_BLOCKS, written))
         for table, row in stored:
             chain.append(table.kind, table.ref(row), row[-1])
     sessions.update(started)
+
+
+def _telemetry_blocks(items: Sequence[IngestItem]) -> list[TelemetryBlock]:
+    """The batch's samples as one block per session, each in arrival order."""
+    by_session: dict[str, list[tuple[str, str, float, datetime]]] = {}
+    for item in items:
+        if isinstance(item, TelemetrySample):
+            by_session.setdefault(item.session_id, []).append(
+                (item.component, item.signal, item.value, item.measured_at)
+            )
+    # Built from validated samples: constructed, not validated again.
+    return [
+        TelemetryBlock.model_construct(session_id=session_id, samples=samples)
+        for session_id, samples in by_session.items()
+    ]
 
 
 def _insert_messages(conn: sqlite3.Connection, rows: Sequence[Row]) -> set[int]:
@@ -739,6 +789,7 @@ def _insert_messages(conn: sqlite3.Connection, rows: Sequence[Row]) -> set[int]:
 
 
 def _ingest_row(item: IngestItem) -> tuple[AuditedTable, str, Row]:
+    """How a session start or end, or a message, is stored (samples go in blocks)."""
     match item:
         case Session():
             return _SESSIONS, _INSERT_SESSION, _session_row(item)
@@ -746,8 +797,6 @@ def _ingest_row(item: IngestItem) -> tuple[AuditedTable, str, Row]:
             return _SESSIONS, _UPSERT_SESSION, ()  # built when stored, from the stored session
         case AgentMessage():
             return _MESSAGES, _INSERT_MESSAGE, _message_row(item)
-        case TelemetrySample():
-            return _TELEMETRY, _INSERT_TELEMETRY, _telemetry_row(item)
         case _:
             raise TypeError(f"cannot ingest a {type(item).__name__}")
 
@@ -756,6 +805,41 @@ def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:
     session = _get_session(conn, end.session_id)
     assert session is not None, "_commit_ingest checked that the session exists"
     return _session_row(session.model_copy(update={"ended_at": end.ended_at}))
+
+
+# A sample's place in time, then in arrival order: (measured_us, 0, row id, 0) for a schema-3
+# row, which came before every block, and (measured_us, 1, block id, position) in a block.
+_SampleKey: TypeAlias = tuple[int, int, int, int]
+
+
+def _newest_telemetry(
+    conn: sqlite3.Connection, session_id: str, limit: int
+) -> list[TelemetrySample]:
+    """Reads blocks newest first and stops at the first one that holds nothing newer than the
+    `limit` newest samples read so far."""
+    newest: list[tuple[_SampleKey, TelemetrySample]] = [
+        ((us, 0, row_id, 0), TelemetrySample.model_validate_json(record))
+        for row_id, us, record in conn.execute(
+            "SELECT id, measured_us, record FROM telemetry WHERE session_id = ?"
+            " ORDER BY measured_us DESC, id DESC LIMIT ?",
+            (session_id, limit),
+        )
+    ]
+    blocks = conn.execute(
+        "SELECT id, last_us, record FROM telemetry_blocks WHERE session_id = ?"
+        " ORDER BY last_us DESC, id DESC",
+        (session_id,),
+    )
+    for block_id, last_us, record in blocks:
+        if len(newest) >= limit:
+            newest.sort(key=itemgetter(0))
+            del newest[:-limit]
+            if (last_us, 1, block_id) < newest[0][0][:3]:
+                break
+        samples = TelemetryBlock.model_validate_json(record).to_samples()
+        newest.extend(((_micros(s.measured_at), 1, block_id, i), s) for i, s in enumerate(samples))
+    newest.sort(key=itemgetter(0))
+    return [sample for _, sample in newest[-limit:]]
 
 
 def _get_session(conn: sqlite3.Connection, session_id: str) -> Session | None:
@@ -855,7 +939,13 @@ def _message_row(message: AgentMessage) -> Row:
 
 
 def _telemetry_row(sample: TelemetrySample, sample_id: int | None = None) -> Row:
+    """A schema-3 per-sample row (verified and read, no longer written)."""
     return (sample_id, sample.session_id, _micros(sample.measured_at), encode_record(sample))
+
+
+def _telemetry_block_row(block: TelemetryBlock, block_id: int | None = None) -> Row:
+    micros = [_micros(at) for *_, at in block.samples]
+    return (block_id, block.session_id, min(micros), max(micros), encode_record(block))
 
 
 def _hazard_space_row(space: HazardSpace, put_seq: int) -> Row:
@@ -912,6 +1002,13 @@ _TELEMETRY = AuditedTable(
     ref=lambda row: str(row[0]),
     expect=lambda row, _: _telemetry_row(TelemetrySample.model_validate_json(row[-1]), row[0]),
 )
+_TELEMETRY_BLOCKS = AuditedTable(
+    "telemetry_block",
+    "telemetry_blocks",
+    ("id", "session_id", "first_us", "last_us", "record"),
+    ref=lambda row: str(row[0]),
+    expect=lambda row, _: _telemetry_block_row(TelemetryBlock.model_validate_json(row[-1]), row[0]),
+)
 _HAZARD_SPACES = AuditedTable(
     "hazard_space",
     "hazard_spaces",
@@ -957,6 +1054,7 @@ AUDITED_TABLES = (
     _REPUTATIONS,
     _MESSAGES,
     _TELEMETRY,
+    _TELEMETRY_BLOCKS,
     _EVENTS,
     _EXCHANGES,
 )

@@ -81,7 +81,7 @@ async def stop(process: asyncio.subprocess.Process) -> int:
 
 def stored(db: Path) -> int:
     with sqlite3.connect(db) as conn:
-        (count,) = conn.execute("SELECT COUNT(*) FROM telemetry").fetchone()
+        (count,) = conn.execute("SELECT COUNT(*) FROM telemetry_samples").fetchone()
     return int(count)
 
 
@@ -119,8 +119,7 @@ async def test_simulated_gait_reaches_poirotd_even_when_it_was_down(
     assert exit_code == 0, log.read_text()
     with sqlite3.connect(db) as conn:
         score = conn.execute(
-            "SELECT json_extract(record, '$.value') FROM telemetry"
-            " WHERE json_extract(record, '$.signal') = 'proprioception_score'"
+            "SELECT value FROM telemetry_samples WHERE signal = 'proprioception_score'"
         ).fetchall()
     assert stored(db) == 1503 and score == [(2.0,)]  # Sensor-X: 6/8 reported as 2/8
     assert "bridge stopped" in log.read_text()

@@ -80,7 +80,9 @@ def forwarder(
 
 def stored_values(db: Path) -> list[float]:
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT json_extract(record, '$.value') FROM telemetry").fetchall()
+        rows = conn.execute(
+            "SELECT value FROM telemetry_samples ORDER BY block_id, position"
+        ).fetchall()
     return [value for (value,) in rows]
 
 
