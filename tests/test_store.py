@@ -35,6 +35,7 @@ from poirotd.model import (
     Vote,
 )
 from poirotd.store import (
+    IngestItem,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
@@ -239,7 +240,7 @@ async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
 ) -> None:
     naive = sample(2, 2.0).model_copy(update={"measured_at": datetime(2025, 3, 1, 12)})
     cest = sample(3, 3.0, sid="s2").model_copy(update={"measured_at": T0.astimezone(CEST)})
-    batch = [session(), session("s2"), sample(0, 0.5), cest, naive]
+    batch: list[IngestItem] = [session(), session("s2"), sample(0, 0.5), cest, naive]
     await store.commit_ingest(batch)
     with closing(sqlite3.connect(db)) as other:
         blocks = other.execute("SELECT id, session_id FROM telemetry_blocks").fetchall()
