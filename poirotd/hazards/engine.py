@@ -5,10 +5,12 @@ It is pure and synchronous: no I/O, no wall clock, no locks. Time is the data's 
 (``measured_at``, ``sent_at``, the ``now`` passed to ``tick``), so a replayed session fires
 exactly as the live one did. The caller owns concurrency and calls from one task.
 
-Each (session, component, signal) stream that some rule watches gets a preallocated window.
-A batch is split per stream, and each rule evaluates a stream's new samples (in chunks of at
-most ``CHUNK``) as whole arrays. Python-level work per sample is limited to reading its
-fields. A late sample (older than its stream's newest) is evaluated as if it arrived at the
+Each (session, component, signal) stream that some rule watches gets a window. A batch is
+split per stream, and each rule evaluates a stream's new samples (in chunks of at most
+``CHUNK``) as whole arrays. A stream watched only by value rules (threshold, range) first checks
+the chunk on plain floats: when no value hits and no rule waits for a clear, nothing can happen,
+and the arrays (whose per-call cost dominates the one-sample chunks of a sensor frame) are
+skipped. A late sample (older than its stream's newest) is evaluated as if it arrived at the
 stream's newest time, so that windows and cooldowns never run backwards. It is not dropped.
 
 State is kept per session until ``end_session`` is called.
@@ -26,7 +28,13 @@ import numpy as np
 from poirotd.hazards.composite import Combination, Hits
 from poirotd.hazards.gate import Gate
 from poirotd.hazards.messages import FlagMatcher, PatternMatcher, matcher_for
-from poirotd.hazards.signals import Condition, Reading, condition_for, consecutive
+from poirotd.hazards.signals import (
+    Condition,
+    Reading,
+    ValueCondition,
+    condition_for,
+    consecutive,
+)
 from poirotd.hazards.spec import (
     AgentFlagRule,
     AllRule,
@@ -38,7 +46,7 @@ from poirotd.hazards.spec import (
     StaleRule,
     parse_rules,
 )
-from poirotd.hazards.window import CHUNK, SignalWindow
+from poirotd.hazards.window import CHUNK, SignalWindow, View
 from poirotd.model import AgentMessage, HazardEvent, TelemetrySample
 
 Signal = tuple[str, str]
@@ -70,6 +78,9 @@ class _Stream:
             _RuleState(rule, condition, Gate(rule.cooldown_seconds, latching=True))
             for rule, condition in rules
         ]
+        # Only rules on the value itself (threshold, range): a chunk that none of them hits
+        # while none is latched needs no arrays at all (see RuleEngine._quiet).
+        self.values_only = all(isinstance(c, ValueCondition) for _, c in rules)
 
 
 @dataclass
@@ -128,6 +139,9 @@ class RuleEngine:
                 groups.setdefault((s.session_id, s.component, s.signal), []).append(s)
         out = _Round()
         for key, group in groups.items():
+            if len(group) <= CHUNK:
+                self._observe_chunk(key, group, out)
+                continue
             for start in range(0, len(group), CHUNK):
                 self._observe_chunk(key, group[start : start + CHUNK], out)
         self._combine(out)
@@ -195,9 +209,17 @@ class RuleEngine:
             gate = self._gates.get((stale.name, session))
             if gate is not None:
                 gate.latched = False
-        view = stream.window.append(chunk)
+        if stream.values_only:
+            clamped = stream.window.record(chunk)
+            self._sessions.setdefault(session, clamped[0])
+            values = [s.value for s in chunk]
+            if _quiet(stream, values):
+                return
+            view = View(np.array(clamped, np.float64), np.array(values, np.float64), 0)
+        else:
+            view = stream.window.append(chunk)
+            self._sessions.setdefault(session, float(view.t[view.first]))
         times = view.t[view.first :]
-        self._sessions.setdefault(session, float(times[0]))
         for state in stream.states:
             rule, condition = state.rule, state.condition
             reading = condition.read(view)
@@ -283,6 +305,18 @@ class RuleEngine:
             if stream is not None:
                 evidence.extend(stream.window.evidence_at(t, each))
         return tuple(evidence[:limit])
+
+
+def _quiet(stream: _Stream, values: Sequence[float]) -> bool:
+    """Whether a chunk changes nothing for a values-only stream: no rule is latched (waiting
+    for a clear) and no value hits. Then every rule's run of consecutive hits is over. Decided
+    on plain floats; the arrays are built only when something happens."""
+    for state in stream.states:
+        if state.gate.latched or state.condition.levels.hit_any(values):
+            return False
+    for state in stream.states:
+        state.run = 0
+    return True
 
 
 def _event(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,14 @@ class Levels:
         if self.above == math.inf:
             return x < self.below
         return (x > self.above) | (x < self.below)
+
+    def hit_any(self, values: Sequence[float]) -> bool:
+        """`hits(values).any()` on plain floats, for chunks too small to be worth an array."""
+        above, below = self.above, self.below
+        for x in values:  # noqa: SIM110 - any() builds a generator per call; this runs per chunk
+            if x > above or x < below:
+                return True
+        return False
 
     def clears(self, x: FloatArray) -> BoolArray:
         return (x >= self.clear_below) & (x <= self.clear_above)

@@ -17,6 +17,7 @@ offset, such as prices.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import deque
@@ -120,39 +121,51 @@ class View:
 
 
 class SignalWindow:
-    """What the engine keeps of one (session, component, signal) stream."""
+    """What the engine keeps of one (session, component, signal) stream: its newest samples with
+    their times (evidence), and, when a rule looks back (``lookback`` > 0), the ring buffers and
+    running sums that rule reads."""
 
     def __init__(self, lookback: int, evidence_limit: int, *, sums: bool) -> None:
         self.lookback = lookback
-        history = max(lookback, evidence_limit - 1)
-        self._times = RingBuffer(history, CHUNK, np.float64)
-        self._values = RingBuffer(history, CHUNK, np.float64)
-        # Read only when a rule fires, so a deque: appending is cheaper than numpy's.
-        self._samples: deque[TelemetrySample] = deque(maxlen=max(evidence_limit - 1, 0) + CHUNK)
-        self._sums = RingBuffer(history, CHUNK, np.float64) if sums else None
-        self._squares = RingBuffer(history, CHUNK, np.float64) if sums else None
+        # Read only when a rule fires, so deques: appending is cheaper than numpy's.
+        held = max(evidence_limit - 1, 0) + CHUNK
+        self._samples: deque[TelemetrySample] = deque(maxlen=held)
+        self._sample_times: deque[float] = deque(maxlen=held)
+        self._times = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
+        self._values = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
+        self._sums = RingBuffer(lookback, CHUNK, np.float64) if sums else None
+        self._squares = RingBuffer(lookback, CHUNK, np.float64) if sums else None
         self._ref = math.nan
         self.last_time = -math.inf
 
-    def append(self, chunk: Sequence[TelemetrySample]) -> View:
-        """Store up to CHUNK samples and return the view rules read.
+    def record(self, chunk: Sequence[TelemetrySample]) -> list[float]:
+        """Keep up to CHUNK samples as evidence and return their times.
 
         A late sample, older than the stream's newest, gets the newest time, so that windows
         and cooldowns never run backwards. Events still report its own ``measured_at``.
         """
-        # Small chunks are the common case (a frame's 50 signals are 50 chunks of one): numpy
-        # calls are kept few, and lists beat np.fromiter on generators at every size.
-        n = len(chunk)
-        t = np.array([s.measured_at.timestamp() for s in chunk], np.float64)
-        if n > 1:
-            np.maximum.accumulate(t, out=t)
-        if t[0] < self.last_time:  # t is non-decreasing now: only its start can be late
-            np.maximum(t, self.last_time, out=t)
+        # Plain floats: a frame's 50 signals are 50 chunks of one, where numpy's per-call cost
+        # would be most of the work.
+        times = []
+        last = self.last_time
+        for sample in chunk:
+            t = sample.measured_at.timestamp()
+            last = t if t > last else last
+            times.append(last)
+        self._samples.extend(chunk)
+        self._sample_times.extend(times)
+        self.last_time = last
+        return times
+
+    def append(self, chunk: Sequence[TelemetrySample]) -> View:
+        """`record`, then the view rules read: the lookback's history and the chunk."""
+        t = np.array(self.record(chunk), np.float64)
         v = np.array([s.value for s in chunk], np.float64)
+        if self._times is None or self._values is None:
+            return View(t, v, 0)
         self._times.append(t)
         self._values.append(v)
-        self._samples.extend(chunk)
-        self.last_time = float(t[-1])
+        n = len(chunk)
         span = self.lookback + n
         t_view, v_view = self._times.tail(span), self._values.tail(span)
         first = len(t_view) - n
@@ -174,7 +187,6 @@ class SignalWindow:
 
     def evidence_at(self, t: float, limit: int) -> tuple[TelemetrySample, ...]:
         """The newest ``limit`` samples at or before time ``t``."""
-        k = min(len(self._times), len(self._samples))
-        end = int(np.searchsorted(self._times.tail(k), t, side="right"))
-        held = list(itertools.islice(self._samples, len(self._samples) - k, None))
-        return tuple(held[max(0, end - limit) : end])
+        end = bisect.bisect_right(self._sample_times, t)
+        held = list(itertools.islice(self._samples, max(0, end - limit), end))
+        return tuple(held)

@@ -387,6 +387,31 @@ def test_a_batch_of_messages_fires_as_its_messages_one_by_one() -> None:
     assert engine(*rules).observe_messages(messages) == expected
 
 
+@pytest.mark.parametrize("batch", [1, 3, 50])
+def test_value_rules_fire_the_same_with_or_without_arrays(batch: int) -> None:
+    """A stream watched only by value rules (threshold, range) skips its arrays on chunks that
+    change nothing; with a rate rule beside them (never firing) every chunk takes the array
+    path. Both must fire the same events, evidence included, also on late samples."""
+    rng = np.random.default_rng(11)
+    values = np.cumsum(rng.normal(0.0, 1.0, 3000))
+    times = np.arange(3000) * 0.01
+    late = rng.random(3000) < 0.05
+    times[late] -= 0.5  # late samples: evaluated at the stream's newest time
+    samples = [sample(float(v), float(t)) for v, t in zip(values, times, strict=True)]
+    value_rules = [
+        rule("threshold", "hot", above=8.0, clear_above=6.0, cooldown_seconds=0.2),
+        rule("threshold", "run", below=-8.0, for_samples=3, cooldown_seconds=0.0),
+        rule("range", "band", min=-12.0, max=12.0, hysteresis=1.0, cooldown_seconds=0.5),
+    ]
+    never = rule("rate", "never", max_rate_per_second=1e12)
+    plain = feed(engine(*value_rules, evidence_limit=5), samples, batch)
+    arrays = feed(engine(*value_rules, never, evidence_limit=5), samples, batch)
+    assert len(plain) > 20
+    assert [(e.rule, e.at, e.summary, e.evidence) for e in plain] == [
+        (e.rule, e.at, e.summary, e.evidence) for e in arrays
+    ]
+
+
 # ------------------------------------------------------------------ evidence and robustness
 
 
