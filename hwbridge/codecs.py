@@ -202,6 +202,7 @@ class FrameCodec:
         self.size = self._struct.size
         self._fields = tuple(fields)
         self._time_index = None if timestamp_field is None else fields.index(timestamp_field)
+        self._value_fields = [(i, f) for i, f in enumerate(fields) if i != self._time_index]
         self._unit = timestamp_unit
 
     def decode(self, payload: bytes, received_at: datetime) -> list[Reading]:
@@ -217,10 +218,11 @@ class FrameCodec:
                 if stamp is None:
                     raise DecodeError("frame timestamp is NaN")
                 at = epoch_to_datetime(stamp, self._unit)
-            for index, (name, raw) in enumerate(zip(self._fields, frame, strict=True)):
-                if index == self._time_index:
-                    continue
-                value = _number(name, raw)
+            for index, name in self._value_fields:
+                raw = frame[index]
+                # A finite float, the usual case, is taken as is (inf - inf and NaN - NaN are
+                # NaN); anything else gets _number's checks.
+                value = raw if type(raw) is float and raw - raw == 0.0 else _number(name, raw)
                 if value is not None:
                     readings.append(Reading(name, value, at))
         if not readings:

@@ -20,11 +20,15 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from pydantic import TypeAdapter
+
 from hwbridge.codecs import DecodeError
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.topics import Router
 from poirotd.model import TelemetrySample
+
+_SAMPLES = TypeAdapter(list[TelemetrySample])
 
 # The in-process consumer interface: returns once the sink has taken responsibility for the
 # samples; raising means it has not, and nothing from that batch on is acknowledged.
@@ -96,22 +100,22 @@ class TelemetryInput:
             # configuration until they are unsubscribed.
             raise DecodeError("no mapping for this topic")
         route, captures = resolved
-        samples = []
+        rows = []
         for reading in route.codec.decode(delivery.payload, delivery.received_at):
-            component = route.component.render(reading.field, delivery.source, captures)
-            signal = route.signal.render(reading.field, delivery.source, captures)
+            component, signal = route.names(reading.field, delivery.source, captures)
             if not component or not signal:
                 raise DecodeError(f"field {reading.field!r} maps to an empty component or signal")
-            samples.append(
-                TelemetrySample(
-                    session_id=self._session_id,
-                    component=component,
-                    signal=signal,
-                    value=reading.value,
-                    measured_at=reading.measured_at,
-                )
+            rows.append(
+                {
+                    "session_id": self._session_id,
+                    "component": component,
+                    "signal": signal,
+                    "value": reading.value,
+                    "measured_at": reading.measured_at,
+                }
             )
-        return samples
+        # One validation call for the whole payload: a model per reading costs a third more.
+        return _SAMPLES.validate_python(rows)
 
     async def run(self, deliveries: AsyncIterable[Delivery]) -> None:
         """Runs until the deliveries end (everything then acked) or the task is cancelled.

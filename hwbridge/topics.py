@@ -11,7 +11,7 @@ import string
 
 from hwbridge.codecs import Codec
 
-# Distinct (field, topic, captures) a template remembers its rendering for.
+# Distinct (field, topic, captures) a route remembers its names for.
 _RENDER_CACHE = 4096
 
 
@@ -66,11 +66,8 @@ class Template:
         if unknown:
             raise ValueError(f"template {text!r} uses {unknown}; allowed here: {sorted(allowed)}")
         self.text = text
-        # Rendered once per reading, from few distinct inputs: a bounded cache saves the
-        # formatting (a sizeable share of a reading's decode cost).
-        self.render = functools.lru_cache(maxsize=_RENDER_CACHE)(self._render)
 
-    def _render(self, field: str, topic: str, captures: tuple[str, ...]) -> str:
+    def render(self, field: str, topic: str, captures: tuple[str, ...]) -> str:
         values = {f"w{i}": capture for i, capture in enumerate(captures, start=1)}
         return self.text.format_map({"field": field, "topic": topic, **values})
 
@@ -83,6 +80,15 @@ class Route:
         self.component = Template(component, topic_filter.wildcards)
         self.signal = Template(signal, topic_filter.wildcards)
         self.codec = codec
+        # Looked up once per reading, from few distinct inputs: one cache for both names.
+        self.names = functools.lru_cache(maxsize=_RENDER_CACHE)(self._names)
+
+    def _names(self, field: str, topic: str, captures: tuple[str, ...]) -> tuple[str, str]:
+        """(component, signal) for a reading of `field` on `topic`."""
+        return (
+            self.component.render(field, topic, captures),
+            self.signal.render(field, topic, captures),
+        )
 
 
 class Router:
