@@ -42,6 +42,7 @@ from bench.agents import CONTENT, SENDERS
 from bench.broker import MAX_INFLIGHT, mosquitto
 from bench.publisher import FRAME_SIGNALS, SPIKE, SPIKE_PERIOD
 from poirotd import logs
+from poirotd.collector import tune_for_daemon
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
@@ -1037,6 +1038,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="memory run length (full)")
     args = parser.parse_args()
     logs.configure("warning", "json")
+    # The daemon's process runs with this collector setting (Daemon.run_until_signalled); the
+    # in-process runs here mirror it, the baselines alike.
+    tune_for_daemon()
     p = plan(args.quick, args.minutes)
     text = reflow(section(p, asyncio.run(until_signalled(run(p)))))
     report.write_section(_section(p.mode), text)

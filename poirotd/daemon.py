@@ -14,6 +14,7 @@ from wsgiref.simple_server import WSGIServer
 import structlog
 from prometheus_client import start_http_server
 
+from poirotd.collector import tune_for_daemon
 from poirotd.config import Settings, SystemSpec
 from poirotd.events import EventBus
 from poirotd.inputs import MqttInput
@@ -150,6 +151,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
+        tune_for_daemon()
         if ready_file is not None:
             _write_ready_file(ready_file, self.grpc_port, self.metrics_port)
         await stop.wait()
