@@ -35,6 +35,8 @@ log = structlog.get_logger(__name__)
 
 # Room left in the client's buffer when reading pauses (see _Valve).
 _READ_SLACK = 16
+# Packets read from the broker's socket per event-loop turn at most (see _Valve).
+_READ_BURST = 256
 
 
 @dataclass
@@ -101,10 +103,12 @@ class _Valve:
     burst, and past queue_size aiomqtt drops messages that then wait un-acked at the broker until
     a reconnect. Paused, the broker keeps the backlog; the buffer, hence memory, stays bounded.
 
-    aiomqtt registers its own socket reader and offers no pause, so resuming registers this
-    valve's reader in its place; it does what aiomqtt's does for a plain TCP socket. Armed only
-    once subscribed: before that, nothing takes messages from the buffer, and a pause would also
-    hold back the SUBACK.
+    aiomqtt registers its own socket reader, which offers no pause and reads one packet per
+    event-loop turn (paho's loop_read): every message then costs a turn of its own, and the
+    pipeline sees batches of one. Arming replaces it with this valve's reader, which reads up to
+    `_READ_BURST` packets per turn and otherwise does what aiomqtt's does for a plain TCP
+    socket. Armed only once subscribed: before that, nothing takes messages from the buffer, and
+    a pause would also hold back the SUBACK.
     """
 
     def __init__(self, high: int, stats: MqttStats) -> None:
@@ -116,6 +120,10 @@ class _Valve:
 
     def arm(self, client: paho.Client) -> None:
         self._paho = client
+        sock = client.socket()
+        loop = asyncio.get_running_loop()
+        if sock is not None and loop.remove_reader(sock.fileno()):
+            loop.add_reader(sock.fileno(), self._read)
         if self.buffer is not None:
             self.after_put(self.buffer.qsize())
 
@@ -136,9 +144,15 @@ class _Valve:
             asyncio.get_running_loop().add_reader(fd, self._read)
 
     def _read(self) -> None:
-        assert self._paho is not None
+        """Reads packets until none completes (a non-PUBLISH packet also ends the burst; the
+        next turn reads on), the valve pauses, or `_READ_BURST` is reached."""
+        assert self._paho is not None and self.buffer is not None
         try:
-            self._paho.loop_read()
+            for _ in range(_READ_BURST):
+                before = self.buffer.qsize()
+                self._paho.loop_read()
+                if self._paused_fd is not None or self.buffer.qsize() == before:
+                    return
         except Exception as exc:  # aiomqtt's reader ends the connection likewise
             log.warning("mqtt read failed; disconnecting", error=repr(exc))
             self._paho.disconnect()
