@@ -264,7 +264,10 @@ class _Investigating:
             self._record.session_id, limit=_EVIDENCE_SAMPLES
         )
         if samples:
-            lines.append("Hardware telemetry (latest samples):\n" + summarise_window(samples))
+            # Thousands of samples: summarised off the event loop, which meanwhile keeps
+            # evaluating hazard rules on arriving telemetry.
+            summary = await asyncio.to_thread(summarise_window, samples)
+            lines.append("Hardware telemetry (latest samples):\n" + summary)
         return "\n".join(lines)
 
     async def _fail(self, error: str, started: float) -> None:
