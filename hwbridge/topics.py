@@ -11,7 +11,8 @@ import string
 
 from hwbridge.codecs import Codec
 
-# Distinct (field, topic, captures) a route remembers its names for.
+# Distinct (field, topic, captures) a route remembers its names for, and topics a router
+# remembers its route for.
 _RENDER_CACHE = 4096
 
 
@@ -96,8 +97,10 @@ class Router:
 
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
+        # Resolved once per delivery, from few distinct topics.
+        self.resolve = functools.lru_cache(maxsize=_RENDER_CACHE)(self._resolve)
 
-    def resolve(self, topic: str) -> tuple[Route, tuple[str, ...]] | None:
+    def _resolve(self, topic: str) -> tuple[Route, tuple[str, ...]] | None:
         for route in self.routes:
             captures = route.filter.match(topic)
             if captures is not None:
