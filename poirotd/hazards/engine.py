@@ -79,7 +79,7 @@ class _Stream:
             for rule, condition in rules
         ]
         # Only rules on the value itself (threshold, range): a chunk that none of them hits
-        # while none is latched needs no arrays at all (see RuleEngine._quiet).
+        # while none is latched needs no arrays at all (see _quiet).
         self.values_only = all(isinstance(c, ValueCondition) for _, c in rules)
 
 

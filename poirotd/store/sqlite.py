@@ -16,8 +16,10 @@ keeps the datetime exactly as given.
 
 Telemetry is stored in blocks: a commit's samples of one session are one record (a row of
 `telemetry_blocks`, one chain entry), because a row and an entry per sample cost more than all the
-rest of ingest at sensor rates. The `telemetry_samples` view shows them one sample per row, with
-the per-sample rows a schema-3 store kept (table `telemetry`, no longer written).
+rest of ingest at sensor rates; `first_us` and `last_us` bound a block's samples in time (the
+newest-first read orders by `last_us`). The `telemetry_samples` view shows them one sample per
+row (`block_id`, `position`), with the per-sample rows a schema-3 store kept (table `telemetry`,
+no longer written; `block_id` NULL, `position` its row id).
 
 Audit chain (EU AI Act Art. 12): every write of a record (a session started or ended, a message, a
 block of telemetry, a hazard space, each save of an investigation, an event, an LLM exchange, an
