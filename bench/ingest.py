@@ -867,7 +867,7 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   thread taking the GIL, an investigation's own work, and the cyclic garbage collector. The
   daemon freezes what start-up built and collects the young generation every 50,000 net
   allocations instead of 700 (`poirotd/collector.py`): the collector ran
-  {lat["collections"]} times in this run, the longest {lat["collection_max"]:.0f} ms. An
+  {_times(lat["collections"])} in this run, the longest {lat["collection_max"]:.0f} ms. An
   investigation's telemetry summary (thousands of samples) runs off the loop. The store alone
   commits {store_rate:,.0f} telemetry samples/s here, so {lat["offered"]:,.0f} samples/s is
   {lat["offered"] / store_rate:.0%} of its capacity; the daemon was at {lat["cpu"]:.0%} of a
@@ -893,6 +893,10 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   queue, and CPython keeps its high-water mark in its arenas. {_kept_up(rss)}
 
 {report.end_marker(_section(p.mode))}"""
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
 
 
 def _listed(values: Sequence[float]) -> str:
