@@ -46,7 +46,7 @@ from poirotd.hazards.spec import (
     StaleRule,
     parse_rules,
 )
-from poirotd.hazards.window import CHUNK, SignalWindow, View
+from poirotd.hazards.window import CHUNK, SignalWindow
 from poirotd.model import AgentMessage, HazardEvent, TelemetrySample
 
 Signal = tuple[str, str]
@@ -209,16 +209,12 @@ class RuleEngine:
             gate = self._gates.get((stale.name, session))
             if gate is not None:
                 gate.latched = False
-        if stream.values_only:
-            clamped = stream.window.record(chunk)
-            self._sessions.setdefault(session, clamped[0])
-            values = [s.value for s in chunk]
-            if _quiet(stream, values):
-                return
-            view = View(np.array(clamped, np.float64), np.array(values, np.float64), 0)
-        else:
-            view = stream.window.append(chunk)
-            self._sessions.setdefault(session, float(view.t[view.first]))
+        clamped = stream.window.record(chunk)
+        self._sessions.setdefault(session, clamped[0])
+        values = [s.value for s in chunk]
+        if stream.values_only and _quiet(stream, values):
+            return
+        view = stream.window.view(clamped, values)
         times = view.t[view.first :]
         for state in stream.states:
             rule, condition = state.rule, state.condition

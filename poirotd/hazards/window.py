@@ -157,15 +157,16 @@ class SignalWindow:
         self.last_time = last
         return times
 
-    def append(self, chunk: Sequence[TelemetrySample]) -> View:
-        """`record`, then the view rules read: the lookback's history and the chunk."""
-        t = np.array(self.record(chunk), np.float64)
-        v = np.array([s.value for s in chunk], np.float64)
+    def view(self, times: Sequence[float], values: Sequence[float]) -> View:
+        """The view rules read for a chunk just recorded (its times as `record` returned them,
+        its values): the lookback's history, then the chunk."""
+        t = np.array(times, np.float64)
+        v = np.array(values, np.float64)
         if self._times is None or self._values is None:
             return View(t, v, 0)
         self._times.append(t)
         self._values.append(v)
-        n = len(chunk)
+        n = len(t)
         span = self.lookback + n
         t_view, v_view = self._times.tail(span), self._values.tail(span)
         first = len(t_view) - n
@@ -188,5 +189,4 @@ class SignalWindow:
     def evidence_at(self, t: float, limit: int) -> tuple[TelemetrySample, ...]:
         """The newest ``limit`` samples at or before time ``t``."""
         end = bisect.bisect_right(self._sample_times, t)
-        held = list(itertools.islice(self._samples, max(0, end - limit), end))
-        return tuple(held)
+        return tuple(itertools.islice(self._samples, max(0, end - limit), end))

@@ -44,7 +44,8 @@ def test_window_stats_match_numpy(window: dict[str, Any], offset: float) -> None
     i = 0
     while i < len(samples):
         n = int(rng.integers(1, CHUNK + 1))
-        view = stream.append(samples[i : i + n])
+        chunk = samples[i : i + n]
+        view = stream.view(stream.record(chunk), [s.value for s in chunk])
         count, mean, std = view.stats(spec, include_newest=True)
         for k in rng.integers(0, len(count), 5):
             newest = i + int(k)
