@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,6 +57,20 @@ class SessionEnd(Frozen):
 
 class TelemetrySample(Frozen):
     session_id: str
+    component: str
+    signal: str
+    value: float
+    measured_at: datetime
+
+    @property
+    def reading(self) -> Reading:
+        return Reading(self.component, self.signal, self.value, self.measured_at)
+
+
+class Reading(NamedTuple):
+    """A telemetry sample of a known session as the store reads it back: a plain tuple, since an
+    incident's summary reads thousands while the event loop waits for the interpreter."""
+
     component: str
     signal: str
     value: float

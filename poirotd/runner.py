@@ -260,13 +260,13 @@ class _Investigating:
                 f"Rule {self._record.trigger.rule} ({self._record.trigger.severity}): "
                 f"{self._record.trigger.summary}"
             )
-        samples = await self._r._store.session_telemetry(
+        readings = await self._r._store.newest_readings(
             self._record.session_id, limit=_EVIDENCE_SAMPLES
         )
-        if samples:
-            # Thousands of samples: summarised off the event loop, which meanwhile keeps
+        if readings:
+            # Thousands of readings: summarised off the event loop, which meanwhile keeps
             # evaluating hazard rules on arriving telemetry.
-            summary = await asyncio.to_thread(summarise_window, samples)
+            summary = await asyncio.to_thread(summarise_window, readings)
             lines.append("Hardware telemetry (latest samples):\n" + summary)
         return "\n".join(lines)
 

@@ -29,6 +29,7 @@ from poirotd.model import (
     MessageKind,
     Phase,
     PhaseTiming,
+    Reading,
     Session,
     SessionEnd,
     TelemetrySample,
@@ -84,6 +85,10 @@ def sample(seconds: float, value: float, sid: str = "s1") -> TelemetrySample:
         value=value,
         measured_at=T0 + timedelta(seconds=seconds),
     )
+
+
+def readings(*samples: TelemetrySample) -> list[Reading]:
+    return [s.reading for s in samples]
 
 
 def investigation(
@@ -186,7 +191,7 @@ async def test_a_batch_may_start_a_session_and_use_it(store: Store) -> None:
     )
     assert store.has_session("s1")
     assert len(await store.session_messages("s1")) == 1
-    assert len(await store.session_telemetry("s1")) == 1
+    assert len(await store.newest_readings("s1")) == 1
 
 
 async def test_calls_commit_in_submission_order(store: Store) -> None:
@@ -206,16 +211,16 @@ async def test_an_unknown_session_refuses_the_whole_batch(store: Store) -> None:
 async def test_telemetry_returns_the_newest_samples_in_time_order(store: Store) -> None:
     later_first = [sample(3, 3.0), sample(1, 1.0), sample(2, 2.0), sample(0, 0.0)]
     await store.commit_ingest([session(), *later_first, sample(1, 1.5)])
-    assert await store.session_telemetry("s1") == [
+    assert await store.newest_readings("s1") == readings(
         sample(0, 0.0),
         sample(1, 1.0),
         sample(1, 1.5),
         sample(2, 2.0),
         sample(3, 3.0),
-    ]
-    assert await store.session_telemetry("s1", limit=2) == [sample(2, 2.0), sample(3, 3.0)]
+    )
+    assert await store.newest_readings("s1", limit=2) == readings(sample(2, 2.0), sample(3, 3.0))
     with pytest.raises(ValueError, match="limit"):
-        await store.session_telemetry("s1", limit=0)
+        await store.newest_readings("s1", limit=0)
 
 
 async def test_telemetry_across_blocks_is_the_newest_in_time_then_arrival_order(
@@ -232,7 +237,7 @@ async def test_telemetry_across_blocks_is_the_newest_in_time_then_arrival_order(
         start += size
     in_order = [s for _, s in sorted(enumerate(arrived), key=lambda p: (p[1].measured_at, p[0]))]
     for limit in (1, 2, 17, 100, 299, 300, 1_000):
-        assert await store.session_telemetry("s1", limit=limit) == in_order[-limit:], limit
+        assert await store.newest_readings("s1", limit=limit) == readings(*in_order[-limit:])
 
 
 async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
@@ -255,8 +260,8 @@ async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
         ("s2", "knee_motor", "torque", 3.0, "2025-03-01T14:00:00.123456+02:00", 2, 0),
     ]
     # Each datetime comes back as given (naive stays naive, an offset stays), ordered as UTC.
-    assert await store.session_telemetry("s1") == [naive, sample(0, 0.5)]
-    assert await store.session_telemetry("s2") == [cest]
+    assert await store.newest_readings("s1") == readings(naive, sample(0, 0.5))
+    assert await store.newest_readings("s2") == readings(cest)
 
 
 async def test_a_schema_3_store_keeps_its_sample_rows_and_adds_blocks(db: Path) -> None:
@@ -265,13 +270,10 @@ async def test_a_schema_3_store_keeps_its_sample_rows_and_adds_blocks(db: Path) 
     store = await Store.open(db)
     try:
         await store.commit_ingest([sample(2, 2.0), sample(3, 3.5)])
-        assert await store.session_telemetry("s1") == [
-            old[0],
-            sample(2, 2.0),
-            old[1],
-            sample(3, 3.5),
-        ]
-        assert await store.session_telemetry("s1", limit=2) == [old[1], sample(3, 3.5)]
+        assert await store.newest_readings("s1") == readings(
+            old[0], sample(2, 2.0), old[1], sample(3, 3.5)
+        )
+        assert await store.newest_readings("s1", limit=2) == readings(old[1], sample(3, 3.5))
     finally:
         await store.close()
     assert verify(db).ok
@@ -323,7 +325,7 @@ async def test_everything_survives_a_reopen(db: Path) -> None:
         assert second.has_session("s1")
         assert not second.has_session("s2")
         assert await second.session_messages("s1") == [message(0)]
-        assert await second.session_telemetry("s1") == [sample(0, 1.0)]
+        assert await second.newest_readings("s1") == readings(sample(0, 1.0))
         assert await second.get_hazard_space("cortex", "v1") == space()
         assert await second.get_investigation("i1") == investigation("i1")
         assert await second.events_after(0) == [stored]

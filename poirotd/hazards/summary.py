@@ -11,22 +11,22 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from poirotd.model import TelemetrySample
+from poirotd.model import Reading
 
 
 def _num(x: float) -> str:
     return f"{x:.4g}"
 
 
-def summarise_window(samples: Iterable[TelemetrySample], *, max_signals: int = 8) -> str:
+def summarise_window(readings: Iterable[Reading], *, max_signals: int = 8) -> str:
     """Per signal: sample count, time span, min, mean, max and last value.
 
     With ``max_signals`` 8 or fewer and ordinary names, this stays under about 100 characters per
     signal.
     """
-    by_signal: dict[tuple[str, str], list[TelemetrySample]] = {}
-    for s in samples:
-        by_signal.setdefault((s.component, s.signal), []).append(s)
+    by_signal: dict[tuple[str, str], list[Reading]] = {}
+    for r in readings:
+        by_signal.setdefault((r.component, r.signal), []).append(r)
     if not by_signal:
         return "telemetry: no samples"
     start = min(s.measured_at for group in by_signal.values() for s in group)

@@ -61,6 +61,7 @@ from poirotd.model import (
     InvestigationEvent,
     InvestigationState,
     LLMExchange,
+    Reading,
     Session,
     SessionEnd,
     TelemetrySample,
@@ -316,18 +317,6 @@ class TelemetryBlock(BaseModel):
     # (component, signal, value, measured_at), in arrival order.
     samples: Annotated[list[tuple[str, str, float, datetime]], Field(min_length=1)]
 
-    def to_samples(self) -> list[TelemetrySample]:
-        return [
-            TelemetrySample(
-                session_id=self.session_id,
-                component=component,
-                signal=signal,
-                value=value,
-                measured_at=at,
-            )
-            for component, signal, value, at in self.samples
-        ]
-
 
 # Given an investigation and the stored reputations of its system, the reputations to store.
 Reassess: TypeAlias = Callable[[Investigation, dict[str, AgentReputation]], list[AgentReputation]]
@@ -413,12 +402,10 @@ class Store:
         )
         return [AgentMessage.model_validate_json(record) for (record,) in rows]
 
-    async def session_telemetry(
-        self, session_id: str, *, limit: int = 10_000
-    ) -> list[TelemetrySample]:
-        """The newest `limit` samples, oldest first (ties in time keep arrival order)."""
+    async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]:
+        """The session's newest `limit` samples, oldest first (ties in time keep arrival order)."""
         _check_limit(limit)
-        return await self._read(_newest_telemetry, session_id, limit)
+        return await self._read(_newest_readings, session_id, limit)
 
     # ------------------------------------------------------------ hazard spaces
 
@@ -814,19 +801,20 @@ def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:
 _SampleKey: TypeAlias = tuple[int, int, int, int]
 
 
-def _newest_telemetry(
-    conn: sqlite3.Connection, session_id: str, limit: int
-) -> list[TelemetrySample]:
+def _newest_readings(conn: sqlite3.Connection, session_id: str, limit: int) -> list[Reading]:
     """Reads blocks newest first and stops at the first one that holds nothing newer than the
-    `limit` newest samples read so far."""
-    newest: list[tuple[_SampleKey, TelemetrySample]] = [
-        ((us, 0, row_id, 0), TelemetrySample.model_validate_json(record))
-        for row_id, us, record in conn.execute(
-            "SELECT id, measured_us, record FROM telemetry WHERE session_id = ?"
-            " ORDER BY measured_us DESC, id DESC LIMIT ?",
-            (session_id, limit),
-        )
-    ]
+    `limit` newest samples read so far. Records are decoded by `json.loads`, not validated:
+    the store wrote them from validated samples, and `verify` checks they were not altered."""
+    newest: list[tuple[_SampleKey, Reading]] = []
+    for row_id, us, record in conn.execute(
+        "SELECT id, measured_us, record FROM telemetry WHERE session_id = ?"
+        " ORDER BY measured_us DESC, id DESC LIMIT ?",
+        (session_id, limit),
+    ):
+        sample = json.loads(record)
+        at = datetime.fromisoformat(sample["measured_at"])
+        reading = Reading(sample["component"], sample["signal"], sample["value"], at)
+        newest.append(((us, 0, row_id, 0), reading))
     blocks = conn.execute(
         "SELECT id, last_us, record FROM telemetry_blocks WHERE session_id = ?"
         " ORDER BY last_us DESC, id DESC",
@@ -838,10 +826,12 @@ def _newest_telemetry(
             del newest[:-limit]
             if (last_us, 1, block_id) < newest[0][0][:3]:
                 break
-        samples = TelemetryBlock.model_validate_json(record).to_samples()
-        newest.extend(((_micros(s.measured_at), 1, block_id, i), s) for i, s in enumerate(samples))
+        for position, (component, signal, value, text) in enumerate(json.loads(record)["samples"]):
+            at = datetime.fromisoformat(text)
+            key = (_micros(at), 1, block_id, position)
+            newest.append((key, Reading(component, signal, value, at)))
     newest.sort(key=itemgetter(0))
-    return [sample for _, sample in newest[-limit:]]
+    return [reading for _, reading in newest[-limit:]]
 
 
 def _get_session(conn: sqlite3.Connection, session_id: str) -> Session | None:
