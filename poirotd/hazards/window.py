@@ -127,10 +127,11 @@ class SignalWindow:
 
     def __init__(self, lookback: int, evidence_limit: int, *, sums: bool) -> None:
         self.lookback = lookback
-        # Read only when a rule fires, so deques: appending is cheaper than numpy's.
-        held = max(evidence_limit - 1, 0) + CHUNK
-        self._samples: deque[TelemetrySample] = deque(maxlen=held)
-        self._sample_times: deque[float] = deque(maxlen=held)
+        # Read only when a rule fires, so deques: appending is cheaper than numpy's. A chunk's
+        # evidence reaches back at most this far before it.
+        self._held_before = max(evidence_limit - 1, 0)
+        self._samples: deque[TelemetrySample] = deque()
+        self._sample_times: deque[float] = deque()
         self._times = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
         self._values = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
         self._sums = RingBuffer(lookback, CHUNK, np.float64) if sums else None
@@ -139,11 +140,17 @@ class SignalWindow:
         self.last_time = -math.inf
 
     def record(self, chunk: Sequence[TelemetrySample]) -> list[float]:
-        """Keep up to CHUNK samples as evidence and return their times.
+        """Keep the chunk as evidence, beside as many older samples as its evidence may reach
+        back to, and return its times.
 
         A late sample, older than the stream's newest, gets the newest time, so that windows
         and cooldowns never run backwards. Events still report its own ``measured_at``.
         """
+        # Older samples go now rather than a chunk's worth later, so that few samples outlive
+        # their batch: each one that does is walked by the next young collection.
+        for _ in range(len(self._samples) - self._held_before):
+            self._samples.popleft()
+            self._sample_times.popleft()
         # Plain floats: a frame's 50 signals are 50 chunks of one, where numpy's per-call cost
         # would be most of the work.
         times = []
