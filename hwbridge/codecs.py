@@ -45,6 +45,8 @@ def epoch_to_datetime(value: float, unit: TimestampUnit) -> datetime:
 
 def _number(name: str, raw: object) -> float | None:
     """A reading's value, None for "no reading"; booleans and strings are not numbers."""
+    if type(raw) is float and raw - raw == 0.0:  # finite (inf - inf and NaN - NaN are NaN)
+        return raw
     if raw is None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, int | float):
@@ -65,7 +67,8 @@ def _number(name: str, raw: object) -> float | None:
 
 def _load_json(payload: bytes) -> object:
     try:
-        return json.loads(payload)
+        # JSON between systems is UTF-8 (RFC 8259); decoding it here skips json's guessing.
+        return json.loads(payload.decode())
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
         raise DecodeError(f"invalid JSON: {exc}") from exc
 
@@ -107,7 +110,9 @@ class DocumentCodec:
 
     def decode(self, payload: bytes, received_at: datetime) -> list[Reading]:
         document = self._load(payload)
-        if isinstance(document, list):
+        if type(document) is dict:  # the usual case, ahead of the slower abstract check
+            readings = self._record(document, received_at)
+        elif isinstance(document, list):
             readings = [r for record in document for r in self._record(record, received_at)]
         elif isinstance(document, Mapping | int | float):
             readings = self._record(document, received_at)
@@ -120,7 +125,7 @@ class DocumentCodec:
         return readings
 
     def _record(self, record: object, received_at: datetime) -> list[Reading]:
-        if not isinstance(record, Mapping):
+        if type(record) is not dict and not isinstance(record, Mapping):
             value = _number("value", record)
             return [] if value is None else [Reading("value", value, received_at)]
         at = self._time(record, received_at)
@@ -164,7 +169,7 @@ class DocumentCodec:
 
 
 def _numeric(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return type(value) is float or (isinstance(value, int | float) and not isinstance(value, bool))
 
 
 # ------------------------------------------------------------------ binary frames
@@ -220,8 +225,7 @@ class FrameCodec:
                 at = epoch_to_datetime(stamp, self._unit)
             for index, name in self._value_fields:
                 raw = frame[index]
-                # A finite float, the usual case, is taken as is (inf - inf and NaN - NaN are
-                # NaN); anything else gets _number's checks.
+                # _number's first test, inline: a finite float, the usual case, is taken as is.
                 value = raw if type(raw) is float and raw - raw == 0.0 else _number(name, raw)
                 if value is not None:
                     readings.append(Reading(name, value, at))
