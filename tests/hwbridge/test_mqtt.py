@@ -146,6 +146,10 @@ async def test_persistent_session_delivers_what_was_published_while_away(
             await collector.wait_until(lambda samples: len(samples) >= 500)
             await eventually(lambda: bridge.pipeline.stats.acked == 500)
     assert numbers(collector.samples) == set(range(500)) and len(collector.samples) == 500
+    # A connection taking over a session makes Mosquitto close the old one, unread PUBACKs
+    # and all (those messages would come again): let it read the DISCONNECT first.
+    async with asyncio.timeout(5):
+        await eventually(lambda: mosquitto.log.read_text().count("under-test disconnected") == 2)
     # Every one was acknowledged: a third session gets nothing again.
     again = Collector()
     async with running(config, [SEQ_MAPPING], again):
