@@ -14,12 +14,14 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from poirotd.store.sqlite import (
     AUDITED_TABLES,
     GENESIS_HASH,
+    MESSAGE_BLOCK_FIELDS,
     SCHEMA_VERSION,
     AuditedTable,
     Row,
@@ -27,7 +29,7 @@ from poirotd.store.sqlite import (
     entry_hash,
 )
 
-EXPORT_FORMAT = "poirotd-investigation-export/1"
+EXPORT_FORMAT = "poirotd-investigation-export/2"
 _TABLES = {table.kind: table for table in AUDITED_TABLES}
 _LATEST = "SELECT seq, payload FROM audit WHERE kind = ? AND ref = ? ORDER BY seq DESC LIMIT 1"
 _ENTRY = "SELECT seq, kind, ref, payload, prev_hash, hash FROM audit"
@@ -248,6 +250,8 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
     `messages` are those the investigation could have read: the runner reads the session after
     the investigation's `started` event and before its next write, so the window between those
     two entries' seqs bounds the read; messages with a seq inside it may or may not have been seen.
+    Their entries are `message_block`s (a commit's new messages of the session, each the list of
+    its `block_fields`) and, from a store older than schema 5, single `message`s.
     """
     with _snapshot(Path(db_path)) as conn:
         versions = _entries(conn, "investigation", investigation_id)
@@ -273,11 +277,14 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
                 (e["seq"] for e in (*versions, *events, *exchanges) if e["seq"] > read_after),
                 default=head[0] + 1,
             )
-        messages = [
-            m
-            for m in _rows_of(conn, "message", "session_id = ? ORDER BY idx", record["session_id"])
-            if read_before is not None and m["seq"] < read_before
+        stored = [
+            *_rows_of(conn, "message", "session_id = ? ORDER BY idx", record["session_id"]),
+            *_rows_of(conn, "message_block", "session_id = ? ORDER BY id", record["session_id"]),
         ]
+        messages = sorted(
+            (m for m in stored if read_before is not None and m["seq"] < read_before),
+            key=itemgetter("seq"),
+        )
         # The β moves its confirmed outcome made (ConfirmOutcome), one entry per agent.
         reputation_updates = [
             _envelope(row)
@@ -303,6 +310,7 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
         "session": session[-1] if session else None,
         "hazard_space": hazard_space,
         "messages": {
+            "block_fields": list(MESSAGE_BLOCK_FIELDS),
             "read_after_seq": read_after,
             "read_before_seq": read_before,
             "entries": messages,

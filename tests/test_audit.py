@@ -32,6 +32,7 @@ from poirotd.model import (
     Vote,
 )
 from poirotd.store import Store, canonical_json, entry_hash
+from poirotd.store.sqlite import SCHEMA_VERSION
 from tests.test_store import T0, event, investigation, message, sample, session, space
 
 UMLAUT = "Kniewinkel über 60° ✓"
@@ -173,7 +174,7 @@ def test_every_record_write_is_chained_and_the_store_verifies(db: Path) -> None:
     counts = dict(query(db, "SELECT kind, count(*) FROM audit GROUP BY kind"))
     assert counts == {
         "session": 2,  # start, end
-        "message": 6,  # the resent message 1 was ignored, so it is not chained
+        "message_block": 3,  # one per commit with new messages: 0-3, 4, 5 (resent 1 ignored)
         "telemetry_block": 2,  # one per commit with samples
         "hazard_space": 2,
         "investigation": 7,  # i1 saved six times, i2 once
@@ -186,8 +187,8 @@ def test_every_record_write_is_chained_and_the_store_verifies(db: Path) -> None:
     report = verify(db)
     assert report.ok, report.summary()
     assert (report.entries, report.head) == (entries, ChainHead(last_seq, last_hash))
-    assert report.rows == 1 + 6 + 2 + 2 + 2 + 4 + 2
-    assert report.summary().startswith(f"ok: {entries} entries chained, 19 rows match them")
+    assert report.rows == 1 + 3 + 2 + 2 + 2 + 4 + 2
+    assert report.summary().startswith(f"ok: {entries} entries chained, 16 rows match them")
 
 
 def test_verify_reads_without_writing(db: Path) -> None:
@@ -210,13 +211,13 @@ def test_the_audit_table_refuses_updates_and_deletes(db: Path) -> None:
     ("table", "column", "where", "old", "new", "kind", "ref", "problem"),
     [
         (
-            "messages",
+            "message_blocks",
             "record",
-            "session_id = 's1' AND idx = 2",
+            "id = 1",
             "message 2",
             "message 3",
-            "message",
-            "s1/2",
+            "message_block",
+            "1",
             "its record differs from its latest entry's payload from character",
         ),
         (
@@ -314,7 +315,7 @@ def test_making_an_older_hazard_space_the_latest_is_caught(db: Path) -> None:
 def test_a_changed_character_in_the_chain_breaks_it_there(
     db: Path, column: str, problem: str
 ) -> None:
-    seq = latest_seq(db, "message", "s1/2")
+    seq = latest_seq(db, "message_block", "1")
     ((value,),) = query(db, f"SELECT {column} FROM audit WHERE seq = ?", seq)
     if column == "payload":
         changed = value.replace("message 2", "message 3")
@@ -336,29 +337,29 @@ def test_of_two_changes_the_one_with_the_lower_seq_is_named(db: Path) -> None:
         '"torque spike"',
         '"torque spika"',
     )
-    flip(db, "messages", "record", "session_id = 's1' AND idx = 0", "message 0", "message 9")
+    flip(db, "message_blocks", "record", "id = 1", "message 0", "message 9")
     report = verify(db)
     assert report.broken is not None
-    assert (report.broken.kind, report.broken.ref) == ("message", "s1/0")
+    assert (report.broken.kind, report.broken.ref) == ("message_block", "1")
 
 
 # ------------------------------------------------------------ removed and added rows
 
 
 def test_a_deleted_record_row_is_named(db: Path) -> None:
-    tamper(db, "DELETE FROM messages WHERE session_id = 's1' AND idx = 3")
+    tamper(db, "DELETE FROM message_blocks WHERE id = 2")
     report = verify(db)
     assert report.broken is not None
     assert (report.broken.seq, report.broken.kind, report.broken.ref) == (
-        latest_seq(db, "message", "s1/3"),
-        "message",
-        "s1/3",
+        latest_seq(db, "message_block", "2"),
+        "message_block",
+        "2",
     )
-    assert report.broken.problem == "its row is missing from messages"
+    assert report.broken.problem == "its row is missing from message_blocks"
 
 
 def test_a_deleted_entry_breaks_the_chain_after_it(db: Path) -> None:
-    seq = latest_seq(db, "message", "s1/2")
+    seq = latest_seq(db, "message_block", "1")
     tamper(db, "DELETE FROM audit WHERE seq = ?", seq)
     report = verify(db)
     assert report.broken is not None
@@ -397,15 +398,15 @@ def test_an_anchor_must_match_the_entry_at_its_seq(db: Path) -> None:
 
 
 def test_an_added_row_without_entry_is_named(db: Path) -> None:
-    ((record,),) = query(db, "SELECT record FROM messages WHERE idx = 0")
-    tamper(
-        db,
-        "INSERT INTO messages (session_id, idx, record) VALUES ('s1', 99, ?)",
-        record.replace('"index":0', '"index":99'),
-    )
+    ((record,),) = query(db, "SELECT record FROM message_blocks WHERE id = 3")
+    tamper(db, "INSERT INTO message_blocks (id, session_id, record) VALUES (99, 's1', ?)", record)
     report = verify(db)
     assert report.broken is not None
-    assert (report.broken.seq, report.broken.kind, report.broken.ref) == (None, "message", "s1/99")
+    assert (report.broken.seq, report.broken.kind, report.broken.ref) == (
+        None,
+        "message_block",
+        "99",
+    )
 
 
 async def test_a_refused_write_leaves_no_entry_and_the_chain_goes_on(db: Path) -> None:
@@ -420,7 +421,7 @@ async def test_a_refused_write_leaves_no_entry_and_the_chain_goes_on(db: Path) -
         await store.close()
     report = verify(db)
     assert report.ok, report.summary()
-    assert report.entries == 26  # the 25 written before, and message 6 once
+    assert report.entries == 23  # the 22 written before, and message 6 once
 
 
 # ------------------------------------------------------------ export
@@ -479,10 +480,17 @@ def test_export_holds_what_the_investigation_saw_and_did(db: Path) -> None:
     messages = report["messages"]
     # Message 4 came between the STARTED event and the next write: inside the read window;
     # message 5 came after the investigation and is left out.
-    assert [m["record"]["index"] for m in messages["entries"]] == [0, 1, 2, 3, 4]
+    fields = messages["block_fields"]
+    assert [e["kind"] for e in messages["entries"]] == ["message_block"] * 2
+    seen = [
+        dict(zip(fields, m, strict=True))
+        for e in messages["entries"]
+        for m in e["record"]["messages"]
+    ]
+    assert [m["index"] for m in seen] == [0, 1, 2, 3, 4]
     assert messages["read_after_seq"] == report["events"][0]["seq"]
-    assert messages["read_after_seq"] < messages["entries"][4]["seq"] < messages["read_before_seq"]
-    assert messages["entries"][4]["record"]["content"] == UMLAUT
+    assert messages["read_after_seq"] < messages["entries"][1]["seq"] < messages["read_before_seq"]
+    assert seen[4]["content"] == UMLAUT
 
     head = verify(db).head
     assert head is not None
@@ -495,7 +503,7 @@ def test_a_reader_can_re_hash_every_exported_record(db: Path, tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text(encoding="utf-8"))
     entries = envelopes(report)
-    assert len(entries) == 1 + 5 + 1 + 1 + 5 + 2 + 4
+    assert len(entries) == 1 + 5 + 1 + 1 + 2 + 2 + 4
     for entry in entries:
         # As the export tells a reader to, with nothing of poirotd's but entry_hash.
         payload = json.dumps(
@@ -545,7 +553,8 @@ async def test_export_holds_the_beta_moves_of_the_investigations_confirmation(db
 
 def test_an_investigation_that_never_ran_saw_no_messages(db: Path) -> None:
     report = export_investigation(db, "i2")
-    assert report["messages"] == {"read_after_seq": None, "read_before_seq": None, "entries": []}
+    assert report["messages"]["entries"] == []
+    assert report["messages"]["read_after_seq"] is report["messages"]["read_before_seq"] is None
     assert (report["earlier_versions"], report["events"], report["hazard_space"]) == ([], [], None)
 
 
@@ -563,11 +572,11 @@ def test_cli_verify_exit_codes(db: Path, tmp_path: Path) -> None:
     assert ok.exit_code == 0
     assert ok.stdout.startswith("ok: ") and ok.stdout.count("\n") == 1
 
-    flip(db, "messages", "record", "session_id = 's1' AND idx = 2", "message 2", "message 3")
+    flip(db, "message_blocks", "record", "id = 1", "message 2", "message 3")
     broken = runner.invoke(app, ["audit", "verify", "--db", str(db)])
     assert broken.exit_code == 1
-    seq = latest_seq(db, "message", "s1/2")
-    assert broken.stderr.startswith(f"BROKEN at seq {seq} (message s1/2): its record differs")
+    seq = latest_seq(db, "message_block", "1")
+    assert broken.stderr.startswith(f"BROKEN at seq {seq} (message_block 1): its record differs")
 
     missing = runner.invoke(app, ["audit", "verify", "--db", str(tmp_path / "nope.db")])
     assert missing.exit_code == 2 and "no such database file" in missing.stderr
@@ -672,7 +681,9 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
         assert await store.latest_hazard_space("cortex") == space("v1")
         assert (await store.events_after(0))[0].event_id == 1
         assert await store.exchanges("i1") == [exchange("vote")]
-        await store.commit_ingest([message(3)])  # and the chain goes on from there
+        # The chain goes on from there; a resent message of the old rows is still ignored.
+        await store.commit_ingest([message(2, content="resent"), message(3)])
+        assert await store.session_messages("s1") == [message(i) for i in range(4)]
     finally:
         await store.close()
 
@@ -686,7 +697,7 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
         (2, "hazard_space", '["cortex","v2"]'),
         (3, "hazard_space", '["cortex","v1"]'),
     ]
-    assert query(db, "PRAGMA user_version") == [(4,)]
+    assert query(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
     assert [c[1] for c in query(db, "PRAGMA table_info(sessions)")] == ["session_id", "record"]
 
 
@@ -694,7 +705,7 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
     ("damage", "message"),
     [
         ("DROP TABLE exchanges", "cannot be read: no such table: exchanges"),
-        ("PRAGMA user_version = 5", "schema version 5; this poirotd audits version 4"),
+        ("PRAGMA user_version = 6", "schema version 6; this poirotd audits version 5"),
     ],
 )
 def test_a_database_that_cannot_be_audited_exits_2(db: Path, damage: str, message: str) -> None:

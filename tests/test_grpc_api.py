@@ -109,7 +109,7 @@ async def send_collecting_acks(
 
 def stored_messages(daemon: Daemon) -> int:
     with sqlite3.connect(daemon.settings.db_path) as db:
-        (count,) = db.execute("SELECT count(*) FROM messages").fetchone()
+        (count,) = db.execute("SELECT count(*) FROM agent_messages").fetchone()
     return int(count)
 
 

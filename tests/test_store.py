@@ -130,7 +130,7 @@ def space(version: str = "v1") -> HazardSpace:
 async def test_opens_in_wal_mode_with_a_schema_version(store: Store, db: Path) -> None:
     with closing(sqlite3.connect(db)) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert other.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert other.execute("PRAGMA user_version").fetchone()[0] == store_sql.SCHEMA_VERSION
 
 
 async def test_refuses_a_database_from_a_newer_schema(db: Path) -> None:
@@ -264,6 +264,76 @@ async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
     assert await store.newest_readings("s2") == readings(cest)
 
 
+async def test_a_commit_stores_a_message_block_per_session_shown_per_message_in_the_view(
+    store: Store, db: Path
+) -> None:
+    tool = message(1).model_copy(
+        update={"kind": MessageKind.TOOL, "tool_calls": ("read", "ask"), "tool_name": "gait"}
+    )
+    cest = message(0, sid="s2").model_copy(update={"sent_at": T0.astimezone(CEST)})
+    await store.commit_ingest([session(), session("s2"), message(0), cest, tool])
+    with closing(sqlite3.connect(db)) as other:
+        blocks = other.execute("SELECT id, session_id FROM message_blocks").fetchall()
+        shown = other.execute(
+            "SELECT session_id, idx, kind, sender, recipient, content, sent_at, block_id, position"
+            " FROM agent_messages ORDER BY block_id, position"
+        ).fetchall()
+    assert blocks == [(1, "s1"), (2, "s2")]
+    at = "2025-03-01T12:00:0{}.123456Z"
+    assert shown == [
+        ("s1", 0, "agent", "planner", "controller", "message 0", at.format(0), 1, 0),
+        ("s1", 1, "tool", "planner", "controller", "message 1", at.format(1), 1, 1),
+        (
+            "s2",
+            0,
+            "agent",
+            "planner",
+            "controller",
+            "message 0",
+            T0.astimezone(CEST).isoformat(),
+            2,
+            0,
+        ),
+    ]
+    # Each message comes back exactly as given, its time zone and tool calls included.
+    assert await store.session_messages("s1") == [message(0), tool]
+    assert await store.session_messages("s2") == [cest]
+
+
+async def test_a_schema_4_store_keeps_its_message_rows_and_still_ignores_their_resends(
+    db: Path,
+) -> None:
+    old = [message(0), message(2)]
+    await _schema_4_store(db, old)
+    store = await Store.open(db)
+    try:
+        await store.commit_ingest([message(1), message(2, content="resent"), message(3)])
+        assert await store.session_messages("s1") == [message(i) for i in range(4)]
+    finally:
+        await store.close()
+    assert verify(db).ok
+    with closing(sqlite3.connect(db)) as other:
+        shown = other.execute("SELECT idx, block_id FROM agent_messages ORDER BY idx").fetchall()
+    assert shown == [(0, None), (1, 1), (2, None), (3, 1)]
+
+
+async def _schema_4_store(db: Path, messages: list[AgentMessage]) -> None:
+    """A store as schema 4 left it: no message blocks, one row and one entry per message
+    (written with the store's own row function, as schema 4 wrote them)."""
+    store = await Store.open(db)
+    await store.commit_ingest([session()])
+    await store.close()
+    with closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        conn.execute("DROP VIEW agent_messages")
+        conn.execute("DROP TABLE message_blocks")
+        conn.execute("DROP TABLE message_indices")
+        with store_sql._transaction(conn) as chain:
+            for row in map(store_sql._message_row, messages):
+                conn.execute("INSERT INTO messages (session_id, idx, record) VALUES (?, ?, ?)", row)
+                chain.append("message", f"{row[0]}/{row[1]}", row[-1])
+        conn.execute("PRAGMA user_version = 4")
+
+
 async def test_a_schema_3_store_keeps_its_sample_rows_and_adds_blocks(db: Path) -> None:
     old = [sample(1, 1.0), sample(3, 3.0)]
     await _schema_3_store(db, old)
@@ -339,7 +409,7 @@ async def test_an_acknowledged_commit_is_visible_to_another_connection(
 ) -> None:
     await store.commit_ingest([session(), message(0), message(1)])
     with closing(sqlite3.connect(db)) as other:
-        assert other.execute("SELECT count(*) FROM messages").fetchone()[0] == 2
+        assert other.execute("SELECT count(*) FROM agent_messages").fetchone()[0] == 2
         assert other.execute("SELECT session_id FROM sessions").fetchall() == [("s1",)]
 
 
@@ -522,14 +592,21 @@ async def test_each_write_appends_its_entries_in_commit_order(store: Store, db: 
         ((put_seq,),) = other.execute("SELECT put_seq FROM hazard_spaces").fetchall()
         records = {
             table: [r for (r,) in other.execute(f"SELECT record FROM {table}")]
-            for table in ("sessions", "messages", "telemetry_blocks", "investigations", "exchanges")
+            for table in (
+                "sessions",
+                "message_blocks",
+                "telemetry_blocks",
+                "investigations",
+                "exchanges",
+            )
         }
-    # The resent message and session start stored nothing, so they chained nothing.
+    # The resent message and session start stored nothing, so they chained nothing. A commit
+    # chains its session starts and ends, then its messages, then its samples.
     assert [(kind, ref) for _, kind, ref, _ in entries] == [
         ("session", "s1"),
-        ("message", "s1/0"),
         ("session", "s1"),  # ended: the whole record again
-        ("telemetry_block", "1"),  # a commit's samples, after its other records
+        ("message_block", "1"),
+        ("telemetry_block", "1"),
         ("hazard_space", '["cortex","v1"]'),
         ("investigation", "q"),
         ("investigation", "q"),  # interrupted
@@ -541,7 +618,7 @@ async def test_each_write_appends_its_entries_in_commit_order(store: Store, db: 
     payloads = [payload for *_, payload in entries]
     for table, stored in records.items():
         assert set(stored) <= set(payloads), table  # each row's record is its entry's payload
-    assert '"ended_at":"2025-03-01T12:01:00.123456Z"' in payloads[2]
+    assert '"ended_at":"2025-03-01T12:01:00.123456Z"' in payloads[1]
 
 
 @pytest.mark.parametrize(

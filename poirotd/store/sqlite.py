@@ -14,22 +14,25 @@ sqlite3 shell); columns exist only for what is looked up or ordered, and derive 
 Ordering keys for time are integer UTC microseconds (naive datetimes are taken as UTC); the record
 keeps the datetime exactly as given.
 
-Telemetry is stored in blocks: a commit's samples of one session are one record (a row of
-`telemetry_blocks`, one chain entry), because a row and an entry per sample cost more than all the
-rest of ingest at sensor rates; `first_us` and `last_us` bound a block's samples in time (the
-newest-first read orders by `last_us`). The `telemetry_samples` view shows them one sample per
-row (`block_id`, `position`), with the per-sample rows a schema-3 store kept (table `telemetry`,
-no longer written; `block_id` NULL, `position` its row id).
+Messages and telemetry are stored in blocks: a commit's new messages, or its samples, of one
+session are one record (a row of `message_blocks` or `telemetry_blocks`, one chain entry), because
+a row and an entry each cost more than all the rest of ingest at ingest rates. A message is
+stored once per (session, index): `message_indices` holds the keys stored, for the check a resent
+one meets (derived data, like an SQL index: not chained). A telemetry block's `first_us` and
+`last_us` bound its samples in time (the newest-first read orders by `last_us`). The
+`agent_messages` and `telemetry_samples` views show them one per row (`block_id`, `position`),
+with the per-row records older stores kept (tables `messages` from schema 4 and `telemetry` from
+schema 3, no longer written; `block_id` NULL, `position` the row id).
 
-Audit chain (EU AI Act Art. 12): every write of a record (a session started or ended, a message, a
-block of telemetry, a hazard space, each save of an investigation, an event, an LLM exchange, an
-agent's reputation) also
-appends, in the same transaction, an entry (seq, kind, ref, payload, prev_hash, hash) to the
-append-only `audit` table. `ref` is the record's key within its kind; `payload` is the record in
-canonical JSON (`encode_record`), byte for byte the text its table stores, so a check needs no
-re-encoding that a future model change could alter; hash = `entry_hash(prev_hash, kind, ref,
-payload)`, starting from `GENESIS_HASH`. `AUDITED_TABLES` says, per kind, how a row gives its ref
-and which columns its record determines; `poirotd.audit` verifies and exports with it.
+Audit chain (EU AI Act Art. 12): every write of a record (a session started or ended, a block of
+messages or of telemetry, a hazard space, each save of an investigation, an event, an LLM
+exchange, an agent's reputation) also appends, in the same transaction, an entry (seq, kind,
+ref, payload, prev_hash, hash) to the append-only `audit` table. `ref` is the record's key within
+its kind; `payload` is the record in canonical JSON (`encode_record`), byte for byte the text its
+table stores, so a check needs no re-encoding that a future model change could alter; hash =
+`entry_hash(prev_hash, kind, ref, payload)`, starting from `GENESIS_HASH`. `AUDITED_TABLES` says,
+per kind, how a row gives its ref and which columns its record determines; `poirotd.audit`
+verifies and exports with it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache, partial
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Annotated, Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
 
@@ -72,7 +75,9 @@ IngestItem: TypeAlias = Session | SessionEnd | AgentMessage | TelemetrySample
 # 2: the audit chain; sessions keep their record as JSON like every other table.
 # 3: agents' reputations (a new table; a schema-2 store gains it empty when opened).
 # 4: telemetry in blocks (a new table; a schema-3 store keeps its per-sample rows as they are).
-SCHEMA_VERSION = 4
+# 5: messages in blocks, deduplicated through `message_indices` (a schema-4 store keeps its
+#    per-message rows, and their indices are added there when it is opened).
+SCHEMA_VERSION = 5
 _BUSY_TIMEOUT_MS = 5_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -89,6 +94,28 @@ CREATE TABLE IF NOT EXISTS messages (
     record     TEXT NOT NULL,
     UNIQUE (session_id, idx)
 );
+CREATE TABLE IF NOT EXISTS message_blocks (
+    id         INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions (session_id),
+    record     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS message_blocks_by_session ON message_blocks (session_id, id);
+CREATE TABLE IF NOT EXISTS message_indices (
+    session_id TEXT NOT NULL,
+    idx        INTEGER NOT NULL,
+    PRIMARY KEY (session_id, idx)
+) WITHOUT ROWID;
+CREATE VIEW IF NOT EXISTS agent_messages
+    (session_id, idx, kind, sender, recipient, content, sent_at, block_id, position) AS
+SELECT session_id, idx, json_extract(record, '$.kind'), json_extract(record, '$.sender'),
+       json_extract(record, '$.recipient'), json_extract(record, '$.content'),
+       json_extract(record, '$.sent_at'), NULL, id
+FROM messages
+UNION ALL
+SELECT b.session_id, json_extract(m.value, '$[0]'), json_extract(m.value, '$[1]'),
+       json_extract(m.value, '$[2]'), json_extract(m.value, '$[3]'),
+       json_extract(m.value, '$[4]'), json_extract(m.value, '$[7]'), b.id, m.key
+FROM message_blocks AS b, json_each(b.record, '$.messages') AS m;
 CREATE TABLE IF NOT EXISTS telemetry (
     id          INTEGER PRIMARY KEY,
     session_id  TEXT NOT NULL REFERENCES sessions (session_id),
@@ -176,7 +203,8 @@ _UPSERT_SESSION = (
     "INSERT INTO sessions (session_id, record) VALUES (?, ?)"
     " ON CONFLICT (session_id) DO UPDATE SET record = excluded.record"
 )
-_INSERT_MESSAGE = "INSERT OR IGNORE INTO messages (session_id, idx, record) VALUES (?, ?, ?)"
+_INSERT_MESSAGE_INDEX = "INSERT OR IGNORE INTO message_indices (session_id, idx) VALUES (?, ?)"
+_INSERT_MESSAGE_BLOCK = "INSERT INTO message_blocks (id, session_id, record) VALUES (?, ?, ?)"
 _INSERT_TELEMETRY_BLOCK = (
     "INSERT INTO telemetry_blocks (id, session_id, first_us, last_us, record)"
     " VALUES (?, ?, ?, ?, ?)"
@@ -308,6 +336,32 @@ class AlreadyConfirmedError(ValueError):
         self.confirmed = confirmed
 
 
+# A message's fields in a block, in AgentMessage's order: all but its session, the block's.
+MESSAGE_BLOCK_FIELDS = tuple(name for name in AgentMessage.model_fields if name != "session_id")
+_message_fields = attrgetter(*MESSAGE_BLOCK_FIELDS)
+
+
+class MessageBlock(BaseModel):
+    """The record of one `message_blocks` row: one commit's new messages of one session.
+
+    Each message is the list of its `MESSAGE_BLOCK_FIELDS` values: a change to AgentMessage's fields
+    is a change of this record's layout, hence of the schema."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    # In arrival order.
+    messages: Annotated[list[tuple[Any, ...]], Field(min_length=1)]
+
+    def to_messages(self) -> list[AgentMessage]:
+        return [
+            AgentMessage(
+                session_id=self.session_id, **dict(zip(MESSAGE_BLOCK_FIELDS, row, strict=True))
+            )
+            for row in self.messages
+        ]
+
+
 class TelemetryBlock(BaseModel):
     """The record of one `telemetry_blocks` row: one commit's samples of one session."""
 
@@ -397,10 +451,8 @@ class Store:
         return await self._read(_get_session, session_id)
 
     async def session_messages(self, session_id: str) -> list[AgentMessage]:
-        rows = await self._read(
-            _all, "SELECT record FROM messages WHERE session_id = ? ORDER BY idx", (session_id,)
-        )
-        return [AgentMessage.model_validate_json(record) for (record,) in rows]
+        """The session's messages in index order."""
+        return await self._read(_session_messages, session_id)
 
     async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]:
         """The session's newest `limit` samples, oldest first (ties in time keep arrival order)."""
@@ -610,6 +662,10 @@ def _open_writer(path: Path, synchronous: str) -> tuple[sqlite3.Connection, set[
                 conn.execute(statement)
             if version == 1:
                 _migrate_from_v1(conn, chain, path)
+            if version < 5:  # the messages stored one per row are deduplicated against too
+                conn.execute(
+                    "INSERT OR IGNORE INTO message_indices SELECT session_id, idx FROM messages"
+                )
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         sessions = {sid for (sid,) in conn.execute("SELECT session_id FROM sessions")}
     except BaseException:
@@ -714,34 +770,75 @@ def _commit_ingest(
             started.add(item.session_id)
         elif item.session_id not in sessions and item.session_id not in started:
             raise UnknownSessionError(item.session_id)
-    # Encoded before the transaction, and stored, then chained, in passes: item by item, the
-    # three evict each other from the CPU caches (measured 1.5 times slower).
-    records = [item for item in items if not isinstance(item, TelemetrySample)]
-    planned = [_ingest_row(item) for item in records]
-    blocks = [_telemetry_block_row(block) for block in _telemetry_blocks(items)]
+    # Encoded before the transaction where possible, and stored, then chained, in passes: item
+    # by item, the three evict each other from the CPU caches (measured 1.5 times slower).
+    # Session starts and ends go first, in their order: messages and samples need their session.
+    records = [item for item in items if isinstance(item, Session | SessionEnd)]
+    planned = [_session_change(item) for item in records]
+    messages = [item for item in items if isinstance(item, AgentMessage)]
+    telemetry = [_telemetry_block_row(block) for block in _telemetry_blocks(items)]
     with _transaction(conn) as chain:
         stored: list[tuple[AuditedTable, Row]] = []
-        # Messages are inserted together, after the sessions they need; a resent one is
-        # ignored, which `_insert_messages` tells.
-        messages: list[Row] = []
-        for item, (table, sql, row) in zip(records, planned, strict=True):
-            if table is _MESSAGES:
-                messages.append(row)
-                stored.append((table, row))
-                continue
+        for item, (sql, row) in zip(records, planned, strict=True):
             if isinstance(item, SessionEnd):
                 row = _ended_session_row(conn, item)
             if (written := _store_row(conn, sql, row)) is not None:
-                stored.append((table, written))
-        if ignored := _insert_messages(conn, messages):
-            stored = [(table, row) for table, row in stored if id(row) not in ignored]
-        for row in blocks:
+                stored.append((_SESSIONS, written))
+        # A resent message is left out; which ones are new is known only here.
+        for block in _message_blocks(_new_messages(conn, messages)):
+            written = _store_row(conn, _INSERT_MESSAGE_BLOCK, _message_block_row(block))
+            assert written is not None, "a message block is never ignored"
+            stored.append((_MESSAGE_BLOCKS, written))
+        for row in telemetry:
             written = _store_row(conn, _INSERT_TELEMETRY_BLOCK, row)
             assert written is not None, "a telemetry block is never ignored"
             stored.append((_TELEMETRY_BLOCKS, written))
         for table, row in stored:
             chain.append(table.kind, table.ref(row), row[-1])
     sessions.update(started)
+
+
+def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:
+    """How a session start or end is stored (an end's row is built when stored, from the
+    stored session)."""
+    if isinstance(item, Session):
+        return _INSERT_SESSION, _session_row(item)
+    return _UPSERT_SESSION, ()
+
+
+def _new_messages(
+    conn: sqlite3.Connection, messages: Sequence[AgentMessage]
+) -> Sequence[AgentMessage]:
+    """The messages not stored before (nor earlier in the batch), as `message_indices` tells
+    once their keys are added: one executemany when all are new, the usual case; otherwise
+    that is undone and the keys are added one by one to learn which."""
+    if not messages:
+        return messages
+    keys = [(message.session_id, message.index) for message in messages]
+    conn.execute("SAVEPOINT messages")
+    before = conn.total_changes
+    conn.executemany(_INSERT_MESSAGE_INDEX, keys)
+    if conn.total_changes - before < len(keys):
+        conn.execute("ROLLBACK TO messages")
+        messages = [
+            message
+            for message, key in zip(messages, keys, strict=True)
+            if conn.execute(_INSERT_MESSAGE_INDEX, key).rowcount
+        ]
+    conn.execute("RELEASE messages")
+    return messages
+
+
+def _message_blocks(messages: Sequence[AgentMessage]) -> list[MessageBlock]:
+    """The messages as one block per session, each in arrival order."""
+    by_session: dict[str, list[tuple[Any, ...]]] = {}
+    for message in messages:
+        by_session.setdefault(message.session_id, []).append(_message_fields(message))
+    # Built from validated messages: constructed, not validated again.
+    return [
+        MessageBlock.model_construct(session_id=session_id, messages=rows)
+        for session_id, rows in by_session.items()
+    ]
 
 
 def _telemetry_blocks(items: Sequence[IngestItem]) -> list[TelemetryBlock]:
@@ -757,37 +854,6 @@ def _telemetry_blocks(items: Sequence[IngestItem]) -> list[TelemetryBlock]:
         TelemetryBlock.model_construct(session_id=session_id, samples=samples)
         for session_id, samples in by_session.items()
     ]
-
-
-def _insert_messages(conn: sqlite3.Connection, rows: Sequence[Row]) -> set[int]:
-    """Inserts message rows, ignoring any already stored; returns the id() of the ignored ones.
-    One executemany when none is (the usual case); when some are, that is undone and the rows
-    are inserted one by one to learn which."""
-    if not rows:
-        return set()
-    conn.execute("SAVEPOINT messages")
-    before = conn.total_changes
-    conn.executemany(_INSERT_MESSAGE, rows)
-    if conn.total_changes - before < len(rows):
-        conn.execute("ROLLBACK TO messages")
-        ignored = {id(row) for row in rows if _store_row(conn, _INSERT_MESSAGE, row) is None}
-    else:
-        ignored = set()
-    conn.execute("RELEASE messages")
-    return ignored
-
-
-def _ingest_row(item: IngestItem) -> tuple[AuditedTable, str, Row]:
-    """How a session start or end, or a message, is stored (samples go in blocks)."""
-    match item:
-        case Session():
-            return _SESSIONS, _INSERT_SESSION, _session_row(item)
-        case SessionEnd():
-            return _SESSIONS, _UPSERT_SESSION, ()  # built when stored, from the stored session
-        case AgentMessage():
-            return _MESSAGES, _INSERT_MESSAGE, _message_row(item)
-        case _:
-            raise TypeError(f"cannot ingest a {type(item).__name__}")
 
 
 def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:
@@ -832,6 +898,22 @@ def _newest_readings(conn: sqlite3.Connection, session_id: str, limit: int) -> l
             newest.append((key, Reading(component, signal, value, at)))
     newest.sort(key=itemgetter(0))
     return [reading for _, reading in newest[-limit:]]
+
+
+def _session_messages(conn: sqlite3.Connection, session_id: str) -> list[AgentMessage]:
+    """The rows a schema-4 store kept, and the blocks, in index order."""
+    messages = [
+        AgentMessage.model_validate_json(record)
+        for (record,) in conn.execute(
+            "SELECT record FROM messages WHERE session_id = ?", (session_id,)
+        )
+    ]
+    for (record,) in conn.execute(
+        "SELECT record FROM message_blocks WHERE session_id = ? ORDER BY id", (session_id,)
+    ):
+        messages.extend(MessageBlock.model_validate_json(record).to_messages())
+    messages.sort(key=attrgetter("index"))
+    return messages
 
 
 def _get_session(conn: sqlite3.Connection, session_id: str) -> Session | None:
@@ -927,7 +1009,12 @@ def _session_row(session: Session) -> Row:
 
 
 def _message_row(message: AgentMessage) -> Row:
+    """A schema-4 per-message row (verified and read, no longer written)."""
     return (message.session_id, message.index, encode_record(message))
+
+
+def _message_block_row(block: MessageBlock, block_id: int | None = None) -> Row:
+    return (block_id, block.session_id, encode_record(block))
 
 
 def _telemetry_row(sample: TelemetrySample, sample_id: int | None = None) -> Row:
@@ -987,6 +1074,13 @@ _MESSAGES = AuditedTable(
     ref=lambda row: f"{row[0]}/{row[1]}",
     expect=lambda row, _: _message_row(AgentMessage.model_validate_json(row[-1])),
 )
+_MESSAGE_BLOCKS = AuditedTable(
+    "message_block",
+    "message_blocks",
+    ("id", "session_id", "record"),
+    ref=lambda row: str(row[0]),
+    expect=lambda row, _: _message_block_row(MessageBlock.model_validate_json(row[-1]), row[0]),
+)
 _TELEMETRY = AuditedTable(
     "telemetry",
     "telemetry",
@@ -1045,6 +1139,7 @@ AUDITED_TABLES = (
     _INVESTIGATIONS,
     _REPUTATIONS,
     _MESSAGES,
+    _MESSAGE_BLOCKS,
     _TELEMETRY,
     _TELEMETRY_BLOCKS,
     _EVENTS,

@@ -56,7 +56,9 @@ async def test_replay_streams_the_session_and_follows_the_investigation(daemon: 
     assert "5 items sent, durable up to 5" in text
     assert "attribution ready" in text
     with sqlite3.connect(daemon.settings.db_path) as db:
-        rows = db.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'replayed'").fetchone()
+        rows = db.execute(
+            "SELECT COUNT(*) FROM agent_messages WHERE session_id = 'replayed'"
+        ).fetchone()
     assert rows == (3,)
 
 
