@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -315,6 +315,14 @@ async def test_a_schema_4_store_keeps_its_message_rows_and_still_ignores_their_r
     with closing(sqlite3.connect(db)) as other:
         shown = other.execute("SELECT idx, block_id FROM agent_messages ORDER BY idx").fetchall()
     assert shown == [(0, None), (1, 1), (2, None), (3, 1)]
+
+
+def test_a_message_blocks_layout_is_agent_messages_fields_but_the_session() -> None:
+    fields = AgentMessage.model_fields
+    assert set(store_sql.MESSAGE_BLOCK_FIELDS) == set(fields) - {"session_id"}
+    assert list(get_args(store_sql.MessageRow)) == [
+        fields[name].annotation for name in store_sql.MESSAGE_BLOCK_FIELDS
+    ]
 
 
 async def _schema_4_store(db: Path, messages: list[AgentMessage]) -> None:
