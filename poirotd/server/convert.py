@@ -93,7 +93,7 @@ def ingest_item(
             sender=m.sender,
             recipient=m.recipient,
             content=m.content,
-            tool_calls=tuple(m.tool_calls),
+            tool_calls=tuple(m.tool_calls) if m.tool_calls else (),  # usually none: no copy
             tool_name=m.tool_name,
             sent_at=_time(m.sent_at, default=received_at),
         )

@@ -73,7 +73,10 @@ class IngestServicer(pb_grpc.IngestServicer):
             async for request in requests:
                 for seq, item, size in _unpack(request, datetime.now(UTC)):
                     validator.check(seq, item, size)
-                    await queue.put((seq, item))
+                    if queue.full():
+                        await queue.put((seq, item))
+                    else:  # no coroutine per item when there is room, the usual case
+                        queue.put_nowait((seq, item))
         except ServiceError as error:
             await queue.put(_StreamEnd(error))
         else:
