@@ -923,17 +923,20 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   daemon freezes what start-up built and collects the young generation every 50,000 net
   allocations instead of 700 (`poirotd/collector.py`): the collector ran
   {_times(lat["collections"])} in this run, the longest {lat["collection_max"]:.0f} ms. An
-  investigation's telemetry summary (thousands of samples) runs off the loop. The store alone
+  investigation's telemetry summary reads thousands of samples as plain tuples and is computed
+  off the loop. The store alone
   commits {store_rate:,.0f} telemetry samples/s here, so {lat["offered"]:,.0f} samples/s is
   {lat["offered"] / store_rate:.0%} of its capacity; the daemon was at {lat["cpu"]:.0%} of a
   core; {_kept_pace(lat, light)}
-- **gRPC ingest: the store.** With batched requests the transport costs little per message;
-  the daemon is at {agents["grpc_cpu"]:.0%} of a core, {
+- **gRPC ingest: per-message Python work under one GIL.** With batched requests the transport
+  costs little per message; the daemon is at {agents["grpc_cpu"]:.0%} of a core, {
         1e6
         * agents["grpc_cpu"]
-        / agents["grpc"]:.0f} µs per message (converting and validating each item, then the store's
-  encoding, hashing and insert on the writer thread under the same GIL); the client process used
-  {agents["client_cpu"]:.0%} of a core. {_store_room(agents["raw"], agents["grpc"])}
+        / agents["grpc"]:.0f} µs per message: on the event loop, converting each item into a
+  validated model and the ingest checks and rules; on the store's writer thread, the key insert
+  that keeps a resent message out, the block's encoding and the commit. The store keeps a
+  commit's messages of a session as one block (one row, one chain entry). The client process
+  used {agents["client_cpu"]:.0%} of a core. {_store_room(agents["raw"], agents["grpc"])}
 - **Memory is bounded by configuration, not by traffic.** After the first minute VmRSS grew
   {_growth(rss)}. {_burst_spread(rss)}. Where it went: Mosquitto {_mosquitto_version()} does not
   hold its `max_inflight_messages` window once PUBACKs flow (with the window at 1,000 a client
@@ -988,8 +991,9 @@ def _store_room(raw: float, grpc: float) -> str:
             "store path (its canonical JSON, SHA-256 entry and SQL row, about equal parts)."
         )
     return (
-        f"The store alone commits {raw:,.0f} msg/s and gRPC ingest {grpc / raw:.0%} of that: "
-        "the rest is the per-item conversion and checks sharing the GIL with the store."
+        f"The store alone commits {raw:,.0f} msg/s and gRPC ingest reaches {grpc / raw:.0%} of "
+        "that: the rest is the per-item conversion and checks, which share the GIL with the "
+        "store's writer thread."
     )
 
 
