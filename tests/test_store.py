@@ -240,6 +240,13 @@ async def test_telemetry_across_blocks_is_the_newest_in_time_then_arrival_order(
         assert await store.newest_readings("s1", limit=limit) == readings(*in_order[-limit:])
 
 
+def blocks_and_view(db: Path, table: str, view_query: str) -> tuple[list[Any], list[Any]]:
+    """(id, session_id) of each row of a block table, and what a query of its view shows."""
+    with closing(sqlite3.connect(db)) as other:
+        blocks = other.execute(f"SELECT id, session_id FROM {table}").fetchall()
+        return blocks, other.execute(view_query).fetchall()
+
+
 async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
     store: Store, db: Path
 ) -> None:
@@ -247,12 +254,12 @@ async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
     cest = sample(3, 3.0, sid="s2").model_copy(update={"measured_at": T0.astimezone(CEST)})
     batch: list[IngestItem] = [session(), session("s2"), sample(0, 0.5), cest, naive]
     await store.commit_ingest(batch)
-    with closing(sqlite3.connect(db)) as other:
-        blocks = other.execute("SELECT id, session_id FROM telemetry_blocks").fetchall()
-        shown = other.execute(
-            "SELECT session_id, component, signal, value, measured_at, block_id, position"
-            " FROM telemetry_samples ORDER BY block_id, position"
-        ).fetchall()
+    blocks, shown = blocks_and_view(
+        db,
+        "telemetry_blocks",
+        "SELECT session_id, component, signal, value, measured_at, block_id, position"
+        " FROM telemetry_samples ORDER BY block_id, position",
+    )
     assert blocks == [(1, "s1"), (2, "s2")]
     assert shown == [
         ("s1", "knee_motor", "torque", 0.5, "2025-03-01T12:00:00.123456Z", 1, 0),
@@ -272,12 +279,12 @@ async def test_a_commit_stores_a_message_block_per_session_shown_per_message_in_
     )
     cest = message(0, sid="s2").model_copy(update={"sent_at": T0.astimezone(CEST)})
     await store.commit_ingest([session(), session("s2"), message(0), cest, tool])
-    with closing(sqlite3.connect(db)) as other:
-        blocks = other.execute("SELECT id, session_id FROM message_blocks").fetchall()
-        shown = other.execute(
-            "SELECT session_id, idx, kind, sender, recipient, content, sent_at, block_id, position"
-            " FROM agent_messages ORDER BY block_id, position"
-        ).fetchall()
+    blocks, shown = blocks_and_view(
+        db,
+        "message_blocks",
+        "SELECT session_id, idx, kind, sender, recipient, content, sent_at, block_id, position"
+        " FROM agent_messages ORDER BY block_id, position",
+    )
     assert blocks == [(1, "s1"), (2, "s2")]
     at = "2025-03-01T12:00:0{}.123456Z"
     assert shown == [
