@@ -7,7 +7,8 @@ can never miss an id that commits later). A second thread owns a read-only conne
 read the last committed state while the writer waits on fsync, so Get/List/Watch stay responsive
 during ingest bursts (with synchronous=FULL each commit is an fsync: milliseconds on SSDs, tens of
 milliseconds on the SD cards of edge boxes). Every read is a single statement, hence a consistent
-snapshot.
+snapshot, but for the reads of a session's messages or newest samples: they also read the rows an
+older schema left, which nothing writes any more.
 
 Records are JSON in the canonical form the audit chain hashes (exact round trip, readable with the
 sqlite3 shell); columns exist only for what is looked up or ordered, and derive from the record.
