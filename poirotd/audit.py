@@ -18,16 +18,9 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from poirotd.store.sqlite import (
-    AUDITED_TABLES,
-    GENESIS_HASH,
-    MESSAGE_BLOCK_FIELDS,
-    SCHEMA_VERSION,
-    AuditedTable,
-    Row,
-    connect_read_only,
-    entry_hash,
-)
+from poirotd.store.chain import GENESIS_HASH, Row, entry_hash
+from poirotd.store.records import AUDITED_TABLES, MESSAGE_BLOCK_FIELDS, AuditedTable
+from poirotd.store.schema import SCHEMA_VERSION, connect_read_only
 
 EXPORT_FORMAT = "poirotd-investigation-export/2"
 _TABLES = {table.kind: table for table in AUDITED_TABLES}

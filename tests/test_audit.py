@@ -32,7 +32,7 @@ from poirotd.model import (
     Vote,
 )
 from poirotd.store import Store, canonical_json, entry_hash
-from poirotd.store.sqlite import SCHEMA_VERSION
+from poirotd.store.schema import SCHEMA_VERSION
 from tests.test_store import T0, event, investigation, message, sample, session, space
 
 UMLAUT = "Kniewinkel über 60° ✓"

@@ -36,7 +36,7 @@ from poirotd.model import (
 from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.reputation import accuracy, betas_in_use, reassess, updated_beta
 from poirotd.store import AlreadyConfirmedError, Store, UnknownInvestigationError
-from poirotd.store.sqlite import SCHEMA_VERSION
+from poirotd.store.schema import SCHEMA_VERSION
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 from tests.test_cli import poirotd

@@ -42,6 +42,9 @@ from poirotd.store import (
     UnknownSessionError,
     canonical_json,
 )
+from poirotd.store import chain as store_chain
+from poirotd.store import records as store_records
+from poirotd.store import schema as store_schema
 from poirotd.store import sqlite as store_sql
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -130,7 +133,7 @@ def space(version: str = "v1") -> HazardSpace:
 async def test_opens_in_wal_mode_with_a_schema_version(store: Store, db: Path) -> None:
     with closing(sqlite3.connect(db)) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert other.execute("PRAGMA user_version").fetchone()[0] == store_sql.SCHEMA_VERSION
+        assert other.execute("PRAGMA user_version").fetchone()[0] == store_schema.SCHEMA_VERSION
 
 
 async def test_refuses_a_database_from_a_newer_schema(db: Path) -> None:
@@ -326,9 +329,9 @@ async def test_a_schema_4_store_keeps_its_message_rows_and_still_ignores_their_r
 
 def test_a_message_blocks_layout_is_agent_messages_fields_but_the_session() -> None:
     fields = AgentMessage.model_fields
-    assert set(store_sql.MESSAGE_BLOCK_FIELDS) == set(fields) - {"session_id"}
-    assert list(get_args(store_sql.MessageRow)) == [
-        fields[name].annotation for name in store_sql.MESSAGE_BLOCK_FIELDS
+    assert set(store_records.MESSAGE_BLOCK_FIELDS) == set(fields) - {"session_id"}
+    assert list(get_args(store_records.MessageRow)) == [
+        fields[name].annotation for name in store_records.MESSAGE_BLOCK_FIELDS
     ]
 
 
@@ -342,8 +345,8 @@ async def _schema_4_store(db: Path, messages: list[AgentMessage]) -> None:
         conn.execute("DROP VIEW agent_messages")
         conn.execute("DROP TABLE message_blocks")
         conn.execute("DROP TABLE message_indices")
-        with store_sql._transaction(conn) as chain:
-            for row in map(store_sql._message_row, messages):
+        with store_chain.transaction(conn) as chain:
+            for row in map(store_records.message_row, messages):
                 conn.execute("INSERT INTO messages (session_id, idx, record) VALUES (?, ?, ?)", row)
                 chain.append("message", f"{row[0]}/{row[1]}", row[-1])
         conn.execute("PRAGMA user_version = 4")
@@ -376,8 +379,8 @@ async def _schema_3_store(db: Path, samples: list[TelemetrySample]) -> None:
     with closing(sqlite3.connect(db, isolation_level=None)) as conn:
         conn.execute("DROP VIEW telemetry_samples")
         conn.execute("DROP TABLE telemetry_blocks")
-        with store_sql._transaction(conn) as chain:
-            for row in map(store_sql._telemetry_row, samples):
+        with store_chain.transaction(conn) as chain:
+            for row in map(store_records.telemetry_row, samples):
                 stored = store_sql._store_row(
                     conn, "INSERT INTO telemetry VALUES (?, ?, ?, ?)", row
                 )

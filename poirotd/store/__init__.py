@@ -1,15 +1,13 @@
 """Durable storage: sessions, investigations, events and the audit of every LLM exchange, every
 write chained into a tamper-evident log (`poirotd.audit` checks and exports it)."""
 
+from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.sqlite import (
-    GENESIS_HASH,
     AlreadyConfirmedError,
     IngestItem,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
-    canonical_json,
-    entry_hash,
 )
 
 __all__ = [
