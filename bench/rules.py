@@ -1,6 +1,6 @@
 """Throughput of RuleEngine.observe_telemetry. A measurement script, not a test.
 
-    .venv/bin/python -m tests.hazards.measure_throughput [--seconds 60]
+    .venv/bin/python -m bench.rules [--seconds 60]
 
 Eleven rules of mixed kinds watch three exoskeleton signals sampled at 100 Hz each. The script
 reports samples/s at batch sizes 1 and 100, and the per-call latency percentiles at batch 1. The
@@ -16,8 +16,7 @@ import numpy as np
 
 from poirotd.hazards import RuleEngine, parse_rules
 from poirotd.model import TelemetrySample
-
-from .helpers import ANKLE, EXO, rule, series
+from tests.hazards.helpers import ANKLE, EXO, rule, series
 
 KNEE = "knee_torque_nm"
 HIP = "hip_angle_deg"
