@@ -9,8 +9,10 @@ made once start-up is done:
 
 * what start-up built (modules, pydantic schemas, the spec) is frozen: full collections no
   longer walk it, and it is never garbage anyway;
-* the young generation is collected every `YOUNG_THRESHOLD` net allocations. A cycle then
-  waits longer to be freed, so memory holds at most that many more objects, a few MiB.
+* the young generation is collected every `young_threshold` net allocations (the setting
+  `POIROTD_GC_YOUNG_THRESHOLD`, default `YOUNG_THRESHOLD`). A cycle then waits longer to be
+  freed, so memory holds at most that many more objects, a few MiB at the default. A lower
+  value gives shorter, more frequent pauses.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import gc
 YOUNG_THRESHOLD = 50_000
 
 
-def tune_for_daemon() -> None:
+def tune_for_daemon(young_threshold: int = YOUNG_THRESHOLD) -> None:
     """Call once, when start-up is done. Process-wide: the daemon's entry points call it, not
     `Daemon.start` (tests start many daemons in one process)."""
     gc.freeze()
     _, middle, full = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, middle, full)
+    gc.set_threshold(young_threshold, middle, full)

@@ -151,7 +151,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
-        tune_for_daemon()
+        tune_for_daemon(self.settings.gc_young_threshold)
         if ready_file is not None:
             _write_ready_file(ready_file, self.grpc_port, self.metrics_port)
         await stop.wait()

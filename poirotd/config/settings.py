@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from poirotd.collector import YOUNG_THRESHOLD
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="POIROTD_", extra="forbid")
@@ -27,5 +29,7 @@ class Settings(BaseSettings):
     concurrent_investigations: int = Field(default=1, ge=1)
     # On SIGTERM, how long running investigations may take before they are kept as interrupted.
     drain_seconds: float = Field(default=30.0, ge=0.0)
+    # Net allocations between young collections of CPython's cyclic collector (poirotd.collector).
+    gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=700)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
