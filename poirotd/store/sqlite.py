@@ -58,7 +58,6 @@ from poirotd.store.records import (
     TELEMETRY_BLOCKS,
     AuditedTable,
     MessageBlock,
-    MessageRow,
     TelemetryBlock,
     event_row,
     exchange_row,
@@ -484,29 +483,35 @@ def _new_messages(
 
 def _message_blocks(messages: Sequence[AgentMessage]) -> list[MessageBlock]:
     """The messages as one block per session, each in arrival order."""
-    by_session: dict[str, list[MessageRow]] = {}
-    for message in messages:
-        by_session.setdefault(message.session_id, []).append(message_row_of(message))
     # Built from validated messages: constructed, not validated again.
     return [
         MessageBlock.model_construct(session_id=session_id, messages=rows)
-        for session_id, rows in by_session.items()
+        for session_id, rows in _rows_by_session(messages, message_row_of).items()
     ]
 
 
 def _telemetry_blocks(items: Sequence[IngestItem]) -> list[TelemetryBlock]:
     """The batch's samples as one block per session, each in arrival order."""
-    by_session: dict[str, list[tuple[str, str, float, datetime]]] = {}
-    for item in items:
-        if isinstance(item, TelemetrySample):
-            by_session.setdefault(item.session_id, []).append(
-                (item.component, item.signal, item.value, item.measured_at)
-            )
+    samples = [item for item in items if isinstance(item, TelemetrySample)]
     # Built from validated samples: constructed, not validated again.
     return [
-        TelemetryBlock.model_construct(session_id=session_id, samples=samples)
-        for session_id, samples in by_session.items()
+        TelemetryBlock.model_construct(session_id=session_id, samples=rows)
+        for session_id, rows in _rows_by_session(samples, _sample_row).items()
     ]
+
+
+_Item = TypeVar("_Item", AgentMessage, TelemetrySample)
+
+
+def _rows_by_session(items: Sequence[_Item], row_of: Callable[[_Item], _T]) -> dict[str, list[_T]]:
+    """Each item's row in a block, grouped by session, in arrival order."""
+    by_session: dict[str, list[_T]] = {}
+    for item in items:
+        by_session.setdefault(item.session_id, []).append(row_of(item))
+    return by_session
+
+
+_sample_row = attrgetter("component", "signal", "value", "measured_at")
 
 
 def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:
