@@ -62,10 +62,6 @@ class TelemetrySample(Frozen):
     value: float
     measured_at: datetime
 
-    @property
-    def reading(self) -> Reading:
-        return Reading(self.component, self.signal, self.value, self.measured_at)
-
 
 class Reading(NamedTuple):
     """A telemetry sample of a known session as the store reads it back: a plain tuple, since an

@@ -29,7 +29,6 @@ from poirotd.model import (
     MessageKind,
     Phase,
     PhaseTiming,
-    Reading,
     Session,
     SessionEnd,
     TelemetrySample,
@@ -46,6 +45,7 @@ from poirotd.store import chain as store_chain
 from poirotd.store import records as store_records
 from poirotd.store import schema as store_schema
 from poirotd.store import sqlite as store_sql
+from tests.hazards.helpers import readings
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 CEST = timezone(timedelta(hours=2))
@@ -88,10 +88,6 @@ def sample(seconds: float, value: float, sid: str = "s1") -> TelemetrySample:
         value=value,
         measured_at=T0 + timedelta(seconds=seconds),
     )
-
-
-def readings(*samples: TelemetrySample) -> list[Reading]:
-    return [s.reading for s in samples]
 
 
 def investigation(

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from poirotd.hazards import RuleEngine, parse_rules
-from poirotd.model import AgentMessage, HazardEvent, MessageKind, TelemetrySample
+from poirotd.model import AgentMessage, HazardEvent, MessageKind, Reading, TelemetrySample
 
 T0 = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
 EXO = "d2w_exoskeleton"
@@ -46,6 +46,11 @@ def series(
         sample(float(v), start + i * dt, session=session, component=component, signal=signal)
         for i, v in enumerate(values)
     ]
+
+
+def readings(*samples: TelemetrySample) -> list[Reading]:
+    """The samples as the store reads them back."""
+    return [Reading(s.component, s.signal, s.value, s.measured_at) for s in samples]
 
 
 def message(

@@ -6,7 +6,7 @@ import numpy as np
 
 from poirotd.hazards import summarise_window
 
-from .helpers import EXO, series
+from .helpers import EXO, readings, series
 
 SIGNALS = [
     "ankle_angle_deg",
@@ -20,12 +20,12 @@ SIGNALS = [
 
 def test_six_signals_fit_in_600_characters() -> None:
     t = np.arange(0.0, 2.0, 0.01)
-    readings = [
-        s.reading
+    samples = [
+        s
         for k, name in enumerate(SIGNALS)
         for s in series(10 * np.sin(2 * np.pi * t + k) + 100 * k, signal=name, start=10.0)
     ]
-    text = summarise_window(readings)
+    text = summarise_window(readings(*samples))
     assert len(text) <= 600, len(text)
     lines = text.splitlines()
     assert lines[0] == "telemetry from 2025-03-01T10:00:10.000+00:00 over 1.99 s:"
@@ -35,14 +35,13 @@ def test_six_signals_fit_in_600_characters() -> None:
 
 
 def test_figures_and_order() -> None:
-    newest_first = [s.reading for s in series([3.0, 1.0, 2.0], dt=0.5)[::-1]]
-    text = summarise_window(newest_first)
+    text = summarise_window(readings(*series([3.0, 1.0, 2.0], dt=0.5)[::-1]))  # newest first
     assert text.splitlines()[-1] == " ankle_angle_deg n=3 t=0.00-1.00 min=1 mean=2 max=3 last=2"
 
 
 def test_many_signals_are_capped() -> None:
-    readings = [s.reading for name in SIGNALS for s in series([1.0], signal=name)]
-    text = summarise_window(readings, max_signals=2)
+    samples = [s for name in SIGNALS for s in series([1.0], signal=name)]
+    text = summarise_window(readings(*samples), max_signals=2)
     assert text.endswith("(+4 more signals)")
     assert "hip_angle_deg" not in text
 
