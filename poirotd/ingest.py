@@ -18,22 +18,23 @@ class IngestValidator:
     def __init__(self, spec: SystemSpec, store: Store, *, max_item_bytes: int) -> None:
         self._spec = spec
         self._store = store
-        self._max_item_bytes = max_item_bytes
+        self.max_item_bytes = max_item_bytes
         self._agents = frozenset(spec.agent_ids)
         self._parties = self._agents | {c.id for c in spec.components}
         self._last_seq = 0
         self._opened: set[str] = set()
 
     def check(self, seq: int, item: IngestItem, size_bytes: int) -> None:
-        """Raises a ServiceError naming the item's seq and what is wrong with it."""
+        """Raises a ServiceError naming the item's seq and what is wrong with it. `size_bytes` is
+        the item's size, or a bound on it within the limit (the size of its batch)."""
         if seq <= self._last_seq:
             raise InvalidArgument(
                 f"seq {seq}: seq must increase within a stream (last was {self._last_seq})",
                 reason="invalid",
             )
-        if size_bytes > self._max_item_bytes:
+        if size_bytes > self.max_item_bytes:
             raise ResourceExhausted(
-                f"seq {seq}: item is {size_bytes} bytes, the limit is {self._max_item_bytes}",
+                f"seq {seq}: item is {size_bytes} bytes, the limit is {self.max_item_bytes}",
                 reason="oversized",
             )
         if not item.session_id:

@@ -238,6 +238,21 @@ async def test_a_bad_item_inside_a_batch_is_named_by_its_own_seq(
     assert acks == [2] and stored_messages(daemon) == 1
 
 
+async def test_items_are_held_to_the_size_limit_one_by_one_in_a_batch_over_it(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    small = [message(i, content="x" * (MAX_ITEM_BYTES // 4)) for i in range(8)]
+    large = message(8, content="y" * MAX_ITEM_BYTES)
+    first = batch(1, [start(), *small])
+    assert first.ByteSize() > MAX_ITEM_BYTES, "the batch is over the limit, no item is"
+    acks, error = await send_collecting_acks_raw(client, [first, batch(10, [large])])
+    assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = error.details() or ""
+    assert details.startswith("seq 10: item is ") and "the limit is 4096" in details
+    assert int(details.split()[4]) == pb.IngestItem(agent_message=large.agent_message).ByteSize()
+    assert acks == [9] and stored_messages(daemon) == 8
+
+
 async def test_a_request_with_an_item_and_a_batch_is_refused(client: PoirotClient) -> None:
     both = batch(2, [message(0)])
     both.agent_message.CopyFrom(message(1).agent_message)

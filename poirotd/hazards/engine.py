@@ -155,11 +155,14 @@ class RuleEngine:
         out = _Round()
         for message in messages:
             session, at = message.session_id, message.sent_at
-            t = at.timestamp()
-            self._sessions.setdefault(session, t)
+            if session not in self._sessions:
+                self._sessions[session] = at.timestamp()
             for rule, matcher in self._matchers:
                 summary = matcher.match(message)
-                if summary is not None and self._single_hit(rule, session, t, at, out):
+                if summary is None:  # the usual case: no time needed
+                    continue
+                t = at.timestamp()
+                if self._single_hit(rule, session, t, at, out):
                     out.events.append((t, _event(rule, session, at, summary)))
         self._combine(out)
         return out.sorted_events()

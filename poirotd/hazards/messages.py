@@ -62,8 +62,10 @@ class FlagMatcher:
         at = content.find(marker)
         if at >= 0:
             return content[at + len(marker) :].split("\n", 1)[0].strip()
+        if '"hazard"' not in content:  # first: searching copies nothing, stripping would
+            return None
         body = content.strip()
-        if not (body.startswith("{") and '"hazard"' in body):
+        if not body.startswith("{"):
             return None
         try:
             data = json.loads(body)

@@ -71,7 +71,9 @@ class IngestServicer(pb_grpc.IngestServicer):
         validator = self._service.new_ingest_validator()
         try:
             async for request in requests:
-                for seq, item, size in _unpack(request, datetime.now(UTC)):
+                for seq, item, size in _unpack(
+                    request, datetime.now(UTC), validator.max_item_bytes
+                ):
                     validator.check(seq, item, size)
                     if queue.full():
                         await queue.put((seq, item))
@@ -98,18 +100,22 @@ class IngestServicer(pb_grpc.IngestServicer):
 
 
 def _unpack(
-    request: pb.IngestRequest, received_at: datetime
+    request: pb.IngestRequest, received_at: datetime, item_limit: int
 ) -> Iterator[tuple[int, IngestItem, int]]:
-    """(seq, item, its size in bytes) for each item of the request, in order."""
+    """(seq, item, its size in bytes) for each item of the request, in order. Within a batch no
+    larger than `item_limit`, the batch's size stands for each item's (no item can exceed it):
+    sizing an item means serialising it, a tenth of the cost of converting it."""
+    request_bytes = request.ByteSize()
     if not request.items:
-        item = convert.ingest_item(request, request.seq, received_at)
-        yield request.seq, item, request.ByteSize()
+        yield request.seq, convert.ingest_item(request, request.seq, received_at), request_bytes
         return
     if request.WhichOneof("item") is not None:
         raise InvalidArgument(
             f"seq {request.seq}: a request carries one item or a batch of items, not both",
             reason="invalid",
         )
+    sized_each = request_bytes > item_limit
     for offset, entry in enumerate(request.items):
         seq = request.seq + offset
-        yield seq, convert.ingest_item(entry, seq, received_at), entry.ByteSize()
+        size = entry.ByteSize() if sized_each else request_bytes
+        yield seq, convert.ingest_item(entry, seq, received_at), size
