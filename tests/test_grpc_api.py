@@ -6,9 +6,11 @@ about ingest, refusals, the investigation lifecycle and the events, not about mo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -22,6 +24,8 @@ from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
+from poirotd.model import Session
+from poirotd.server.ingest import _Backlog, _StreamEnd
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 
@@ -506,3 +510,19 @@ async def test_trigger_chooses_the_method(daemon: Daemon, client: PoirotClient) 
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "oracle" in (invalid.value.details() or "")
     assert rejected(daemon, "Investigations.Trigger", "invalid") == 1
+
+
+async def test_the_ingest_backlog_pauses_reading_at_a_batch_and_ends_after_its_items() -> None:
+    item = Session(session_id="s", system="clinic", started_at=datetime.now(UTC))
+    backlog = _Backlog(batch_max=3)
+    await backlog.put([(1, item), (2, item)])
+    await backlog.put([(3, item), (4, item)])  # room for one more: a request goes in whole
+    blocked = asyncio.create_task(backlog.put([(5, item)]))
+    await asyncio.sleep(0.01)
+    assert not blocked.done(), "reading waits while a batch's worth is waiting"
+    batch, end = await backlog.take()
+    assert [seq for seq, _ in batch] == [1, 2, 3] and end is None
+    await asyncio.wait_for(blocked, 1)
+    await backlog.end(_StreamEnd())
+    batch, end = await backlog.take()
+    assert [seq for seq, _ in batch] == [4, 5] and end == _StreamEnd()

@@ -30,7 +30,41 @@ class _StreamEnd:
     error: ServiceError | None = None
 
 
-_Entry = tuple[int, IngestItem] | _StreamEnd
+_Checked = list[tuple[int, IngestItem]]  # (seq, item) in stream order
+
+
+class _Backlog:
+    """One stream's checked items waiting for their commit: a bounded hand-off between reading
+    and committing. Reading pauses while a batch's worth waits (HTTP/2 flow control then pushes
+    back on the client). A request's items go in together, so the hand-off costs per request,
+    not per item."""
+
+    def __init__(self, batch_max: int) -> None:
+        self._batch_max = batch_max
+        self._items: _Checked = []
+        self._end: _StreamEnd | None = None
+        self._changed = asyncio.Condition()
+
+    async def put(self, items: _Checked) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self._items) < self._batch_max)
+            self._items += items
+            self._changed.notify_all()
+
+    async def end(self, end: _StreamEnd) -> None:
+        async with self._changed:
+            self._end = end
+            self._changed.notify_all()
+
+    async def take(self) -> tuple[_Checked, _StreamEnd | None]:
+        """Waits for items or the end, then takes up to batch_max items; the end comes with
+        the last of them."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._items) or self._end is not None)
+            batch = self._items[: self._batch_max]
+            del self._items[: self._batch_max]
+            self._changed.notify_all()
+            return batch, None if self._items else self._end
 
 
 class IngestServicer(pb_grpc.IngestServicer):
@@ -43,13 +77,12 @@ class IngestServicer(pb_grpc.IngestServicer):
         request_iterator: AsyncIterator[pb.IngestRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.IngestAck]:
-        # A bounded hand-off: reading pauses (and HTTP/2 flow control pushes back on the client)
-        # while a batch commits; a full batch is written in one transaction (group commit).
-        queue: asyncio.Queue[_Entry] = asyncio.Queue(maxsize=self._batch_max)
-        reader = asyncio.create_task(self._read(request_iterator, queue))
+        # A full batch is written in one transaction (group commit).
+        backlog = _Backlog(self._batch_max)
+        reader = asyncio.create_task(self._read(request_iterator, backlog))
         try:
             while True:
-                batch, end = await self._next_batch(queue)
+                batch, end = await backlog.take()
                 if batch:
                     try:
                         await self._service.commit([item for _, item in batch])
@@ -65,38 +98,22 @@ class IngestServicer(pb_grpc.IngestServicer):
         finally:
             reader.cancel()
 
-    async def _read(
-        self, requests: AsyncIterator[pb.IngestRequest], queue: asyncio.Queue[_Entry]
-    ) -> None:
+    async def _read(self, requests: AsyncIterator[pb.IngestRequest], backlog: _Backlog) -> None:
         validator = self._service.new_ingest_validator()
-        try:
-            async for request in requests:
+        async for request in requests:
+            checked: _Checked = []
+            try:
                 for seq, item, size in _unpack(
                     request, datetime.now(UTC), validator.max_item_bytes
                 ):
                     validator.check(seq, item, size)
-                    if queue.full():
-                        await queue.put((seq, item))
-                    else:  # no coroutine per item when there is room, the usual case
-                        queue.put_nowait((seq, item))
-        except ServiceError as error:
-            await queue.put(_StreamEnd(error))
-        else:
-            await queue.put(_StreamEnd())
-
-    async def _next_batch(
-        self, queue: asyncio.Queue[_Entry]
-    ) -> tuple[list[tuple[int, IngestItem]], _StreamEnd | None]:
-        """Waits for one entry, then takes whatever else is already waiting (up to batch_max)."""
-        batch: list[tuple[int, IngestItem]] = []
-        entry = await queue.get()
-        while True:
-            if isinstance(entry, _StreamEnd):
-                return batch, entry
-            batch.append(entry)
-            if len(batch) >= self._batch_max or queue.empty():
-                return batch, None
-            entry = queue.get_nowait()
+                    checked.append((seq, item))
+            except ServiceError as error:
+                await backlog.put(checked)  # the items before the bad one are still committed
+                await backlog.end(_StreamEnd(error))
+                return
+            await backlog.put(checked)
+        await backlog.end(_StreamEnd())
 
 
 def _unpack(
