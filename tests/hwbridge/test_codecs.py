@@ -93,6 +93,22 @@ def test_malformed_json_raises_decode_error(payload: bytes, reason: str) -> None
         document().decode(payload, NOW)
 
 
+@pytest.mark.parametrize(
+    "payload, value",
+    [
+        (b'{"x": 18446744073709551616}', 18446744073709551616.0),  # over 64 bits
+        (b'{"x": 2, "note": "\\ud800"}', 2.0),  # a lone surrogate
+        (b'{"x": 3, "y": NaN}', 3.0),
+    ],
+)
+def test_json_that_orjson_refuses_or_bends_reads_as_json_reads_it(
+    payload: bytes, value: float
+) -> None:
+    assert document().decode(payload, NOW) == [Reading("x", value, NOW)]
+    with pytest.raises(DecodeError, match="too large for a float"):
+        document().decode(b'{"x": 1' + b"0" * 400 + b"}", NOW)
+
+
 def test_configured_fields_and_prefix_are_required() -> None:
     with pytest.raises(DecodeError, match="'price' is missing"):
         document(fields=("price",)).decode(b'{"volume": 1}', NOW)
