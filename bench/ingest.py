@@ -911,7 +911,7 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   a batch's `TelemetrySample`s, the rules run once per batch, sink calls that arrive while a
   commit is in flight are committed together (one fsync per group), and the store keeps a
   commit's samples as one block (one row, one chain entry). The difference is per-reading
-  Python work: decoding (JSON here), the ingest checks, rule evaluation and the block's
+  Python work: decoding (JSON here, with orjson), the ingest checks, rule evaluation and the block's
   encoding. With {FRAME_SIGNALS} readings per message the input reaches
   {mqtt["frames"] / store_rate:.0%} of what the store alone commits in batches of
   {COMMIT_BATCH} ({mqtt["frames_cpu"]:.0%} of a core). {_goal_room(us_transport, store_rate)}
