@@ -29,3 +29,8 @@ class ResourceExhausted(ServiceError):
 
 class Unavailable(ServiceError):
     """The daemon is draining or not ready."""
+
+
+class Internal(ServiceError):
+    """A fault of the daemon's own while serving a request: that request fails with a status
+    (never a hang), and the daemon goes on."""

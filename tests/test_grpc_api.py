@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -25,7 +26,9 @@ from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import Session
+from poirotd.server import convert
 from poirotd.server.ingest import _Backlog, _StreamEnd
+from poirotd.store import IngestItem
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 
@@ -170,6 +173,20 @@ async def test_ingest_acks_only_durable_items_and_resends_are_stored_once(
         (pb.IngestRequest(), grpc.StatusCode.INVALID_ARGUMENT, "invalid", "carries no item"),
         (
             pb.IngestRequest(
+                agent_message=pb.AgentMessage(
+                    session_id="s1",
+                    index=1,
+                    kind=pb.MESSAGE_KIND_AGENT,
+                    sender="doctor",
+                    sent_at=Timestamp(seconds=10**12),  # after year 9999
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "invalid",
+            "sent_at: Timestamp is not valid",
+        ),
+        (
+            pb.IngestRequest(
                 telemetry=pb.TelemetrySample(
                     session_id="s1", component="exo", signal="temp", value=float("nan")
                 )
@@ -186,6 +203,7 @@ async def test_ingest_acks_only_durable_items_and_resends_are_stored_once(
         "no-kind",
         "wrong-system",
         "empty",
+        "time-out-of-range",
         "nan-telemetry",
     ],
 )
@@ -208,6 +226,26 @@ async def test_bad_item_ends_stream_with_precise_status_keeps_acked_data_and_dae
     # The daemon keeps serving: a good stream afterwards is accepted.
     assert await client.send(session(3, "s3")) == 4
     assert stored_messages(daemon) == 4
+
+
+async def test_a_fault_of_the_daemon_on_a_request_ends_the_stream_with_internal(
+    daemon: Daemon, client: PoirotClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = convert.ingest_item
+
+    def failing(request: pb.IngestRequest | pb.IngestItem, seq: int, at: datetime) -> IngestItem:
+        if seq == 3:
+            raise RuntimeError("simulated bug")
+        return real(request, seq, at)
+
+    monkeypatch.setattr(convert, "ingest_item", failing)
+    acks, error = await asyncio.wait_for(
+        send_collecting_acks(client, [start(), message(0), message(1)]), 10
+    )
+    assert error is not None and error.code() == grpc.StatusCode.INTERNAL
+    assert (error.details() or "").startswith("seq 3: request failed: simulated bug")
+    assert acks and acks[-1] == 2 and stored_messages(daemon) == 1
+    assert rejected(daemon, "Ingest.Stream", "internal") == 1
 
 
 async def test_transport_refuses_grossly_oversized_message(client: PoirotClient) -> None:

@@ -48,11 +48,15 @@ _STATES = {
 _STATES_FROM_PB: dict[int, InvestigationState] = {v: k for k, v in _STATES.items()}
 
 
-def _time(ts: Timestamp, *, default: datetime) -> datetime:
-    """An unset timestamp means "now, as received"."""
+def _time(ts: Timestamp, *, default: datetime, seq: int, name: str) -> datetime:
+    """An unset timestamp means "now, as received". One a datetime cannot hold (before year 1,
+    after 9999, nanos out of range) is refused, naming the item's seq and the field."""
     if ts.seconds == 0 and ts.nanos == 0:
         return default
-    return ts.ToDatetime(tzinfo=UTC)
+    try:
+        return ts.ToDatetime(tzinfo=UTC)
+    except ValueError as exc:  # protobuf checks the range; its message says which part is off
+        raise InvalidArgument(f"seq {seq}: {name}: {exc}", reason="invalid") from exc
 
 
 def timestamp(value: datetime) -> Timestamp:
@@ -69,19 +73,21 @@ def ingest_item(
     request: pb.IngestRequest | pb.IngestItem, seq: int, received_at: datetime
 ) -> IngestItem:
     """The item of a single-item request or of one batched item, which has the seq given.
-    Raises InvalidArgument (naming the seq) for one without an item or a kind."""
+    Raises InvalidArgument (naming the seq) for one without an item or a kind, or with a time
+    out of range."""
     which = request.WhichOneof("item")
     if which == "session_start":
         s = request.session_start
         return Session(
             session_id=s.session_id,
             system=s.system,
-            started_at=_time(s.started_at, default=received_at),
+            started_at=_time(s.started_at, default=received_at, seq=seq, name="started_at"),
             labels=dict(s.labels),
         )
     if which == "session_end":
         e = request.session_end
-        return SessionEnd(session_id=e.session_id, ended_at=_time(e.ended_at, default=received_at))
+        ended_at = _time(e.ended_at, default=received_at, seq=seq, name="ended_at")
+        return SessionEnd(session_id=e.session_id, ended_at=ended_at)
     if which == "agent_message":
         m = request.agent_message
         if m.kind not in _KINDS:
@@ -97,7 +103,7 @@ def ingest_item(
                 "content": m.content,
                 "tool_calls": tuple(m.tool_calls) if m.tool_calls else (),  # usually none
                 "tool_name": m.tool_name,
-                "sent_at": _time(m.sent_at, default=received_at),
+                "sent_at": _time(m.sent_at, default=received_at, seq=seq, name="sent_at"),
             }
         )
     if which == "telemetry":
@@ -107,7 +113,7 @@ def ingest_item(
             component=t.component,
             signal=t.signal,
             value=t.value,
-            measured_at=_time(t.measured_at, default=received_at),
+            measured_at=_time(t.measured_at, default=received_at, seq=seq, name="measured_at"),
         )
     raise InvalidArgument(f"seq {seq}: request carries no item", reason="invalid")
 

@@ -16,7 +16,7 @@ import structlog
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.errors import InvalidArgument, ServiceError, Unavailable
+from poirotd.errors import Internal, InvalidArgument, ServiceError, Unavailable
 from poirotd.server import convert
 from poirotd.server.status import abort
 from poirotd.service import PoirotService
@@ -102,17 +102,22 @@ class IngestServicer(pb_grpc.IngestServicer):
         validator = self._service.new_ingest_validator()
         async for request in requests:
             checked: _Checked = []
+            error: ServiceError | None = None
             try:
                 for seq, item, size in _unpack(
                     request, datetime.now(UTC), validator.max_item_bytes
                 ):
                     validator.check(seq, item, size)
                     checked.append((seq, item))
-            except ServiceError as error:
-                await backlog.put(checked)  # the items before the bad one are still committed
+            except ServiceError as refusal:
+                error = refusal
+            except Exception as exc:  # a bug of ours: the stream ends with a status, not a hang
+                log.exception("ingest request failed", seq=request.seq)
+                error = Internal(f"seq {request.seq}: request failed: {exc}", reason="internal")
+            await backlog.put(checked)  # the items before a bad one are still committed
+            if error is not None:
                 await backlog.end(_StreamEnd(error))
                 return
-            await backlog.put(checked)
         await backlog.end(_StreamEnd())
 
 
