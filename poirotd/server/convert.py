@@ -46,6 +46,9 @@ _STATES = {
     InvestigationState.INTERRUPTED: pb.INVESTIGATION_STATE_INTERRUPTED,
 }
 _STATES_FROM_PB: dict[int, InvestigationState] = {v: k for k, v in _STATES.items()}
+# AgentMessage's validator, from a dict: pydantic's keyword constructor costs a quarter more per
+# message, and `model_validate`'s Python wrapper a fifth more than calling it.
+_validate_message = AgentMessage.__pydantic_validator__.validate_python
 
 
 def _time(ts: Timestamp, *, default: datetime, seq: int, name: str) -> datetime:
@@ -92,8 +95,7 @@ def ingest_item(
         m = request.agent_message
         if m.kind not in _KINDS:
             raise InvalidArgument(f"seq {seq}: message kind is unspecified", reason="invalid")
-        # From a dict: pydantic's keyword constructor costs a quarter more per message.
-        return AgentMessage.model_validate(
+        message: AgentMessage = _validate_message(
             {
                 "session_id": m.session_id,
                 "index": m.index,
@@ -106,6 +108,7 @@ def ingest_item(
                 "sent_at": _time(m.sent_at, default=received_at, seq=seq, name="sent_at"),
             }
         )
+        return message
     if which == "telemetry":
         t = request.telemetry
         return TelemetrySample(
