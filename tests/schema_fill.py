@@ -43,4 +43,6 @@ def fill(schema: dict[str, Any], *, prefer: str = "vote", bit: int = 1) -> Any:
         return False
     if kind == "integer":
         return 0
+    if kind == "null":
+        return None
     raise ValueError(f"unsupported schema: {schema}")

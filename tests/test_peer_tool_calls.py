@@ -16,6 +16,7 @@ from poirotd.protocol.events import ExchangeDone
 from poirotd.protocol.interrogation import closing_request, one_more_round
 from poirotd.protocol.peer_tools import VOTE_TOOL, PeerCall, tools_text, turn_tools, uses_tools
 from poirotd.protocol.schemas import AskAction, InvalidAnswer, VoteAction, vote_format
+from tests.schema_fill import fill
 from tests.test_protocol_engine import AGENTS, EXO, World, investigate, make_spec, who
 
 IDS = [a.id for a in AGENTS]
@@ -92,6 +93,14 @@ def test_calls_decode_to_the_action_objects() -> None:
     assert got.action.peer_id == "physio"
     voted = read(fmt, call(VOTE_TOOL, VOTE | {"step": 9}))  # a step never seen is dropped
     assert voted.action == VoteAction(action="vote", **VOTE, step=None)
+
+
+def test_a_voter_that_saw_no_message_can_only_answer_a_null_step() -> None:
+    schema = vote_format(4, set()).schema
+    assert schema is not None and schema["properties"]["step"] == {"type": "null"}
+    assert fill(schema)["step"] is None
+    step = turn_tools(["chief"], 4, {3}).tools[-1].parameters["properties"]["step"]
+    assert step == {"anyOf": [{"type": "integer"}, {"type": "null"}]}
 
 
 @pytest.mark.parametrize(

@@ -244,7 +244,7 @@ def turn_format(
     `steps` are the session indices the voter saw, the only ones a vote's step may name."""
     tools = [peer_tool(p) for p in peer_ids]
     ask = _object(action={"const": "ask"}, peer={"enum": tools}, question=_text(QUESTION_MAX))
-    vote = _object(action={"const": "vote"}, **_vote_properties(size))
+    vote = _object(action={"const": "vote"}, **_vote_properties(size, steps))
 
     def parse(text: str) -> AskAction | VoteAction:
         try:
@@ -270,7 +270,7 @@ def vote_format(size: int, steps: Collection[int]) -> AnswerFormat[VoteAnswer]:
         _check_location(vote.location, size)
         return _seen_step(vote, steps)
 
-    return AnswerFormat(_object(**_vote_properties(size)), parse)
+    return AnswerFormat(_object(**_vote_properties(size, steps)), parse)
 
 
 def _non_empty(text: str) -> str:
@@ -308,13 +308,15 @@ def _bits(*, max_items: int, min_items: int = 0) -> dict[str, Any]:
     }
 
 
-def _vote_properties(size: int) -> dict[str, dict[str, Any]]:
+def _vote_properties(size: int, steps: Collection[int]) -> dict[str, dict[str, Any]]:
     return {
         "hazard_vector": _text(HAZARD_VECTOR_MAX),
         "location": _bits(min_items=size, max_items=size),
         "justification": _text(JUSTIFICATION_MAX),
-        # Required (strict structured outputs want every property listed) but nullable.
-        "step": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        # Required (strict structured outputs want every property listed) but nullable. A voter
+        # that saw no message (a telemetry-only session) has no step to name: null is all that
+        # constrained decoding then lets it write.
+        "step": {"anyOf": [{"type": "integer"}, {"type": "null"}]} if steps else {"type": "null"},
     }
 
 
