@@ -105,6 +105,9 @@ def test_json_that_orjson_refuses_or_bends_reads_as_json_reads_it(
     payload: bytes, value: float
 ) -> None:
     assert document().decode(payload, NOW) == [Reading("x", value, NOW)]
+
+
+def test_an_integer_past_a_double_is_refused_as_json_reads_it() -> None:
     with pytest.raises(DecodeError, match="too large for a float"):
         document().decode(b'{"x": 1' + b"0" * 400 + b"}", NOW)
 
