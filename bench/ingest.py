@@ -764,12 +764,6 @@ def _size_mib(folder: Path, pattern: str) -> float:
 # ------------------------------------------------------------------ report
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
-    ).stdout.strip()
-
-
 def _mosquitto_version() -> str:
     out = subprocess.run(["mosquitto", "-h"], capture_output=True, text=True, check=False)
     return out.stdout.splitlines()[0].removeprefix("mosquitto version ") if out.stdout else "?"
@@ -785,8 +779,6 @@ class Results:
 
 
 def section(p: Plan, r: Results) -> str:
-    commit = _git("rev-parse", "--short", "HEAD")
-    dirty = " plus uncommitted changes" if _git("status", "--porcelain") else ""
     command = "--quick" if p.mode == "quick" else f"--minutes {p.rss_minutes:g}"
     mqtt, lat, light, agents, rss = r.mqtt, r.latency, r.light, r.agents, r.rss
     store_rate = mqtt["store"]
@@ -842,7 +834,7 @@ def section(p: Plan, r: Results) -> str:
     return f"""{report.begin_marker(_section(p.mode))}
 ## Ingest, {p.mode} run (`python -m bench.ingest {command}`)
 
-{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit `{commit}`{dirty}; {os.cpu_count()} CPUs,
+{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {report.commit_text()}; {os.cpu_count()} CPUs,
 Python {platform.python_version()}, Mosquitto {_mosquitto_version()}, SQLite
 {sqlite3.sqlite_version} (WAL, `synchronous=FULL`: every commit is an fsync). The LLM is the
 tests' scripted backend: investigations run the whole protocol, without model time or weights.

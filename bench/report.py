@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from poirotd.provenance import source_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "BENCHMARKS.md"
 HEADER = """# Benchmarks
@@ -35,3 +37,12 @@ def replace_section(current: str, name: str, text: str) -> str:
 def write_section(name: str, text: str, report: Path = REPORT) -> None:
     current = report.read_text() if report.exists() else HEADER
     report.write_text(replace_section(current, name, text))
+
+
+def commit_text() -> str:
+    """The measured commit as a section names it: `abc1234`, and whether the tree had changes."""
+    commit = source_commit()
+    if commit is None:
+        return "`unknown`"
+    head = commit.removesuffix("-dirty")
+    return f"`{head[:7]}`" + (" plus uncommitted changes" if head != commit else "")

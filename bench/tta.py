@@ -40,7 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from bench.report import begin_marker, end_marker, write_section
+from bench.report import begin_marker, commit_text, end_marker, write_section
 from poirotd.config.spec import OpenAILLMSpec, SystemSpec
 from poirotd.llm.embedded import default_model_path
 from poirotd.llm.openai_http import OpenAIBackend
@@ -608,13 +608,6 @@ def _count(n: int | None) -> str:
     return "unknown" if n is None else f"{n:,}"
 
 
-def _commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)
-    suffix = " plus uncommitted changes" if dirty.stdout.strip() else ""
-    return f"`{head.stdout.strip() or 'unknown'}`{suffix}"
-
-
 def limits_text(ours: Totals, theirs: Totals, runs: Sequence[Run]) -> str:
     """Where the time goes, from the recorded calls, then what the call logs show."""
     lines = []
@@ -865,7 +858,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"logs: {logs}", flush=True)
     saved = args.runs or logs / "runs.json"
     ran_cases: list[str] = []  # this sitting's, filled as it goes
-    sitting = Sitting(datetime.now(UTC), _commit(), args.note, ran_cases)
+    sitting = Sitting(datetime.now(UTC), commit_text(), args.note, ran_cases)
     sittings, runs = [sitting], []
     if saved.exists():
         earlier, max_tokens, runs = load_runs(saved)

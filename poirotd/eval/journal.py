@@ -22,6 +22,7 @@ from typing import Any
 from poirotd import __version__
 from poirotd.eval.claims import locked
 from poirotd.eval.results import CaseResult
+from poirotd.provenance import source_commit
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -79,6 +80,7 @@ class RunJournal:
                 "settings": settings,
                 "started_at": datetime.now(UTC).isoformat(),
                 "poirotd_version": __version__,
+                "poirotd_commit": source_commit(),
             }
         )
         tmp = self.run_path.with_suffix(".json.tmp")

@@ -22,6 +22,7 @@ from poirotd.eval.runner import run_cases
 from poirotd.llm import ChatMessage, LLMError
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, InvestigationMethod, MessageKind
+from poirotd.provenance import source_commit
 from tests.schema_fill import fill
 
 SPEC = SystemSpec.model_validate(
@@ -230,6 +231,7 @@ def test_run_json_refuses_a_directory_of_another_model(tmp_path: Path) -> None:
     )
     run_json = json.loads((tmp_path / "run.json").read_text())
     assert [i["method"] for i in run_json["invocations"]] == ["poirot", "baseline"]
+    assert run_json["invocations"][0]["poirotd_commit"] == source_commit()
     assert run_json["llm"]["context_tokens"] == 4096
 
     other = EmbeddedLLMSpec(context_tokens=8192).model_dump(mode="json")
