@@ -139,11 +139,12 @@ class RuleEngine:
                 groups.setdefault((s.session_id, s.component, s.signal), []).append(s)
         out = _Round()
         for key, group in groups.items():
+            stream = self._round_of(key)
             if len(group) <= CHUNK:
-                self._observe_chunk(key, group, out)
+                self._observe_chunk(key, stream, group, out)
                 continue
             for start in range(0, len(group), CHUNK):
-                self._observe_chunk(key, group[start : start + CHUNK], out)
+                self._observe_chunk(key, stream, group[start : start + CHUNK], out)
         self._combine(out)
         return out.sorted_events()
 
@@ -200,9 +201,11 @@ class RuleEngine:
 
     # ------------------------------------------------------------------ evaluation
 
-    def _observe_chunk(
-        self, key: tuple[str, str, str], chunk: Sequence[TelemetrySample], out: _Round
-    ) -> None:
+    def _round_of(self, key: tuple[str, str, str]) -> _Stream:
+        """The stream, ready for a round of its samples: its stale rules re-armed, and its
+        evidence trimmed to what the round's first sample may reach back to. Trimmed once per
+        round, not per chunk, so composites (combined after every chunk) find the evidence of
+        a hit in any chunk of the round."""
         session, component, signal = key
         stream = self._streams.get(key)
         if stream is None:
@@ -212,6 +215,17 @@ class RuleEngine:
             gate = self._gates.get((stale.name, session))
             if gate is not None:
                 gate.latched = False
+        stream.window.trim()
+        return stream
+
+    def _observe_chunk(
+        self,
+        key: tuple[str, str, str],
+        stream: _Stream,
+        chunk: Sequence[TelemetrySample],
+        out: _Round,
+    ) -> None:
+        session = key[0]
         clamped = stream.window.record(chunk)
         self._sessions.setdefault(session, clamped[0])
         values = [s.value for s in chunk]

@@ -139,18 +139,20 @@ class SignalWindow:
         self._ref = math.nan
         self.last_time = -math.inf
 
+    def trim(self) -> None:
+        """Before a round of new samples: drop the held ones its evidence cannot reach back to.
+        Older samples go now rather than a round later, so that few samples outlive their
+        batch: each one that does is walked by the next young collection."""
+        for _ in range(len(self._samples) - self._held_before):
+            self._samples.popleft()
+            self._sample_times.popleft()
+
     def record(self, chunk: Sequence[TelemetrySample]) -> list[float]:
-        """Keep the chunk as evidence, beside as many older samples as its evidence may reach
-        back to, and return its times.
+        """Keep the chunk as evidence (until the next ``trim``) and return its times.
 
         A late sample, older than the stream's newest, gets the newest time, so that windows
         and cooldowns never run backwards. Events still report its own ``measured_at``.
         """
-        # Older samples go now rather than a chunk's worth later, so that few samples outlive
-        # their batch: each one that does is walked by the next young collection.
-        for _ in range(len(self._samples) - self._held_before):
-            self._samples.popleft()
-            self._sample_times.popleft()
         # Plain floats: a frame's 50 signals are 50 chunks of one, where numpy's per-call cost
         # would be most of the work.
         times = []

@@ -444,3 +444,26 @@ def test_a_late_sample_is_still_evaluated() -> None:
     eng.observe_telemetry([sample(0.0, 1.0)])
     [event] = eng.observe_telemetry([sample(40.0, 0.5)])
     assert (event.rule, event.at) == ("r", at(0.5))
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_composite_evidence_does_not_depend_on_the_batch(batch: int) -> None:
+    """A composite's evidence is read once a round's chunks are all recorded: a hit early in a
+    stream's round (its first chunk of several) still has the samples up to it."""
+    rules = [
+        rule("threshold", "ankle_high", above=35, emit=False),
+        rule("threshold", "torque_high", signal="knee_torque_nm", above=20, emit=False),
+        rule("all", "both", rules=["ankle_high", "torque_high"], within_seconds=0.5),
+    ]
+    ankle = [40.0 if i == 10 else 1.0 for i in range(3 * CHUNK)]
+    samples = sorted(
+        [*series(ankle), sample(25.0, 0.1, signal="knee_torque_nm")],
+        key=lambda s: s.measured_at,
+    )
+    [event] = feed(engine(*rules, evidence_limit=8), samples, batch)
+    assert event.at == at(0.1)
+    assert [(s.signal, s.value) for s in event.evidence] == [
+        *[(ANKLE, 1.0)] * 3,
+        (ANKLE, 40.0),
+        ("knee_torque_nm", 25.0),
+    ]

@@ -45,6 +45,7 @@ def test_window_stats_match_numpy(window: dict[str, Any], offset: float) -> None
     while i < len(samples):
         n = int(rng.integers(1, CHUNK + 1))
         chunk = samples[i : i + n]
+        stream.trim()
         view = stream.view(stream.record(chunk), [s.value for s in chunk])
         count, mean, std = view.stats(spec, include_newest=True)
         for k in rng.integers(0, len(count), 5):
