@@ -51,6 +51,7 @@ from poirotd.model import AgentMessage, HazardEvent, TelemetrySample
 
 Signal = tuple[str, str]
 _NO_INDICES = np.empty(0, dtype=np.intp)
+_UNSEEN: list[TelemetrySample] = []
 
 
 @dataclass(slots=True)
@@ -132,13 +133,20 @@ class RuleEngine:
     # ------------------------------------------------------------------ inputs
 
     def observe_telemetry(self, samples: Sequence[TelemetrySample]) -> list[HazardEvent]:
-        groups: dict[tuple[str, str, str], list[TelemetrySample]] = {}
+        # None for a stream no rule watches: one lookup per sample either way.
+        groups: dict[tuple[str, str, str], list[TelemetrySample] | None] = {}
         watched = self._watched_signals
         for s in samples:
-            if (s.component, s.signal) in watched:
-                groups.setdefault((s.session_id, s.component, s.signal), []).append(s)
+            key = (s.session_id, s.component, s.signal)
+            group = groups.get(key, _UNSEEN)
+            if group is _UNSEEN:
+                group = groups[key] = [] if key[1:] in watched else None
+            if group is not None:
+                group.append(s)
         out = _Round()
         for key, group in groups.items():
+            if group is None:
+                continue
             stream = self._round_of(key)
             if len(group) <= CHUNK:
                 self._observe_chunk(key, stream, group, out)

@@ -18,9 +18,7 @@ offset, such as prices.
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -127,11 +125,12 @@ class SignalWindow:
 
     def __init__(self, lookback: int, evidence_limit: int, *, sums: bool) -> None:
         self.lookback = lookback
-        # Read only when a rule fires, so deques: appending is cheaper than numpy's. A chunk's
-        # evidence reaches back at most this far before it.
+        # Read only when a rule fires, so lists: appending is cheaper than numpy's, and
+        # trimming a round's worth is one slice deletion. A round's evidence reaches back at
+        # most this far before it.
         self._held_before = max(evidence_limit - 1, 0)
-        self._samples: deque[TelemetrySample] = deque()
-        self._sample_times: deque[float] = deque()
+        self._samples: list[TelemetrySample] = []
+        self._sample_times: list[float] = []
         self._times = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
         self._values = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
         self._sums = RingBuffer(lookback, CHUNK, np.float64) if sums else None
@@ -143,9 +142,10 @@ class SignalWindow:
         """Before a round of new samples: drop the held ones its evidence cannot reach back to.
         Older samples go now rather than a round later, so that few samples outlive their
         batch: each one that does is walked by the next young collection."""
-        for _ in range(len(self._samples) - self._held_before):
-            self._samples.popleft()
-            self._sample_times.popleft()
+        drop = len(self._samples) - self._held_before
+        if drop > 0:
+            del self._samples[:drop]
+            del self._sample_times[:drop]
 
     def record(self, chunk: Sequence[TelemetrySample]) -> list[float]:
         """Keep the chunk as evidence (until the next ``trim``) and return its times.
@@ -198,4 +198,4 @@ class SignalWindow:
     def evidence_at(self, t: float, limit: int) -> tuple[TelemetrySample, ...]:
         """The newest ``limit`` samples at or before time ``t``."""
         end = bisect.bisect_right(self._sample_times, t)
-        return tuple(itertools.islice(self._samples, max(0, end - limit), end))
+        return tuple(self._samples[max(0, end - limit) : end])
