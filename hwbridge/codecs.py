@@ -140,8 +140,9 @@ class DocumentCodec:
             return [] if value is None else [Reading("value", value, received_at)]
         at = self._time(record, received_at)
         prefix = self._prefix(record)
+        skip = self._skip
         names = self._fields or [
-            k for k, v in record.items() if k not in self._skip and _numeric(v)
+            k for k, v in record.items() if k not in skip and (type(v) is float or _numeric(v))
         ]
         readings = []
         for name in names:
@@ -149,13 +150,15 @@ class DocumentCodec:
                 raise DecodeError(f"field {name!r} is missing")
             value = _number(name, record[name])
             if value is not None:
-                readings.append(Reading(f"{prefix}{name}", value, at))
+                readings.append(Reading(prefix + name if prefix else name, value, at))
         return readings
 
     def _time(self, record: Mapping[object, object], received_at: datetime) -> datetime:
         if self._timestamp_field is None or self._timestamp_field not in record:
             return received_at
         raw = record[self._timestamp_field]
+        if type(raw) is float and raw - raw == 0.0:  # finite: the usual case, checked first
+            return epoch_to_datetime(raw, self._unit)
         if isinstance(raw, datetime):  # CBOR tag 0/1
             return raw if raw.tzinfo is not None else raw.replace(tzinfo=UTC)
         if isinstance(raw, str):
