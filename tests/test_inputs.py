@@ -5,12 +5,14 @@ dead-lettered and counted, and a failed commit loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from subprocess import PIPE, STDOUT
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -18,13 +20,17 @@ from prometheus_client import generate_latest
 from pydantic import ValidationError
 
 from hwbridge import exo
+from hwbridge.config import DeadLetterConfig
+from hwbridge.deadletter import DeadLetterStore
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.ingest import IngestValidator
+from poirotd.inputs import SinkStats, _CommitSink
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import HazardEvent
+from poirotd.model import HazardEvent, Session, TelemetrySample
 from poirotd.service import PoirotService
-from poirotd.store import IngestItem
+from poirotd.store import IngestItem, Store
 from tests.conftest import Mosquitto
 from tests.hwbridge.support import eventually
 from tests.inprocess import in_process_daemon
@@ -38,6 +44,7 @@ DISTINCT_SAMPLES = (
     "SELECT count(*) FROM (SELECT DISTINCT component, signal, value, measured_at"
     " FROM telemetry_samples)"
 )
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 SENSOR_X = exo.FaultSpec(signal="proprioception_score", kind="offset", magnitude=-4)
 
 
@@ -181,3 +188,38 @@ def test_a_mapping_to_an_undeclared_component_is_refused_with_the_spec(
     data["inputs"]["mqtt"]["mappings"][0]["component"] = "treadmill"
     with pytest.raises(ValidationError, match="component 'treadmill' is not declared"):
         SystemSpec.model_validate(data)
+
+
+class _CommittingService:
+    """What a sink uses of PoirotService: the ingest checks, rules (none) and commits."""
+
+    def __init__(self) -> None:
+        self.committed: list[IngestItem] = []
+
+    def new_ingest_validator(self) -> IngestValidator:
+        return IngestValidator(SPEC, cast(Store, None), max_item_bytes=1 << 20)
+
+    def evaluate(self, items: Sequence[IngestItem]) -> list[HazardEvent]:
+        return []
+
+    async def commit(self, items: Sequence[IngestItem], events: Sequence[HazardEvent]) -> None:
+        self.committed.extend(items)
+
+
+async def test_the_sink_checks_every_value_of_a_stream_it_has_passed() -> None:
+    """A stream that passed the checks skips them for its later samples, except the value."""
+    service = _CommittingService()
+    dead_letters = DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
+    stats = SinkStats()
+    session = Session(session_id="s1", system=SPEC.system.name, started_at=T0)
+    sink = _CommitSink(cast(PoirotService, service), session, dead_letters, stats)
+
+    def sample(component: str, value: float) -> TelemetrySample:
+        return TelemetrySample(
+            session_id="s1", component=component, signal="hr", value=value, measured_at=T0
+        )
+
+    await sink([sample("exo", 70.0), sample("exo", math.inf), sample("ghost", 1.0)])
+    await sink([sample("exo", math.nan), sample("exo", 71.0), sample("ghost", 2.0)])
+    assert [item.value for item in service.committed] == [70.0, 71.0]  # type: ignore[union-attr]
+    assert stats.refused == dead_letters.stats.stored == 4
