@@ -51,7 +51,8 @@ from poirotd.model import AgentMessage, HazardEvent, TelemetrySample
 
 Signal = tuple[str, str]
 _NO_INDICES = np.empty(0, dtype=np.intp)
-_UNSEEN: list[TelemetrySample] = []
+# observe_telemetry's marker for a stream not met yet in a batch (None marks one no rule watches).
+_NOT_MET: list[TelemetrySample] = []
 
 
 @dataclass(slots=True)
@@ -133,13 +134,13 @@ class RuleEngine:
     # ------------------------------------------------------------------ inputs
 
     def observe_telemetry(self, samples: Sequence[TelemetrySample]) -> list[HazardEvent]:
-        # None for a stream no rule watches: one lookup per sample either way.
+        # One dict lookup per sample, whether a rule watches its stream or not.
         groups: dict[tuple[str, str, str], list[TelemetrySample] | None] = {}
         watched = self._watched_signals
         for s in samples:
             key = (s.session_id, s.component, s.signal)
-            group = groups.get(key, _UNSEEN)
-            if group is _UNSEEN:
+            group = groups.get(key, _NOT_MET)
+            if group is _NOT_MET:
                 group = groups[key] = [] if key[1:] in watched else None
             if group is not None:
                 group.append(s)
