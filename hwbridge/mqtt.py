@@ -238,6 +238,7 @@ class MqttSubscriber:
                 log.warning("mqtt connection lost", error=str(exc))
             finally:
                 connection.open = False
+                _read_disconnection_error(client)
             await backoff.sleep()
 
     def _report_refused(self, granted: Sequence[int | ReasonCode]) -> None:
@@ -246,6 +247,18 @@ class MqttSubscriber:
         for (topic, _), code in zip(self._subscriptions, granted, strict=False):
             if (code.value if isinstance(code, ReasonCode) else code) >= 0x80:
                 log.error("mqtt subscription refused", topic=topic, code=str(code))
+
+
+def _read_disconnection_error(client: aiomqtt.Client) -> None:
+    """Marks a left client's disconnection error as read. aiomqtt keeps the error of an
+    unexpected disconnection in a future (private ``_disconnected``) that leaving the client
+    does not read when the connection is already gone. asyncio then logs "Future exception was
+    never retrieved" whenever the client is collected, a spurious error: the loss was reported
+    already, by the MqttError that ended the connection or the publish."""
+    disconnected = getattr(client, "_disconnected", None)
+    if isinstance(disconnected, asyncio.Future) and disconnected.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            disconnected.exception()
 
 
 def _delivery(message: aiomqtt.Message, connection: _Connection) -> Delivery:
@@ -309,6 +322,8 @@ class MqttPublisher:
         return self._client
 
     async def _disconnect(self) -> None:
-        self._client = None
+        client, self._client = self._client, None
         with contextlib.suppress(aiomqtt.MqttError):
             await self._stack.aclose()
+        if client is not None:
+            _read_disconnection_error(client)
