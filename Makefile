@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast lint proto bench bench-tta clean
 
-demo: $(STAMPS)/python-deps
+demo: $(STAMPS)/python-deps $(STAMPS)/system-deps
 	$(BIN)/poirotd demo
 
 test: $(STAMPS)/python-deps $(STAMPS)/system-deps

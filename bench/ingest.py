@@ -40,8 +40,8 @@ import numpy as np
 
 from bench import report
 from bench.agents import CONTENT, SENDERS
-from bench.broker import MAX_INFLIGHT, mosquitto
 from bench.publisher import FRAME_SIGNALS, SPIKE, SPIKE_PERIOD
+from hwbridge.broker import MAX_INFLIGHT, mosquitto
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttSubscriber
 from poirotd import logs

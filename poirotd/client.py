@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Self
 
@@ -84,7 +84,7 @@ class PoirotClient:
 
     async def watch(
         self, investigation_id: str = "", after_event_id: int = 0
-    ) -> AsyncIterator[pb.InvestigationEvent]:
+    ) -> AsyncGenerator[pb.InvestigationEvent]:
         request = pb.WatchRequest(investigation_id=investigation_id, after_event_id=after_event_id)
         async for event in self.investigations.Watch(request):
             yield event

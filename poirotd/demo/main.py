@@ -1,25 +1,37 @@
-"""Runs the whole path once, as a user would see it: a real daemon process, a session streamed over
-gRPC, an investigation followed event by event, the attribution and the exported metrics."""
+"""Runs the whole path once, as a user would see it: a real daemon process reading a local
+Mosquitto, a session streamed over gRPC, exoskeleton telemetry with a miscalibrated sensor over
+MQTT, the rule that fires on it, the investigation it opens followed event by event, the
+attribution and the exported metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import shutil
 import tempfile
 import urllib.request
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from hwbridge import exo
+from hwbridge.broker import mosquitto
+from hwbridge.config import BrokerConfig
+from hwbridge.mqtt import MqttPublisher
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client import PoirotClient
 from poirotd.launcher import DaemonProcess
 
+# The session cortex.yaml's MQTT input files the exoskeleton's samples under.
 SESSION_ID = "cortex-demo-1"
+# Sensor-X of the POIROT paper: the proprioception sensor reads 4 points low (2/8 for 6/8).
+SENSOR_X = exo.FaultSpec(signal="proprioception_score", kind="offset", magnitude=-4)
 _KINDS = {
     "agent": pb.MESSAGE_KIND_AGENT,
     "human": pb.MESSAGE_KIND_HUMAN,
@@ -41,9 +53,10 @@ def demo_file(name: str) -> Path:
 
 
 def session_requests(
-    session_file: Path, session_id: str, system: str
+    session_file: Path, session_id: str, system: str, *, end: bool = True
 ) -> Iterator[pb.IngestRequest]:
-    """The demo session as ingest requests: start, every message in order, end."""
+    """The demo session as ingest requests: start, every message in order, then (with `end`)
+    its end."""
     yield pb.IngestRequest(session_start=pb.SessionStart(session_id=session_id, system=system))
     for line in session_file.read_text().splitlines():
         if not line.strip():
@@ -61,7 +74,8 @@ def session_requests(
                 tool_name=m.get("tool_name", ""),
             )
         )
-    yield pb.IngestRequest(session_end=pb.SessionEnd(session_id=session_id))
+    if end:
+        yield pb.IngestRequest(session_end=pb.SessionEnd(session_id=session_id))
 
 
 def describe_event(event: pb.InvestigationEvent) -> str:
@@ -100,16 +114,52 @@ def attribution_table(investigation: pb.Investigation) -> Table:
     return table
 
 
-async def _investigate(daemon: DaemonProcess, system: str) -> pb.Investigation:
+def _spec_file(folder: Path, broker_port: int) -> Path:
+    """cortex.yaml with its MQTT input pointed at the demo's broker."""
+    spec = yaml.safe_load(demo_file("cortex.yaml").read_text())
+    spec["inputs"]["mqtt"]["broker"]["port"] = broker_port
+    path = folder / "cortex.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+async def _publish_gait(broker_port: int) -> int:
+    """One second of simulated gait with Sensor-X, as the exoskeleton would publish it."""
+    simulator = exo.ExoSimulator(exo.ExoSimConfig(rate_hz=1500, faults=(SENSOR_X,), seed=4))
+    messages = exo.messages(simulator.advance(1.0), "p7")
+    async with MqttPublisher(BrokerConfig(port=broker_port, client_id="exoskeleton")) as publisher:
+        for topic, payload in messages:
+            await publisher.publish(topic, payload)
+    return len(messages)
+
+
+async def _first_investigation(client: PoirotClient, timeout_s: float = 60.0) -> str:
+    """The id of the first investigation the daemon opened (Watch without an id replays every
+    investigation's events from the first)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with contextlib.aclosing(client.watch()) as events:
+                async for event in events:
+                    return event.investigation_id
+    except TimeoutError:
+        pass
+    raise RuntimeError(f"no rule opened an investigation within {timeout_s:g} s")
+
+
+async def _investigate(daemon: DaemonProcess, system: str, broker_port: int) -> pb.Investigation:
     async with PoirotClient(daemon.grpc_target) as client:
-        requests = list(session_requests(demo_file("cortex_session.jsonl"), SESSION_ID, system))
+        requests = list(
+            session_requests(demo_file("cortex_session.jsonl"), SESSION_ID, system, end=False)
+        )
         durable = await client.send(requests)
         console.print(f"streamed {len(requests)} items over gRPC; durable up to seq {durable}")
-        investigation = await client.trigger(SESSION_ID, "demo: clinician reported an incident")
-        console.print(f"triggered investigation {investigation.investigation_id}")
-        async for event in client.watch(investigation.investigation_id):
+        published = await _publish_gait(broker_port)
+        console.print(f"published {published} MQTT messages of exoskeleton telemetry (Sensor-X)")
+        investigation_id = await _first_investigation(client)
+        console.print(f"a rule opened investigation {investigation_id}")
+        async for event in client.watch(investigation_id):
             console.print("  " + describe_event(event))
-        return await client.get(investigation.investigation_id)
+        return await client.get(investigation_id)
 
 
 def _poirot_metric_lines(url: str) -> list[str]:
@@ -126,15 +176,22 @@ def _poirot_metric_lines(url: str) -> list[str]:
 
 def run_demo(workdir: Path | None) -> int:
     console.print(_NOTICE)
-    with tempfile.TemporaryDirectory(prefix="poirotd-demo-") as tmp:
+    if shutil.which("mosquitto") is None:
+        console.print(
+            "[red]the demo needs the `mosquitto` broker:[/] `make demo` installs it "
+            "(Debian package `mosquitto`)"
+        )
+        return 1
+    with tempfile.TemporaryDirectory(prefix="poirotd-demo-") as tmp, mosquitto() as broker_port:
         folder = workdir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        daemon = DaemonProcess(demo_file("cortex.yaml"), folder)
+        console.print(f"local Mosquitto on port {broker_port}")
+        daemon = DaemonProcess(_spec_file(folder, broker_port), folder)
         console.print("starting poirotd (embedded model)...")
         daemon.start()
         try:
             console.print(f"daemon ready: gRPC {daemon.grpc_target}, metrics {daemon.metrics_url}")
-            investigation = asyncio.run(_investigate(daemon, "cortex"))
+            investigation = asyncio.run(_investigate(daemon, "cortex", broker_port))
             if investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED:
                 console.print(attribution_table(investigation))
             else:

@@ -1,8 +1,9 @@
-"""A fresh Mosquitto per measurement, on a free loopback port, tuned so it never drops QoS 1.
+"""A throwaway Mosquitto on a free loopback port, tuned so it never drops QoS 1: the broker of
+`poirotd demo` and of each benchmark measurement.
 
-Unlike the tests' broker it keeps nothing on disk (each measurement starts from an empty broker)
-and lifts the two limits that would otherwise cap or lose a burst: the per-client window of
-un-acked deliveries (default 20) and the per-client queue (default 1000, then dropped).
+Unlike the tests' broker it keeps nothing on disk (each use starts from an empty broker) and
+lifts the two limits that would otherwise cap or lose a burst: the per-client window of un-acked
+deliveries (default 20) and the per-client queue (default 1000, then dropped).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ MAX_QUEUED = 5_000_000
 def mosquitto() -> Iterator[int]:
     """Yields the port of a running broker; stops it (SIGTERM, then SIGKILL) on exit."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as folder:
+    with tempfile.TemporaryDirectory(prefix="mosquitto-") as folder:
         conf = Path(folder) / "mosquitto.conf"
         conf.write_text(
             f"listener {port} 127.0.0.1\n"
