@@ -44,13 +44,15 @@ def mosquitto() -> Iterator[int]:
             ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:
-            _wait_listening(process, port)
+            wait_listening(process, port)
             yield port
         finally:
             stop_process(process)
 
 
-def _wait_listening(process: subprocess.Popen[bytes], port: int) -> None:
+def wait_listening(process: subprocess.Popen[bytes], port: int) -> None:
+    """Returns once the broker accepts connections on `port`; raises RuntimeError if it exits
+    or has not listened within 10 s."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import getpass
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hwbridge.broker import wait_listening
 from poirotd.launcher import free_port, stop_process
 
 
@@ -48,16 +47,10 @@ class Mosquitto:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {self.log_tail()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(f"mosquitto did not listen on {self.port}: {self.log_tail()}")
+        try:
+            wait_listening(self._process, self.port)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {self.log_tail()}") from None
 
     def stop(self) -> None:
         if self._process is not None:
