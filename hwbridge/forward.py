@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import re
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -39,7 +38,7 @@ from hwbridge.deadletter import DeadLetterStore
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.client import batched
-from poirotd.model import TelemetrySample
+from poirotd.model import TelemetryBatch, TelemetrySample
 from poirotd.server import convert
 
 log = structlog.get_logger(__name__)
@@ -99,7 +98,7 @@ class _Item:
 
 
 class Forwarder:
-    """A sink (``await forwarder(samples)``); use as ``async with Forwarder(...) as forwarder``.
+    """A sink (``await forwarder(batch)``); use as ``async with Forwarder(...) as forwarder``.
 
     Memory is bounded by ``max_pending`` samples not yet durable: callers wait for room (a call
     larger than the window is admitted alone), which is the backpressure the inputs pass on.
@@ -157,7 +156,9 @@ class Forwarder:
         self._fail(ForwardError("forwarder closed"))
         await self._channel.close()
 
-    async def __call__(self, samples: Sequence[TelemetrySample]) -> None:
+    async def __call__(self, batch: TelemetryBatch) -> None:
+        # gRPC carries samples: built here, where the round trip dwarfs their cost.
+        samples = batch.samples()
         if not samples:
             return
         call = _Call(len(samples), asyncio.get_running_loop().create_future())

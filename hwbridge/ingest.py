@@ -1,7 +1,8 @@
 """The input pipeline every transport shares: payload -> samples -> sink -> acknowledgement.
 
 A transport (MQTT, a TCP line feed) yields ``Delivery`` objects; this module decodes them through
-the routes, hands the samples to a sink in batches and acknowledges each delivery back to its
+the routes, hands the samples to a sink in batches (``TelemetryBatch``: readings of the
+session, no pydantic object per sample) and acknowledges each delivery back to its
 transport only after the sink has accepted every batch up to and including it, in arrival order
 (MQTT requires PUBACKs in the order the PUBLISHes came, MQTT-4.6.0-2). For the gRPC forwarder,
 "accepted" means durable at poirotd; for an in-process daemon, committed to its store.
@@ -16,26 +17,20 @@ full and queues the rest (persisted) on its side.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple, TypeAlias
-
-from pydantic import TypeAdapter
+from typing import NamedTuple
 
 from hwbridge.codecs import DecodeError
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.topics import Router
-from poirotd.model import TelemetrySample
-
-_SAMPLES = TypeAdapter(list[TelemetrySample])
-# A sample's fields, as decoding gives them.
-_Fields: TypeAlias = dict[str, object]
+from poirotd.model import Reading, TelemetryBatch
 
 # The in-process consumer interface: returns once the sink has taken responsibility for the
-# samples; raising means it has not, and nothing from that batch on is acknowledged.
-Sink = Callable[[Sequence[TelemetrySample]], Awaitable[None]]
+# batch; raising means it has not, and nothing from that batch on is acknowledged.
+Sink = Callable[[TelemetryBatch], Awaitable[None]]
 
 
 class Delivery(NamedTuple):
@@ -78,20 +73,20 @@ class TelemetryInput:
         self._config = config
         self.stats = InputStats()
 
-    def decode(self, delivery: Delivery) -> list[_Fields]:
-        """The fields of the delivery's samples (`_SAMPLES` makes them samples, a batch at a
-        time); an undecodable delivery is counted, dead-lettered and yields []."""
+    def decode(self, delivery: Delivery) -> list[Reading]:
+        """The delivery's samples; an undecodable delivery is counted, dead-lettered and yields
+        []. Codecs give finite floats and aware times, so readings need no further validation."""
         self.stats.received += 1
         try:
-            fields = self._fields(delivery)
+            readings = self._readings(delivery)
         except DecodeError as exc:
             self.stats.undecodable += 1
             self._dead_letters.add(delivery.source, str(exc), delivery.payload)
             return []
-        self.stats.decoded += len(fields)
-        return fields
+        self.stats.decoded += len(readings)
+        return readings
 
-    def _fields(self, delivery: Delivery) -> list[_Fields]:
+    def _readings(self, delivery: Delivery) -> list[Reading]:
         if len(delivery.payload) > self._config.max_payload_bytes:
             raise DecodeError(
                 f"payload is {len(delivery.payload)} bytes, "
@@ -103,21 +98,13 @@ class TelemetryInput:
             # configuration until they are unsubscribed.
             raise DecodeError("no mapping for this topic")
         route, captures = resolved
-        fields = []
-        for reading in route.codec.decode(delivery.payload, delivery.received_at):
-            component, signal = route.names(reading.field, delivery.source, captures)
+        readings = []
+        for field, value, measured_at in route.codec.decode(delivery.payload, delivery.received_at):
+            component, signal = route.names(field, delivery.source, captures)
             if not component or not signal:
-                raise DecodeError(f"field {reading.field!r} maps to an empty component or signal")
-            fields.append(
-                {
-                    "session_id": self._session_id,
-                    "component": component,
-                    "signal": signal,
-                    "value": reading.value,
-                    "measured_at": reading.measured_at,
-                }
-            )
-        return fields
+                raise DecodeError(f"field {field!r} maps to an empty component or signal")
+            readings.append(Reading(component, signal, value, measured_at))
+        return readings
 
     async def run(self, deliveries: AsyncIterable[Delivery]) -> None:
         """Runs until the deliveries end (everything then acked) or the task is cancelled.
@@ -156,24 +143,22 @@ class TelemetryInput:
             first = await received.get()
             if first is None:
                 break
-            deliveries, fields = [first], self.decode(first)
-            while len(fields) < self._config.max_batch and not received.empty():
+            deliveries, readings = [first], self.decode(first)
+            while len(readings) < self._config.max_batch and not received.empty():
                 more = received.get_nowait()
                 if more is None:
                     ended = True
                     break
                 deliveries.append(more)
-                fields.extend(self.decode(more))
-            # Fields a codec produced always make valid samples: one validation call per batch
-            # (per delivery, it costs as much as decoding a one-reading message).
-            samples = _SAMPLES.validate_python(fields)
-            sink_call = group.create_task(self._forward(samples)) if samples else None
+                readings.extend(self.decode(more))
+            batch = TelemetryBatch(self._session_id, readings)
+            sink_call = group.create_task(self._forward(batch)) if readings else None
             await batches.put(_Batch(sink_call, deliveries))
         await batches.put(None)
 
-    async def _forward(self, samples: list[TelemetrySample]) -> None:
-        await self._sink(samples)
-        self.stats.forwarded += len(samples)
+    async def _forward(self, batch: TelemetryBatch) -> None:
+        await self._sink(batch)
+        self.stats.forwarded += len(batch.readings)
 
     async def _ack_all(self, batches: asyncio.Queue[_Batch | None]) -> None:
         while (batch := await batches.get()) is not None:

@@ -35,10 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
@@ -53,7 +52,7 @@ from hwbridge.config import BridgeConfig, PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from poirotd.config.spec import InputsSpec
 from poirotd.errors import ServiceError
-from poirotd.model import HazardEvent, Session, TelemetrySample
+from poirotd.model import HazardEvent, Reading, Session, TelemetryBatch, TelemetrySample
 from poirotd.service import PoirotService
 
 log = structlog.get_logger(__name__)
@@ -135,15 +134,17 @@ class _CommitSink:
     ) -> None:
         self._service = service
         self._validator = service.new_ingest_validator()
-        # Streams whose samples passed the checks. Apart from the value (checked for each
-        # sample), they depend only on the stream: its session stays known, its component
-        # declared. A stream's later samples then skip the validator (2 us each).
-        self._passed: set[tuple[str, str, str]] = set()
+        # Streams (component, signal) whose samples passed the checks. Apart from the value
+        # (checked for each sample), they depend only on the stream: its session stays known,
+        # its component declared. A stream's later samples then skip the validator, and no
+        # pydantic sample is built for them.
+        self._passed: set[tuple[str, ...]] = set()
         self._seq = itertools.count(1)
         self._dead_letters = dead_letters
         self._stats = stats
         self._turn = asyncio.Lock()
-        self._queued: list[TelemetrySample] = []
+        self._session = session
+        self._queued: list[Reading] = []
         # Their hazard events: the rules see each call's samples on arrival, not at its commit.
         self._events: list[HazardEvent] = []
         # Resolved once the samples now in _queued are committed (or failed with the commit).
@@ -151,12 +152,18 @@ class _CommitSink:
         # Payload sizes are bounded by the pipeline before decoding: no per-item size here.
         self._validator.check(next(self._seq), session, 0)
 
-    async def __call__(self, samples: Sequence[TelemetrySample]) -> None:
+    async def __call__(self, batch: TelemetryBatch) -> None:
+        if batch.session_id != self._session.session_id:
+            raise ValueError(
+                f"this sink stores session {self._session.session_id!r}, not {batch.session_id!r}"
+            )
         accepted = []
         passed = self._passed
-        for sample in samples:
-            stream = (sample.session_id, sample.component, sample.signal)
-            if stream not in passed or not math.isfinite(sample.value):
+        for reading in batch.readings:
+            stream = reading[:2]
+            value = reading.value
+            if stream not in passed or value - value != 0.0:  # not finite: inf - inf is NaN
+                sample = TelemetrySample(session_id=batch.session_id, **reading._asdict())
                 try:
                     self._validator.check(next(self._seq), sample, 0)
                 except ServiceError as refusal:
@@ -167,10 +174,10 @@ class _CommitSink:
                 if len(passed) >= _PASSED_STREAMS:
                     passed.clear()
                 passed.add(stream)
-            accepted.append(sample)
+            accepted.append(reading)
         if not accepted:
             return
-        self._events.extend(self._service.evaluate(accepted))
+        self._events.extend(self._service.evaluate([TelemetryBatch(batch.session_id, accepted)]))
         self._queued.extend(accepted)
         joined = self._round
         async with self._turn:
@@ -179,18 +186,19 @@ class _CommitSink:
         await joined  # every call of a failed round raises the commit's error
 
     async def _commit_round(self) -> None:
-        batch, events, done = self._queued, self._events, self._round
+        batch = TelemetryBatch(self._session.session_id, self._queued)
+        events, done = self._events, self._round
         self._queued, self._events = [], []
         self._round = asyncio.get_running_loop().create_future()
         try:
-            await self._service.commit(batch, sorted(events, key=lambda event: event.at))
+            await self._service.commit([batch], sorted(events, key=lambda event: event.at))
         except asyncio.CancelledError:
             done.cancel()
             raise
         except Exception as exc:
             done.set_exception(exc)
         else:
-            self._stats.committed += len(batch)
+            self._stats.committed += len(batch.readings)
             done.set_result(None)
 
 

@@ -17,9 +17,9 @@ from poirotd.config import SystemSpec
 from poirotd.errors import ServiceError
 from poirotd.hazards import RuleEngine
 from poirotd.metrics import Metrics
-from poirotd.model import AgentMessage, HazardEvent, SessionEnd, TelemetrySample
+from poirotd.model import AgentMessage, HazardEvent, SessionEnd, TelemetryBatch, TelemetrySample
 from poirotd.runner import InvestigationRunner
-from poirotd.store import IngestItem
+from poirotd.store import CommitItem
 
 log = structlog.get_logger(__name__)
 
@@ -40,11 +40,14 @@ class HazardMonitor:
     def active(self) -> bool:
         return bool(self._spec.rules)
 
-    def evaluate(self, items: Sequence[IngestItem]) -> list[HazardEvent]:
+    def evaluate(self, items: Sequence[CommitItem]) -> list[HazardEvent]:
         """Runs the rules over a batch (in order) as it arrives, before its commit: an event's
         latency is then decoding and rule evaluation, not an fsync. Nothing is opened here."""
         telemetry = [i for i in items if isinstance(i, TelemetrySample)]
         events = self._rules.observe_telemetry(telemetry) if telemetry else []
+        for batch in items:
+            if isinstance(batch, TelemetryBatch):
+                events += self._rules.observe_batch(batch)
         if messages := [i for i in items if isinstance(i, AgentMessage)]:
             events += self._rules.observe_messages(messages)
         for item in items:
@@ -52,7 +55,7 @@ class HazardMonitor:
                 self._rules.end_session(item.session_id)
         return sorted(events, key=lambda event: event.at)
 
-    async def open(self, events: Sequence[HazardEvent], items: Sequence[IngestItem]) -> None:
+    async def open(self, events: Sequence[HazardEvent], items: Sequence[CommitItem]) -> None:
         """Opens what a batch's events call for, once the batch is committed: every
         investigation has its evidence in the store."""
         await self._open(events)

@@ -28,13 +28,14 @@ from poirotd.model import (
     LLMExchange,
     Session,
     SessionEnd,
+    TelemetryBatch,
     TelemetrySample,
 )
 from poirotd.monitor import HazardMonitor
 from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.reputation import betas_in_use, reassess
 from poirotd.runner import InvestigationRunner
-from poirotd.store import AlreadyConfirmedError, IngestItem, Store
+from poirotd.store import AlreadyConfirmedError, CommitItem, Store
 
 _TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
 # How often an idle Watch re-checks the store without a wake-up (a safety net, not a poll loop).
@@ -44,6 +45,7 @@ _KIND_LABELS: dict[type, str] = {
     SessionEnd: "session_end",
     AgentMessage: "agent_message",
     TelemetrySample: "telemetry",
+    TelemetryBatch: "telemetry",
 }
 
 
@@ -72,12 +74,12 @@ class PoirotService:
     def new_ingest_validator(self) -> IngestValidator:
         return IngestValidator(self.spec, self._store, max_item_bytes=self._max_item_bytes)
 
-    def evaluate(self, items: Sequence[IngestItem]) -> list[HazardEvent]:
+    def evaluate(self, items: Sequence[CommitItem]) -> list[HazardEvent]:
         """Hazard rules over validated items as they arrive, ahead of their commit."""
         return self._monitor.evaluate(items)
 
     async def commit(
-        self, items: Sequence[IngestItem], events: Sequence[HazardEvent] | None = None
+        self, items: Sequence[CommitItem], events: Sequence[HazardEvent] | None = None
     ) -> None:
         """Stores a validated batch in one transaction; returns once it is durable. Hazard rules
         see the batch on arrival, here or by the caller's `evaluate` (its events passed in), so
@@ -88,7 +90,11 @@ class PoirotService:
             events = self._monitor.evaluate(items)
         await self._store.commit_ingest(items)
         await self._monitor.open(events, items)
-        for kind, count in Counter(_KIND_LABELS[type(item)] for item in items).items():
+        counts = Counter(_KIND_LABELS[type(item)] for item in items)
+        # A telemetry batch, counted once above, holds many samples.
+        if more := sum(len(i.readings) - 1 for i in items if isinstance(i, TelemetryBatch)):
+            counts["telemetry"] += more
+        for kind, count in counts.items():
             self.metrics.ingested.labels(kind).inc(count)
             self.metrics.last_ingest.labels(kind).set_to_current_time()
 

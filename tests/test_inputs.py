@@ -28,9 +28,9 @@ from poirotd.daemon import Daemon
 from poirotd.ingest import IngestValidator
 from poirotd.inputs import SinkStats, _CommitSink
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import HazardEvent, Session, TelemetrySample
+from poirotd.model import HazardEvent, Reading, Session, TelemetryBatch
 from poirotd.service import PoirotService
-from poirotd.store import IngestItem, Store
+from poirotd.store import CommitItem, Store
 from tests.conftest import Mosquitto
 from tests.hwbridge.support import eventually
 from tests.inprocess import in_process_daemon
@@ -145,6 +145,11 @@ async def test_sensor_x_gait_is_stored_and_opens_an_investigation(
     assert counter(daemon, "samples_refused") == 1
     assert counter(daemon, "dead_letters") == 3
     assert counter(daemon, "samples_committed") == SAMPLES
+    # Batches of readings are counted by the sample, as gRPC's samples are.
+    ingested = daemon.metrics.registry.get_sample_value(
+        "poirot_ingest_items_total", {"kind": "telemetry"}
+    )
+    assert ingested == SAMPLES
     assert counter(daemon, "samples_decoded") == SAMPLES + 1
     assert counter(daemon, "messages_dropped") == counter(daemon, "input_restarts") == 0
     exposition = generate_latest(daemon.metrics.registry)
@@ -165,10 +170,10 @@ async def test_a_failed_commit_restarts_the_input_and_the_broker_redelivers(
 
     async def failing_once(
         self: PoirotService,
-        items: Sequence[IngestItem],
+        items: Sequence[CommitItem],
         events: Sequence[HazardEvent] | None = None,
     ) -> None:
-        if failures and len(items) > 1:
+        if failures and any(isinstance(item, TelemetryBatch) for item in items):
             raise failures.pop()
         await commit(self, items, events)
 
@@ -194,16 +199,18 @@ class _CommittingService:
     """What a sink uses of PoirotService: the ingest checks, rules (none) and commits."""
 
     def __init__(self) -> None:
-        self.committed: list[IngestItem] = []
+        self.committed: list[Reading] = []
 
     def new_ingest_validator(self) -> IngestValidator:
         return IngestValidator(SPEC, cast(Store, None), max_item_bytes=1 << 20)
 
-    def evaluate(self, items: Sequence[IngestItem]) -> list[HazardEvent]:
+    def evaluate(self, items: Sequence[CommitItem]) -> list[HazardEvent]:
         return []
 
-    async def commit(self, items: Sequence[IngestItem], events: Sequence[HazardEvent]) -> None:
-        self.committed.extend(items)
+    async def commit(self, items: Sequence[CommitItem], events: Sequence[HazardEvent]) -> None:
+        for item in items:
+            assert isinstance(item, TelemetryBatch)
+            self.committed.extend(item.readings)
 
 
 async def test_the_sink_checks_every_value_of_a_stream_it_has_passed() -> None:
@@ -214,12 +221,10 @@ async def test_the_sink_checks_every_value_of_a_stream_it_has_passed() -> None:
     session = Session(session_id="s1", system=SPEC.system.name, started_at=T0)
     sink = _CommitSink(cast(PoirotService, service), session, dead_letters, stats)
 
-    def sample(component: str, value: float) -> TelemetrySample:
-        return TelemetrySample(
-            session_id="s1", component=component, signal="hr", value=value, measured_at=T0
-        )
+    def batch(*readings: tuple[str, float]) -> TelemetryBatch:
+        return TelemetryBatch("s1", [Reading(c, "hr", value, T0) for c, value in readings])
 
-    await sink([sample("exo", 70.0), sample("exo", math.inf), sample("ghost", 1.0)])
-    await sink([sample("exo", math.nan), sample("exo", 71.0), sample("ghost", 2.0)])
-    assert [item.value for item in service.committed] == [70.0, 71.0]  # type: ignore[union-attr]
+    await sink(batch(("exo", 70.0), ("exo", math.inf), ("ghost", 1.0)))
+    await sink(batch(("exo", math.nan), ("exo", 71.0), ("ghost", 2.0)))
+    assert [reading.value for reading in service.committed] == [70.0, 71.0]
     assert stats.refused == dead_letters.stats.stored == 4

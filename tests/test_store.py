@@ -31,6 +31,7 @@ from poirotd.model import (
     PhaseTiming,
     Session,
     SessionEnd,
+    TelemetryBatch,
     TelemetrySample,
     Vote,
 )
@@ -268,6 +269,26 @@ async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
     # Each datetime comes back as given (naive stays naive, an offset stays), ordered as UTC.
     assert await store.newest_readings("s1") == readings(naive, sample(0, 0.5))
     assert await store.newest_readings("s2") == readings(cest)
+
+
+async def test_a_telemetry_batch_is_stored_as_its_samples_would_be(tmp_path: Path) -> None:
+    """An input's batch becomes the block the same samples make: the same record, byte for byte
+    (the audit chain hashes it), so how telemetry arrived leaves no trace in the store."""
+    samples = [sample(i, float(i) + 0.25) for i in range(5)]
+    records = []
+    for name, items in (
+        ("samples", samples),
+        ("batch", [TelemetryBatch("s1", readings(*samples))]),
+    ):
+        path = tmp_path / f"{name}.db"
+        stored = await Store.open(path)
+        try:
+            await stored.commit_ingest([session(), *items])
+        finally:
+            await stored.close()
+        with closing(sqlite3.connect(path)) as conn:
+            records.append(conn.execute("SELECT * FROM telemetry_blocks").fetchall())
+    assert len(records[0]) == 1 and records[1] == records[0]
 
 
 async def test_a_commit_stores_a_message_block_per_session_shown_per_message_in_the_view(

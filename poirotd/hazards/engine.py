@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -46,13 +47,17 @@ from poirotd.hazards.spec import (
     StaleRule,
     parse_rules,
 )
-from poirotd.hazards.window import CHUNK, SignalWindow
-from poirotd.model import AgentMessage, HazardEvent, TelemetrySample
+from poirotd.hazards.window import CHUNK, Observed, SignalWindow
+from poirotd.model import AgentMessage, HazardEvent, TelemetryBatch, TelemetrySample
 
 Signal = tuple[str, str]
 _NO_INDICES = np.empty(0, dtype=np.intp)
 # observe_telemetry's marker for a stream not met yet in a batch (None marks one no rule watches).
-_NOT_MET: list[TelemetrySample] = []
+_NOT_MET: list[Observed] = []
+# A stream's key: (session, component, signal), or (component, signal) within one session.
+_Key = tuple[str, ...]
+_STREAM_OF = attrgetter("session_id", "component", "signal")
+_SIGNAL_OF = itemgetter(0, 1)
 
 
 @dataclass(slots=True)
@@ -69,9 +74,13 @@ class _Stream:
     """One (session, component, signal): its window and the rules that watch it."""
 
     def __init__(
-        self, rules: Sequence[tuple[SignalRuleSpec, Condition]], evidence_limit: int
+        self,
+        session_id: str,
+        rules: Sequence[tuple[SignalRuleSpec, Condition]],
+        evidence_limit: int,
     ) -> None:
         self.window = SignalWindow(
+            session_id,
             max((c.lookback for _, c in rules), default=0),
             evidence_limit,
             sums=any(c.windowed for _, c in rules),
@@ -126,7 +135,7 @@ class RuleEngine:
             for rule in _children_first(self.rules, by_name)
         ]
         self._used_by_composites = {p for rule, _, _ in self._composites for p in rule.rules}
-        self._streams: dict[tuple[str, str, str], _Stream] = {}
+        self._streams: dict[_Key, _Stream] = {}
         self._sessions: dict[str, float] = {}  # session -> first time seen
         self._gates: dict[tuple[str, str], Gate] = {}  # (rule, session), non-signal rules
         self._last_hit: dict[tuple[str, str], float] = {}
@@ -134,20 +143,33 @@ class RuleEngine:
     # ------------------------------------------------------------------ inputs
 
     def observe_telemetry(self, samples: Sequence[TelemetrySample]) -> list[HazardEvent]:
-        # One dict lookup per sample, whether a rule watches its stream or not.
-        groups: dict[tuple[str, str, str], list[TelemetrySample] | None] = {}
+        return self._observe(self._grouped(samples, map(_STREAM_OF, samples)))
+
+    def observe_batch(self, batch: TelemetryBatch) -> list[HazardEvent]:
+        """An input's readings: all of one session, so (component, signal) tells streams apart."""
+        session, readings = batch.session_id, batch.readings
+        groups = self._grouped(readings, map(_SIGNAL_OF, readings))
+        return self._observe({(session, *key): group for key, group in groups.items()})
+
+    def _grouped(
+        self, items: Iterable[Observed], keys: Iterable[_Key]
+    ) -> dict[_Key, list[Observed]]:
+        """Items by stream key, in order, for streams some rule watches: one dict lookup per
+        item, whether a rule watches its stream or not. A key ends with (component, signal)."""
+        groups: dict[_Key, list[Observed] | None] = {}
         watched = self._watched_signals
-        for s in samples:
-            key = (s.session_id, s.component, s.signal)
+        for item, key in zip(items, keys, strict=True):
             group = groups.get(key, _NOT_MET)
             if group is _NOT_MET:
-                group = groups[key] = [] if key[1:] in watched else None
+                group = groups[key] = [] if key[-2:] in watched else None
             if group is not None:
-                group.append(s)
+                group.append(item)
+        return {key: group for key, group in groups.items() if group is not None}
+
+    def _observe(self, groups: dict[_Key, list[Observed]]) -> list[HazardEvent]:
+        """Each stream's items (keyed by session, component, signal), then the composites."""
         out = _Round()
         for key, group in groups.items():
-            if group is None:
-                continue
             stream = self._round_of(key)
             if len(group) <= CHUNK:
                 self._observe_chunk(key, stream, group, out)
@@ -210,7 +232,7 @@ class RuleEngine:
 
     # ------------------------------------------------------------------ evaluation
 
-    def _round_of(self, key: tuple[str, str, str]) -> _Stream:
+    def _round_of(self, key: _Key) -> _Stream:
         """The stream, ready for a round of its samples: its stale rules re-armed, and its
         evidence trimmed to what the round's first sample may reach back to. Trimmed once per
         round, not per chunk, so composites (combined after every chunk) find the evidence of
@@ -218,7 +240,8 @@ class RuleEngine:
         session, component, signal = key
         stream = self._streams.get(key)
         if stream is None:
-            stream = _Stream(self._on_signal.get((component, signal), ()), self._evidence_limit)
+            rules = self._on_signal.get((component, signal), ())
+            stream = _Stream(session, rules, self._evidence_limit)
             self._streams[key] = stream
         for stale in self._stale_on_signal.get((component, signal), ()):
             gate = self._gates.get((stale.name, session))
@@ -229,9 +252,9 @@ class RuleEngine:
 
     def _observe_chunk(
         self,
-        key: tuple[str, str, str],
+        key: _Key,
         stream: _Stream,
-        chunk: Sequence[TelemetrySample],
+        chunk: Sequence[Observed],
         out: _Round,
     ) -> None:
         session = key[0]

@@ -27,7 +27,10 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from poirotd.hazards.spec import WindowSpec
-from poirotd.model import TelemetrySample
+from poirotd.model import Reading, TelemetrySample
+
+# A sample as the engine receives it: validated (gRPC) or an input's reading (TelemetryBatch).
+Observed = TelemetrySample | Reading
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.intp]
@@ -123,13 +126,14 @@ class SignalWindow:
     their times (evidence), and, when a rule looks back (``lookback`` > 0), the ring buffers and
     running sums that rule reads."""
 
-    def __init__(self, lookback: int, evidence_limit: int, *, sums: bool) -> None:
+    def __init__(self, session_id: str, lookback: int, evidence_limit: int, *, sums: bool) -> None:
+        self.session_id = session_id
         self.lookback = lookback
         # Read only when a rule fires, so lists: appending is cheaper than numpy's, and
         # trimming a round's worth is one slice deletion. A round's evidence reaches back at
         # most this far before it.
         self._held_before = max(evidence_limit - 1, 0)
-        self._samples: list[TelemetrySample] = []
+        self._samples: list[Observed] = []
         self._sample_times: list[float] = []
         self._times = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
         self._values = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
@@ -147,7 +151,7 @@ class SignalWindow:
             del self._samples[:drop]
             del self._sample_times[:drop]
 
-    def record(self, chunk: Sequence[TelemetrySample]) -> list[float]:
+    def record(self, chunk: Sequence[Observed]) -> list[float]:
         """Keep the chunk as evidence (until the next ``trim``) and return its times.
 
         A late sample, older than the stream's newest, gets the newest time, so that windows
@@ -198,4 +202,9 @@ class SignalWindow:
     def evidence_at(self, t: float, limit: int) -> tuple[TelemetrySample, ...]:
         """The newest ``limit`` samples at or before time ``t``."""
         end = bisect.bisect_right(self._sample_times, t)
-        return tuple(self._samples[max(0, end - limit) : end])
+        return tuple(self._sample(s) for s in self._samples[max(0, end - limit) : end])
+
+    def _sample(self, held: Observed) -> TelemetrySample:
+        if isinstance(held, TelemetrySample):
+            return held
+        return TelemetrySample(session_id=self.session_id, **held._asdict())

@@ -4,6 +4,7 @@ write chained into a tamper-evident log (`poirotd.audit` checks and exports it).
 from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.sqlite import (
     AlreadyConfirmedError,
+    CommitItem,
     IngestItem,
     Store,
     UnknownInvestigationError,
@@ -13,6 +14,7 @@ from poirotd.store.sqlite import (
 __all__ = [
     "GENESIS_HASH",
     "AlreadyConfirmedError",
+    "CommitItem",
     "IngestItem",
     "Store",
     "UnknownInvestigationError",

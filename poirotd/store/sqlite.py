@@ -30,7 +30,7 @@ from datetime import datetime
 from functools import partial
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar, cast
 
 from poirotd.model import (
     AgentMessage,
@@ -44,6 +44,7 @@ from poirotd.model import (
     Reading,
     Session,
     SessionEnd,
+    TelemetryBatch,
     TelemetrySample,
 )
 from poirotd.store.chain import Chain, Row, transaction
@@ -73,6 +74,8 @@ from poirotd.store.records import (
 from poirotd.store.schema import open_reader, open_writer
 
 IngestItem: TypeAlias = Session | SessionEnd | AgentMessage | TelemetrySample
+# What a commit takes: ingested items, and inputs' telemetry batches (stored as they are).
+CommitItem: TypeAlias = IngestItem | TelemetryBatch
 
 _INSERT_SESSION = "INSERT OR IGNORE INTO sessions (session_id, record) VALUES (?, ?)"
 _UPSERT_SESSION = (
@@ -203,7 +206,7 @@ class Store:
 
     # ------------------------------------------------------------ ingest
 
-    async def commit_ingest(self, items: Sequence[IngestItem]) -> None:
+    async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
         """Stores the batch in one transaction and returns after COMMIT (the ack point)."""
         await self._write(_commit_ingest, items, self._sessions)
 
@@ -414,7 +417,7 @@ def _write(
 
 
 def _commit_ingest(
-    conn: sqlite3.Connection, items: Sequence[IngestItem], sessions: set[str]
+    conn: sqlite3.Connection, items: Sequence[CommitItem], sessions: set[str]
 ) -> None:
     started: set[str] = set()
     for item in items:
@@ -490,14 +493,25 @@ def _message_blocks(messages: Sequence[AgentMessage]) -> list[MessageBlock]:
     ]
 
 
-def _telemetry_blocks(items: Sequence[IngestItem]) -> list[TelemetryBlock]:
-    """The batch's samples as one block per session, each in arrival order."""
+def _telemetry_blocks(items: Sequence[CommitItem]) -> list[TelemetryBlock]:
+    """The samples as one block per session, each in arrival order; a telemetry batch is a
+    block of its own (its readings are block rows)."""
     samples = [item for item in items if isinstance(item, TelemetrySample)]
-    # Built from validated samples: constructed, not validated again.
-    return [
+    # Built from validated samples and readings: constructed, not validated again.
+    blocks = [
         TelemetryBlock.model_construct(session_id=session_id, samples=rows)
         for session_id, rows in _rows_by_session(samples, _sample_row).items()
     ]
+    blocks += [
+        # A reading is a (component, signal, value, measured_at) tuple: a block row as it is.
+        TelemetryBlock.model_construct(
+            session_id=item.session_id,
+            samples=cast(list[tuple[str, str, float, datetime]], item.readings),
+        )
+        for item in items
+        if isinstance(item, TelemetryBatch) and item.readings
+    ]
+    return blocks
 
 
 _Item = TypeVar("_Item", AgentMessage, TelemetrySample)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from poirotd.hazards.window import CHUNK
-from poirotd.model import HazardEvent, MessageKind
+from poirotd.model import HazardEvent, MessageKind, TelemetryBatch
 
-from .helpers import ANKLE, EXO, at, engine, feed, message, rule, sample, series
+from .helpers import ANKLE, EXO, at, engine, feed, message, readings, rule, sample, series
 
 # One sample at a time, a small odd batch, and batches larger than the engine's chunk.
 BATCHES = [1, 7, 3 * CHUNK + 5]
@@ -206,6 +206,36 @@ def test_batch_size_never_changes_which_events_fire(batch: int) -> None:
     one_by_one = feed(engine(*rules), series(values), 1)
     assert len(one_by_one) > 50
     assert fired(feed(engine(*rules), series(values), batch)) == fired(one_by_one)
+
+
+@pytest.mark.parametrize("batch", [1, 100, 3 * CHUNK + 5])
+def test_an_input_batch_fires_as_its_samples_do(batch: int) -> None:
+    """A TelemetryBatch (an input's readings of one session) gives the same events, evidence
+    included, as the same data sent as samples; a stream no rule watches is ignored."""
+    rng = np.random.default_rng(5)
+    walk = np.cumsum(rng.normal(0.0, 1.0, 2000))
+    rules = [
+        rule("threshold", "hi", above=5, clear_above=2, cooldown_seconds=0.5),
+        rule("zscore", "z", window_samples=30, threshold=2.5, cooldown_seconds=0.1),
+        rule("threshold", "torque", signal="knee_torque_nm", above=4, emit=False),
+        rule("all", "both", rules=["hi", "torque"], within_seconds=0.2, cooldown_seconds=0),
+    ]
+    mixed = [
+        s
+        for i, v in enumerate(walk)
+        for s in (
+            sample(float(v), i * 0.01),
+            sample(float(-v), i * 0.01, signal="knee_torque_nm"),
+            sample(float(v), i * 0.01, signal="unwatched"),
+        )
+    ]
+    as_samples = feed(engine(*rules), mixed, batch)
+    as_batches: list[HazardEvent] = []
+    eng = engine(*rules)
+    for i in range(0, len(mixed), batch):
+        as_batches += eng.observe_batch(TelemetryBatch("s1", readings(*mixed[i : i + batch])))
+    assert len(as_samples) > 20 and {e.rule for e in as_samples} == {"hi", "z", "both"}
+    assert as_batches == as_samples
 
 
 # ------------------------------------------------------------------ stale

@@ -39,7 +39,7 @@ def test_window_stats_match_numpy(window: dict[str, Any], offset: float) -> None
     spec = RollingMeanRule.model_validate(rule("rolling_mean", above=1e9, min_samples=5, **window))
     values = offset + np.random.default_rng(2).normal(0.0, 0.01, 5 * CHUNK + 17)
     samples = series(values)  # 100 Hz: either window holds 40 or 26 samples once full
-    stream = SignalWindow(spec.window_capacity, 1, sums=True)
+    stream = SignalWindow("s", spec.window_capacity, 1, sums=True)
     rng = np.random.default_rng(3)
     i = 0
     while i < len(samples):

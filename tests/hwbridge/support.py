@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from poirotd.model import TelemetrySample
+from poirotd.model import TelemetryBatch, TelemetrySample
 
 
 class Collector:
@@ -15,8 +15,8 @@ class Collector:
         self.samples: list[TelemetrySample] = []
         self._changed = asyncio.Event()
 
-    async def __call__(self, samples: Sequence[TelemetrySample]) -> None:
-        self.samples.extend(samples)
+    async def __call__(self, batch: TelemetryBatch) -> None:
+        self.samples.extend(batch.samples())
         self._changed.set()
 
     async def wait_until(self, done: Callable[[list[TelemetrySample]], bool]) -> None:

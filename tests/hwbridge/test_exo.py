@@ -15,7 +15,7 @@ from hwbridge.config import DeadLetterConfig, PipelineConfig, load_config
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.ingest import Delivery, TelemetryInput
 from hwbridge.topics import Router
-from poirotd.model import TelemetrySample
+from poirotd.model import TelemetryBatch, TelemetrySample
 
 EXAMPLE = Path(__file__).parents[2] / "hwbridge" / "bridge.example.yaml"
 ORIGIN = datetime(2026, 1, 1, tzinfo=UTC)
@@ -131,8 +131,8 @@ def test_published_layout_round_trips_through_the_example_config() -> None:
     blocks = simulator.advance(2.0)
     decoded: list[TelemetrySample] = []
     for topic, payload in exo.messages(blocks, "p7"):
-        fields = pipeline.decode(Delivery(topic, payload, ORIGIN, lambda: None))
-        decoded += map(TelemetrySample.model_validate, fields)
+        readings = pipeline.decode(Delivery(topic, payload, ORIGIN, lambda: None))
+        decoded += TelemetryBatch("s", readings).samples()
     assert pipeline.stats.undecodable == 0
     expected = exo.samples(blocks, "s", "d2w_exoskeleton")
 

@@ -26,7 +26,7 @@ from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.launcher import free_port
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import TelemetrySample
+from poirotd.model import Reading, TelemetryBatch
 
 SPEC = {
     "system": {"name": "clinic", "description": "Three agents plan therapy on an exoskeleton."},
@@ -48,17 +48,23 @@ SPEC = {
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def samples(n: int, offset: int = 0, component: str = "d2w_exoskeleton") -> list[TelemetrySample]:
-    return [
-        TelemetrySample(
-            session_id="e2e",
-            component=component,
-            signal="knee_left_deg",
-            value=float(offset + i),
-            measured_at=START + timedelta(milliseconds=offset + i),
-        )
-        for i in range(n)
-    ]
+def samples(n: int, offset: int = 0, component: str = "d2w_exoskeleton") -> TelemetryBatch:
+    return TelemetryBatch(
+        "e2e",
+        [
+            Reading(
+                component,
+                "knee_left_deg",
+                float(offset + i),
+                START + timedelta(milliseconds=offset + i),
+            )
+            for i in range(n)
+        ],
+    )
+
+
+def joined(*batches: TelemetryBatch) -> TelemetryBatch:
+    return TelemetryBatch("e2e", [r for batch in batches for r in batch.readings])
 
 
 def forwarder(
@@ -135,7 +141,7 @@ async def test_a_refused_sample_is_dead_lettered_and_the_rest_flow(
     bad = samples(1, offset=10, component="toaster")
     async with forwarder(daemon.grpc_port, dead_letters=dead_letters) as sink:
         async with asyncio.timeout(10):
-            await sink([*samples(10), *bad, *samples(2000, offset=11)])
+            await sink(joined(samples(10), bad, samples(2000, offset=11)))
         assert sink.stats.rejected == 1
     (letter,) = dead_letters.recent()
     assert letter.source == "poirotd" and "'toaster' is not declared" in letter.reason
@@ -185,7 +191,7 @@ async def test_a_refusal_grpc_hides_is_found_by_probing(
         )
         bad = samples(1, offset=10, component="toaster")
         async with asyncio.timeout(10):
-            await sink([*samples(10), *bad, *samples(500, offset=11)])
+            await sink(joined(samples(10), bad, samples(500, offset=11)))
         assert sink.stats.rejected == 1 and sink.stats.streams == 3
     assert "'toaster' is not declared" in dead_letters.recent()[0].reason
     assert len(stored_values(tmp_path / "poirotd.db")) == 510

@@ -29,7 +29,7 @@ from hwbridge.deadletter import DeadLetterStore
 from hwbridge.ingest import Sink, TelemetryInput
 from hwbridge.mqtt import MqttPublisher, MqttSubscriber
 from hwbridge.topics import Router
-from poirotd.model import TelemetrySample
+from poirotd.model import TelemetryBatch, TelemetrySample
 from tests.conftest import Mosquitto
 from tests.hwbridge.support import Collector, eventually
 
@@ -163,7 +163,7 @@ async def test_messages_are_acked_only_after_the_sink_accepted_them(mosquitto: M
     config = broker(mosquitto)
     calls = 0
 
-    async def unavailable(samples: Sequence[TelemetrySample]) -> None:
+    async def unavailable(batch: TelemetryBatch) -> None:
         nonlocal calls
         calls += 1
         raise ConnectionError("poirotd is down")
@@ -192,9 +192,9 @@ async def test_a_full_client_buffer_pauses_reading_instead_of_dropping(
     released = asyncio.Event()
     collector = Collector()
 
-    async def stalled(samples: Sequence[TelemetrySample]) -> None:
+    async def stalled(batch: TelemetryBatch) -> None:
         await released.wait()
-        await collector(samples)
+        await collector(batch)
 
     one_at_a_time = PipelineConfig(max_batch=1, max_batches_in_flight=1)
     async with running(config, [SEQ_MAPPING], stalled, one_at_a_time) as bridge:
