@@ -138,27 +138,39 @@ class DocumentCodec:
         if type(record) is not dict and not isinstance(record, Mapping):
             value = _number("value", record)
             return [] if value is None else [Reading("value", value, received_at)]
-        at = self._time(record, received_at)
-        prefix = self._prefix(record)
-        skip = self._skip
-        names = self._fields or [
-            k for k, v in record.items() if k not in skip and (type(v) is float or _numeric(v))
-        ]
+        stamp = self._timestamp_field
+        raw = record.get(stamp) if stamp is not None else None
+        if type(raw) is float and raw - raw == 0.0:  # a finite epoch time, the usual case
+            at = epoch_to_datetime(raw, self._unit)
+        else:
+            at = self._time(record, received_at)
+        prefix = "" if self._prefix_field is None else self._prefix(record)
         readings = []
-        for name in names:
-            if name not in record:
-                raise DecodeError(f"field {name!r} is missing")
-            value = _number(name, record[name])
-            if value is not None:
-                readings.append(Reading(prefix + name if prefix else name, value, at))
+        if self._fields:
+            for name in self._fields:
+                if name not in record:
+                    raise DecodeError(f"field {name!r} is missing")
+                value = _number(name, record[name])
+                if value is not None:
+                    readings.append(Reading(prefix + name, value, at))
+            return readings
+        skip = self._skip
+        for name, raw in record.items():
+            if name in skip:
+                continue
+            if type(raw) is float and raw - raw == 0.0:  # _number's first test, inline
+                value = raw
+            # Fields are detected by their numbers; NaN (no reading) is skipped.
+            elif not _numeric(raw) or (value := _number(name, raw)) is None:
+                continue
+            readings.append(Reading(prefix + name if prefix else name, value, at))
         return readings
 
     def _time(self, record: Mapping[object, object], received_at: datetime) -> datetime:
+        """The record's time, for all but a finite float epoch time (`_record` takes those)."""
         if self._timestamp_field is None or self._timestamp_field not in record:
             return received_at
         raw = record[self._timestamp_field]
-        if type(raw) is float and raw - raw == 0.0:  # finite: the usual case, checked first
-            return epoch_to_datetime(raw, self._unit)
         if isinstance(raw, datetime):  # CBOR tag 0/1
             return raw if raw.tzinfo is not None else raw.replace(tzinfo=UTC)
         if isinstance(raw, str):
