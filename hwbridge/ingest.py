@@ -126,7 +126,10 @@ class TelemetryInput:
         self, deliveries: AsyncIterable[Delivery], received: asyncio.Queue[Delivery | None]
     ) -> None:
         async for delivery in deliveries:
-            await received.put(delivery)
+            if received.full():
+                await received.put(delivery)
+            else:  # the same, without a coroutine per delivery
+                received.put_nowait(delivery)
         await received.put(None)
 
     async def _batch_all(
