@@ -291,6 +291,34 @@ async def test_a_telemetry_batch_is_stored_as_its_samples_would_be(tmp_path: Pat
     assert len(records[0]) == 1 and records[1] == records[0]
 
 
+def test_a_telemetry_block_is_encoded_canonically_whatever_its_values() -> None:
+    """A block's record takes pydantic's JSON when that is the canonical text: checked here on
+    floats of every magnitude and sign, names with control and non-ASCII characters, and times
+    aware, offset and naive (mixed in one block), against `encode_record` itself."""
+    rng = random.Random(7)
+    names = ["knee", "tab\there", 'quote"back\\slash', "ünïcödé ✓ 🦾", "\x00\x1f\x7f"]
+    zones = [UTC, CEST, None]
+    fast = 0
+    for exponent in range(-330, 308):
+        rows = []
+        for _ in range(8):
+            value = rng.uniform(1.0, 10.0) * 10.0**exponent * rng.choice((1, -1))
+            zone = rng.choice(zones)
+            at = datetime(2025, 3, 1, 12, tzinfo=zone) + timedelta(
+                microseconds=rng.randint(0, 10**9)
+            )
+            rows.append((rng.choice(names), rng.choice(names), value, at))
+        edges = (0.0, -0.0, 1.0, 1e16, 1e-4, 9.999999999999999e-05, 1e-5, 1e-9, 1e-10, 9e-11)
+        rows.append(("knee", "torque", rng.choice(edges), T0))
+        block = store_records.TelemetryBlock.model_construct(session_id="s1 ✓", samples=rows)
+        _, _, first_us, last_us, record = store_records.telemetry_block_row(block)
+        assert record == store_chain.encode_record(block)
+        times = [store_records.micros(at) for *_, at in rows]
+        assert (first_us, last_us) == (min(times), max(times))
+        fast += record == block.model_dump_json()
+    assert fast > 300  # most magnitudes are written alike, so the shortcut is taken
+
+
 async def test_a_commit_stores_a_message_block_per_session_shown_per_message_in_the_view(
     store: Store, db: Path
 ) -> None:
