@@ -11,7 +11,7 @@ from typing import Literal
 import cbor2
 import pytest
 
-from hwbridge.codecs import DecodeError, DocumentCodec, FrameCodec, Reading
+from hwbridge.codecs import DecodeError, DocumentCodec, FrameCodec
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 T = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -50,12 +50,12 @@ def test_documents_decode_records_lists_and_bare_numbers(
     codec = document(kind)
     record = {"ts": T, "hr": 101.5, "spo2": 97, "unit": "bpm"}
     assert codec.decode(encode(record), NOW) == [
-        Reading("hr", 101.5, datetime.fromtimestamp(T, UTC)),
-        Reading("spo2", 97.0, datetime.fromtimestamp(T, UTC)),
+        ("hr", 101.5, datetime.fromtimestamp(T, UTC)),
+        ("spo2", 97.0, datetime.fromtimestamp(T, UTC)),
     ]
     many = codec.decode(encode([{"ts": T, "x": 1}, {"ts": T + 1, "x": 2}]), NOW)
-    assert [(r.value, r.measured_at.timestamp()) for r in many] == [(1.0, T), (2.0, T + 1)]
-    assert codec.decode(encode(42), NOW) == [Reading("value", 42.0, NOW)]
+    assert [(value, at.timestamp()) for _, value, at in many] == [(1.0, T), (2.0, T + 1)]
+    assert codec.decode(encode(42), NOW) == [("value", 42.0, NOW)]
 
 
 def test_document_options_fields_prefix_units_and_time_forms() -> None:
@@ -63,15 +63,15 @@ def test_document_options_fields_prefix_units_and_time_forms() -> None:
     readings = codec.decode(
         b'{"symbol": "ACME", "ts": 1767225600000, "price": 10, "volume": 5}', NOW
     )
-    assert readings == [Reading("ACME.price", 10.0, datetime.fromtimestamp(T, UTC))]
+    assert readings == [("ACME.price", 10.0, datetime.fromtimestamp(T, UTC))]
     iso = document().decode(b'{"ts": "2026-01-01T00:00:01", "x": 1}', NOW)
-    assert iso[0].measured_at == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
+    assert iso[0][2] == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
     native = document("cbor").decode(
         cbor2.dumps({"ts": datetime(2026, 1, 2, tzinfo=UTC), "x": 1}), NOW
     )
-    assert native[0].measured_at == datetime(2026, 1, 2, tzinfo=UTC)
+    assert native[0][2] == datetime(2026, 1, 2, tzinfo=UTC)
     # No timestamp field -> stamped on receipt; null / NaN -> no reading for that field.
-    assert document().decode(b'{"x": 1, "y": null, "z": NaN}', NOW) == [Reading("x", 1.0, NOW)]
+    assert document().decode(b'{"x": 1, "y": null, "z": NaN}', NOW) == [("x", 1.0, NOW)]
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_malformed_json_raises_decode_error(payload: bytes, reason: str) -> None
 def test_json_that_orjson_refuses_or_bends_reads_as_json_reads_it(
     payload: bytes, value: float
 ) -> None:
-    assert document().decode(payload, NOW) == [Reading("x", value, NOW)]
+    assert document().decode(payload, NOW) == [("x", value, NOW)]
 
 
 def test_an_integer_past_a_double_is_refused_as_json_reads_it() -> None:
@@ -138,9 +138,9 @@ def test_frames_decode_several_per_payload() -> None:
     at0, at1 = datetime.fromtimestamp(T, UTC), datetime.fromtimestamp(T + 0.01, UTC)
     # NaN in a frame = that sensor had no reading; the frame's other fields still count.
     assert readings == [
-        Reading("tension_n", 10.0, at0),
-        Reading("current_a", 1.5, at0),
-        Reading("current_a", 1.25, at1),
+        ("tension_n", 10.0, at0),
+        ("current_a", 1.5, at0),
+        ("current_a", 1.25, at1),
     ]
     assert frame().encode([(T, 10.0, 1.5)]) == payload[:16]
 
