@@ -113,6 +113,7 @@ class DocumentCodec:
         self._load = _LOADERS[kind]
         self._timestamp_field = timestamp_field
         self._unit = timestamp_unit
+        self._per_second = _PER_SECOND[timestamp_unit]
         self._fields = tuple(fields)
         self._prefix_field = prefix_field
         self._skip = {timestamp_field, prefix_field} - {None}
@@ -140,7 +141,10 @@ class DocumentCodec:
         stamp = self._timestamp_field
         raw = record.get(stamp) if stamp is not None else None
         if type(raw) is float and raw - raw == 0.0:  # a finite epoch time, the usual case
-            at = epoch_to_datetime(raw, self._unit)
+            try:
+                at = datetime.fromtimestamp(raw / self._per_second, UTC)
+            except (OverflowError, OSError, ValueError):
+                at = epoch_to_datetime(raw, self._unit)  # raises, saying why
         else:
             at = self._time(record, received_at)
         prefix = "" if self._prefix_field is None else self._prefix(record)

@@ -1,8 +1,8 @@
 """The input pipeline every transport shares: payload -> samples -> sink -> acknowledgement.
 
 A transport (MQTT, a TCP line feed) yields ``Delivery`` objects; this module decodes them through
-the routes, hands the samples to a sink in batches (``TelemetryBatch``: readings of the
-session, no pydantic object per sample) and acknowledges each delivery back to its
+the routes, hands the samples to a sink in batches (``TelemetryBatch``: rows of the session,
+no pydantic object per sample) and acknowledges each delivery back to its
 transport only after the sink has accepted every batch up to and including it, in arrival order
 (MQTT requires PUBACKs in the order the PUBLISHes came, MQTT-4.6.0-2). For the gRPC forwarder,
 "accepted" means durable at poirotd; for an in-process daemon, committed to its store.
@@ -26,7 +26,7 @@ from hwbridge.codecs import DecodeError
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.topics import Router
-from poirotd.model import Reading, TelemetryBatch
+from poirotd.model import SampleRow, TelemetryBatch
 
 # The in-process consumer interface: returns once the sink has taken responsibility for the
 # batch; raising means it has not, and nothing from that batch on is acknowledged.
@@ -73,38 +73,35 @@ class TelemetryInput:
         self._config = config
         self.stats = InputStats()
 
-    def decode(self, delivery: Delivery) -> list[Reading]:
+    def decode(self, delivery: Delivery) -> list[SampleRow]:
         """The delivery's samples; an undecodable delivery is counted, dead-lettered and yields
-        []. Codecs give finite floats and aware times, so readings need no further validation."""
+        []. Codecs give finite floats and aware times, so rows need no further validation."""
         self.stats.received += 1
+        source, payload = delivery.source, delivery.payload
         try:
-            readings = self._readings(delivery)
+            if len(payload) > self._config.max_payload_bytes:
+                raise DecodeError(
+                    f"payload is {len(payload)} bytes, "
+                    f"over the {self._config.max_payload_bytes}-byte limit"
+                )
+            resolved = self._router.resolve(source)
+            if resolved is None:
+                # Possible with a persistent session: the broker keeps subscriptions of an older
+                # configuration until they are unsubscribed.
+                raise DecodeError("no mapping for this topic")
+            route, captures = resolved
+            rows = []
+            for field, value, measured_at in route.codec.decode(payload, delivery.received_at):
+                component, signal = route.names(field, source, captures)
+                if not component or not signal:
+                    raise DecodeError(f"field {field!r} maps to an empty component or signal")
+                rows.append((component, signal, value, measured_at))
         except DecodeError as exc:
             self.stats.undecodable += 1
-            self._dead_letters.add(delivery.source, str(exc), delivery.payload)
+            self._dead_letters.add(source, str(exc), payload)
             return []
-        self.stats.decoded += len(readings)
-        return readings
-
-    def _readings(self, delivery: Delivery) -> list[Reading]:
-        if len(delivery.payload) > self._config.max_payload_bytes:
-            raise DecodeError(
-                f"payload is {len(delivery.payload)} bytes, "
-                f"over the {self._config.max_payload_bytes}-byte limit"
-            )
-        resolved = self._router.resolve(delivery.source)
-        if resolved is None:
-            # Possible with a persistent session: the broker keeps subscriptions of an older
-            # configuration until they are unsubscribed.
-            raise DecodeError("no mapping for this topic")
-        route, captures = resolved
-        readings = []
-        for field, value, measured_at in route.codec.decode(delivery.payload, delivery.received_at):
-            component, signal = route.names(field, delivery.source, captures)
-            if not component or not signal:
-                raise DecodeError(f"field {field!r} maps to an empty component or signal")
-            readings.append(Reading(component, signal, value, measured_at))
-        return readings
+        self.stats.decoded += len(rows)
+        return rows
 
     async def run(self, deliveries: AsyncIterable[Delivery]) -> None:
         """Runs until the deliveries end (everything then acked) or the task is cancelled.
@@ -146,22 +143,22 @@ class TelemetryInput:
             first = await received.get()
             if first is None:
                 break
-            deliveries, readings = [first], self.decode(first)
-            while len(readings) < self._config.max_batch and not received.empty():
+            deliveries, rows = [first], self.decode(first)
+            while len(rows) < self._config.max_batch and not received.empty():
                 more = received.get_nowait()
                 if more is None:
                     ended = True
                     break
                 deliveries.append(more)
-                readings.extend(self.decode(more))
-            batch = TelemetryBatch(self._session_id, readings)
-            sink_call = group.create_task(self._forward(batch)) if readings else None
+                rows.extend(self.decode(more))
+            batch = TelemetryBatch(self._session_id, rows)
+            sink_call = group.create_task(self._forward(batch)) if rows else None
             await batches.put(_Batch(sink_call, deliveries))
         await batches.put(None)
 
     async def _forward(self, batch: TelemetryBatch) -> None:
         await self._sink(batch)
-        self.stats.forwarded += len(batch.readings)
+        self.stats.forwarded += len(batch.rows)
 
     async def _ack_all(self, batches: asyncio.Queue[_Batch | None]) -> None:
         while (batch := await batches.get()) is not None:

@@ -52,7 +52,7 @@ from hwbridge.config import BridgeConfig, PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from poirotd.config.spec import InputsSpec
 from poirotd.errors import ServiceError
-from poirotd.model import HazardEvent, Reading, Session, TelemetryBatch, TelemetrySample
+from poirotd.model import HazardEvent, SampleRow, Session, TelemetryBatch, sample_of
 from poirotd.service import PoirotService
 
 log = structlog.get_logger(__name__)
@@ -144,7 +144,7 @@ class _CommitSink:
         self._stats = stats
         self._turn = asyncio.Lock()
         self._session = session
-        self._queued: list[Reading] = []
+        self._queued: list[SampleRow] = []
         # Their hazard events: the rules see each call's samples on arrival, not at its commit.
         self._events: list[HazardEvent] = []
         # Resolved once the samples now in _queued are committed (or failed with the commit).
@@ -159,11 +159,11 @@ class _CommitSink:
             )
         accepted = []
         passed = self._passed
-        for reading in batch.readings:
-            stream = reading[:2]
-            value = reading.value
+        for row in batch.rows:
+            stream = row[:2]  # (component, signal)
+            value = row[2]
             if stream not in passed or value - value != 0.0:  # not finite: inf - inf is NaN
-                sample = TelemetrySample(session_id=batch.session_id, **reading._asdict())
+                sample = sample_of(batch.session_id, row)
                 try:
                     self._validator.check(next(self._seq), sample, 0)
                 except ServiceError as refusal:
@@ -174,7 +174,7 @@ class _CommitSink:
                 if len(passed) >= _PASSED_STREAMS:
                     passed.clear()
                 passed.add(stream)
-            accepted.append(reading)
+            accepted.append(row)
         if not accepted:
             return
         self._events.extend(self._service.evaluate([TelemetryBatch(batch.session_id, accepted)]))
@@ -198,7 +198,7 @@ class _CommitSink:
         except Exception as exc:
             done.set_exception(exc)
         else:
-            self._stats.committed += len(batch.readings)
+            self._stats.committed += len(batch.rows)
             done.set_result(None)
 
 

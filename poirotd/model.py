@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, NamedTuple
+from operator import attrgetter
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -65,9 +67,8 @@ class TelemetrySample(Frozen):
 
 
 class Reading(NamedTuple):
-    """A telemetry sample of a known session as a plain tuple: how the store reads samples back
-    (an incident's summary reads thousands while the event loop waits for the interpreter) and
-    how an input hands them over (`TelemetryBatch`)."""
+    """A telemetry sample of a known session as the store reads it back: a plain tuple, since an
+    incident's summary reads thousands while the event loop waits for the interpreter."""
 
     component: str
     signal: str
@@ -75,28 +76,41 @@ class Reading(NamedTuple):
     measured_at: datetime
 
 
+# (component, signal, value, measured_at): a sample of a known session as inputs hand it over and
+# the rules and a telemetry block keep it. A plain tuple, built per sample at sensor rates.
+SampleRow: TypeAlias = tuple[str, str, float, datetime]
+
+
 @dataclass(frozen=True, slots=True)
 class TelemetryBatch:
     """One session's samples from an input, in arrival order. An MQTT input delivers thousands
-    a second; as readings they reach the rules and the store's blocks (whose rows they are)
-    without a pydantic sample each. Whoever builds one guarantees what validating samples
-    would: float values and timezone-aware times."""
+    a second; as rows they reach the rules and the store's blocks without a pydantic sample
+    each. Whoever builds one guarantees what validating samples would: float values and
+    timezone-aware times."""
 
     session_id: str
-    readings: list[Reading]
+    rows: list[SampleRow]
 
     def samples(self) -> list[TelemetrySample]:
-        """The readings as validated samples, for the few places that need them."""
-        return [
-            TelemetrySample(
-                session_id=self.session_id,
-                component=r.component,
-                signal=r.signal,
-                value=r.value,
-                measured_at=r.measured_at,
-            )
-            for r in self.readings
-        ]
+        """The rows as validated samples, for the few places that need them."""
+        return [sample_of(self.session_id, row) for row in self.rows]
+
+
+# A sample's row (attrgetter: C speed, for every sample of a batch).
+row_of: Callable[[TelemetrySample], SampleRow] = attrgetter(
+    "component", "signal", "value", "measured_at"
+)
+
+
+def sample_of(session_id: str, row: SampleRow) -> TelemetrySample:
+    component, signal, value, measured_at = row
+    return TelemetrySample(
+        session_id=session_id,
+        component=component,
+        signal=signal,
+        value=value,
+        measured_at=measured_at,
+    )
 
 
 class HazardEvent(Frozen):

@@ -92,7 +92,7 @@ class PoirotService:
         await self._monitor.open(events, items)
         counts = Counter(_KIND_LABELS[type(item)] for item in items)
         # A telemetry batch, counted once above, holds many samples.
-        if more := sum(len(i.readings) - 1 for i in items if isinstance(i, TelemetryBatch)):
+        if more := sum(len(i.rows) - 1 for i in items if isinstance(i, TelemetryBatch)):
             counts["telemetry"] += more
         for kind, count in counts.items():
             self.metrics.ingested.labels(kind).inc(count)

@@ -28,7 +28,7 @@ from poirotd.daemon import Daemon
 from poirotd.ingest import IngestValidator
 from poirotd.inputs import SinkStats, _CommitSink
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import HazardEvent, Reading, Session, TelemetryBatch
+from poirotd.model import HazardEvent, SampleRow, Session, TelemetryBatch
 from poirotd.service import PoirotService
 from poirotd.store import CommitItem, Store
 from tests.conftest import Mosquitto
@@ -199,7 +199,7 @@ class _CommittingService:
     """What a sink uses of PoirotService: the ingest checks, rules (none) and commits."""
 
     def __init__(self) -> None:
-        self.committed: list[Reading] = []
+        self.committed: list[SampleRow] = []
 
     def new_ingest_validator(self) -> IngestValidator:
         return IngestValidator(SPEC, cast(Store, None), max_item_bytes=1 << 20)
@@ -210,7 +210,7 @@ class _CommittingService:
     async def commit(self, items: Sequence[CommitItem], events: Sequence[HazardEvent]) -> None:
         for item in items:
             assert isinstance(item, TelemetryBatch)
-            self.committed.extend(item.readings)
+            self.committed.extend(item.rows)
 
 
 async def test_the_sink_checks_every_value_of_a_stream_it_has_passed() -> None:
@@ -222,9 +222,9 @@ async def test_the_sink_checks_every_value_of_a_stream_it_has_passed() -> None:
     sink = _CommitSink(cast(PoirotService, service), session, dead_letters, stats)
 
     def batch(*readings: tuple[str, float]) -> TelemetryBatch:
-        return TelemetryBatch("s1", [Reading(c, "hr", value, T0) for c, value in readings])
+        return TelemetryBatch("s1", [(c, "hr", value, T0) for c, value in readings])
 
     await sink(batch(("exo", 70.0), ("exo", math.inf), ("ghost", 1.0)))
     await sink(batch(("exo", math.nan), ("exo", 71.0), ("ghost", 2.0)))
-    assert [reading.value for reading in service.committed] == [70.0, 71.0]
+    assert [value for _, _, value, _ in service.committed] == [70.0, 71.0]
     assert stats.refused == dead_letters.stats.stored == 4

@@ -34,6 +34,7 @@ from poirotd.model import (
     TelemetryBatch,
     TelemetrySample,
     Vote,
+    row_of,
 )
 from poirotd.store import (
     IngestItem,
@@ -278,7 +279,7 @@ async def test_a_telemetry_batch_is_stored_as_its_samples_would_be(tmp_path: Pat
     records = []
     for name, items in (
         ("samples", samples),
-        ("batch", [TelemetryBatch("s1", readings(*samples))]),
+        ("batch", [TelemetryBatch("s1", list(map(row_of, samples)))]),
     ):
         path = tmp_path / f"{name}.db"
         stored = await Store.open(path)

@@ -47,13 +47,20 @@ from poirotd.hazards.spec import (
     StaleRule,
     parse_rules,
 )
-from poirotd.hazards.window import CHUNK, Observed, SignalWindow
-from poirotd.model import AgentMessage, HazardEvent, TelemetryBatch, TelemetrySample
+from poirotd.hazards.window import CHUNK, SignalWindow
+from poirotd.model import (
+    AgentMessage,
+    HazardEvent,
+    SampleRow,
+    TelemetryBatch,
+    TelemetrySample,
+    row_of,
+)
 
 Signal = tuple[str, str]
 _NO_INDICES = np.empty(0, dtype=np.intp)
 # observe_telemetry's marker for a stream not met yet in a batch (None marks one no rule watches).
-_NOT_MET: list[Observed] = []
+_NOT_MET: list[SampleRow] = []
 # A stream's key: (session, component, signal), or (component, signal) within one session.
 _Key = tuple[str, ...]
 _STREAM_OF = attrgetter("session_id", "component", "signal")
@@ -143,30 +150,31 @@ class RuleEngine:
     # ------------------------------------------------------------------ inputs
 
     def observe_telemetry(self, samples: Sequence[TelemetrySample]) -> list[HazardEvent]:
-        return self._observe(self._grouped(samples, map(_STREAM_OF, samples)))
+        rows = map(row_of, samples)
+        return self._observe(self._grouped(rows, map(_STREAM_OF, samples)))
 
     def observe_batch(self, batch: TelemetryBatch) -> list[HazardEvent]:
-        """An input's readings: all of one session, so (component, signal) tells streams apart."""
-        session, readings = batch.session_id, batch.readings
-        groups = self._grouped(readings, map(_SIGNAL_OF, readings))
+        """An input's rows: all of one session, so (component, signal) tells streams apart."""
+        session, rows = batch.session_id, batch.rows
+        groups = self._grouped(rows, map(_SIGNAL_OF, rows))
         return self._observe({(session, *key): group for key, group in groups.items()})
 
     def _grouped(
-        self, items: Iterable[Observed], keys: Iterable[_Key]
-    ) -> dict[_Key, list[Observed]]:
-        """Items by stream key, in order, for streams some rule watches: one dict lookup per
-        item, whether a rule watches its stream or not. A key ends with (component, signal)."""
-        groups: dict[_Key, list[Observed] | None] = {}
+        self, rows: Iterable[SampleRow], keys: Iterable[_Key]
+    ) -> dict[_Key, list[SampleRow]]:
+        """Rows by stream key, in order, for streams some rule watches: one dict lookup per
+        row, whether a rule watches its stream or not. A key ends with (component, signal)."""
+        groups: dict[_Key, list[SampleRow] | None] = {}
         watched = self._watched_signals
-        for item, key in zip(items, keys, strict=True):
+        for row, key in zip(rows, keys, strict=True):
             group = groups.get(key, _NOT_MET)
             if group is _NOT_MET:
                 group = groups[key] = [] if key[-2:] in watched else None
             if group is not None:
-                group.append(item)
+                group.append(row)
         return {key: group for key, group in groups.items() if group is not None}
 
-    def _observe(self, groups: dict[_Key, list[Observed]]) -> list[HazardEvent]:
+    def _observe(self, groups: dict[_Key, list[SampleRow]]) -> list[HazardEvent]:
         """Each stream's items (keyed by session, component, signal), then the composites."""
         out = _Round()
         for key, group in groups.items():
@@ -254,13 +262,13 @@ class RuleEngine:
         self,
         key: _Key,
         stream: _Stream,
-        chunk: Sequence[Observed],
+        chunk: Sequence[SampleRow],
         out: _Round,
     ) -> None:
         session = key[0]
         clamped = stream.window.record(chunk)
         self._sessions.setdefault(session, clamped[0])
-        values = [s.value for s in chunk]
+        values = [row[2] for row in chunk]
         if stream.values_only and _quiet(stream, values):
             return
         view = stream.window.view(clamped, values)
@@ -278,7 +286,7 @@ class RuleEngine:
                 continue
             hits = np.flatnonzero(hit)
             if any_hit and rule.name in self._used_by_composites:
-                stamps = tuple(chunk[j].measured_at for j in hits.tolist())
+                stamps = tuple(chunk[j][3] for j in hits.tolist())
                 out.add_hits(rule.name, session, Hits(times[hits], stamps))
             if not rule.emit:
                 continue
@@ -286,7 +294,7 @@ class RuleEngine:
             for j in state.gate.admit(times, hits, clears):
                 summary = _signal_summary(rule, condition, reading, j)
                 evidence = stream.window.evidence_at(float(times[j]), self._evidence_limit)
-                at = chunk[j].measured_at
+                at = chunk[j][3]
                 out.events.append((float(times[j]), _event(rule, session, at, summary, evidence)))
 
     def _single_hit(

@@ -27,10 +27,7 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from poirotd.hazards.spec import WindowSpec
-from poirotd.model import Reading, TelemetrySample
-
-# A sample as the engine receives it: validated (gRPC) or an input's reading (TelemetryBatch).
-Observed = TelemetrySample | Reading
+from poirotd.model import SampleRow, TelemetrySample, sample_of
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.intp]
@@ -133,7 +130,7 @@ class SignalWindow:
         # trimming a round's worth is one slice deletion. A round's evidence reaches back at
         # most this far before it.
         self._held_before = max(evidence_limit - 1, 0)
-        self._samples: list[Observed] = []
+        self._samples: list[SampleRow] = []
         self._sample_times: list[float] = []
         self._times = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
         self._values = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
@@ -151,7 +148,7 @@ class SignalWindow:
             del self._samples[:drop]
             del self._sample_times[:drop]
 
-    def record(self, chunk: Sequence[Observed]) -> list[float]:
+    def record(self, chunk: Sequence[SampleRow]) -> list[float]:
         """Keep the chunk as evidence (until the next ``trim``) and return its times.
 
         A late sample, older than the stream's newest, gets the newest time, so that windows
@@ -162,7 +159,7 @@ class SignalWindow:
         times = []
         last = self.last_time
         for sample in chunk:
-            t = sample.measured_at.timestamp()
+            t = sample[3].timestamp()  # measured_at
             last = t if t > last else last
             times.append(last)
         self._samples.extend(chunk)
@@ -202,9 +199,5 @@ class SignalWindow:
     def evidence_at(self, t: float, limit: int) -> tuple[TelemetrySample, ...]:
         """The newest ``limit`` samples at or before time ``t``."""
         end = bisect.bisect_right(self._sample_times, t)
-        return tuple(self._sample(s) for s in self._samples[max(0, end - limit) : end])
-
-    def _sample(self, held: Observed) -> TelemetrySample:
-        if isinstance(held, TelemetrySample):
-            return held
-        return TelemetrySample(session_id=self.session_id, **held._asdict())
+        held = self._samples[max(0, end - limit) : end]
+        return tuple(sample_of(self.session_id, row) for row in held)

@@ -33,6 +33,7 @@ from poirotd.model import (
     InvestigationEvent,
     LLMExchange,
     MessageKind,
+    SampleRow,
     Session,
     TelemetrySample,
 )
@@ -109,7 +110,7 @@ class TelemetryBlock(BaseModel):
 
     # Declared in sorted order, so pydantic's own JSON has canonical key order (_block_record).
     # (component, signal, value, measured_at), in arrival order.
-    samples: Annotated[list[tuple[str, str, float, datetime]], Field(min_length=1)]
+    samples: Annotated[list[SampleRow], Field(min_length=1)]
     session_id: str
 
 
@@ -158,7 +159,7 @@ def _block_record(block: TelemetryBlock) -> str:
     return encode_record(block)
 
 
-def _time_bounds(rows: Sequence[tuple[str, str, float, datetime]]) -> tuple[int, int]:
+def _time_bounds(rows: Sequence[SampleRow]) -> tuple[int, int]:
     """The earliest and latest times in microseconds: compared as datetimes (the same order),
     converted twice instead of once per sample, unless naive and aware times are mixed."""
     stamps = list(map(_MEASURED_AT, rows))

@@ -30,7 +30,7 @@ from datetime import datetime
 from functools import partial
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar, cast
+from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
 
 from poirotd.model import (
     AgentMessage,
@@ -46,6 +46,7 @@ from poirotd.model import (
     SessionEnd,
     TelemetryBatch,
     TelemetrySample,
+    row_of,
 )
 from poirotd.store.chain import Chain, Row, transaction
 from poirotd.store.records import (
@@ -495,21 +496,17 @@ def _message_blocks(messages: Sequence[AgentMessage]) -> list[MessageBlock]:
 
 def _telemetry_blocks(items: Sequence[CommitItem]) -> list[TelemetryBlock]:
     """The samples as one block per session, each in arrival order; a telemetry batch is a
-    block of its own (its readings are block rows)."""
+    block of its own (its rows are the block's)."""
     samples = [item for item in items if isinstance(item, TelemetrySample)]
-    # Built from validated samples and readings: constructed, not validated again.
+    # Built from validated samples and rows: constructed, not validated again.
     blocks = [
         TelemetryBlock.model_construct(session_id=session_id, samples=rows)
-        for session_id, rows in _rows_by_session(samples, _sample_row).items()
+        for session_id, rows in _rows_by_session(samples, row_of).items()
     ]
     blocks += [
-        # A reading is a (component, signal, value, measured_at) tuple: a block row as it is.
-        TelemetryBlock.model_construct(
-            session_id=item.session_id,
-            samples=cast(list[tuple[str, str, float, datetime]], item.readings),
-        )
+        TelemetryBlock.model_construct(session_id=item.session_id, samples=item.rows)
         for item in items
-        if isinstance(item, TelemetryBatch) and item.readings
+        if isinstance(item, TelemetryBatch) and item.rows
     ]
     return blocks
 
@@ -523,9 +520,6 @@ def _rows_by_session(items: Sequence[_Item], row_of: Callable[[_Item], _T]) -> d
     for item in items:
         by_session.setdefault(item.session_id, []).append(row_of(item))
     return by_session
-
-
-_sample_row = attrgetter("component", "signal", "value", "measured_at")
 
 
 def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:

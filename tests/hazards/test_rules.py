@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from poirotd.hazards.window import CHUNK
-from poirotd.model import HazardEvent, MessageKind, TelemetryBatch
+from poirotd.model import HazardEvent, MessageKind, TelemetryBatch, row_of
 
-from .helpers import ANKLE, EXO, at, engine, feed, message, readings, rule, sample, series
+from .helpers import ANKLE, EXO, at, engine, feed, message, rule, sample, series
 
 # One sample at a time, a small odd batch, and batches larger than the engine's chunk.
 BATCHES = [1, 7, 3 * CHUNK + 5]
@@ -233,7 +233,8 @@ def test_an_input_batch_fires_as_its_samples_do(batch: int) -> None:
     as_batches: list[HazardEvent] = []
     eng = engine(*rules)
     for i in range(0, len(mixed), batch):
-        as_batches += eng.observe_batch(TelemetryBatch("s1", readings(*mixed[i : i + batch])))
+        rows = list(map(row_of, mixed[i : i + batch]))
+        as_batches += eng.observe_batch(TelemetryBatch("s1", rows))
     assert len(as_samples) > 20 and {e.rule for e in as_samples} == {"hi", "z", "both"}
     assert as_batches == as_samples
 

@@ -10,6 +10,7 @@ import pytest
 
 from poirotd.hazards.spec import RollingMeanRule
 from poirotd.hazards.window import CHUNK, RingBuffer, SignalWindow
+from poirotd.model import row_of
 
 from .helpers import rule, series
 
@@ -46,7 +47,7 @@ def test_window_stats_match_numpy(window: dict[str, Any], offset: float) -> None
         n = int(rng.integers(1, CHUNK + 1))
         chunk = samples[i : i + n]
         stream.trim()
-        view = stream.view(stream.record(chunk), [s.value for s in chunk])
+        view = stream.view(stream.record(list(map(row_of, chunk))), [s.value for s in chunk])
         count, mean, std = view.stats(spec, include_newest=True)
         for k in rng.integers(0, len(count), 5):
             newest = i + int(k)

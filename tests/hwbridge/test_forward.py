@@ -26,7 +26,7 @@ from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.launcher import free_port
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import Reading, TelemetryBatch
+from poirotd.model import TelemetryBatch
 
 SPEC = {
     "system": {"name": "clinic", "description": "Three agents plan therapy on an exoskeleton."},
@@ -52,7 +52,7 @@ def samples(n: int, offset: int = 0, component: str = "d2w_exoskeleton") -> Tele
     return TelemetryBatch(
         "e2e",
         [
-            Reading(
+            (
                 component,
                 "knee_left_deg",
                 float(offset + i),
@@ -64,7 +64,7 @@ def samples(n: int, offset: int = 0, component: str = "d2w_exoskeleton") -> Tele
 
 
 def joined(*batches: TelemetryBatch) -> TelemetryBatch:
-    return TelemetryBatch("e2e", [r for batch in batches for r in batch.readings])
+    return TelemetryBatch("e2e", [row for batch in batches for row in batch.rows])
 
 
 def forwarder(
