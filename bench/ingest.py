@@ -49,9 +49,9 @@ from poirotd.collector import tune_for_daemon
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import AgentMessage, HazardEvent, MessageKind, Session, TelemetrySample
+from poirotd.model import AgentMessage, HazardEvent, MessageKind, SampleRow, Session, TelemetryBatch
 from poirotd.monitor import HazardMonitor
-from poirotd.store import IngestItem, Store
+from poirotd.store import CommitItem, IngestItem, Store
 from poirotd.wire import BATCH_BYTES
 from tests.test_grpc_api import SPEC, _answer
 
@@ -401,8 +401,8 @@ async def mqtt_rate(p: Plan, folder: Path) -> dict[str, Any]:
         where.mkdir()
         with mosquitto() as port:
             frames.append(await daemon_input(port, frame_messages, where, FRAMES))
-        readings = telemetry_items(frame_messages * FRAME_SIGNALS)
-        store.append(await raw_commit(readings, where / "raw.db"))
+        commits = telemetry_commits(frame_messages * FRAME_SIGNALS)
+        store.append(await raw_commit(commits, where / "raw.db"))
     return {
         "bare": median([x.per_second for x in bare]),
         "transport": median([x.per_second for x in transport]),
@@ -449,23 +449,24 @@ def probes(probe: Probe) -> Iterator[None]:
         Store.commit_ingest,
     )
 
-    def timed_evaluate(self: HazardMonitor, items: Sequence[IngestItem]) -> list[HazardEvent]:
+    def timed_evaluate(self: HazardMonitor, items: Sequence[CommitItem]) -> list[HazardEvent]:
         events = evaluate(self, items)
         now = time.time()
         probe.events.extend(now - event.at.timestamp() for event in events)
         return events
 
     async def timed_open(
-        self: HazardMonitor, events: Sequence[HazardEvent], items: Sequence[IngestItem]
+        self: HazardMonitor, events: Sequence[HazardEvent], items: Sequence[CommitItem]
     ) -> None:
         now = time.time()
         probe.opened.extend(now - event.at.timestamp() for event in events)
         await open_events(self, events, items)
 
-    async def timed_commit(self: Store, items: Sequence[IngestItem]) -> None:
+    async def timed_commit(self: Store, items: Sequence[CommitItem]) -> None:
         began = time.perf_counter()
         await commit_ingest(self, items)
-        probe.commits.append((len(items), time.perf_counter() - began))
+        if samples := _samples_in(items):  # not a session start
+            probe.commits.append((samples, time.perf_counter() - began))
 
     hooks = {
         (HazardMonitor, "evaluate"): (timed_evaluate, evaluate),
@@ -510,8 +511,8 @@ async def hazard_latency(p: Plan, folder: Path, samples_per_s: float) -> dict[st
             investigations = _count(daemon, "SELECT count(*) FROM investigations")
     ms = np.array(probe.events) * 1000
     opened_ms = np.array(probe.opened) * 1000
-    sizes = [n for n, _ in probe.commits if n > 1]
-    commit_ms = np.array([t for n, t in probe.commits if n > 1]) * 1000
+    sizes = [n for n, _ in probe.commits]
+    commit_ms = np.array([t for _, t in probe.commits]) * 1000
     return {
         "events": len(probe.events),
         **{f"p{q}": float(np.percentile(ms, q)) for q in (50, 95, 99)},
@@ -579,35 +580,53 @@ def agent_items(p: Plan) -> list[IngestItem]:
     return items
 
 
-def telemetry_items(count: int) -> list[IngestItem]:
-    """Frame-layout telemetry (FRAME_SIGNALS signals) as the MQTT input stores it."""
+def telemetry_commits(count: int) -> list[list[CommitItem]]:
+    """Frame-layout telemetry (FRAME_SIGNALS signals) as the MQTT input commits it: batches of
+    rows, COMMIT_BATCH rows each, after the session start."""
     at = datetime.now(UTC)
-    items: list[IngestItem] = [Session(session_id="raw", system="clinic", started_at=at)]
-    items.extend(
-        TelemetrySample(
-            session_id="raw",
-            component="exo",
-            signal=f"f{i % FRAME_SIGNALS}",
-            value=i / 7,
-            measured_at=at + timedelta(microseconds=i // FRAME_SIGNALS * 5_000),
+    rows: list[SampleRow] = [
+        (
+            "exo",
+            f"f{i % FRAME_SIGNALS}",
+            i / 7,
+            at + timedelta(microseconds=i // FRAME_SIGNALS * 5_000),
         )
         for i in range(count)
+    ]
+    session = Session(session_id="raw", system="clinic", started_at=at)
+    batches: list[list[CommitItem]] = [
+        [TelemetryBatch("raw", rows[start : start + COMMIT_BATCH])]
+        for start in range(0, count, COMMIT_BATCH)
+    ]
+    return [[session], *batches]
+
+
+def in_commits(items: Sequence[CommitItem]) -> list[Sequence[CommitItem]]:
+    """Items in commits of COMMIT_BATCH, as gRPC ingest commits them."""
+    size = COMMIT_BATCH
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def _samples_in(items: Sequence[CommitItem]) -> int:
+    """Messages and telemetry samples (a batch counts its rows); session starts do not count."""
+    return sum(
+        len(item.rows) if isinstance(item, TelemetryBatch) else not isinstance(item, Session)
+        for item in items
     )
-    return items
 
 
-async def raw_commit(items: Sequence[IngestItem], db: Path) -> Rate:
-    """Items straight into Store.commit_ingest in batches of COMMIT_BATCH: the store's own
-    rate, without transport, validation or rules. Session starts are not counted."""
+async def raw_commit(commits: Sequence[Sequence[CommitItem]], db: Path) -> Rate:
+    """Commits straight into Store.commit_ingest: the store's own rate, without transport,
+    validation or rules. Session starts are not counted."""
     meter = Meter()
     store = await Store.open(db)
     try:
         with meter.measure():
-            for start in range(0, len(items), COMMIT_BATCH):
-                await store.commit_ingest(items[start : start + COMMIT_BATCH])
+            for items in commits:
+                await store.commit_ingest(items)
     finally:
         await store.close()
-    return Rate(sum(not isinstance(item, Session) for item in items), meter)
+    return Rate(sum(_samples_in(items) for items in commits), meter)
 
 
 async def agent_ingest(p: Plan, folder: Path) -> dict[str, Any]:
@@ -618,9 +637,9 @@ async def agent_ingest(p: Plan, folder: Path) -> dict[str, Any]:
         where.mkdir()
         if r % 2 == 0:
             grpc_rates.append(await grpc_ingest(p, where))
-            raw_rates.append(await raw_commit(agent_items(p), where / "raw.db"))
+            raw_rates.append(await raw_commit(in_commits(agent_items(p)), where / "raw.db"))
         else:
-            raw_rates.append(await raw_commit(agent_items(p), where / "raw.db"))
+            raw_rates.append(await raw_commit(in_commits(agent_items(p)), where / "raw.db"))
             grpc_rates.append(await grpc_ingest(p, where))
     return {
         "grpc": median([x.per_second for x in grpc_rates]),
@@ -899,12 +918,13 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   packet, the PUBACK); (b) at {mqtt["daemon_cpu"]:.0%}, {us_daemon:.0f} µs per message, the
   loop and the store's writer thread sharing one GIL. The input reads up to 256 packets per
   event-loop turn and takes buffered messages without a task each, so messages reach the
-  pipeline in batches, and per-batch costs are amortised: one validation call builds
-  a batch's `TelemetrySample`s, the rules run once per batch, sink calls that arrive while a
-  commit is in flight are committed together (one fsync per group), and the store keeps a
-  commit's samples as one block (one row, one chain entry). The difference is per-reading
-  Python work: decoding (JSON here, with orjson), the ingest checks, rule evaluation and the block's
-  encoding. With {FRAME_SIGNALS} readings per message the input reaches
+  pipeline in batches, and per-batch costs are amortised: a batch's samples travel as plain
+  rows (no pydantic object each; a stream is validated once), the rules run once per batch,
+  sink calls that arrive while a commit is in flight are committed together (one fsync per
+  group), and the store keeps a commit's samples as one block (one row, one chain entry). The
+  difference is per-reading Python work: decoding (JSON here, with orjson), the ingest checks,
+  rule evaluation and the block's encoding. With {FRAME_SIGNALS} readings per message the input
+  reaches
   {mqtt["frames"] / store_rate:.0%} of what the store alone commits in batches of
   {COMMIT_BATCH} ({mqtt["frames_cpu"]:.0%} of a core). {_goal_room(us_transport, store_rate)}
 - **Hazard latency: whatever holds the event loop.** Rules evaluate samples as they arrive;
@@ -937,7 +957,7 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   to avoid drops: memory then followed the backlog. Now the input stops reading the broker's
   socket while that buffer (`queue_size`, {CLIENT_BUFFER:,} messages) is nearly full (TCP
   backpressure: the backlog waits at the broker), and its pipeline queues deliveries undecoded
-  (a 208-byte payload instead of {FRAME_SIGNALS} `TelemetrySample`s). What remains is bounded by
+  (a 208-byte payload instead of {FRAME_SIGNALS} sample rows). What remains is bounded by
   configuration: `max_batch` undecoded deliveries plus `max_batches_in_flight` batches of samples,
   rule windows (`max_window_samples` per stream), SQLite's page cache and the investigation
   queue, and CPython keeps its high-water mark in its arenas. {_kept_up(rss)}
