@@ -59,7 +59,7 @@ from poirotd.model import (
 
 Signal = tuple[str, str]
 _NO_INDICES = np.empty(0, dtype=np.intp)
-# observe_telemetry's marker for a stream not met yet in a batch (None marks one no rule watches).
+# _grouped's marker for a stream not met yet in a batch (None marks one no rule watches).
 _NOT_MET: list[SampleRow] = []
 # A stream's key: (session, component, signal), or (component, signal) within one session.
 _Key = tuple[str, ...]
@@ -175,7 +175,7 @@ class RuleEngine:
         return {key: group for key, group in groups.items() if group is not None}
 
     def _observe(self, groups: dict[_Key, list[SampleRow]]) -> list[HazardEvent]:
-        """Each stream's items (keyed by session, component, signal), then the composites."""
+        """Each stream's rows (keyed by session, component, signal), then the composites."""
         out = _Round()
         for key, group in groups.items():
             stream = self._round_of(key)

@@ -158,8 +158,8 @@ class SignalWindow:
         # would be most of the work.
         times = []
         last = self.last_time
-        for sample in chunk:
-            t = sample[3].timestamp()  # measured_at
+        for row in chunk:
+            t = row[3].timestamp()  # measured_at
             last = t if t > last else last
             times.append(last)
         self._samples.extend(chunk)
