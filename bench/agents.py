@@ -18,8 +18,8 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 
+from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.client import PoirotClient, batched
 
 SENDERS = ("doctor", "chief", "physio")
 # About the length of one turn in the BLAME CORTEX sessions.

@@ -12,10 +12,10 @@ import asyncio
 import sys
 from pathlib import Path
 
-from poirotd import logs
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
+from poirotd.observability import logs
 from tests.test_grpc_api import _answer
 
 

@@ -44,15 +44,24 @@ from bench.publisher import FRAME_SIGNALS, SPIKE, SPIKE_PERIOD
 from hwbridge.broker import MAX_INFLIGHT, mosquitto
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttSubscriber
-from poirotd import logs
-from poirotd.collector import tune_for_daemon
+from poirotd.api.limits import BATCH_BYTES
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.investigations.triggers import HazardMonitor
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import AgentMessage, HazardEvent, MessageKind, SampleRow, Session, TelemetryBatch
-from poirotd.monitor import HazardMonitor
-from poirotd.store import CommitItem, IngestItem, Store
-from poirotd.wire import BATCH_BYTES
+from poirotd.model import (
+    AgentMessage,
+    CommitItem,
+    HazardEvent,
+    IngestItem,
+    MessageKind,
+    SampleRow,
+    Session,
+    TelemetryBatch,
+)
+from poirotd.observability import logs
+from poirotd.observability.gc_tuning import tune_for_daemon
+from poirotd.store import Store
 from tests.test_grpc_api import SPEC, _answer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -933,7 +942,7 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   as long as the loop is busy with something else when its frame arrives: the store's writer
   thread taking the GIL, an investigation's own work, and the cyclic garbage collector. The
   daemon freezes what start-up built and collects the young generation every 50,000 net
-  allocations instead of 700 (`poirotd/collector.py`): the collector ran
+  allocations instead of 700 (`poirotd/observability/gc_tuning.py`): the collector ran
   {_times(lat["collections"])} in this run, the longest {lat["collection_max"]:.0f} ms. An
   investigation's telemetry summary reads thousands of samples as plain tuples and is computed
   off the loop. The store alone

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,7 +30,6 @@ from hwbridge.config import BridgeConfig, BrokerConfig, ConfigError, load_config
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.forward import Forwarder, ForwardError
 from hwbridge.mqtt import MqttPublisher
-from poirotd import logs
 
 log = structlog.get_logger("hwbridge")
 
@@ -55,6 +55,22 @@ DurationOption = Annotated[
 SeedOption = Annotated[int | None, typer.Option(help="random seed, for reproducible runs")]
 
 
+def _configure_logs(level: str, fmt: str) -> None:
+    """structlog's default processors on stderr, the level filtered, JSON lines if asked."""
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.reset_defaults()
+    defaults = structlog.get_config()["processors"][:-1]  # its own last one renders
+    structlog.configure(
+        processors=[*defaults, structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
 @app.command()
 def run(
     config: Annotated[Path, typer.Option("--config", "-c", help="bridge YAML file")],
@@ -67,7 +83,7 @@ def run(
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
-    logs.configure(log_level, log_format)
+    _configure_logs(log_level, log_format)
     try:
         asyncio.run(_run_bridge(bridge_config))
     except ForwardError as exc:
@@ -143,7 +159,7 @@ def simulate_exo(
     faults = [_spec(exo.FaultSpec, text, ("signal", "kind")) for text in fault or ()]
     sim_config = _validated(exo.ExoSimConfig, rate_hz=rate, faults=faults, seed=seed)
     target = _broker(broker or "127.0.0.1:1883", username, password)
-    logs.configure(log_level, "console")
+    _configure_logs(log_level, "console")
 
     async def main() -> None:
         simulator = exo.ExoSimulator(sim_config)
@@ -193,7 +209,7 @@ def simulate_market(
         seed=seed,
     )
     target = None if broker is None else _broker(broker, username, password)
-    logs.configure(log_level, "console")
+    _configure_logs(log_level, "console")
 
     async def quotes() -> AsyncIterator[market.Quote]:
         if replay is not None:

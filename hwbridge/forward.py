@@ -35,11 +35,11 @@ import structlog
 from hwbridge.backoff import Backoff
 from hwbridge.config import PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
+from poirotd.api import convert
+from poirotd.api.client import batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.client import batched
 from poirotd.model import TelemetryBatch, TelemetrySample
-from poirotd.server import convert
 
 log = structlog.get_logger(__name__)
 

@@ -1,3 +1,3 @@
-from poirotd.cli import app
+from poirotd.cli.main import app
 
 app(prog_name="poirotd")

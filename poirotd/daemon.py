@@ -14,19 +14,20 @@ from wsgiref.simple_server import WSGIServer
 import structlog
 from prometheus_client import start_http_server
 
-from poirotd.collector import tune_for_daemon
 from poirotd.config import Settings, SystemSpec
-from poirotd.events import EventBus
-from poirotd.inputs import MqttInput
+from poirotd.config.loader import load_spec
+from poirotd.investigations.bus import EventBus
+from poirotd.investigations.runner import InvestigationRunner
+from poirotd.investigations.triggers import HazardMonitor
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend
-from poirotd.metrics import Metrics
-from poirotd.monitor import HazardMonitor
+from poirotd.observability.gc_tuning import tune_for_daemon
+from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine
-from poirotd.runner import InvestigationRunner
-from poirotd.server.app import GrpcServer
 from poirotd.service import PoirotService
 from poirotd.store import Store
+from poirotd.transports.grpc.server import GrpcServer
+from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +64,12 @@ def build_core(
         spec, store, runner, monitor, bus, metrics, max_item_bytes=settings.max_message_bytes
     )
     return Core(service, runner, monitor)
+
+
+def load_system_spec(path: Path) -> SystemSpec:
+    """The spec with every section checked, the transports' own included (SpecError lists
+    each problem with its line)."""
+    return load_spec(path, checks=[mqtt_input_spec])
 
 
 class Daemon:
@@ -109,8 +116,9 @@ class Daemon:
         )
         self.metrics_port = self._metrics_http.server_port
         # Last: telemetry flows only once everything that handles it and its metrics is up.
-        if self.spec.inputs is not None:
-            self._mqtt_input = MqttInput(self.spec.inputs, service, self.metrics.registry)
+        inputs = mqtt_input_spec(self.spec)
+        if inputs is not None:
+            self._mqtt_input = MqttInput(inputs, service, self.metrics.registry)
             self._mqtt_input.start()
         log.info(
             "daemon ready",

@@ -113,6 +113,12 @@ def sample_of(session_id: str, row: SampleRow) -> TelemetrySample:
     )
 
 
+# One item of an ingest stream (gRPC, replay), in the order the producer sent them.
+IngestItem: TypeAlias = Session | SessionEnd | AgentMessage | TelemetrySample
+# What the ingest pipeline and the store take: ingest items, and inputs' telemetry batches.
+CommitItem: TypeAlias = IngestItem | TelemetryBatch
+
+
 class HazardEvent(Frozen):
     """A rule fired (or control software asked): the reason an investigation is opened."""
 

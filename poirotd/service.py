@@ -11,12 +11,14 @@ from typing import cast, get_args
 
 from poirotd.config import SystemSpec
 from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound
-from poirotd.events import EventBus
-from poirotd.ingest import IngestValidator
-from poirotd.metrics import Metrics
+from poirotd.ingest.validation import IngestValidator
+from poirotd.investigations.bus import EventBus
+from poirotd.investigations.runner import InvestigationRunner
+from poirotd.investigations.triggers import HazardMonitor
 from poirotd.model import (
     AgentMessage,
     AgentReputation,
+    CommitItem,
     ConfirmedOutcome,
     EventKind,
     HazardEvent,
@@ -31,11 +33,10 @@ from poirotd.model import (
     TelemetryBatch,
     TelemetrySample,
 )
-from poirotd.monitor import HazardMonitor
+from poirotd.observability.metrics import Metrics
 from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.reputation import betas_in_use, reassess
-from poirotd.runner import InvestigationRunner
-from poirotd.store import AlreadyConfirmedError, CommitItem, Store
+from poirotd.store import AlreadyConfirmedError, Store
 
 _TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
 # How often an idle Watch re-checks the store without a wake-up (a safety net, not a poll loop).

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hwbridge.broker import wait_listening
-from poirotd.launcher import free_port, stop_process
+from hwbridge.broker import free_port, stop_process, wait_listening
 
 
 class Mosquitto:

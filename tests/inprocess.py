@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from poirotd.client import PoirotClient
+from poirotd.api.client import PoirotClient
 from poirotd.config.settings import Settings
 from poirotd.config.spec import SystemSpec
 from poirotd.daemon import Daemon

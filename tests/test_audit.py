@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from poirotd.audit import AuditError, ChainHead, export_investigation, verify
-from poirotd.cli import app
+from poirotd.cli.main import app
 from poirotd.model import (
     AgentReputation,
     Attribution,
@@ -32,6 +31,7 @@ from poirotd.model import (
     Vote,
 )
 from poirotd.store import Store, canonical_json, entry_hash
+from poirotd.store.audit import AuditError, ChainHead, export_investigation, verify
 from poirotd.store.schema import SCHEMA_VERSION
 from tests.test_store import T0, event, investigation, message, sample, session, space
 

@@ -8,12 +8,12 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from poirotd.collector import YOUNG_THRESHOLD
 from poirotd.config import Settings
+from poirotd.observability.gc_tuning import YOUNG_THRESHOLD
 
 CHECK = """
 import gc, sys
-from poirotd.collector import tune_for_daemon
+from poirotd.observability.gc_tuning import tune_for_daemon
 before = gc.get_threshold()
 tune_for_daemon(*map(int, sys.argv[1:]))
 print(gc.get_freeze_count() > 0, gc.get_threshold()[0], gc.get_threshold()[1:] == before[1:])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from poirotd.api import convert
 from poirotd.model import Attribution, ContextCut, Investigation, InvestigationState, Vote
-from poirotd.server import convert
 
 CUT = ContextCut(agent_id="doctor", index=2, action="shortened", chars_before=9000, chars_after=950)
 

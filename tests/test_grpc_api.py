@@ -19,16 +19,15 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from poirotd.api import convert
+from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.client import PoirotClient, batched
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import Session
-from poirotd.server import convert
-from poirotd.server.ingest import _Backlog, _StreamEnd
-from poirotd.store import IngestItem
+from poirotd.model import IngestItem, Session
+from poirotd.transports.grpc.ingest import _Backlog, _StreamEnd
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 

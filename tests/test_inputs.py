@@ -17,20 +17,20 @@ from typing import Any, cast
 import pytest
 import yaml
 from prometheus_client import generate_latest
-from pydantic import ValidationError
 
 from hwbridge import exo
 from hwbridge.config import DeadLetterConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
+from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
-from poirotd.ingest import IngestValidator
-from poirotd.inputs import SinkStats, _CommitSink
+from poirotd.ingest.validation import IngestValidator
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import HazardEvent, SampleRow, Session, TelemetryBatch
+from poirotd.model import CommitItem, HazardEvent, SampleRow, Session, TelemetryBatch
 from poirotd.service import PoirotService
-from poirotd.store import CommitItem, Store
+from poirotd.store import Store
+from poirotd.transports.mqtt import SinkStats, _CommitSink, mqtt_input_spec
 from tests.conftest import Mosquitto
 from tests.hwbridge.support import eventually
 from tests.inprocess import in_process_daemon
@@ -99,7 +99,7 @@ def stored_samples(daemon: Daemon) -> int:
 
 async def publish_gait(mosquitto: Mosquitto, extra: Sequence[tuple[str, bytes]] = ()) -> None:
     simulator = exo.ExoSimulator(exo.ExoSimConfig(rate_hz=1500, faults=(SENSOR_X,), seed=4))
-    inputs = spec(mosquitto).inputs
+    inputs = mqtt_input_spec(spec(mosquitto))
     assert inputs is not None
     broker = inputs.mqtt.broker.model_copy(update={"client_id": "simulator"})
     async with MqttPublisher(broker) as publisher:
@@ -191,8 +191,9 @@ def test_a_mapping_to_an_undeclared_component_is_refused_with_the_spec(
 ) -> None:
     data = spec(mosquitto).model_dump(mode="json")
     data["inputs"]["mqtt"]["mappings"][0]["component"] = "treadmill"
-    with pytest.raises(ValidationError, match="component 'treadmill' is not declared"):
-        SystemSpec.model_validate(data)
+    text = yaml.safe_dump(data, sort_keys=False)
+    with pytest.raises(SpecError, match=r":\d+: inputs: .*component 'treadmill' is not declared"):
+        load_spec_text(text, checks=[mqtt_input_spec])
 
 
 class _CommittingService:

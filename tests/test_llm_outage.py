@@ -20,12 +20,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from hwbridge.broker import free_port
+from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.client import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.launcher import free_port
-from poirotd.metrics import Metrics
+from poirotd.observability.metrics import Metrics
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 from tests.test_grpc_api import SPEC, session

@@ -16,9 +16,8 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
+from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.audit import verify
-from poirotd.client import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.config.spec import ReputationSpec
 from poirotd.daemon import Daemon
@@ -36,6 +35,7 @@ from poirotd.model import (
 from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.reputation import accuracy, betas_in_use, reassess, updated_beta
 from poirotd.store import AlreadyConfirmedError, Store, UnknownInvestigationError
+from poirotd.store.audit import verify
 from poirotd.store.schema import SCHEMA_VERSION
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill

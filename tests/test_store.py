@@ -14,13 +14,13 @@ from typing import Any, get_args
 
 import pytest
 
-from poirotd.audit import verify
 from poirotd.model import (
     AgentMessage,
     Attribution,
     EventKind,
     HazardRegion,
     HazardSpace,
+    IngestItem,
     Investigation,
     InvestigationEvent,
     InvestigationState,
@@ -37,7 +37,6 @@ from poirotd.model import (
     row_of,
 )
 from poirotd.store import (
-    IngestItem,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
@@ -47,6 +46,7 @@ from poirotd.store import chain as store_chain
 from poirotd.store import records as store_records
 from poirotd.store import schema as store_schema
 from poirotd.store import sqlite as store_sql
+from poirotd.store.audit import verify
 from tests.hazards.helpers import readings
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)

@@ -8,6 +8,7 @@ pydantic reports can be walked back through the nodes to a line of the file.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,22 +48,29 @@ class SpecError(ValueError):
         return "\n".join(problem.render(self.source) for problem in self.problems)
 
 
-def load_spec(path: Path) -> SystemSpec:
+# A further check of a validated spec (a transport's own section): raises a ValidationError
+# whose locations start at the document's root, so its problems get their lines too.
+SpecCheck = Callable[[SystemSpec], object]
+
+
+def load_spec(path: Path, checks: Sequence[SpecCheck] = ()) -> SystemSpec:
     """Read, parse and validate a system spec file; raise SpecError listing every problem."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise SpecError(str(path), [SpecProblem("", None, f"cannot read: {reason}")]) from exc
-    return _load(raw, str(path))
+    return _load(raw, str(path), checks)
 
 
-def load_spec_text(text: str, source: str = "<string>") -> SystemSpec:
+def load_spec_text(
+    text: str, source: str = "<string>", checks: Sequence[SpecCheck] = ()
+) -> SystemSpec:
     """As load_spec, for spec text already in memory; ``source`` names it in error messages."""
-    return _load(text, source)
+    return _load(text, source, checks)
 
 
-def _load(stream: str | bytes, source: str) -> SystemSpec:
+def _load(stream: str | bytes, source: str, checks: Sequence[SpecCheck]) -> SystemSpec:
     try:
         # Bytes go to PyYAML undecoded so that it detects UTF-8/UTF-16 the way safe_load does.
         loader = yaml.SafeLoader(stream)
@@ -88,6 +96,8 @@ def _load(stream: str | bytes, source: str) -> SystemSpec:
         raise SpecError(source, [SpecProblem("", _line(root), message)])
     try:
         spec = SystemSpec.model_validate(data)
+        for check in checks:
+            check(spec)
     except ValidationError as exc:
         for error in exc.errors(include_url=False, include_input=False, include_context=False):
             path, line = _locate(root, error["loc"])

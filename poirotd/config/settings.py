@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from poirotd.collector import YOUNG_THRESHOLD
+from poirotd.observability.gc_tuning import YOUNG_THRESHOLD
 
 
 class Settings(BaseSettings):
@@ -29,7 +29,8 @@ class Settings(BaseSettings):
     concurrent_investigations: int = Field(default=1, ge=1)
     # On SIGTERM, how long running investigations may take before they are kept as interrupted.
     drain_seconds: float = Field(default=30.0, ge=0.0)
-    # Net allocations between young collections of CPython's cyclic collector (poirotd.collector).
+    # Net allocations between young collections of CPython's cyclic collector
+    # (poirotd.observability.gc_tuning).
     gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=700)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"

@@ -7,7 +7,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,7 +20,6 @@ from pydantic import (
     model_validator,
 )
 
-from hwbridge.config import DeadLetterConfig, MqttInputConfig, PipelineConfig
 from poirotd.hazards.spec import RuleSet, RuleSpec
 from poirotd.model import HazardRegion, RegionType
 
@@ -195,12 +194,16 @@ class InputsSpec(SpecModel):
     system when it starts (a no-op if the store has it). A fixed id, as the standalone bridge
     has, because an input cannot tell which of several open sessions a sensor belongs to; give
     the agents the same id and rules see their messages and the hardware in one session.
+
+    ``mqtt``, ``pipeline`` and ``dead_letter`` are hwbridge's settings, which only the MQTT
+    transport knows: it validates them (``poirotd.transports.mqtt.MqttInputSpec``), at load
+    time when the spec is loaded with the daemon's checks (``poirotd.daemon.load_system_spec``).
     """
 
     session_id: str = Field(min_length=1)
-    mqtt: MqttInputConfig
-    pipeline: PipelineConfig = PipelineConfig()
-    dead_letter: DeadLetterConfig = DeadLetterConfig()
+    mqtt: dict[str, Any]
+    pipeline: dict[str, Any] = Field(default_factory=dict)
+    dead_letter: dict[str, Any] = Field(default_factory=dict)
 
 
 class SystemSpec(SpecModel):
@@ -247,25 +250,6 @@ class SystemSpec(SpecModel):
             if sender is not None and sender not in agents:
                 raise ValueError(f"rules[{i}] {rule.name!r}: sender {sender!r} is not an agent")
         return rules
-
-    @field_validator("inputs")
-    @classmethod
-    def _inputs_name_declared_parts(
-        cls, inputs: InputsSpec | None, info: ValidationInfo
-    ) -> InputsSpec | None:
-        """A mapping to a fixed undeclared component would dead-letter every sample; templated
-        components ({w1}...) are only known per message and checked then."""
-        if inputs is None:
-            return None
-        parties = {a.id for a in info.data.get("agents", ())}
-        parties |= {c.id for c in info.data.get("components", ())}
-        for i, mapping in enumerate(inputs.mqtt.mappings):
-            if "{" not in mapping.component and mapping.component not in parties:
-                raise ValueError(
-                    f"mqtt.mappings[{i}] {mapping.topic!r}: component {mapping.component!r} "
-                    "is not declared"
-                )
-        return inputs
 
     @property
     def agent_ids(self) -> tuple[str, ...]:

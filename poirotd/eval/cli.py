@@ -102,11 +102,11 @@ def run_command(
     One line per case is appended to OUT/results.jsonl as soon as the case finishes; rerunning
     the same command skips the cases already there, so an interrupted run resumes.
     """
-    from poirotd import logs
     from poirotd.eval.journal import RunJournal, RunMismatch
     from poirotd.eval.progress import RunProgress
     from poirotd.eval.runner import run_cases
     from poirotd.eval.selection import select_cases
+    from poirotd.observability import logs
 
     llm = _llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
     if concurrency > 1 and not isinstance(llm, OpenAILLMSpec):

@@ -14,14 +14,13 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 
+from poirotd.api import convert
+from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.client import PoirotClient
 from poirotd.demo.main import attribution_table, describe_event
 from poirotd.eval.cases import EvalCase
 from poirotd.eval.session import session_items
-from poirotd.model import AgentMessage, Session, SessionEnd
-from poirotd.server import convert
-from poirotd.store import IngestItem
+from poirotd.model import AgentMessage, IngestItem, Session, SessionEnd
 
 
 def pauses(case: EvalCase, *, speed: float, interval: float | None) -> list[float]:

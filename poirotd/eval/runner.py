@@ -25,10 +25,16 @@ from poirotd.eval.results import CaseResult, Status, TokenUsage
 from poirotd.eval.session import session_id_of, session_items
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend
-from poirotd.metrics import Metrics
-from poirotd.model import Investigation, InvestigationMethod, InvestigationState, LLMExchange
+from poirotd.model import (
+    IngestItem,
+    Investigation,
+    InvestigationMethod,
+    InvestigationState,
+    LLMExchange,
+)
+from poirotd.observability.metrics import Metrics
 from poirotd.service import PoirotService
-from poirotd.store import IngestItem, Store
+from poirotd.store import Store
 
 
 class Observer(Protocol):

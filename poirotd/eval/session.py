@@ -7,8 +7,7 @@ daemon the same session.
 from __future__ import annotations
 
 from poirotd.eval.cases import EvalCase
-from poirotd.model import Session, SessionEnd
-from poirotd.store import IngestItem
+from poirotd.model import IngestItem, Session, SessionEnd
 
 
 def session_id_of(case: EvalCase) -> str:

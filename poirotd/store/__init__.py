@@ -1,11 +1,9 @@
 """Durable storage: sessions, investigations, events and the audit of every LLM exchange, every
-write chained into a tamper-evident log (`poirotd.audit` checks and exports it)."""
+write chained into a tamper-evident log (`poirotd.store.audit` checks and exports it)."""
 
 from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.sqlite import (
     AlreadyConfirmedError,
-    CommitItem,
-    IngestItem,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
@@ -14,8 +12,6 @@ from poirotd.store.sqlite import (
 __all__ = [
     "GENESIS_HASH",
     "AlreadyConfirmedError",
-    "CommitItem",
-    "IngestItem",
     "Store",
     "UnknownInvestigationError",
     "UnknownSessionError",

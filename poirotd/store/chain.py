@@ -8,7 +8,7 @@ append-only `audit` table. `ref` is the record's key within its kind; `payload` 
 canonical JSON (`encode_record`), byte for byte the text its table stores, so a check needs no
 re-encoding that a future model change could alter; hash = `entry_hash(prev_hash, kind, ref,
 payload)`, starting from `GENESIS_HASH`. `poirotd.store.records.AUDITED_TABLES` says, per kind,
-how a row gives its ref and which columns its record determines; `poirotd.audit` verifies and
+how a row gives its ref and which columns its record determines; `poirotd.store.audit` verifies and
 exports with it.
 """
 

@@ -35,6 +35,7 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
 from poirotd.model import (
     AgentMessage,
     AgentReputation,
+    CommitItem,
     ConfirmedOutcome,
     HazardSpace,
     Investigation,
@@ -73,10 +74,6 @@ from poirotd.store.records import (
     telemetry_block_row,
 )
 from poirotd.store.schema import open_reader, open_writer
-
-IngestItem: TypeAlias = Session | SessionEnd | AgentMessage | TelemetrySample
-# What a commit takes: ingested items, and inputs' telemetry batches (stored as they are).
-CommitItem: TypeAlias = IngestItem | TelemetryBatch
 
 _INSERT_SESSION = "INSERT OR IGNORE INTO sessions (session_id, record) VALUES (?, ?)"
 _UPSERT_SESSION = (

@@ -18,10 +18,10 @@ import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from poirotd.client import PoirotClient
+from poirotd.api.client import PoirotClient
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.metrics import Metrics
+from poirotd.observability.metrics import Metrics
 from tests.inprocess import in_process_daemon
 from tests.test_grpc_api import SPEC, _answer, session
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from poirotd.metrics import Metrics
+from poirotd.observability.metrics import Metrics
 from tests.deploy.conftest import DASHBOARD_FILE, dashboard_expressions
 
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}

@@ -126,5 +126,5 @@ def test_the_build_context_builds_a_wheel_with_the_package_data(tmp_path: Path) 
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = (tmp_path / "dist").glob("poirotd-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"poirotd/cli.py", "poirotd/demo/cortex.yaml"} <= names
+    assert {"poirotd/cli/main.py", "poirotd/demo/cortex.yaml"} <= names
     assert any(name.endswith("entry_points.txt") for name in names)

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+from hwbridge.broker import free_port
 from poirotd.config import Settings
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.daemon import Daemon
-from poirotd.launcher import free_port
 from tests.deploy.conftest import (
     DASHBOARD_FILE,
     DEPLOY,

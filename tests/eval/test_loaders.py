@@ -14,7 +14,7 @@ from poirotd.eval.cases import EvalCase
 from poirotd.eval.loaders import DATASETS, load_cases
 from poirotd.eval.parts import region_ids
 from poirotd.eval.session import session_id_of, session_items
-from poirotd.ingest import IngestValidator
+from poirotd.ingest.validation import IngestValidator
 from poirotd.model import MessageKind
 from poirotd.store import Store
 from tests.eval.helpers import DATA

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hwbridge.__main__ import app
-from poirotd.launcher import free_port
+from hwbridge.broker import free_port
 from tests.conftest import Mosquitto
 from tests.hwbridge.support import eventually
 from tests.hwbridge.test_forward import start_daemon

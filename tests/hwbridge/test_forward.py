@@ -18,13 +18,13 @@ import grpc
 import pytest
 import yaml
 
+from hwbridge.broker import free_port
 from hwbridge.config import BackoffConfig, DeadLetterConfig, PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.forward import Forwarder, ForwardError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.launcher import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import TelemetryBatch
 

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from pydantic import ValidationError
 
-from poirotd.audit_cli import app as audit_app
+from poirotd.cli.audit import app as audit_app
 from poirotd.config import Settings
-from poirotd.config.loader import SpecError, load_spec
+from poirotd.config.loader import SpecError
 from poirotd.eval.cli import CaseArgument, DataDirOption, MethodOption, load_case
 from poirotd.eval.cli import app as eval_app
 
 if TYPE_CHECKING:
     import grpc
 
+    from poirotd.api.client import PoirotClient
     from poirotd.api.poirot.v1 import poirot_pb2 as pb
-    from poirotd.client import PoirotClient
 
 T = TypeVar("T")
 
@@ -57,13 +57,13 @@ def run(
     ] = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
-    from poirotd import logs
-    from poirotd.daemon import Daemon
+    from poirotd.daemon import Daemon, load_system_spec
+    from poirotd.observability import logs
 
     settings = _settings(grpc_port=grpc_port, metrics_port=metrics_port, db_path=db)
     logs.configure(settings.log_level, settings.log_format)
     try:
-        spec = load_spec(config)
+        spec = load_system_spec(config)
     except SpecError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
@@ -73,8 +73,10 @@ def run(
 @app.command("check-config")
 def check_config(path: Annotated[Path, typer.Argument(help="YAML system spec")]) -> None:
     """Validate a system spec; exit non-zero naming each offending field and line."""
+    from poirotd.daemon import load_system_spec
+
     try:
-        spec = load_spec(path)
+        spec = load_system_spec(path)
     except SpecError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from exc
@@ -186,7 +188,7 @@ def _with_client(target: str, call: Callable[[PoirotClient], Awaitable[T]]) -> T
     """One call to the daemon at `target`; a refusal or an unreachable daemon exits 1."""
     import grpc
 
-    from poirotd.client import PoirotClient
+    from poirotd.api.client import PoirotClient
 
     async def once() -> T:
         async with PoirotClient(target) as client:

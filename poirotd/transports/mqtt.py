@@ -6,7 +6,7 @@ is stored durably before the broker gets its PUBACK (hwbridge acks a delivery on
 sink has returned for it). hwbridge's ``Bridge``, config models, codecs and dead letters are used
 as they are; this module adds the sink, a restart loop and the Prometheus view of the counters.
 
-Session: every sample goes to the spec's ``inputs.session_id`` (see ``InputsSpec``), started
+Session: every sample goes to the spec's ``inputs.session_id`` (see ``MqttInputSpec``), started
 under this system before the first sample (a no-op when the store has it already). In the spec:
 
     inputs:
@@ -45,12 +45,19 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from hwbridge.backoff import Backoff
 from hwbridge.bridge import Bridge
-from hwbridge.config import BridgeConfig, PoirotdConfig
+from hwbridge.config import (
+    BridgeConfig,
+    DeadLetterConfig,
+    MqttInputConfig,
+    PipelineConfig,
+    PoirotdConfig,
+)
 from hwbridge.deadletter import DeadLetterStore
-from poirotd.config.spec import InputsSpec
+from poirotd.config import SystemSpec
 from poirotd.errors import ServiceError
 from poirotd.model import HazardEvent, SampleRow, Session, TelemetryBatch, sample_of
 from poirotd.service import PoirotService
@@ -101,6 +108,47 @@ _COUNTERS = (
     ("poirot_mqtt_connects", "connects", "Connections to the broker that subscribed"),
     ("poirot_mqtt_input_restarts", "restarts", "Restarts of the input after a failed commit"),
 )
+
+
+class MqttInputSpec(BaseModel):
+    """The spec's ``inputs`` section with hwbridge's settings validated (``InputsSpec``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str = Field(min_length=1)
+    mqtt: MqttInputConfig
+    pipeline: PipelineConfig = PipelineConfig()
+    dead_letter: DeadLetterConfig = DeadLetterConfig()
+
+    @model_validator(mode="after")
+    def _mappings_name_declared_parts(self, info: ValidationInfo) -> MqttInputSpec:
+        """A mapping to a fixed undeclared component would dead-letter every sample; templated
+        components ({w1}...) are only known per message and checked then."""
+        parties: frozenset[str] = (info.context or {}).get("parties", frozenset())
+        for i, mapping in enumerate(self.mqtt.mappings):
+            if "{" not in mapping.component and mapping.component not in parties:
+                raise ValueError(
+                    f"mqtt.mappings[{i}] {mapping.topic!r}: component {mapping.component!r} "
+                    "is not declared"
+                )
+        return self
+
+
+class _InputsSection(BaseModel):
+    """Puts ``inputs`` in front of every error location, so the loader finds their lines."""
+
+    inputs: MqttInputSpec
+
+
+def mqtt_input_spec(spec: SystemSpec) -> MqttInputSpec | None:
+    """The spec's MQTT input, validated; a ValidationError locates each problem in the spec."""
+    if spec.inputs is None:
+        return None
+    parties = frozenset(spec.agent_ids) | {c.id for c in spec.components}
+    section = _InputsSection.model_validate(
+        {"inputs": spec.inputs.model_dump()}, context={"parties": parties}
+    )
+    return section.inputs
 
 
 # The most streams a sink remembers as checked (see _CommitSink._passed); then it starts over.
@@ -206,7 +254,7 @@ class MqttInput:
     """Runs from ``start()`` until ``stop()``; its counters are on the given registry."""
 
     def __init__(
-        self, config: InputsSpec, service: PoirotService, registry: CollectorRegistry
+        self, config: MqttInputSpec, service: PoirotService, registry: CollectorRegistry
     ) -> None:
         self._config = config
         self._service = service

@@ -6,12 +6,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from poirotd.api.limits import BATCH_BYTES, MAX_REPLY_BYTES
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.server.ingest import IngestServicer
-from poirotd.server.investigations import InvestigationsServicer
 from poirotd.service import PoirotService
-from poirotd.wire import BATCH_BYTES, MAX_REPLY_BYTES
+from poirotd.transports.grpc.ingest import IngestServicer
+from poirotd.transports.grpc.investigations import InvestigationsServicer
 
 SERVICES = tuple(
     pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Ingest", "Investigations")

@@ -10,8 +10,8 @@ import math
 
 from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound, ResourceExhausted
-from poirotd.model import AgentMessage, MessageKind, Session, TelemetrySample
-from poirotd.store import IngestItem, Store
+from poirotd.model import AgentMessage, IngestItem, MessageKind, Session, TelemetrySample
+from poirotd.store import Store
 
 
 class IngestValidator:

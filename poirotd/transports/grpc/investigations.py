@@ -6,12 +6,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from poirotd.api import convert
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import InvalidArgument, ServiceError
-from poirotd.server import convert
-from poirotd.server.status import abort
 from poirotd.service import PoirotService
+from poirotd.transports.grpc.status import abort
 
 _MAX_PAGE = 500
 _DEFAULT_PAGE = 50

@@ -14,13 +14,13 @@ from datetime import UTC, datetime
 import grpc
 import structlog
 
+from poirotd.api import convert
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import Internal, InvalidArgument, ServiceError, Unavailable
-from poirotd.server import convert
-from poirotd.server.status import abort
+from poirotd.model import IngestItem
 from poirotd.service import PoirotService
-from poirotd.store import IngestItem
+from poirotd.transports.grpc.status import abort
 
 log = structlog.get_logger(__name__)
 

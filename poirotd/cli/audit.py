@@ -32,7 +32,7 @@ def verify_command(
     Exit 0 with a one-line summary when all is intact, 1 naming the first broken link, 2 when the
     database cannot be audited.
     """
-    from poirotd.audit import AuditError, ChainHead, verify
+    from poirotd.store.audit import AuditError, ChainHead, verify
 
     try:
         report = verify(db, anchor=ChainHead.parse(anchor) if anchor else None)
@@ -53,7 +53,7 @@ def export_command(
 
     Everything it saw and produced, each record with its audit hashes, and the chain head.
     """
-    from poirotd.audit import AuditError, export_investigation
+    from poirotd.store.audit import AuditError, export_investigation
 
     try:
         report = export_investigation(db, investigation_id)

@@ -16,10 +16,16 @@ import structlog
 from poirotd.config import SystemSpec
 from poirotd.errors import ServiceError
 from poirotd.hazards import RuleEngine
-from poirotd.metrics import Metrics
-from poirotd.model import AgentMessage, HazardEvent, SessionEnd, TelemetryBatch, TelemetrySample
-from poirotd.runner import InvestigationRunner
-from poirotd.store import CommitItem
+from poirotd.investigations.runner import InvestigationRunner
+from poirotd.model import (
+    AgentMessage,
+    CommitItem,
+    HazardEvent,
+    SessionEnd,
+    TelemetryBatch,
+    TelemetrySample,
+)
+from poirotd.observability.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 

@@ -18,9 +18,8 @@ import structlog
 
 from poirotd.config import SystemSpec
 from poirotd.errors import ResourceExhausted, Unavailable
-from poirotd.events import EventBus
 from poirotd.hazards import summarise_window
-from poirotd.metrics import Metrics
+from poirotd.investigations.bus import EventBus
 from poirotd.model import (
     EventKind,
     HazardEvent,
@@ -33,6 +32,7 @@ from poirotd.model import (
     PhaseTiming,
     Vote,
 )
+from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import (

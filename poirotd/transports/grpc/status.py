@@ -16,7 +16,7 @@ from poirotd.errors import (
     ServiceError,
     Unavailable,
 )
-from poirotd.metrics import Metrics
+from poirotd.observability.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 

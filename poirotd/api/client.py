@@ -8,9 +8,9 @@ from typing import Self
 
 import grpc
 
+from poirotd.api.limits import BATCH_BYTES, MAX_REPLY_BYTES
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.wire import BATCH_BYTES, MAX_REPLY_BYTES
 
 # A batched item's tag and length prefix, on top of its own size.
 _FRAMING_BYTES = 4

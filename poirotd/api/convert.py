@@ -19,6 +19,7 @@ from poirotd.model import (
     EventKind,
     HazardEvent,
     HazardSpace,
+    IngestItem,
     Investigation,
     InvestigationEvent,
     InvestigationState,
@@ -29,7 +30,6 @@ from poirotd.model import (
     TelemetrySample,
     Vote,
 )
-from poirotd.store import IngestItem
 
 _KINDS = {
     pb.MESSAGE_KIND_AGENT: MessageKind.AGENT,

@@ -1,0 +1,1 @@
+"""The command line: `poirotd run | demo | check-config | audit | eval | ...`."""

@@ -1,0 +1,1 @@
+"""The one ingest pipeline every transport calls: validate, evaluate rules, commit, open, count."""

@@ -1,0 +1,1 @@
+"""Logs, Prometheus metrics and garbage-collector tuning of the running daemon."""

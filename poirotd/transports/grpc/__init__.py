@@ -1,0 +1,1 @@
+"""gRPC: the Ingest and Investigations services, health and reflection, on one port."""
