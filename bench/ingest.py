@@ -61,7 +61,7 @@ from poirotd.model import (
 )
 from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
-from poirotd.store import Store
+from poirotd.store import SqliteStore, Store
 from tests.test_grpc_api import SPEC, _answer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -628,7 +628,7 @@ async def raw_commit(commits: Sequence[Sequence[CommitItem]], db: Path) -> Rate:
     """Commits straight into Store.commit_ingest: the store's own rate, without transport,
     validation or rules. Session starts are not counted."""
     meter = Meter()
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         with meter.measure():
             for items in commits:

@@ -25,7 +25,7 @@ from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.service import PoirotService
-from poirotd.store import Store
+from poirotd.store import SqliteStore, Store
 from poirotd.transports.grpc.server import GrpcServer
 from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
 
@@ -91,7 +91,7 @@ class Daemon:
 
     async def start(self) -> None:
         s = self.settings
-        self._store = await Store.open(s.db_path)
+        self._store = await SqliteStore.open(s.db_path)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
         core = build_core(self.spec, self._store, self._backend, self.metrics, s)

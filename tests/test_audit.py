@@ -30,7 +30,7 @@ from poirotd.model import (
     SessionEnd,
     Vote,
 )
-from poirotd.store import Store, canonical_json, entry_hash
+from poirotd.store import SqliteStore, canonical_json, entry_hash
 from poirotd.store.audit import AuditError, ChainHead, export_investigation, verify
 from poirotd.store.schema import SCHEMA_VERSION
 from tests.test_store import T0, event, investigation, message, sample, session, space
@@ -62,7 +62,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("written") / "poirotd.db"
 
     async def write() -> None:
-        store = await Store.open(db)
+        store = await SqliteStore.open(db)
         try:
             await store.commit_ingest([session(), *map(message, range(4)), sample(0, 1.0)])
             await store.commit_ingest([message(1, content="resent"), sample(1, 2.5)])
@@ -410,7 +410,7 @@ def test_an_added_row_without_entry_is_named(db: Path) -> None:
 
 
 async def test_a_refused_write_leaves_no_entry_and_the_chain_goes_on(db: Path) -> None:
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         with pytest.raises(ValueError, match="not known"):
             await store.record_exchange("ghost", exchange("vote"))
@@ -532,7 +532,7 @@ async def test_export_holds_the_beta_moves_of_the_investigations_confirmation(db
             for agent, beta in (("planner", 0.3), ("controller", 0.2))
         ]
 
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         outcome = ConfirmedOutcome(region_ids=("knee_motor",), decision=(0, 1), note="", at=T0)
         await store.confirm_outcome("i1", outcome, reassess)
@@ -674,7 +674,7 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
     with pytest.raises(AuditError, match="schema 1, from before the audit chain"):
         verify(db)
 
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         assert await store.get_session("s1") == session(labels={"patient": "p7"})
         assert await store.session_messages("s1") == [message(0), message(1), message(2)]

@@ -34,7 +34,7 @@ from poirotd.model import (
 )
 from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.reputation import accuracy, betas_in_use, reassess, updated_beta
-from poirotd.store import AlreadyConfirmedError, Store, UnknownInvestigationError
+from poirotd.store import AlreadyConfirmedError, SqliteStore, UnknownInvestigationError
 from poirotd.store.audit import verify
 from poirotd.store.schema import SCHEMA_VERSION
 from tests.inprocess import client_of, in_process_daemon
@@ -208,7 +208,7 @@ async def test_a_confirmation_persists_with_the_reputations_and_is_audited(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "poirotd.db"
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     reassessor = Reassessor()
     try:
         await store.save_investigation(_succeeded())
@@ -217,7 +217,7 @@ async def test_a_confirmation_persists_with_the_reputations_and_is_audited(
     finally:
         await store.close()
 
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         reloaded = await store.get_investigation("i1")
         assert reloaded is not None and reloaded.confirmed == _outcome("doctor")
@@ -235,7 +235,7 @@ async def test_a_confirmation_persists_with_the_reputations_and_is_audited(
 async def test_confirming_twice_updates_once_and_other_regions_are_refused(
     tmp_path: Path,
 ) -> None:
-    store = await Store.open(tmp_path / "poirotd.db")
+    store = await SqliteStore.open(tmp_path / "poirotd.db")
     reassessor = Reassessor()
     try:
         await store.save_investigation(_succeeded())
@@ -385,10 +385,10 @@ async def test_confirm_outcome_refusals_are_counted(
 
 async def test_a_schema_2_store_gains_the_reputations_table_when_opened(tmp_path: Path) -> None:
     db = tmp_path / "poirotd.db"
-    await (await Store.open(db)).close()
+    await (await SqliteStore.open(db)).close()
     with closing(sqlite3.connect(db)) as schema_2:
         schema_2.executescript("DROP TABLE reputations; PRAGMA user_version = 2;")
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         assert await store.reputations("clinic") == {}
     finally:

@@ -37,6 +37,7 @@ from poirotd.model import (
     row_of,
 )
 from poirotd.store import (
+    SqliteStore,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
@@ -60,7 +61,7 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def store(db: Path) -> AsyncIterator[Store]:
-    s = await Store.open(db)
+    s = await SqliteStore.open(db)
     yield s
     await s.close()
 
@@ -135,15 +136,15 @@ async def test_opens_in_wal_mode_with_a_schema_version(store: Store, db: Path) -
 
 
 async def test_refuses_a_database_from_a_newer_schema(db: Path) -> None:
-    await (await Store.open(db)).close()
+    await (await SqliteStore.open(db)).close()
     with closing(sqlite3.connect(db)) as other:
         other.execute("PRAGMA user_version = 99")
     with pytest.raises(RuntimeError, match="schema version 99"):
-        await Store.open(db)
+        await SqliteStore.open(db)
 
 
 async def test_close_is_idempotent_and_a_closed_store_refuses_work(db: Path) -> None:
-    s = await Store.open(db, synchronous="NORMAL")
+    s = await SqliteStore.open(db, synchronous="NORMAL")
     await asyncio.gather(s.close(), s.close())
     await s.close()
     with pytest.raises(RuntimeError, match="store is closed"):
@@ -282,7 +283,7 @@ async def test_a_telemetry_batch_is_stored_as_its_samples_would_be(tmp_path: Pat
         ("batch", [TelemetryBatch("s1", list(map(row_of, samples)))]),
     ):
         path = tmp_path / f"{name}.db"
-        stored = await Store.open(path)
+        stored = await SqliteStore.open(path)
         try:
             await stored.commit_ingest([session(), *items])
         finally:
@@ -361,7 +362,7 @@ async def test_a_schema_4_store_keeps_its_message_rows_and_still_ignores_their_r
 ) -> None:
     old = [message(0), message(2)]
     await _schema_4_store(db, old)
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         await store.commit_ingest([message(1), message(2, content="resent"), message(3)])
         assert await store.session_messages("s1") == [message(i) for i in range(4)]
@@ -384,7 +385,7 @@ def test_a_message_blocks_layout_is_agent_messages_fields_but_the_session() -> N
 async def _schema_4_store(db: Path, messages: list[AgentMessage]) -> None:
     """A store as schema 4 left it: no message blocks, one row and one entry per message
     (written with the store's own row function, as schema 4 wrote them)."""
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     await store.commit_ingest([session()])
     await store.close()
     with closing(sqlite3.connect(db, isolation_level=None)) as conn:
@@ -401,7 +402,7 @@ async def _schema_4_store(db: Path, messages: list[AgentMessage]) -> None:
 async def test_a_schema_3_store_keeps_its_sample_rows_and_adds_blocks(db: Path) -> None:
     old = [sample(1, 1.0), sample(3, 3.0)]
     await _schema_3_store(db, old)
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     try:
         await store.commit_ingest([sample(2, 2.0), sample(3, 3.5)])
         assert await store.newest_readings("s1") == readings(
@@ -419,7 +420,7 @@ async def test_a_schema_3_store_keeps_its_sample_rows_and_adds_blocks(db: Path) 
 async def _schema_3_store(db: Path, samples: list[TelemetrySample]) -> None:
     """A store as schema 3 left it: no blocks, one row and one entry per sample (written with
     the store's own row and chain functions, as schema 3 wrote them)."""
-    store = await Store.open(db)
+    store = await SqliteStore.open(db)
     await store.commit_ingest([session()])
     await store.close()
     with closing(sqlite3.connect(db, isolation_level=None)) as conn:
@@ -447,14 +448,14 @@ async def test_throughput_batches_all_land(store: Store) -> None:
 
 
 async def test_everything_survives_a_reopen(db: Path) -> None:
-    first = await Store.open(db)
+    first = await SqliteStore.open(db)
     await first.commit_ingest([session(), message(0), sample(0, 1.0)])
     await first.put_hazard_space(space())
     await first.save_investigation(investigation("i1"))
     stored = await first.append_event(event("i1"))
     await first.close()
 
-    second = await Store.open(db)
+    second = await SqliteStore.open(db)
     try:
         assert second.has_session("s1")
         assert not second.has_session("s2")

@@ -34,7 +34,7 @@ from poirotd.model import (
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.service import PoirotService
-from poirotd.store import Store
+from poirotd.store import SqliteStore
 
 
 class Observer(Protocol):
@@ -138,7 +138,7 @@ async def run_case(
     started = time.monotonic()
     outcome = _Outcome(case, method, model)
     with tempfile.TemporaryDirectory(prefix="poirotd-eval-") as folder:
-        store = await Store.open(Path(folder) / "case.db", synchronous="NORMAL")
+        store = await SqliteStore.open(Path(folder) / "case.db", synchronous="NORMAL")
         core = build_core(case.spec, store, backend, Metrics(case.spec.system.name), settings)
         core.runner.start()
         try:

@@ -1,17 +1,20 @@
-"""Durable storage: sessions, investigations, events and the audit of every LLM exchange, every
-write chained into a tamper-evident log (`poirotd.store.audit` checks and exports it)."""
+"""Durable storage behind one port (`Store`): sessions, investigations, events and the audit of
+every LLM exchange, every write chained into a tamper-evident log (`poirotd.store.audit` checks and
+exports it). SQLite (`SqliteStore`) is the embedded default."""
 
 from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
-from poirotd.store.sqlite import (
+from poirotd.store.port import (
     AlreadyConfirmedError,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
 )
+from poirotd.store.sqlite import SqliteStore
 
 __all__ = [
     "GENESIS_HASH",
     "AlreadyConfirmedError",
+    "SqliteStore",
     "Store",
     "UnknownInvestigationError",
     "UnknownSessionError",

@@ -50,6 +50,12 @@ from poirotd.model import (
     row_of,
 )
 from poirotd.store.chain import Chain, Row, transaction
+from poirotd.store.port import (
+    AlreadyConfirmedError,
+    Reassess,
+    UnknownInvestigationError,
+    UnknownSessionError,
+)
 from poirotd.store.records import (
     EVENTS,
     EXCHANGES,
@@ -108,43 +114,10 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-class UnknownSessionError(ValueError):
-    """An ingest item refers to a session that was neither committed nor started earlier in its
-    batch; the whole batch is refused, nothing of it is stored."""
+class SqliteStore:
+    """The store port (`poirotd.store.port.Store`) on one SQLite file.
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} is not known; start it first")
-        self.session_id = session_id
-
-
-class UnknownInvestigationError(ValueError):
-    """An event or exchange refers to an investigation that was never saved."""
-
-    def __init__(self, investigation_id: str) -> None:
-        super().__init__(f"investigation {investigation_id!r} is not known; save it first")
-        self.investigation_id = investigation_id
-
-
-class AlreadyConfirmedError(ValueError):
-    """The investigation's outcome was confirmed before, with other regions; the first stands
-    (the reputations it moved cannot be moved back)."""
-
-    def __init__(self, investigation_id: str, confirmed: ConfirmedOutcome) -> None:
-        super().__init__(
-            f"investigation {investigation_id!r} was already confirmed with "
-            f"{list(confirmed.region_ids)} at {confirmed.at.isoformat()}"
-        )
-        self.confirmed = confirmed
-
-
-# Given an investigation and the stored reputations of its system, the reputations to store.
-Reassess: TypeAlias = Callable[[Investigation, dict[str, AgentReputation]], list[AgentReputation]]
-
-
-class Store:
-    """Sessions, hazard spaces, investigations, their events and LLM exchanges, each write chained.
-
-    Create with `await Store.open(path)`; every method but `has_session` is a coroutine.
+    Create with `await SqliteStore.open(path)`; every method but `has_session` is a coroutine.
     `synchronous="NORMAL"` keeps commits safe from a crash of the daemon but not from power loss.
     Opening a schema-1 database migrates it: its rows as they are become the first entries of the
     chain (the chain starts at migration; earlier versions of a record are not recoverable).
@@ -160,7 +133,7 @@ class Store:
     @classmethod
     async def open(
         cls, path: Path | str, *, synchronous: Literal["FULL", "NORMAL"] = "FULL"
-    ) -> Store:
+    ) -> SqliteStore:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
         writer = _Worker("poirotd-store-writer")

@@ -1,0 +1,124 @@
+"""The store port: what the ingest pipeline, the investigations and Watch ask of durable storage.
+
+Every adapter (SQLite, the embedded default; a shared database later) keeps the same promises:
+a write that returned is committed; writes are chained into the audit log in the order they
+commit; `has_session` answers from memory, because ingest asks it for every item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Protocol, TypeAlias
+
+from poirotd.model import (
+    AgentMessage,
+    AgentReputation,
+    CommitItem,
+    ConfirmedOutcome,
+    HazardSpace,
+    Investigation,
+    InvestigationEvent,
+    InvestigationState,
+    LLMExchange,
+    Reading,
+    Session,
+)
+
+# Given an investigation and the stored reputations of its system, the reputations to store.
+Reassess: TypeAlias = Callable[[Investigation, dict[str, AgentReputation]], list[AgentReputation]]
+
+
+class UnknownSessionError(ValueError):
+    """An ingest item refers to a session that was neither committed nor started earlier in its
+    batch; the whole batch is refused, nothing of it is stored."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} is not known; start it first")
+        self.session_id = session_id
+
+
+class UnknownInvestigationError(ValueError):
+    """An event or exchange refers to an investigation that was never saved."""
+
+    def __init__(self, investigation_id: str) -> None:
+        super().__init__(f"investigation {investigation_id!r} is not known; save it first")
+        self.investigation_id = investigation_id
+
+
+class AlreadyConfirmedError(ValueError):
+    """The investigation's outcome was confirmed before, with other regions; the first stands
+    (the reputations it moved cannot be moved back)."""
+
+    def __init__(self, investigation_id: str, confirmed: ConfirmedOutcome) -> None:
+        super().__init__(
+            f"investigation {investigation_id!r} was already confirmed with "
+            f"{list(confirmed.region_ids)} at {confirmed.at.isoformat()}"
+        )
+        self.confirmed = confirmed
+
+
+class Store(Protocol):
+    """Sessions, hazard spaces, investigations, their events and LLM exchanges, each write chained
+    into the audit log. Every method but `has_session` is a coroutine."""
+
+    async def close(self) -> None:
+        """Lets already submitted work finish, then releases the store; idempotent."""
+
+    # ingest
+    async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
+        """Stores the batch in one transaction and returns after it is durable (the ack point);
+        a resent message (same session and index) is stored once."""
+
+    def has_session(self, session_id: str) -> bool: ...
+
+    async def get_session(self, session_id: str) -> Session | None: ...
+
+    async def session_messages(self, session_id: str) -> list[AgentMessage]: ...
+
+    async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]: ...
+
+    # hazard spaces
+    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None: ...
+
+    async def put_hazard_space(self, space: HazardSpace) -> None: ...
+
+    async def latest_hazard_space(self, system: str) -> HazardSpace | None: ...
+
+    # investigations
+    async def save_investigation(self, inv: Investigation) -> None: ...
+
+    async def get_investigation(self, investigation_id: str) -> Investigation | None: ...
+
+    async def list_investigations(
+        self,
+        *,
+        session_id: str | None = None,
+        state: InvestigationState | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> tuple[list[Investigation], str | None]:
+        """Newest first, keyset-paginated by an opaque token; ValueError for a bad token."""
+
+    async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
+        """Marks every QUEUED or RUNNING investigation INTERRUPTED; returns their ids."""
+
+    async def confirm_outcome(
+        self, investigation_id: str, outcome: ConfirmedOutcome, reassess: Reassess
+    ) -> tuple[Investigation, bool]:
+        """Records the true cause and the reputations `reassess` derives, in one transaction;
+        AlreadyConfirmedError for other regions than a first confirmation's."""
+
+    async def reputations(self, system: str) -> dict[str, AgentReputation]: ...
+
+    # events and exchanges
+    async def append_event(self, event: InvestigationEvent) -> InvestigationEvent:
+        """Stores the event under the next event id, returned in the copy."""
+
+    async def events_after(
+        self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
+    ) -> list[InvestigationEvent]: ...
+
+    async def record_exchange(self, investigation_id: str, exchange: LLMExchange) -> None: ...
+
+    async def exchanges(self, investigation_id: str) -> list[LLMExchange]: ...
