@@ -47,7 +47,8 @@ from hwbridge.mqtt import MqttSubscriber
 from poirotd.api.limits import BATCH_BYTES
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.investigations.triggers import HazardMonitor
+from poirotd.hazards import RuleEngine
+from poirotd.investigations.triggers import HazardTriggers
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import (
     AgentMessage,
@@ -61,7 +62,7 @@ from poirotd.model import (
 )
 from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
-from poirotd.store import SqliteStore, Store
+from poirotd.store import SqliteStore
 from tests.test_grpc_api import SPEC, _answer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -438,7 +439,7 @@ async def mqtt_rate(p: Plan, folder: Path) -> dict[str, Any]:
 @dataclass
 class Probe:
     """What the bench-only hooks saw: publish → HazardEvent (rules evaluated on arrival) and
-    publish → the monitor opening investigations for it (after the commit), in seconds, both
+    publish → the triggers opening investigations for it (after the commit), in seconds, both
     against the triggering sample's measured_at, which the publisher stamps with its send time;
     and each store commit as (items, seconds)."""
 
@@ -453,34 +454,34 @@ class Probe:
 def probes(probe: Probe) -> Iterator[None]:
     """Installs the hooks that fill `probe` (and a collector callback); removed on exit."""
     evaluate, open_events, commit_ingest = (
-        HazardMonitor.evaluate,
-        HazardMonitor.open,
-        Store.commit_ingest,
+        RuleEngine.observe,
+        HazardTriggers.open,
+        SqliteStore.commit_ingest,
     )
 
-    def timed_evaluate(self: HazardMonitor, items: Sequence[CommitItem]) -> list[HazardEvent]:
+    def timed_evaluate(self: RuleEngine, items: Sequence[CommitItem]) -> list[HazardEvent]:
         events = evaluate(self, items)
         now = time.time()
         probe.events.extend(now - event.at.timestamp() for event in events)
         return events
 
     async def timed_open(
-        self: HazardMonitor, events: Sequence[HazardEvent], items: Sequence[CommitItem]
+        self: HazardTriggers, events: Sequence[HazardEvent], ended: Sequence[str]
     ) -> None:
         now = time.time()
         probe.opened.extend(now - event.at.timestamp() for event in events)
-        await open_events(self, events, items)
+        await open_events(self, events, ended)
 
-    async def timed_commit(self: Store, items: Sequence[CommitItem]) -> None:
+    async def timed_commit(self: SqliteStore, items: Sequence[CommitItem]) -> None:
         began = time.perf_counter()
         await commit_ingest(self, items)
         if samples := _samples_in(items):  # not a session start
             probe.commits.append((samples, time.perf_counter() - began))
 
     hooks = {
-        (HazardMonitor, "evaluate"): (timed_evaluate, evaluate),
-        (HazardMonitor, "open"): (timed_open, open_events),
-        (Store, "commit_ingest"): (timed_commit, commit_ingest),
+        (RuleEngine, "observe"): (timed_evaluate, evaluate),
+        (HazardTriggers, "open"): (timed_open, open_events),
+        (SqliteStore, "commit_ingest"): (timed_commit, commit_ingest),
     }
     began: list[float] = []
 
@@ -893,10 +894,10 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   message, {lat["offered"] / FRAME_SIGNALS:.0f} messages/s for {lat["seconds"]:g} s, each stamped
   with its send time; every signal spikes once per {SPIKE_PERIOD} frames (staggered) and one
   threshold rule per signal, cooldown 2 s, fires on it. Latency = time the rules return the
-  HazardEvent (a bench-only hook on `HazardMonitor.evaluate`) minus the send time of the sample
+  HazardEvent (a bench-only hook on `RuleEngine.observe`) minus the send time of the sample
   that fired it: the broker, the client buffer, decoding, batching and rule evaluation; the
   rules see samples on arrival, before their commit. The investigation for an event opens once
-  its batch is committed: publish → `HazardMonitor.open` p50 {lat["opened_p50"]:.0f} ms, p99
+  its batch is committed: publish → `HazardTriggers.open` p50 {lat["opened_p50"]:.0f} ms, p99
   {lat["opened_p99"]:.0f} ms. {lat["events"]:,} events, {lat["investigations"]} investigations
   opened meanwhile. The same at a tenth of the load ({light["events"]} events; opened p99
   {light["opened_p99"]:.0f} ms) is the contrast.

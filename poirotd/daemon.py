@@ -9,24 +9,25 @@ import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from wsgiref.simple_server import WSGIServer
 
 import structlog
-from prometheus_client import start_http_server
 
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import load_spec
+from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.runner import InvestigationRunner
-from poirotd.investigations.triggers import HazardMonitor
+from poirotd.investigations.service import InvestigationService
+from poirotd.investigations.triggers import HazardTriggers
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine
-from poirotd.service import PoirotService
 from poirotd.store import SqliteStore, Store
 from poirotd.transports.grpc.server import GrpcServer
+from poirotd.transports.lifecycle import Transport
+from poirotd.transports.metrics_http import MetricsHttp
 from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
 
 log = structlog.get_logger(__name__)
@@ -39,9 +40,9 @@ _RPC_GRACE_SECONDS = 5.0
 class Core:
     """The daemon without transports or lifecycle: the eval runner builds one per case."""
 
-    service: PoirotService
+    pipeline: IngestPipeline
+    investigations: InvestigationService
     runner: InvestigationRunner
-    monitor: HazardMonitor
 
 
 def build_core(
@@ -59,11 +60,10 @@ def build_core(
         capacity=settings.queue_capacity,
         workers=settings.concurrent_investigations,
     )
-    monitor = HazardMonitor(spec, runner, metrics)
-    service = PoirotService(
-        spec, store, runner, monitor, bus, metrics, max_item_bytes=settings.max_message_bytes
-    )
-    return Core(service, runner, monitor)
+    triggers = HazardTriggers(spec, runner, metrics)
+    pipeline = IngestPipeline(spec, store, triggers, metrics, batch_max=settings.ingest_batch_max)
+    investigations = InvestigationService(spec, store, runner, bus, metrics)
+    return Core(pipeline, investigations, runner)
 
 
 def load_system_spec(path: Path) -> SystemSpec:
@@ -80,10 +80,8 @@ class Daemon:
         self.spec = spec
         self._backend = backend
         self._store: Store | None = None
-        self._runner: InvestigationRunner | None = None
-        self._grpc: GrpcServer | None = None
-        self._mqtt_input: MqttInput | None = None
-        self._metrics_http: WSGIServer | None = None
+        self._core: Core | None = None
+        self._transports: list[Transport] = []
         self._background: list[asyncio.Task[None]] = []
         self.metrics = Metrics(spec.system.name)
         self.grpc_port = 0
@@ -94,32 +92,31 @@ class Daemon:
         self._store = await SqliteStore.open(s.db_path)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
-        core = build_core(self.spec, self._store, self._backend, self.metrics, s)
-        service, monitor, self._runner = core.service, core.monitor, core.runner
-        await self._runner.interrupt_unfinished(
-            "daemon restarted before the investigation finished"
-        )
-        self._runner.start()
-        if monitor.active:
-            self._background.append(asyncio.create_task(monitor.tick_forever(), name="rules-tick"))
-        self._grpc = GrpcServer(
-            service,
+        core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s)
+        await core.runner.interrupt_unfinished("daemon restarted before the investigation finished")
+        core.runner.start()
+        if self.spec.rules:
+            tick = asyncio.create_task(core.pipeline.tick_forever(), name="rules-tick")
+            self._background.append(tick)
+        grpc = GrpcServer(
+            core.pipeline,
+            core.investigations,
             host=s.grpc_host,
             port=s.grpc_port,
             max_message_bytes=s.max_message_bytes,
             batch_max=s.ingest_batch_max,
         )
-        await self._grpc.start()
-        self.grpc_port = self._grpc.port
-        self._metrics_http, _ = start_http_server(
-            s.metrics_port, s.metrics_host, registry=self.metrics.registry
-        )
-        self.metrics_port = self._metrics_http.server_port
+        metrics_http = MetricsHttp(self.metrics.registry, host=s.metrics_host, port=s.metrics_port)
         # Last: telemetry flows only once everything that handles it and its metrics is up.
+        doors: list[Transport] = [grpc, metrics_http]
         inputs = mqtt_input_spec(self.spec)
         if inputs is not None:
-            self._mqtt_input = MqttInput(inputs, service, self.metrics.registry)
-            self._mqtt_input.start()
+            mqtt = MqttInput(inputs, self.spec.system.name, core.pipeline, self.metrics.registry)
+            doors.append(mqtt)
+        for door in doors:
+            await door.start()
+            self._transports.append(door)
+        self.grpc_port, self.metrics_port = grpc.port, metrics_http.port
         log.info(
             "daemon ready",
             system=self.spec.system.name,
@@ -130,23 +127,21 @@ class Daemon:
         )
 
     async def stop(self) -> None:
-        """Drain order: stop the in-process input (un-acked telemetry stays with the broker),
-        stop taking investigations, let running ones finish (or persist them as interrupted),
-        close RPCs, then release the model and the store."""
+        """Drain order: every transport stops taking work (un-acked telemetry stays with the
+        broker, health turns NOT_SERVING), investigations finish or are kept as interrupted,
+        transports close their open calls, what was admitted is committed, then the model and
+        the store are released."""
         log.info("daemon draining", drain_seconds=self.settings.drain_seconds)
-        if self._mqtt_input is not None:
-            await self._mqtt_input.stop()
-        if self._grpc is not None:
-            await self._grpc.enter_drain()
+        for door in self._transports:
+            await door.drain()
         for task in self._background:
             task.cancel()
-        if self._runner is not None:
-            await self._runner.drain(self.settings.drain_seconds)
-        if self._grpc is not None:
-            await self._grpc.stop(_RPC_GRACE_SECONDS)
-        if self._metrics_http is not None:
-            self._metrics_http.shutdown()
-            self._metrics_http.server_close()
+        if self._core is not None:
+            await self._core.runner.drain(self.settings.drain_seconds)
+        for door in reversed(self._transports):
+            await door.stop(_RPC_GRACE_SECONDS)
+        if self._core is not None:
+            await self._core.pipeline.drain()
         if self._backend is not None:
             await self._backend.aclose()
         if self._store is not None:

@@ -10,6 +10,10 @@ class ServiceError(Exception):
         super().__init__(message)
         self.reason = reason
 
+    def at(self, where: str) -> ServiceError:
+        """The same refusal, its message prefixed with where it happened (``seq 7``)."""
+        return type(self)(f"{where}: {self}", reason=self.reason)
+
 
 class InvalidArgument(ServiceError):
     pass

@@ -10,7 +10,7 @@ import asyncio
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -24,10 +24,11 @@ from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.ingest.pipeline import Admission
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import IngestItem, Session
-from poirotd.transports.grpc.ingest import _Backlog, _StreamEnd
+from poirotd.model import IngestItem
+from poirotd.transports.grpc.ingest import _Pending, _Unacked
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
 
@@ -549,17 +550,22 @@ async def test_trigger_chooses_the_method(daemon: Daemon, client: PoirotClient) 
     assert rejected(daemon, "Investigations.Trigger", "invalid") == 1
 
 
-async def test_the_ingest_backlog_pauses_reading_at_a_batch_and_ends_after_its_items() -> None:
-    item = Session(session_id="s", system="clinic", started_at=datetime.now(UTC))
-    backlog = _Backlog(batch_max=3)
-    await backlog.put([(1, item), (2, item)])
-    await backlog.put([(3, item), (4, item)])  # room for one more: a request goes in whole
-    blocked = asyncio.create_task(backlog.put([(5, item)]))
+async def test_unacked_requests_pause_reading_at_a_batch_and_are_acked_in_order() -> None:
+    loop = asyncio.get_running_loop()
+    durable = [loop.create_future() for _ in range(3)]
+    unacked = _Unacked(limit=3)
+    await unacked.add(_Pending(2, Admission(2, (), durable[0])))
+    await unacked.add(_Pending(4, Admission(2, (), durable[1])))  # a request goes in whole
+    blocked = asyncio.create_task(unacked.add(_Pending(5, Admission(1, (), durable[2]))))
+    acked = asyncio.create_task(unacked.next_durable())
+    durable[1].set_result(None)
     await asyncio.sleep(0.01)
-    assert not blocked.done(), "reading waits while a batch's worth is waiting"
-    batch, end = await backlog.take()
-    assert [seq for seq, _ in batch] == [1, 2, 3] and end is None
+    assert not blocked.done(), "reading waits while a batch's worth is unacked"
+    assert not acked.done(), "a later request's durability does not ack an earlier one"
+    durable[0].set_result(None)
+    assert await acked == 4, "the requests durable together are acked once, by the last seq"
     await asyncio.wait_for(blocked, 1)
-    await backlog.end(_StreamEnd())
-    batch, end = await backlog.take()
-    assert [seq for seq, _ in batch] == [4, 5] and end == _StreamEnd()
+    await unacked.end(None)
+    durable[2].set_result(None)
+    assert await unacked.next_durable() == 5
+    assert await unacked.next_durable() is None

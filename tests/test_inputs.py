@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from subprocess import PIPE, STDOUT
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import yaml
@@ -25,12 +25,12 @@ from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
-from poirotd.ingest.validation import IngestValidator
+from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import CommitItem, HazardEvent, SampleRow, Session, TelemetryBatch
-from poirotd.service import PoirotService
-from poirotd.store import Store
-from poirotd.transports.mqtt import SinkStats, _CommitSink, mqtt_input_spec
+from poirotd.model import CommitItem, HazardEvent, Session, TelemetryBatch
+from poirotd.observability.metrics import Metrics
+from poirotd.store import SqliteStore
+from poirotd.transports.mqtt import SinkStats, _PipelineSink, mqtt_input_spec
 from tests.conftest import Mosquitto
 from tests.hwbridge.support import eventually
 from tests.inprocess import in_process_daemon
@@ -165,19 +165,15 @@ async def test_sensor_x_gait_is_stored_and_opens_an_investigation(
 async def test_a_failed_commit_restarts_the_input_and_the_broker_redelivers(
     daemon: Daemon, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    commit = PoirotService.commit
+    commit = SqliteStore.commit_ingest
     failures = [OSError("disk I/O error")]
 
-    async def failing_once(
-        self: PoirotService,
-        items: Sequence[CommitItem],
-        events: Sequence[HazardEvent] | None = None,
-    ) -> None:
+    async def failing_once(self: SqliteStore, items: Sequence[CommitItem]) -> None:
         if failures and any(isinstance(item, TelemetryBatch) for item in items):
             raise failures.pop()
-        await commit(self, items, events)
+        await commit(self, items)
 
-    monkeypatch.setattr(PoirotService, "commit", failing_once)
+    monkeypatch.setattr(SqliteStore, "commit_ingest", failing_once)
     await publish_gait(mosquitto)
     async with asyncio.timeout(30):
         await eventually(lambda: query(daemon, DISTINCT_SAMPLES) == [(SAMPLES,)])
@@ -196,36 +192,32 @@ def test_a_mapping_to_an_undeclared_component_is_refused_with_the_spec(
         load_spec_text(text, checks=[mqtt_input_spec])
 
 
-class _CommittingService:
-    """What a sink uses of PoirotService: the ingest checks, rules (none) and commits."""
-
-    def __init__(self) -> None:
-        self.committed: list[SampleRow] = []
-
-    def new_ingest_validator(self) -> IngestValidator:
-        return IngestValidator(SPEC, cast(Store, None), max_item_bytes=1 << 20)
-
-    def evaluate(self, items: Sequence[CommitItem]) -> list[HazardEvent]:
-        return []
-
-    async def commit(self, items: Sequence[CommitItem], events: Sequence[HazardEvent]) -> None:
-        for item in items:
-            assert isinstance(item, TelemetryBatch)
-            self.committed.extend(item.rows)
+class _NoInvestigations:
+    async def open(self, events: Sequence[HazardEvent], ended: Sequence[str]) -> None:
+        assert not events, "the spec has no rules"
 
 
-async def test_the_sink_checks_every_value_of_a_stream_it_has_passed() -> None:
+async def test_the_sink_commits_what_passes_and_dead_letters_the_rest(tmp_path: Path) -> None:
     """A stream that passed the checks skips them for its later samples, except the value."""
-    service = _CommittingService()
+    store = await SqliteStore.open(tmp_path / "sink.db")
+    metrics = Metrics(SPEC.system.name)
+    pipeline = IngestPipeline(SPEC, store, _NoInvestigations(), metrics, batch_max=512)
     dead_letters = DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
     stats = SinkStats()
-    session = Session(session_id="s1", system=SPEC.system.name, started_at=T0)
-    sink = _CommitSink(cast(PoirotService, service), session, dead_letters, stats)
+    scope = pipeline.scope()
+    await pipeline.consume(
+        [Session(session_id="s1", system=SPEC.system.name, started_at=T0)], scope
+    )
+    sink = _PipelineSink(pipeline, scope, "s1", dead_letters, stats)
 
     def batch(*readings: tuple[str, float]) -> TelemetryBatch:
         return TelemetryBatch("s1", [(c, "hr", value, T0) for c, value in readings])
 
-    await sink(batch(("exo", 70.0), ("exo", math.inf), ("ghost", 1.0)))
-    await sink(batch(("exo", math.nan), ("exo", 71.0), ("ghost", 2.0)))
-    assert [value for _, _, value, _ in service.committed] == [70.0, 71.0]
+    try:
+        await sink(batch(("exo", 70.0), ("exo", math.inf), ("ghost", 1.0)))
+        await sink(batch(("exo", math.nan), ("exo", 71.0), ("ghost", 2.0)))
+        assert sorted(r.value for r in await store.newest_readings("s1")) == [70.0, 71.0]
+    finally:
+        await store.close()
+    assert stats.committed == 2
     assert stats.refused == dead_letters.stats.stored == 4

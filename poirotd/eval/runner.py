@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from poirotd.config import LLMSpec, OpenAILLMSpec, Settings
-from poirotd.daemon import build_core
+from poirotd.daemon import Core, build_core
 from poirotd.errors import ServiceError
 from poirotd.eval.cases import EvalCase
 from poirotd.eval.claims import CaseClaims
 from poirotd.eval.journal import RunJournal
 from poirotd.eval.results import CaseResult, Status, TokenUsage
 from poirotd.eval.session import session_id_of, session_items
+from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend
 from poirotd.model import (
@@ -33,7 +34,6 @@ from poirotd.model import (
     LLMExchange,
 )
 from poirotd.observability.metrics import Metrics
-from poirotd.service import PoirotService
 from poirotd.store import SqliteStore
 
 
@@ -143,10 +143,8 @@ async def run_case(
         core.runner.start()
         try:
             async with asyncio.timeout(limit_seconds):
-                investigation = await _investigate(
-                    core.service, case, method, settings.ingest_batch_max
-                )
-            exchanges = await core.service.exchanges(investigation.investigation_id)
+                investigation = await _investigate(core, case, method, settings.ingest_batch_max)
+            exchanges = await core.investigations.exchanges(investigation.investigation_id)
         except ServiceError as exc:
             return outcome.result("failed", str(exc), time.monotonic() - started)
         except TimeoutError:
@@ -155,33 +153,35 @@ async def run_case(
             )
         finally:
             await core.runner.drain(0)
+            await core.pipeline.drain()
             await store.close()
     return outcome.of(investigation, exchanges, time.monotonic() - started)
 
 
 async def _investigate(
-    service: PoirotService, case: EvalCase, method: InvestigationMethod, batch_max: int
+    core: Core, case: EvalCase, method: InvestigationMethod, batch_max: int
 ) -> Investigation:
     session_id = session_id_of(case)
-    await _ingest(service, session_items(case, session_id), batch_max)
+    await _ingest(core.pipeline, session_items(case, session_id), batch_max)
     reason = f"evaluation: {case.dataset} case {case.case_id}"
-    investigation = await service.trigger(session_id, reason, method=method)
-    async for _ in service.events(
+    investigations = core.investigations
+    investigation = await investigations.trigger(session_id, reason, method=method)
+    async for _ in investigations.events(
         after_event_id=0, investigation_id=investigation.investigation_id
     ):
         pass  # the stream ends with the investigation's terminal event
-    return await service.get(investigation.investigation_id)
+    return await investigations.get(investigation.investigation_id)
 
 
-async def _ingest(service: PoirotService, items: Sequence[IngestItem], batch_max: int) -> None:
-    """Validated and committed in batches as gRPC ingest does; the item size checked against
-    the daemon's limit is its JSON size, the in-process stand-in for its wire size."""
-    validator = service.new_ingest_validator()
+async def _ingest(pipeline: IngestPipeline, items: Sequence[IngestItem], batch_max: int) -> None:
+    """Through the daemon's ingest pipeline, in batches as a gRPC client sends them; a refused
+    item fails the case, naming its position in the session."""
+    scope = pipeline.scope()
     for start in range(0, len(items), batch_max):
-        batch = items[start : start + batch_max]
-        for seq, item in enumerate(batch, start=start + 1):
-            validator.check(seq, item, len(item.model_dump_json()))
-        await service.commit(batch)
+        admission = await pipeline.consume(items[start : start + batch_max], scope)
+        if admission.refused:
+            refusal = admission.refused[0]
+            raise refusal.error.at(f"item {start + refusal.index + 1}")
 
 
 class _Outcome:

@@ -50,8 +50,10 @@ from poirotd.hazards.spec import (
 from poirotd.hazards.window import CHUNK, SignalWindow
 from poirotd.model import (
     AgentMessage,
+    CommitItem,
     HazardEvent,
     SampleRow,
+    SessionEnd,
     TelemetryBatch,
     TelemetrySample,
     row_of,
@@ -65,6 +67,7 @@ _NOT_MET: list[SampleRow] = []
 _Key = tuple[str, ...]
 _STREAM_OF = attrgetter("session_id", "component", "signal")
 _SIGNAL_OF = itemgetter(0, 1)
+_EVENT_TIME = attrgetter("at")
 
 
 @dataclass(slots=True)
@@ -148,6 +151,22 @@ class RuleEngine:
         self._last_hit: dict[tuple[str, str], float] = {}
 
     # ------------------------------------------------------------------ inputs
+
+    def observe(self, items: Sequence[CommitItem]) -> list[HazardEvent]:
+        """A batch of ingested items, in order, by kind; a session end frees its state last.
+        Events come sorted by their time."""
+        events: list[HazardEvent] = []
+        if samples := [i for i in items if isinstance(i, TelemetrySample)]:
+            events += self.observe_telemetry(samples)
+        for batch in items:
+            if isinstance(batch, TelemetryBatch):
+                events += self.observe_batch(batch)
+        if messages := [i for i in items if isinstance(i, AgentMessage)]:
+            events += self.observe_messages(messages)
+        for item in items:
+            if isinstance(item, SessionEnd):
+                self.end_session(item.session_id)
+        return sorted(events, key=_EVENT_TIME)
 
     def observe_telemetry(self, samples: Sequence[TelemetrySample]) -> list[HazardEvent]:
         rows = map(row_of, samples)

@@ -1,106 +1,123 @@
-"""Checks each ingested item against the system spec before it is stored.
+"""Checks what is ingested against the system spec: the domain rules, the same at every door.
 
-One validator per client stream: it remembers the stream's last seq and the sessions the stream
-opened that may not be committed yet, so a session start and its first messages can share a batch.
+Stream rules (a seq that increases, an item's size on the wire) belong to the transports that
+have streams. A scope is one producer's view (a gRPC stream, a run of the MQTT input): the
+sessions it started that may not be committed yet, so a session start and its first messages
+can share a batch, and the telemetry streams whose samples already passed.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from poirotd.config import SystemSpec
-from poirotd.errors import InvalidArgument, NotFound, ResourceExhausted
-from poirotd.model import AgentMessage, IngestItem, MessageKind, Session, TelemetrySample
+from poirotd.errors import InvalidArgument, NotFound, ServiceError
+from poirotd.model import AgentMessage, IngestItem, MessageKind, SampleRow, Session, TelemetrySample
 from poirotd.store import Store
 
+# The most telemetry streams a scope remembers as passed; then it starts over.
+_PASSED_STREAMS = 4096
 
-class IngestValidator:
-    def __init__(self, spec: SystemSpec, store: Store, *, max_item_bytes: int) -> None:
+
+class IngestScope:
+    def __init__(self, spec: SystemSpec, store: Store) -> None:
         self._spec = spec
         self._store = store
-        self.max_item_bytes = max_item_bytes
         self._agents = frozenset(spec.agent_ids)
         self._parties = self._agents | {c.id for c in spec.components}
-        self._last_seq = 0
         self._opened: set[str] = set()
+        # (component, signal) streams whose readings passed. Apart from the value, a reading's
+        # checks depend only on its stream (a session stays known, the spec is fixed), so a
+        # passed stream's later readings are only checked for a finite value.
+        self._passed: set[tuple[str, ...]] = set()
 
-    def check(self, seq: int, item: IngestItem, size_bytes: int) -> None:
-        """Raises a ServiceError naming the item's seq and what is wrong with it. `size_bytes` is
-        the item's size, or a bound on it within the limit (the size of its batch)."""
-        if seq <= self._last_seq:
-            raise InvalidArgument(
-                f"seq {seq}: seq must increase within a stream (last was {self._last_seq})",
-                reason="invalid",
-            )
-        if size_bytes > self.max_item_bytes:
-            raise ResourceExhausted(
-                f"seq {seq}: item is {size_bytes} bytes, the limit is {self.max_item_bytes}",
-                reason="oversized",
-            )
+    def check(self, item: IngestItem) -> None:
+        """Raises a ServiceError saying what is wrong with the item."""
         if not item.session_id:
-            raise InvalidArgument(f"seq {seq}: session_id is empty", reason="invalid")
+            raise InvalidArgument("session_id is empty", reason="invalid")
         if isinstance(item, Session):
-            self._check_session(seq, item)
-        else:
-            self._check_known_session(seq, item.session_id)
-            if isinstance(item, AgentMessage):
-                self._check_message(seq, item)
-            elif isinstance(item, TelemetrySample):
-                self._check_telemetry(seq, item)
-        self._last_seq = seq
+            self._check_session(item)
+            return
+        self.check_known_session(item.session_id)
+        if isinstance(item, AgentMessage):
+            self._check_message(item)
+        elif isinstance(item, TelemetrySample):
+            self._check_reading(item.component, item.signal, item.value)
 
-    def _check_session(self, seq: int, session: Session) -> None:
+    def check_known_session(self, session_id: str) -> None:
+        if session_id not in self._opened and not self._store.has_session(session_id):
+            raise NotFound(
+                f"session {session_id!r} is not known; send session_start first",
+                reason="unknown_session",
+            )
+
+    def check_rows(
+        self, rows: Sequence[SampleRow]
+    ) -> tuple[list[SampleRow], list[tuple[int, ServiceError]]]:
+        """A telemetry batch's rows (of a known session): those that pass, and the position and
+        refusal of each that does not. The hot path of an MQTT input: a passed stream's reading
+        costs a set lookup and a finite test (inf - inf and NaN - NaN are NaN, never 0.0)."""
+        passed = self._passed
+        accepted: list[SampleRow] = []
+        refused: list[tuple[int, ServiceError]] = []
+        for position, row in enumerate(rows):
+            stream = row[:2]
+            value = row[2]
+            if stream not in passed or value - value != 0.0:
+                try:
+                    self._check_reading(row[0], row[1], value)
+                except ServiceError as refusal:
+                    refused.append((position, refusal))
+                    continue
+                if len(passed) >= _PASSED_STREAMS:
+                    passed.clear()
+                passed.add(stream)
+            accepted.append(row)
+        return accepted, refused
+
+    def _check_session(self, session: Session) -> None:
         if session.system != self._spec.system.name:
             raise InvalidArgument(
-                f"seq {seq}: session {session.session_id!r} is for system {session.system!r}, "
+                f"session {session.session_id!r} is for system {session.system!r}, "
                 f"this daemon monitors {self._spec.system.name!r}",
                 reason="unknown_system",
             )
         self._opened.add(session.session_id)
 
-    def _check_known_session(self, seq: int, session_id: str) -> None:
-        if session_id not in self._opened and not self._store.has_session(session_id):
-            raise NotFound(
-                f"seq {seq}: session {session_id!r} is not known; send session_start first",
-                reason="unknown_session",
-            )
-
-    def _check_message(self, seq: int, message: AgentMessage) -> None:
+    def _check_message(self, message: AgentMessage) -> None:
         if message.kind is MessageKind.AGENT and message.sender not in self._agents:
             raise InvalidArgument(
-                f"seq {seq}: sender {message.sender!r} is not an agent of system "
+                f"sender {message.sender!r} is not an agent of system "
                 f"{self._spec.system.name!r} (agents: {', '.join(self._spec.agent_ids)})",
                 reason="unknown_agent",
             )
         if message.kind is MessageKind.TOOL:
             if not message.tool_name:
-                raise InvalidArgument(
-                    f"seq {seq}: a tool message needs tool_name", reason="invalid"
-                )
+                raise InvalidArgument("a tool message needs tool_name", reason="invalid")
             # Empty recipient: a shared executor's output broadcast to a group chat.
             if message.recipient and message.recipient not in self._agents:
                 raise InvalidArgument(
-                    f"seq {seq}: tool result recipient {message.recipient!r} is not an agent "
+                    f"tool result recipient {message.recipient!r} is not an agent "
                     f"(agents: {', '.join(self._spec.agent_ids)})",
                     reason="unknown_agent",
                 )
         if message.recipient and message.recipient not in self._parties:
             raise InvalidArgument(
-                f"seq {seq}: recipient {message.recipient!r} is neither an agent nor a component "
+                f"recipient {message.recipient!r} is neither an agent nor a component "
                 f"of system {self._spec.system.name!r}",
                 reason="unknown_agent",
             )
 
-    def _check_telemetry(self, seq: int, sample: TelemetrySample) -> None:
-        if sample.component not in self._parties:
+    def _check_reading(self, component: str, signal: str, value: float) -> None:
+        if component not in self._parties:
             raise InvalidArgument(
-                f"seq {seq}: telemetry component {sample.component!r} is not declared in the spec",
+                f"telemetry component {component!r} is not declared in the spec",
                 reason="unknown_component",
             )
-        if not sample.signal:
-            raise InvalidArgument(f"seq {seq}: telemetry signal is empty", reason="invalid")
-        if not math.isfinite(sample.value):
+        if not signal:
+            raise InvalidArgument("telemetry signal is empty", reason="invalid")
+        if not math.isfinite(value):
             raise InvalidArgument(
-                f"seq {seq}: telemetry value {sample.value} is not a finite number",
-                reason="invalid",
+                f"telemetry value {value} is not a finite number", reason="invalid"
             )

@@ -1,7 +1,7 @@
 """In-process MQTT input: hwbridge's pipeline feeding the daemon's own core, no gRPC hop.
 
-The standalone bridge forwards samples to poirotd over gRPC. Here the sink is
-``PoirotService`` in the daemon's event loop: the hazard rules see a sample as it arrives, and it
+The standalone bridge forwards samples to poirotd over gRPC. Here the sink is the ingest
+pipeline in the daemon's event loop: the hazard rules see a sample as it arrives, and it
 is stored durably before the broker gets its PUBACK (hwbridge acks a delivery only once the
 sink has returned for it). hwbridge's ``Bridge``, config models, codecs and dead letters are used
 as they are; this module adds the sink, a restart loop and the Prometheus view of the counters.
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -58,9 +57,9 @@ from hwbridge.config import (
 )
 from hwbridge.deadletter import DeadLetterStore
 from poirotd.config import SystemSpec
-from poirotd.errors import ServiceError
-from poirotd.model import HazardEvent, SampleRow, Session, TelemetryBatch, sample_of
-from poirotd.service import PoirotService
+from poirotd.ingest.pipeline import IngestPipeline
+from poirotd.ingest.validation import IngestScope
+from poirotd.model import Session, TelemetryBatch, sample_of
 
 log = structlog.get_logger(__name__)
 
@@ -151,10 +150,6 @@ def mqtt_input_spec(spec: SystemSpec) -> MqttInputSpec | None:
     return section.inputs
 
 
-# The most streams a sink remembers as checked (see _CommitSink._passed); then it starts over.
-_PASSED_STREAMS = 4096
-
-
 @dataclass
 class SinkStats:
     committed: int = 0
@@ -162,106 +157,59 @@ class SinkStats:
     restarts: int = 0
 
 
-class _CommitSink:
-    """One bridge run's sink. Each sample passes the same checks gRPC ingest applies (one
-    validator per run, as per stream), so both transports accept exactly the same data.
-
-    Group commit: calls that arrive while a commit is in flight are committed together, in call
-    order, by the first of them to get its turn. hwbridge cuts a batch as soon as no decoded
-    message is waiting, which at a few thousand messages/s means a batch per message or two;
-    one transaction and one rule evaluation per call would then cost far more than the data
-    (the rule engine's cost is mostly per batch, and every commit is an fsync).
-    """
+class _PipelineSink:
+    """One bridge run's sink: its samples go through the ingest pipeline like any producer's,
+    in the run's scope (the session it started). Samples the pipeline refuses (a templated
+    component that is not declared, a value that is not finite) are dead-lettered and acked:
+    retrying cannot make them valid."""
 
     def __init__(
         self,
-        service: PoirotService,
-        session: Session,
+        pipeline: IngestPipeline,
+        scope: IngestScope,
+        session_id: str,
         dead_letters: DeadLetterStore,
         stats: SinkStats,
     ) -> None:
-        self._service = service
-        self._validator = service.new_ingest_validator()
-        # Streams (component, signal) whose samples passed the checks. Apart from the value
-        # (checked for each sample), they depend only on the stream: its session stays known,
-        # its component declared. A stream's later samples then skip the validator, and no
-        # pydantic sample is built for them.
-        self._passed: set[tuple[str, ...]] = set()
-        self._seq = itertools.count(1)
+        self._pipeline = pipeline
+        self._scope = scope
+        self._session_id = session_id
         self._dead_letters = dead_letters
         self._stats = stats
-        self._turn = asyncio.Lock()
-        self._session = session
-        self._queued: list[SampleRow] = []
-        # Their hazard events: the rules see each call's samples on arrival, not at its commit.
-        self._events: list[HazardEvent] = []
-        # Resolved once the samples now in _queued are committed (or failed with the commit).
-        self._round: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # Payload sizes are bounded by the pipeline before decoding: no per-item size here.
-        self._validator.check(next(self._seq), session, 0)
 
     async def __call__(self, batch: TelemetryBatch) -> None:
-        if batch.session_id != self._session.session_id:
+        if batch.session_id != self._session_id:
             raise ValueError(
-                f"this sink stores session {self._session.session_id!r}, not {batch.session_id!r}"
+                f"this sink stores session {self._session_id!r}, not {batch.session_id!r}"
             )
-        accepted = []
-        passed = self._passed
-        for row in batch.rows:
-            stream = row[:2]  # (component, signal)
-            value = row[2]
-            if stream not in passed or value - value != 0.0:  # not finite: inf - inf is NaN
-                sample = sample_of(batch.session_id, row)
-                try:
-                    self._validator.check(next(self._seq), sample, 0)
-                except ServiceError as refusal:
-                    payload = sample.model_dump_json().encode()
-                    self._dead_letters.add("poirotd", str(refusal), payload)
-                    self._stats.refused += 1
-                    continue
-                if len(passed) >= _PASSED_STREAMS:
-                    passed.clear()
-                passed.add(stream)
-            accepted.append(row)
-        if not accepted:
-            return
-        self._events.extend(self._service.evaluate([TelemetryBatch(batch.session_id, accepted)]))
-        self._queued.extend(accepted)
-        joined = self._round
-        async with self._turn:
-            if joined is self._round:  # nobody has committed this round yet: this call does
-                await self._commit_round()
-        await joined  # every call of a failed round raises the commit's error
-
-    async def _commit_round(self) -> None:
-        batch = TelemetryBatch(self._session.session_id, self._queued)
-        events, done = self._events, self._round
-        self._queued, self._events = [], []
-        self._round = asyncio.get_running_loop().create_future()
-        try:
-            await self._service.commit([batch], sorted(events, key=lambda event: event.at))
-        except asyncio.CancelledError:
-            done.cancel()
-            raise
-        except Exception as exc:
-            done.set_exception(exc)
-        else:
-            self._stats.committed += len(batch.rows)
-            done.set_result(None)
+        admission = await self._pipeline.consume([batch], self._scope)
+        for refusal in admission.refused:
+            if refusal.row is None:  # the whole batch: the run's session is not known
+                raise refusal.error
+            sample = sample_of(batch.session_id, batch.rows[refusal.row])
+            payload = sample.model_dump_json().encode()
+            self._dead_letters.add("poirotd", str(refusal.error), payload)
+        self._stats.refused += len(admission.refused)
+        self._stats.committed += len(batch.rows) - len(admission.refused)
 
 
 class MqttInput:
     """Runs from ``start()`` until ``stop()``; its counters are on the given registry."""
 
     def __init__(
-        self, config: MqttInputSpec, service: PoirotService, registry: CollectorRegistry
+        self,
+        config: MqttInputSpec,
+        system: str,
+        pipeline: IngestPipeline,
+        registry: CollectorRegistry,
     ) -> None:
         self._config = config
-        self._service = service
+        self._system = system
+        self._pipeline = pipeline
         self._bridge_config = BridgeConfig(
             session_id=config.session_id,
             # The bridge's link to poirotd: only the system name matters in-process.
-            poirotd=PoirotdConfig(system=service.spec.system.name),
+            poirotd=PoirotdConfig(system=system),
             mqtt=config.mqtt,
             pipeline=config.pipeline,
             dead_letter=config.dead_letter,
@@ -277,15 +225,18 @@ class MqttInput:
         self._task: asyncio.Task[None] | None = None
         registry.register(_MqttCollector(self))
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="mqtt-input")
 
-    async def stop(self) -> None:
+    async def drain(self) -> None:
         """Cancels the bridge: what it has not acked stays with the broker for the next run."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    async def stop(self, grace: float) -> None:
+        await self.drain()
         self._dead_letters.close()
 
     def totals(self) -> dict[str, int]:
@@ -303,14 +254,19 @@ class MqttInput:
         while True:
             session = Session(
                 session_id=self._config.session_id,
-                system=self._service.spec.system.name,
+                system=self._system,
                 started_at=datetime.now(UTC),
                 labels={"input": "mqtt"},
             )
             committed_before = self.stats.committed
             try:
-                await self._service.commit([session])
-                sink = _CommitSink(self._service, session, self._dead_letters, self.stats)
+                scope = self._pipeline.scope()
+                admission = await self._pipeline.consume([session], scope)
+                if admission.refused:
+                    raise admission.refused[0].error
+                sink = _PipelineSink(
+                    self._pipeline, scope, session.session_id, self._dead_letters, self.stats
+                )
                 bridge = Bridge(self._bridge_config, sink, self._dead_letters)
                 with self._lock:
                     self._bridge = bridge

@@ -8,13 +8,12 @@ from typing import cast
 
 import pytest
 
-from poirotd.config.settings import Settings
 from poirotd.eval import blame
 from poirotd.eval.cases import EvalCase
 from poirotd.eval.loaders import DATASETS, load_cases
 from poirotd.eval.parts import region_ids
 from poirotd.eval.session import session_id_of, session_items
-from poirotd.ingest.validation import IngestValidator
+from poirotd.ingest.validation import IngestScope
 from poirotd.model import MessageKind
 from poirotd.store import Store
 from tests.eval.helpers import DATA
@@ -149,9 +148,6 @@ class _EmptyStore:
 def test_every_case_passes_the_daemons_ingest_checks(dataset: str) -> None:
     """A loader whose messages the daemon refuses would turn a case into a failed run."""
     for case in load_cases(dataset, DATA):  # type: ignore[arg-type]
-        validator = IngestValidator(
-            case.spec, cast(Store, _EmptyStore()), max_item_bytes=Settings().max_message_bytes
-        )
-        items = session_items(case, session_id_of(case))
-        for seq, item in enumerate(items, start=1):
-            validator.check(seq, item, len(item.model_dump_json()))
+        scope = IngestScope(case.spec, cast(Store, _EmptyStore()))
+        for item in session_items(case, session_id_of(case)):
+            scope.check(item)

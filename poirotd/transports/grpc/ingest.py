@@ -1,12 +1,15 @@
-"""gRPC Ingest: validated items are committed in batches and acked only once durable.
+"""gRPC Ingest: each request's items go to the ingest pipeline, and are acked once durable.
 
 A request carries one item or a batch of them (`items`, numbered from the request's seq): the
 batched form is what makes high rates possible, each request costing the event loop one turn.
+The stream's own rules live here: seqs increase, and an item is no larger than the limit. The
+domain rules are the pipeline's.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,59 +20,99 @@ import structlog
 from poirotd.api import convert
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.errors import Internal, InvalidArgument, ServiceError, Unavailable
+from poirotd.errors import Internal, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
+from poirotd.ingest.pipeline import Admission, IngestPipeline
+from poirotd.ingest.validation import IngestScope
 from poirotd.model import IngestItem
-from poirotd.service import PoirotService
+from poirotd.observability.metrics import Metrics
 from poirotd.transports.grpc.status import abort
 
 log = structlog.get_logger(__name__)
 
+_RPC = "Ingest.Stream"
+
 
 @dataclass(frozen=True)
-class _StreamEnd:
-    error: ServiceError | None = None
+class _Pending:
+    """Admitted items of one request, acknowledged as `seq` once durable."""
+
+    seq: int
+    admission: Admission
 
 
-_Checked = list[tuple[int, IngestItem]]  # (seq, item) in stream order
+class _Unacked:
+    """A stream's admitted requests not yet acknowledged, in order, and how the stream ends.
+    Reading pauses while a transaction's worth of items waits (HTTP/2 flow control then pushes
+    back on the client)."""
 
-
-class _Backlog:
-    """One stream's checked items waiting for their commit: a bounded hand-off between reading
-    and committing. Reading pauses while a batch's worth waits (HTTP/2 flow control then pushes
-    back on the client). A request's items go in together, so the hand-off costs per request,
-    not per item."""
-
-    def __init__(self, batch_max: int) -> None:
-        self._batch_max = batch_max
-        self._items: _Checked = []
-        self._end: _StreamEnd | None = None
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pending: deque[_Pending] = deque()
+        self._items = 0
+        self._ended = False
+        self.error: ServiceError | None = None
         self._changed = asyncio.Condition()
 
-    async def put(self, items: _Checked) -> None:
+    async def add(self, pending: _Pending) -> None:
         async with self._changed:
-            await self._changed.wait_for(lambda: len(self._items) < self._batch_max)
-            self._items += items
+            await self._changed.wait_for(lambda: self._items < self._limit)
+            self._pending.append(pending)
+            self._items += pending.admission.accepted
             self._changed.notify_all()
 
-    async def end(self, end: _StreamEnd) -> None:
+    async def end(self, error: ServiceError | None) -> None:
         async with self._changed:
-            self._end = end
+            self._ended, self.error = True, error
             self._changed.notify_all()
 
-    async def take(self) -> tuple[_Checked, _StreamEnd | None]:
-        """Waits for items or the end, then takes up to batch_max items; the end comes with
-        the last of them."""
+    async def next_durable(self) -> int | None:
+        """Waits until the oldest request is durable; returns the highest seq durable now (the
+        requests behind it that are durable too are acked with it), or None at the end."""
         async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._items) or self._end is not None)
-            batch = self._items[: self._batch_max]
-            del self._items[: self._batch_max]
+            await self._changed.wait_for(lambda: bool(self._pending) or self._ended)
+            if not self._pending:
+                return None
+            oldest = self._pending[0]
+        await oldest.admission.wait()  # a failed commit raises here
+        async with self._changed:
+            seq = 0
+            while self._pending and self._pending[0].admission.durable.done():
+                done = self._pending.popleft()
+                done.admission.durable.result()
+                self._items -= done.admission.accepted
+                seq = done.seq
             self._changed.notify_all()
-            return batch, None if self._items else self._end
+            return seq
+
+
+class _StreamOrder:
+    """The stream rules: seqs increase, and no item is larger than the limit."""
+
+    def __init__(self, max_item_bytes: int) -> None:
+        self.max_item_bytes = max_item_bytes
+        self.last_seq = 0
+
+    def check(self, seq: int, size_bytes: int) -> None:
+        if seq <= self.last_seq:
+            raise InvalidArgument(
+                f"seq {seq}: seq must increase within a stream (last was {self.last_seq})",
+                reason="invalid",
+            )
+        if size_bytes > self.max_item_bytes:
+            raise ResourceExhausted(
+                f"seq {seq}: item is {size_bytes} bytes, the limit is {self.max_item_bytes}",
+                reason="oversized",
+            )
+        self.last_seq = seq
 
 
 class IngestServicer(pb_grpc.IngestServicer):
-    def __init__(self, service: PoirotService, *, batch_max: int) -> None:
-        self._service = service
+    def __init__(
+        self, pipeline: IngestPipeline, metrics: Metrics, *, max_item_bytes: int, batch_max: int
+    ) -> None:
+        self._pipeline = pipeline
+        self._metrics = metrics
+        self._max_item_bytes = max_item_bytes
         self._batch_max = batch_max
 
     async def Stream(
@@ -77,48 +120,73 @@ class IngestServicer(pb_grpc.IngestServicer):
         request_iterator: AsyncIterator[pb.IngestRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.IngestAck]:
-        # A full batch is written in one transaction (group commit).
-        backlog = _Backlog(self._batch_max)
-        reader = asyncio.create_task(self._read(request_iterator, backlog))
+        unacked = _Unacked(self._batch_max)
+        reader = asyncio.create_task(self._read(request_iterator, unacked))
         try:
             while True:
-                batch, end = await backlog.take()
-                if batch:
-                    try:
-                        await self._service.commit([item for _, item in batch])
-                    except Exception as exc:
-                        log.exception("ingest commit failed")
-                        error = Unavailable(f"store write failed: {exc}", reason="store_error")
-                        await abort(context, self._service.metrics, "Ingest.Stream", error)
-                    yield pb.IngestAck(durable_seq=batch[-1][0])
-                if end is not None:
-                    if end.error is not None:
-                        await abort(context, self._service.metrics, "Ingest.Stream", end.error)
-                    return
+                try:
+                    seq = await unacked.next_durable()
+                except Exception as exc:
+                    error = Unavailable(f"store write failed: {exc}", reason="store_error")
+                    await abort(context, self._metrics, _RPC, error)
+                if seq is None:
+                    break
+                yield pb.IngestAck(durable_seq=seq)
+            if unacked.error is not None:
+                await abort(context, self._metrics, _RPC, unacked.error)
         finally:
             reader.cancel()
 
-    async def _read(self, requests: AsyncIterator[pb.IngestRequest], backlog: _Backlog) -> None:
-        validator = self._service.new_ingest_validator()
-        async for request in requests:
-            checked: _Checked = []
-            error: ServiceError | None = None
+    async def _read(self, requests: AsyncIterator[pb.IngestRequest], unacked: _Unacked) -> None:
+        scope = self._pipeline.scope()
+        order = _StreamOrder(self._max_item_bytes)
+        received = aiter(requests)
+        while True:
             try:
-                for seq, item, size in _unpack(
-                    request, datetime.now(UTC), validator.max_item_bytes
-                ):
-                    validator.check(seq, item, size)
-                    checked.append((seq, item))
-            except ServiceError as refusal:
-                error = refusal
-            except Exception as exc:  # a bug of ours: the stream ends with a status, not a hang
-                log.exception("ingest request failed", seq=request.seq)
-                error = Internal(f"seq {request.seq}: request failed: {exc}", reason="internal")
-            await backlog.put(checked)  # the items before a bad one are still committed
-            if error is not None:
-                await backlog.end(_StreamEnd(error))
+                request = await anext(received)
+            except StopAsyncIteration:
+                break
+            except Exception as exc:  # grpc could not decode the next request
+                log.warning("ingest request unreadable", after_seq=order.last_seq, error=repr(exc))
+                message = f"the request after seq {order.last_seq} could not be read: {exc}"
+                await unacked.end(InvalidArgument(message, reason="undecodable"))
                 return
-        await backlog.end(_StreamEnd())
+            error = await self._admit(request, scope, order, unacked)
+            if error is not None:
+                await unacked.end(error)
+                return
+        await unacked.end(None)
+
+    async def _admit(
+        self,
+        request: pb.IngestRequest,
+        scope: IngestScope,
+        order: _StreamOrder,
+        unacked: _Unacked,
+    ) -> ServiceError | None:
+        """Hands the request's items to the pipeline up to the first bad one; returns what is
+        wrong with that one (the items before it are still committed and acked)."""
+        seqs: list[int] = []
+        items: list[IngestItem] = []
+        error: ServiceError | None = None
+        try:
+            for seq, item, size in _unpack(request, datetime.now(UTC), self._max_item_bytes):
+                order.check(seq, size)
+                seqs.append(seq)
+                items.append(item)
+        except ServiceError as stream_error:
+            error = stream_error
+        except Exception as exc:  # a bug of ours: the stream ends with a status, not a hang
+            log.exception("ingest request failed", seq=request.seq)
+            error = Internal(f"seq {request.seq}: request failed: {exc}", reason="internal")
+        admission = self._pipeline.accept(items, scope)
+        if admission.refused:
+            first = admission.refused[0]
+            error = first.error.at(f"seq {seqs[first.index]}")
+        if admission.accepted:
+            seq = seqs[admission.accepted - 1]
+            await unacked.add(_Pending(seq, admission))
+        return error
 
 
 def _unpack(

@@ -10,7 +10,7 @@ from poirotd.api import convert
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import InvalidArgument, ServiceError
-from poirotd.service import PoirotService
+from poirotd.investigations.service import InvestigationService
 from poirotd.transports.grpc.status import abort
 
 _MAX_PAGE = 500
@@ -18,7 +18,7 @@ _DEFAULT_PAGE = 50
 
 
 class InvestigationsServicer(pb_grpc.InvestigationsServicer):
-    def __init__(self, service: PoirotService) -> None:
+    def __init__(self, service: InvestigationService) -> None:
         self._service = service
 
     async def Trigger(

@@ -9,7 +9,8 @@ from grpc_reflection.v1alpha import reflection
 from poirotd.api.limits import BATCH_BYTES, MAX_REPLY_BYTES
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.service import PoirotService
+from poirotd.ingest.pipeline import IngestPipeline
+from poirotd.investigations.service import InvestigationService
 from poirotd.transports.grpc.ingest import IngestServicer
 from poirotd.transports.grpc.investigations import InvestigationsServicer
 
@@ -25,13 +26,15 @@ _TRANSPORT_LIMIT_FACTOR = 4
 class GrpcServer:
     def __init__(
         self,
-        service: PoirotService,
+        pipeline: IngestPipeline,
+        investigations: InvestigationService,
         *,
         host: str,
         port: int,
         max_message_bytes: int,
         batch_max: int,
     ) -> None:
+        self._host, self.port = host, port
         limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR + BATCH_BYTES
         self._server = grpc.aio.server(
             options=[
@@ -40,24 +43,31 @@ class GrpcServer:
             ]
         )
         self._health = health.aio.HealthServicer()
-        pb_grpc.add_IngestServicer_to_server(
-            IngestServicer(service, batch_max=batch_max), self._server
+        ingest = IngestServicer(
+            pipeline,
+            investigations.metrics,
+            max_item_bytes=max_message_bytes,
+            batch_max=batch_max,
         )
-        pb_grpc.add_InvestigationsServicer_to_server(InvestigationsServicer(service), self._server)
+        pb_grpc.add_IngestServicer_to_server(ingest, self._server)
+        pb_grpc.add_InvestigationsServicer_to_server(
+            InvestigationsServicer(investigations), self._server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
-        self.port = self._server.add_insecure_port(f"{host}:{port}")
-        if self.port == 0:
-            raise OSError(f"cannot bind gRPC to {host}:{port}")
 
     async def start(self) -> None:
+        port = self._server.add_insecure_port(f"{self._host}:{self.port}")
+        if port == 0:
+            raise OSError(f"cannot bind gRPC to {self._host}:{self.port}")
+        self.port = port
         await self._server.start()
         for name in ("", *SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
-    async def enter_drain(self) -> None:
+    async def drain(self) -> None:
         """Health turns NOT_SERVING so load balancers and probes stop sending work."""
         await self._health.enter_graceful_shutdown()
 

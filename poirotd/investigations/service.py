@@ -1,37 +1,28 @@
-"""The daemon's one core: every transport (gRPC today, in-process bridges later) calls this."""
+"""What control software asks of investigations (trigger, get, list, watch, confirm, reputation),
+whatever transport it comes through."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import cast, get_args
 
 from poirotd.config import SystemSpec
 from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound
-from poirotd.ingest.validation import IngestValidator
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.runner import InvestigationRunner
-from poirotd.investigations.triggers import HazardMonitor
 from poirotd.model import (
-    AgentMessage,
     AgentReputation,
-    CommitItem,
     ConfirmedOutcome,
     EventKind,
-    HazardEvent,
     HazardSpace,
     Investigation,
     InvestigationEvent,
     InvestigationMethod,
     InvestigationState,
     LLMExchange,
-    Session,
-    SessionEnd,
-    TelemetryBatch,
-    TelemetrySample,
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol.hazard_space import pinned_hazard_space
@@ -41,65 +32,22 @@ from poirotd.store import AlreadyConfirmedError, Store
 _TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
 # How often an idle Watch re-checks the store without a wake-up (a safety net, not a poll loop).
 _WATCH_IDLE_SECONDS = 5.0
-_KIND_LABELS: dict[type, str] = {
-    Session: "session_start",
-    SessionEnd: "session_end",
-    AgentMessage: "agent_message",
-    TelemetrySample: "telemetry",
-    TelemetryBatch: "telemetry",
-}
 
 
-class PoirotService:
+class InvestigationService:
     def __init__(
         self,
         spec: SystemSpec,
         store: Store,
         runner: InvestigationRunner,
-        monitor: HazardMonitor,
         bus: EventBus,
         metrics: Metrics,
-        *,
-        max_item_bytes: int,
     ) -> None:
         self.spec = spec
         self._store = store
         self._runner = runner
-        self._monitor = monitor
         self._bus = bus
         self.metrics = metrics
-        self._max_item_bytes = max_item_bytes
-
-    # ------------------------------------------------------------ ingest
-
-    def new_ingest_validator(self) -> IngestValidator:
-        return IngestValidator(self.spec, self._store, max_item_bytes=self._max_item_bytes)
-
-    def evaluate(self, items: Sequence[CommitItem]) -> list[HazardEvent]:
-        """Hazard rules over validated items as they arrive, ahead of their commit."""
-        return self._monitor.evaluate(items)
-
-    async def commit(
-        self, items: Sequence[CommitItem], events: Sequence[HazardEvent] | None = None
-    ) -> None:
-        """Stores a validated batch in one transaction; returns once it is durable. Hazard rules
-        see the batch on arrival, here or by the caller's `evaluate` (its events passed in), so
-        an event does not wait for the fsync; the investigations they call for open after the
-        commit, with their evidence in the store. If the commit fails, its events are dropped:
-        the sender still holds the batch, un-acked."""
-        if events is None:
-            events = self._monitor.evaluate(items)
-        await self._store.commit_ingest(items)
-        await self._monitor.open(events, items)
-        counts = Counter(_KIND_LABELS[type(item)] for item in items)
-        # A telemetry batch, counted once above, holds many samples.
-        if more := sum(len(i.rows) - 1 for i in items if isinstance(i, TelemetryBatch)):
-            counts["telemetry"] += more
-        for kind, count in counts.items():
-            self.metrics.ingested.labels(kind).inc(count)
-            self.metrics.last_ingest.labels(kind).set_to_current_time()
-
-    # ------------------------------------------------------------ investigations
 
     async def trigger(
         self, session_id: str, reason: str, *, method: str = "poirot"

@@ -1,0 +1,229 @@
+"""The one ingest pipeline: every transport hands what it received to `accept` (or `consume`).
+
+validate (domain rules, per producer scope) -> hazard rules on arrival -> group commit -> open the
+investigations the rules call for -> count. `accept` does the first two at once, on the event
+loop, so a hazard event's latency is decoding and rule evaluation, not an fsync; it returns a
+future that resolves once the items are durable, the point where a transport acknowledges them
+(a gRPC ack, an MQTT PUBACK).
+
+Group commit: what every producer admits while a transaction is in flight is committed together
+in the next one, in admission order (hence each producer's items in its own order). A round
+closes once it holds `batch_max` items (an admission is never split), so a transaction is
+bounded; every commit is an fsync, and the rule engine's cost is mostly per batch, so at a few
+thousand items a second one transaction per producer call would cost more than the data.
+If a commit fails, its round's futures raise and its events are dropped: the producers still hold
+those items, unacknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+import structlog
+
+from poirotd.config import SystemSpec
+from poirotd.errors import ServiceError
+from poirotd.hazards import RuleEngine
+from poirotd.ingest.validation import IngestScope
+from poirotd.model import (
+    AgentMessage,
+    CommitItem,
+    HazardEvent,
+    Session,
+    SessionEnd,
+    TelemetryBatch,
+    TelemetrySample,
+)
+from poirotd.observability.metrics import Metrics
+from poirotd.store import Store
+
+log = structlog.get_logger(__name__)
+
+_KIND_LABELS: dict[type, str] = {
+    Session: "session_start",
+    SessionEnd: "session_end",
+    AgentMessage: "agent_message",
+    TelemetrySample: "telemetry",
+    TelemetryBatch: "telemetry",
+}
+
+
+class InvestigationOpener(Protocol):
+    """Opens what hazard events call for, once their evidence is committed (investigations)."""
+
+    async def open(self, events: Sequence[HazardEvent], ended: Sequence[str]) -> None:
+        """`ended`: sessions whose end was committed with the events."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An item (or a row of a telemetry batch) the pipeline refused, by its position."""
+
+    index: int
+    error: ServiceError
+    row: int | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What `accept` took: `accepted` items from the start of the batch (all of them, but for
+    items after a refusal when invalid items stop the batch), durable once `durable` resolves."""
+
+    accepted: int
+    refused: tuple[Refusal, ...]
+    durable: asyncio.Future[None]
+
+    async def wait(self) -> None:
+        """Until durable; raises what the commit raised. A producer cancelled while it waits
+        leaves the future alone: its round, other producers' items included, goes on."""
+        await asyncio.shield(self.durable)
+
+
+@dataclass
+class _Round:
+    items: list[CommitItem] = field(default_factory=list)
+    events: list[HazardEvent] = field(default_factory=list)
+    size: int = 0
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class IngestPipeline:
+    def __init__(
+        self,
+        spec: SystemSpec,
+        store: Store,
+        opener: InvestigationOpener,
+        metrics: Metrics,
+        *,
+        batch_max: int,
+    ) -> None:
+        self._spec = spec
+        self._store = store
+        self._opener = opener
+        self._metrics = metrics
+        self._batch_max = batch_max
+        self._rules = RuleEngine(spec.rules)
+        self._rounds: deque[_Round] = deque()
+        self._committer: asyncio.Task[None] | None = None
+
+    def scope(self) -> IngestScope:
+        """A producer's scope: one per gRPC stream, per MQTT input run, per replay."""
+        return IngestScope(self._spec, self._store)
+
+    def accept(
+        self, items: Sequence[CommitItem], scope: IngestScope, *, skip_invalid: bool = False
+    ) -> Admission:
+        """Validates the items in order and runs the hazard rules over those admitted. An
+        invalid item stops the batch there (the items before it are admitted), or with
+        `skip_invalid` is left out; a telemetry batch's invalid rows are always left out."""
+        admitted: list[CommitItem] = []
+        refused: list[Refusal] = []
+        accepted = len(items)
+        for index, item in enumerate(items):
+            try:
+                if isinstance(item, TelemetryBatch):
+                    scope.check_known_session(item.session_id)
+                    rows, bad_rows = scope.check_rows(item.rows)
+                    refused += [Refusal(index, error, row) for row, error in bad_rows]
+                    if bad_rows:
+                        item = TelemetryBatch(item.session_id, rows)
+                    if not rows:
+                        continue
+                else:
+                    scope.check(item)
+            except ServiceError as error:
+                refused.append(Refusal(index, error))
+                if skip_invalid:
+                    continue
+                accepted = index
+                break
+            admitted.append(item)
+        return Admission(accepted, tuple(refused), self._admit(admitted))
+
+    async def consume(
+        self, items: Sequence[CommitItem], scope: IngestScope, *, skip_invalid: bool = False
+    ) -> Admission:
+        """`accept`, then waits until the admitted items are durable."""
+        admission = self.accept(items, scope, skip_invalid=skip_invalid)
+        await admission.wait()
+        return admission
+
+    async def tick_forever(self, interval: float = 1.0) -> None:
+        """Evaluates time-based rules (no data within a timeout) once per interval."""
+        while True:
+            await asyncio.sleep(interval)
+            await self._opener.open(self._rules.tick(datetime.now(UTC)), ())
+
+    async def drain(self) -> None:
+        """Returns once everything admitted so far is committed (or its commit failed)."""
+        while self._committer is not None:
+            await asyncio.wait([self._committer])
+
+    def _admit(self, items: list[CommitItem]) -> asyncio.Future[None]:
+        if not items:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        if not self._rounds or self._rounds[-1].size >= self._batch_max:
+            self._rounds.append(_Round())
+        current = self._rounds[-1]
+        current.events += self._rules.observe(items)
+        current.items += items
+        current.size += sum(len(i.rows) if isinstance(i, TelemetryBatch) else 1 for i in items)
+        if self._committer is None:
+            self._committer = asyncio.create_task(self._commit_rounds(), name="ingest-commit")
+        return current.done
+
+    async def _commit_rounds(self) -> None:
+        try:
+            while self._rounds:
+                await self._commit(self._rounds.popleft())
+        finally:
+            self._committer = None
+
+    async def _commit(self, current: _Round) -> None:
+        done = current.done
+        # A producer that went away never reads its round's outcome.
+        done.add_done_callback(_retrieve)
+        try:
+            await self._store.commit_ingest(current.items)
+        except asyncio.CancelledError:
+            done.cancel()
+            raise
+        except Exception as exc:
+            log.exception("ingest commit failed", items=len(current.items))
+            done.set_exception(exc)
+            return
+        ended = [item.session_id for item in current.items if isinstance(item, SessionEnd)]
+        try:
+            # Before the acks: a producer that sees its ack finds the investigations opened.
+            await self._opener.open(sorted(current.events, key=_event_time), ended)
+        except Exception:
+            log.exception("opening investigations for committed items failed")
+        self._count(current.items)
+        done.set_result(None)
+
+    def _count(self, items: Sequence[CommitItem]) -> None:
+        counts = Counter(_KIND_LABELS[type(item)] for item in items)
+        # A telemetry batch, counted once above, holds many samples.
+        if more := sum(len(i.rows) - 1 for i in items if isinstance(i, TelemetryBatch)):
+            counts["telemetry"] += more
+        for kind, count in counts.items():
+            self._metrics.ingested.labels(kind).inc(count)
+            self._metrics.last_ingest.labels(kind).set_to_current_time()
+
+
+def _event_time(event: HazardEvent) -> datetime:
+    return event.at
+
+
+def _retrieve(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()
