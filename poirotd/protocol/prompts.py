@@ -16,7 +16,7 @@ from typing import Literal
 
 from poirotd.config.spec import AgentSpec, SystemSpec
 from poirotd.llm.base import ChatMessage
-from poirotd.model import AgentMessage, HazardSpace, MessageKind
+from poirotd.model import AgentMessage, HazardEvent, HazardSpace, MessageKind
 from poirotd.protocol.peer_tools import VOTE_TOOL, uses_tools
 from poirotd.protocol.schemas import SelfReport, peer_tool
 
@@ -81,6 +81,18 @@ def _body(m: AgentMessage) -> str:
 
 
 # ------------------------------------------------------------------ Phase I — hazard space
+
+
+def incident_description(reason: str, trigger: HazardEvent | None, telemetry: str) -> str:
+    """Why the investigation was opened and, when the session carries telemetry (`telemetry`, a
+    summary of the latest readings), the hardware evidence the agents may weigh."""
+    lines = [f"Reported: {reason}"]
+    if trigger is not None:
+        lines.append(f"Rule {trigger.rule} ({trigger.severity}): {trigger.summary}")
+    if telemetry:
+        lines.append("Hardware telemetry (latest samples):\n" + telemetry)
+    return "\n".join(lines)
+
 
 _HAZARD_SPACE_SYSTEM = """\
 You build the hazard space for POIROT, a protocol for investigating failures of multi-agent \

@@ -1,0 +1,210 @@
+"""Records what investigations produce: the record kept current, the events Watch streams, and
+the Prometheus view of both.
+
+Every event is stored before it is announced, so Watch streams and the audit see the same
+history; a record is final before the event that announces its end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import structlog
+
+from poirotd.investigations.bus import EventBus
+from poirotd.model import (
+    EventKind,
+    HazardSpace,
+    Investigation,
+    InvestigationEvent,
+    InvestigationState,
+    LLMExchange,
+    PhaseTiming,
+    Vote,
+)
+from poirotd.observability.metrics import Metrics
+from poirotd.protocol.engine import ProtocolOutcome
+from poirotd.protocol.events import (
+    ContextCutsMade,
+    ExchangeDone,
+    PhaseBegun,
+    PhaseEnded,
+    ProtocolEvent,
+    ReportFiled,
+    VoteCast,
+)
+from poirotd.store import Store
+
+log = structlog.get_logger(__name__)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class EventLog:
+    """Investigation events: stored, then announced to Watch streams."""
+
+    def __init__(self, store: Store, bus: EventBus) -> None:
+        self._store = store
+        self._bus = bus
+
+    async def emit(self, investigation_id: str, kind: EventKind, **fields: object) -> None:
+        event = InvestigationEvent.model_validate(
+            {"event_id": 0, "investigation_id": investigation_id, "at": now(), "kind": kind}
+            | fields
+        )
+        stored = await self._store.append_event(event)
+        await self._bus.published(stored.event_id)
+
+
+class InvestigationRecorder:
+    """One investigation's record, from RUNNING to its end, as protocol events arrive."""
+
+    def __init__(
+        self,
+        investigation: Investigation,
+        store: Store,
+        events: EventLog,
+        metrics: Metrics,
+        *,
+        backend_name: str,
+    ) -> None:
+        self.record = investigation
+        self._store = store
+        self._events = events
+        self._metrics = metrics
+        self._system = investigation.system
+        self._backend = backend_name
+        self._phases: list[PhaseTiming] = []
+        self._started = time.monotonic()
+        self.log = log.bind(
+            investigation_id=investigation.investigation_id, session_id=investigation.session_id
+        )
+
+    async def started(self) -> None:
+        await self.update(state=InvestigationState.RUNNING)
+        await self._emit(
+            EventKind.STARTED, session_id=self.record.session_id, reason=self.record.reason
+        )
+        self._metrics.investigations_in_flight.labels(self._system).inc()
+        self.log.info("investigation started")
+
+    async def succeeded(self, outcome: ProtocolOutcome) -> None:
+        # The record is final before the event announces it, so a client that reacts to the
+        # event with Get sees the finished investigation.
+        await self.update(
+            state=InvestigationState.SUCCEEDED,
+            finished_at=now(),
+            hazard_space=outcome.hazard_space,
+            reports=dict(outcome.reports),
+            votes=tuple(outcome.votes),
+            attribution=outcome.attribution,
+            phases=tuple(outcome.phases),
+            usage=outcome.usage,
+            degraded_reason=degraded_reason(outcome),
+        )
+        if self.record.degraded_reason:
+            self._metrics.investigations_degraded.labels(self._system).inc()
+        self._count_vote_components(outcome.hazard_space, outcome.votes)
+        regions = outcome.hazard_space.regions
+        region_ids = [region.id for region in regions]
+        self._metrics.record_attribution(
+            region_ids, outcome.attribution.scores, outcome.attribution.top
+        )
+        await self._emit(
+            EventKind.ATTRIBUTION_READY,
+            attribution=outcome.attribution,
+            region_ids=tuple(region_ids),
+            region_names=tuple(region.name for region in regions),
+        )
+        self.log.info(
+            "investigation succeeded",
+            top=list(outcome.attribution.top),
+            degraded=self.record.degraded_reason,
+        )
+        self._count_finished(InvestigationState.SUCCEEDED)
+
+    async def failed(self, error: str) -> None:
+        await self.update(state=InvestigationState.FAILED, error=error, finished_at=now())
+        await self._emit(EventKind.FAILED, reason=error)
+        self.log.warning("investigation failed", error=error)
+        self._count_finished(InvestigationState.FAILED)
+
+    def cancelled(self) -> None:
+        """The runner stores the record as INTERRUPTED and emits that event itself."""
+        self._metrics.investigations_in_flight.labels(self._system).dec()
+
+    async def on_event(self, event: ProtocolEvent) -> None:
+        """The protocol engine's callback: each event lands in the record as it happens."""
+        if isinstance(event, PhaseBegun):
+            await self._emit(EventKind.PHASE_BEGUN, phase=event.phase)
+        elif isinstance(event, PhaseEnded):
+            self._phases.append(PhaseTiming(phase=event.phase, seconds=event.seconds))
+            self._metrics.phase_duration.labels(self._system, event.phase.value).observe(
+                event.seconds
+            )
+            await self.update(phases=tuple(self._phases))
+            await self._emit(EventKind.PHASE_ENDED, phase=event.phase, seconds=event.seconds)
+        elif isinstance(event, ExchangeDone):
+            await self._store.record_exchange(self.record.investigation_id, event.exchange)
+            self._count_llm_call(event.exchange)
+        elif isinstance(event, ReportFiled):
+            await self.update(reports={**self.record.reports, event.agent_id: event.report})
+        elif isinstance(event, ContextCutsMade):
+            await self.update(context_cuts=(*self.record.context_cuts, *event.cuts))
+        elif isinstance(event, VoteCast):
+            self._metrics.votes.labels(
+                self._system, event.vote.agent_id, "abstained" if event.vote.abstained else "voted"
+            ).inc()
+            await self.update(votes=(*self.record.votes, event.vote))
+            await self._emit(EventKind.VOTE_CAST, vote=event.vote)
+        # AttributionReady is announced by succeeded() once the record is final.
+
+    async def update(self, **changes: object) -> None:
+        self.record = self.record.model_copy(update=changes)
+        await self._store.save_investigation(self.record)
+
+    async def _emit(self, kind: EventKind, **fields: object) -> None:
+        await self._events.emit(self.record.investigation_id, kind, **fields)
+
+    def _count_finished(self, state: InvestigationState) -> None:
+        outcome = state.value
+        self._metrics.investigations.labels(self._system, outcome, self.record.method).inc()
+        self._metrics.investigation_duration.labels(self._system, outcome).observe(
+            time.monotonic() - self._started
+        )
+        self._metrics.investigations_in_flight.labels(self._system).dec()
+
+    def _count_vote_components(self, space: HazardSpace, votes: Sequence[Vote]) -> None:
+        for vote in votes:
+            for region, bit in zip(space.regions, vote.location, strict=False):
+                if bit:
+                    self._metrics.vote_components.labels(
+                        self._system, vote.agent_id, region.id
+                    ).inc()
+
+    def _count_llm_call(self, exchange: LLMExchange) -> None:
+        m, backend = self._metrics, self._backend
+        m.llm_calls.labels(backend, exchange.error_reason or "ok").inc()
+        m.llm_up.labels(backend).set(0 if exchange.error else 1)
+        m.llm_duration.labels(backend).observe(exchange.seconds)
+        m.llm_tokens.labels(backend, "prompt").inc(exchange.prompt_tokens)
+        m.llm_tokens.labels(backend, "completion").inc(exchange.completion_tokens)
+        m.llm_tokens.labels(backend, "cached").inc(exchange.cached_tokens or 0)
+
+
+def degraded_reason(outcome: ProtocolOutcome) -> str:
+    """What a successful run lacked, for the record: "" when every agent reported and voted over
+    the hazard space the LLM built (or the operator pinned)."""
+    lacks = [
+        f"{vote.agent_id} abstained ({vote.abstention_reason})"
+        for vote in outcome.votes
+        if vote.abstained
+    ]
+    lacks += [f"{agent} filed no valid report" for agent, r in outcome.reports.items() if r is None]
+    if outcome.hazard_space.source == "spec":
+        lacks.append("Phase I gave no valid hazard space; the spec's declared parts were used")
+    return "; ".join(lacks)

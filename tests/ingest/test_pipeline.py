@@ -1,0 +1,224 @@
+"""The ingest pipeline on a real SQLite store: what is admitted, how rounds are committed, and
+what producers see when a commit fails or one of them goes away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from poirotd.config import SystemSpec
+from poirotd.errors import InvalidArgument, NotFound
+from poirotd.ingest.pipeline import IngestPipeline
+from poirotd.model import (
+    AgentMessage,
+    CommitItem,
+    HazardEvent,
+    MessageKind,
+    Session,
+    TelemetryBatch,
+    TelemetrySample,
+)
+from poirotd.observability.metrics import Metrics
+from poirotd.store import SqliteStore
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SPEC = SystemSpec.model_validate(
+    {
+        "system": {"name": "clinic", "description": "Two agents and an exoskeleton."},
+        "agents": [
+            {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
+            {"id": "chief", "name": "Chief", "system_prompt": "You decide."},
+        ],
+        "components": [
+            {"id": "exo", "name": "Exo", "type": "hardware", "description": "A device."}
+        ],
+        "rules": [
+            {
+                "kind": "threshold",
+                "name": "hot",
+                "severity": "critical",
+                "component": "exo",
+                "signal": "temp",
+                "above": 50,
+            }
+        ],
+    }
+)
+
+
+class GatedStore(SqliteStore):
+    """Records each commit's items; a commit may be held until the test releases it."""
+
+    commits: list[list[CommitItem]]
+    gate: asyncio.Event
+    failures: list[Exception]
+
+    async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
+        self.commits.append(list(items))
+        await self.gate.wait()
+        if self.failures:
+            raise self.failures.pop()
+        await super().commit_ingest(items)
+
+
+class Opener:
+    """Records what the pipeline asked to open, and whether its evidence was stored by then."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self.opened: list[tuple[str, bool]] = []
+
+    async def open(self, events: Sequence[HazardEvent], ended: Sequence[str]) -> None:
+        for event in events:
+            readings = await self.store.newest_readings(event.session_id)
+            self.opened.append((event.rule, any(r.value > 50 for r in readings)))
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[GatedStore]:
+    opened = await GatedStore.open(tmp_path / "p.db")
+    assert isinstance(opened, GatedStore)
+    opened.commits, opened.gate, opened.failures = [], asyncio.Event(), []
+    opened.gate.set()
+    yield opened
+    await opened.close()
+
+
+def pipeline_on(
+    store: SqliteStore, opener: Opener | None = None, *, batch_max: int = 512
+) -> IngestPipeline:
+    metrics = Metrics(SPEC.system.name)
+    return IngestPipeline(SPEC, store, opener or Opener(store), metrics, batch_max=batch_max)
+
+
+def session(session_id: str = "s1") -> Session:
+    return Session(session_id=session_id, system="clinic", started_at=T0)
+
+
+def message(index: int, sender: str = "doctor", session_id: str = "s1") -> AgentMessage:
+    return AgentMessage(
+        session_id=session_id,
+        index=index,
+        kind=MessageKind.AGENT,
+        sender=sender,
+        content=f"turn {index}",
+        sent_at=T0,
+    )
+
+
+def reading(value: float, session_id: str = "s1") -> TelemetrySample:
+    return TelemetrySample(
+        session_id=session_id, component="exo", signal="temp", value=value, measured_at=T0
+    )
+
+
+async def test_producers_admitting_during_a_commit_share_the_next_one(store: GatedStore) -> None:
+    pipeline = pipeline_on(store)
+    first, second = pipeline.scope(), pipeline.scope()
+    await pipeline.consume([session("s1"), session("s2")], first)
+    store.gate.clear()
+    held = pipeline.accept([message(0)], first)
+    await asyncio.sleep(0.01)  # the commit of `held` is in flight, waiting at the gate
+    a = pipeline.accept([message(1)], first)
+    b = pipeline.accept([message(0, session_id="s2")], second)
+    store.gate.set()
+    await asyncio.gather(held.wait(), a.wait(), b.wait())
+    assert [len(items) for items in store.commits] == [2, 1, 2]
+    assert [m.index for m in await store.session_messages("s1")] == [0, 1]
+
+
+async def test_a_round_closes_at_batch_max_without_splitting_an_admission(
+    store: GatedStore,
+) -> None:
+    pipeline = pipeline_on(store, batch_max=3)
+    scope = pipeline.scope()
+    await pipeline.consume([session()], scope)
+    store.gate.clear()
+    held = pipeline.accept([message(0)], scope)
+    await asyncio.sleep(0.01)
+    admissions = [pipeline.accept([message(i), message(i + 1)], scope) for i in (1, 3, 5)]
+    store.gate.set()
+    await asyncio.gather(held.wait(), *(a.wait() for a in admissions))
+    assert [len(items) for items in store.commits[1:]] == [1, 4, 2]
+
+
+async def test_an_invalid_item_stops_the_batch_or_is_skipped(store: GatedStore) -> None:
+    pipeline = pipeline_on(store)
+    scope = pipeline.scope()
+    stopped = await pipeline.consume(
+        [session(), message(0), message(1, "ghost"), message(2)], scope
+    )
+    assert stopped.accepted == 2
+    [refusal] = stopped.refused
+    assert (refusal.index, refusal.error.reason) == (2, "unknown_agent")
+    assert isinstance(refusal.error, InvalidArgument) and "'ghost'" in str(refusal.error)
+    skipped = await pipeline.consume(
+        [message(3, "ghost"), message(4), message(0, session_id="nowhere")],
+        scope,
+        skip_invalid=True,
+    )
+    assert [(r.index, type(r.error)) for r in skipped.refused] == [
+        (0, InvalidArgument),
+        (2, NotFound),
+    ]
+    assert [m.index for m in await store.session_messages("s1")] == [0, 4]
+
+
+async def test_a_telemetry_batch_loses_only_its_invalid_rows(store: GatedStore) -> None:
+    pipeline = pipeline_on(store)
+    scope = pipeline.scope()
+    await pipeline.consume([session()], scope)
+    rows = [("exo", "temp", 20.0, T0), ("ghost", "temp", 1.0, T0), ("exo", "temp", 21.0, T0)]
+    admission = await pipeline.consume([TelemetryBatch("s1", rows)], scope)
+    assert admission.accepted == 1
+    assert [(r.index, r.row, r.error.reason) for r in admission.refused] == [
+        (0, 1, "unknown_component")
+    ]
+    assert sorted(r.value for r in await store.newest_readings("s1")) == [20.0, 21.0]
+
+
+async def test_a_failed_commit_fails_its_round_and_the_next_round_commits(
+    store: GatedStore,
+) -> None:
+    pipeline = pipeline_on(store)
+    scope = pipeline.scope()
+    await pipeline.consume([session()], scope)
+    store.failures.append(OSError("disk full"))
+    with pytest.raises(OSError, match="disk full"):
+        await pipeline.consume([message(0)], scope)
+    await pipeline.consume([message(0)], scope)
+    assert [m.index for m in await store.session_messages("s1")] == [0]
+
+
+async def test_a_producer_that_goes_away_leaves_its_round_to_the_others(
+    store: GatedStore,
+) -> None:
+    pipeline = pipeline_on(store)
+    first, second = pipeline.scope(), pipeline.scope()
+    await pipeline.consume([session("s1"), session("s2")], first)
+    store.gate.clear()
+    leaving = asyncio.create_task(pipeline.consume([message(0)], first))
+    staying = asyncio.create_task(pipeline.consume([message(0, session_id="s2")], second))
+    await asyncio.sleep(0.01)
+    leaving.cancel()
+    store.gate.set()
+    await staying
+    assert [m.index for m in await store.session_messages("s2")] == [0]
+    await pipeline.drain()
+    # Admitted before it went away: committed, though no one acknowledges it.
+    assert [m.index for m in await store.session_messages("s1")] == [0]
+
+
+async def test_rules_fire_on_arrival_and_open_once_the_evidence_is_stored(
+    store: GatedStore,
+) -> None:
+    opener = Opener(store)
+    pipeline = pipeline_on(store, opener)
+    scope = pipeline.scope()
+    await pipeline.consume([session()], scope)
+    await pipeline.consume([reading(20.0), reading(60.0)], scope)
+    assert opener.opened == [("hot", True)]

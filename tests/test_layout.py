@@ -1,0 +1,136 @@
+"""The package layout's rules, read from the source: which package may import which, no import
+cycle at module level, and nothing loose at the top of poirotd/."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# hwbridge is a client of poirotd: the domain types, the wire API and its client, the errors.
+HWBRIDGE_MAY_IMPORT = ("poirotd.model", "poirotd.api", "poirotd.errors")
+# Inside poirotd only these use hwbridge: the MQTT transport, and the demo that starts a broker.
+MAY_IMPORT_HWBRIDGE = ("poirotd.transports.mqtt", "poirotd.demo")
+TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources(package: str) -> Iterator[Path]:
+    yield from (p for p in (ROOT / package).rglob("*.py") if "api/poirot" not in p.as_posix())
+
+
+def imports(path: Path, *, module_level_only: bool = False) -> Iterator[str]:
+    """Absolute module names the file imports (`from a import b` gives a.b when b is a module,
+    a otherwise); with `module_level_only`, not those inside functions or TYPE_CHECKING."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                known = (ROOT / candidate.replace(".", "/")).with_suffix(".py").exists() or (
+                    ROOT / candidate.replace(".", "/") / "__init__.py"
+                ).exists()
+                yield candidate if known else node.module
+
+
+def within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_hwbridge_uses_only_poirotds_public_surface() -> None:
+    wrong = {
+        (module_name(path), name)
+        for path in sources("hwbridge")
+        for name in imports(path)
+        if within(name, ("poirotd",)) and not within(name, HWBRIDGE_MAY_IMPORT)
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_only_the_mqtt_transport_and_the_demo_import_hwbridge() -> None:
+    wrong = {
+        (module_name(path), name)
+        for path in sources("poirotd")
+        for name in imports(path)
+        if within(name, ("hwbridge",)) and not within(module_name(path), MAY_IMPORT_HWBRIDGE)
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_nothing_loose_at_the_top_of_poirotd() -> None:
+    loose = {path.stem for path in (ROOT / "poirotd").glob("*.py")} - TOP_OF_POIROTD
+    assert not loose, sorted(loose)
+
+
+@pytest.mark.parametrize("package", ["poirotd", "hwbridge"])
+def test_no_import_cycle_at_module_level(package: str) -> None:
+    graph: dict[str, set[str]] = {}
+    for path in sources(package):
+        name = module_name(path)
+        graph[name] = {
+            target
+            for target in imports(path, module_level_only=True)
+            if within(target, (package,)) and target != name
+        }
+    cycle = _find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of modules, if any (importing a package runs its __init__, so a module's edge to
+    `a.b.c` also counts as edges to `a.b` and `a`)."""
+    edges = {
+        node: {
+            prefix
+            for target in targets
+            for prefix in _prefixes(target)
+            if prefix in graph and prefix != node and not node.startswith(prefix + ".")
+        }
+        for node, targets in graph.items()
+    }
+    done: set[str] = set()
+    for start in edges:
+        path: list[str] = []
+        on_path: set[str] = set()
+        stack = [(start, iter(sorted(edges[start])))]
+        if start in done:
+            continue
+        path.append(start)
+        on_path.add(start)
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                on_path.discard(node)
+                done.add(node)
+            elif child in on_path:
+                return [*path[path.index(child) :], child]
+            elif child not in done:
+                stack.append((child, iter(sorted(edges[child]))))
+                path.append(child)
+                on_path.add(child)
+    return None
+
+
+def _prefixes(name: str) -> Iterator[str]:
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        yield ".".join(parts[:end])
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_package() -> None:
+    graph = {"p": {"p.a"}, "p.a": {"p.b"}, "p.b": {"q"}, "q": {"p.a"}}
+    assert _find_cycle(graph) == ["p", "p.a", "p.b", "q", "p"]
+    assert _find_cycle({"p": set(), "p.a": {"p.b"}, "p.b": set()}) is None
