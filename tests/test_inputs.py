@@ -162,6 +162,25 @@ async def test_sensor_x_gait_is_stored_and_opens_an_investigation(
         assert b"poirot_mqtt" not in problems, problems
 
 
+async def test_a_reading_dated_outside_the_allowed_times_is_dead_lettered(
+    daemon: Daemon, mosquitto: Mosquitto
+) -> None:
+    """Found by fuzzing: this message was stored, fired the rule, and from then on every List
+    and Get of its investigation answered UNKNOWN (date value out of range), across restarts."""
+    inputs = mqtt_input_spec(spec(mosquitto))
+    assert inputs is not None
+    broker = inputs.mqtt.broker.model_copy(update={"client_id": "fuzzer"})
+    ancient = b'{"ts": "0001-01-01T00:00:00+01:00", "proprioception_score": 2}'
+    async with MqttPublisher(broker) as publisher:
+        await publisher.publish("d2w/p7/vitals", ancient)
+        await publisher.publish("d2w/p7/vitals", b'{"ts": 1767603600, "heart_rate": 71}')
+    async with asyncio.timeout(10):
+        await eventually(lambda: counter(daemon, "messages_acked") == 2)
+    assert counter(daemon, "samples_refused") == counter(daemon, "dead_letters") == 1
+    assert query(daemon, "SELECT signal FROM telemetry_samples") == [("heart_rate",)]
+    assert query(daemon, "SELECT count(*) FROM investigations") == [(0,)]
+
+
 async def test_a_failed_commit_restarts_the_input_and_the_broker_redelivers(
     daemon: Daemon, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
 ) -> None:

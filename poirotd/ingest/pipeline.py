@@ -126,6 +126,7 @@ class IngestPipeline:
         admitted: list[CommitItem] = []
         refused: list[Refusal] = []
         accepted = len(items)
+        scope.refresh_clock()
         for index, item in enumerate(items):
             try:
                 if isinstance(item, TelemetryBatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound, ServiceError
@@ -18,6 +19,10 @@ from poirotd.store import Store
 
 # The most telemetry streams a scope remembers as passed; then it starts over.
 _PASSED_STREAMS = 4096
+# The times a producer may give. Outside them a time is a fault: year 1 with a +01:00 offset
+# cannot even be converted to UTC, and a time far ahead would drag the rules' windows with it.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_AHEAD = timedelta(days=1)
 
 
 class IngestScope:
@@ -31,6 +36,11 @@ class IngestScope:
         # checks depend only on its stream (a session stays known, the spec is fixed), so a
         # passed stream's later readings are only checked for a finite value.
         self._passed: set[tuple[str, ...]] = set()
+        self._latest = datetime.now(UTC) + MAX_AHEAD
+
+    def refresh_clock(self) -> None:
+        """Moves the latest time allowed on; called once per batch, not per item."""
+        self._latest = datetime.now(UTC) + MAX_AHEAD
 
     def check(self, item: IngestItem) -> None:
         """Raises a ServiceError saying what is wrong with the item."""
@@ -41,9 +51,12 @@ class IngestScope:
             return
         self.check_known_session(item.session_id)
         if isinstance(item, AgentMessage):
+            self._check_time("sent_at", item.sent_at)
             self._check_message(item)
         elif isinstance(item, TelemetrySample):
-            self._check_reading(item.component, item.signal, item.value)
+            self._check_reading(item.component, item.signal, item.value, item.measured_at)
+        else:
+            self._check_time("ended_at", item.ended_at)
 
     def check_known_session(self, session_id: str) -> None:
         if session_id not in self._opened and not self._store.has_session(session_id):
@@ -58,15 +71,16 @@ class IngestScope:
         """A telemetry batch's rows (of a known session): those that pass, and the position and
         refusal of each that does not. The hot path of an MQTT input: a passed stream's reading
         costs a set lookup and a finite test (inf - inf and NaN - NaN are NaN, never 0.0)."""
-        passed = self._passed
+        passed, earliest, latest = self._passed, EARLIEST, self._latest
         accepted: list[SampleRow] = []
         refused: list[tuple[int, ServiceError]] = []
         for position, row in enumerate(rows):
             stream = row[:2]
             value = row[2]
-            if stream not in passed or value - value != 0.0:
+            at = row[3]
+            if stream not in passed or value - value != 0.0 or not earliest <= at <= latest:
                 try:
-                    self._check_reading(row[0], row[1], value)
+                    self._check_reading(row[0], row[1], value, at)
                 except ServiceError as refusal:
                     refused.append((position, refusal))
                     continue
@@ -77,6 +91,9 @@ class IngestScope:
         return accepted, refused
 
     def _check_session(self, session: Session) -> None:
+        self._check_time("started_at", session.started_at)
+        if session.ended_at is not None:
+            self._check_time("ended_at", session.ended_at)
         if session.system != self._spec.system.name:
             raise InvalidArgument(
                 f"session {session.session_id!r} is for system {session.system!r}, "
@@ -109,7 +126,15 @@ class IngestScope:
                 reason="unknown_agent",
             )
 
-    def _check_reading(self, component: str, signal: str, value: float) -> None:
+    def _check_time(self, field: str, at: datetime) -> None:
+        """Naive times are taken as UTC, as the store takes them."""
+        if not EARLIEST <= (at if at.tzinfo else at.replace(tzinfo=UTC)) <= self._latest:
+            raise InvalidArgument(
+                f"{field} {at.isoformat()} is outside {EARLIEST.date()} .. now + {MAX_AHEAD}",
+                reason="time_out_of_range",
+            )
+
+    def _check_reading(self, component: str, signal: str, value: float, at: datetime) -> None:
         if component not in self._parties:
             raise InvalidArgument(
                 f"telemetry component {component!r} is not declared in the spec",
@@ -121,3 +146,4 @@ class IngestScope:
             raise InvalidArgument(
                 f"telemetry value {value} is not a finite number", reason="invalid"
             )
+        self._check_time("measured_at", at)

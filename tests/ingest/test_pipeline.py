@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -222,3 +222,23 @@ async def test_rules_fire_on_arrival_and_open_once_the_evidence_is_stored(
     await pipeline.consume([session()], scope)
     await pipeline.consume([reading(20.0), reading(60.0)], scope)
     assert opener.opened == [("hot", True)]
+
+
+async def test_times_outside_the_window_are_refused_never_stored(store: GatedStore) -> None:
+    pipeline = pipeline_on(store)
+    scope = pipeline.scope()
+    year_one = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))
+    ahead = datetime.now(UTC) + timedelta(days=2)
+    refused = await pipeline.consume([session().model_copy(update={"started_at": year_one})], scope)
+    assert [r.error.reason for r in refused.refused] == ["time_out_of_range"]
+    await pipeline.consume([session()], scope)
+    naive = message(0).model_copy(update={"sent_at": datetime(2026, 1, 1)})
+    late = message(1).model_copy(update={"sent_at": ahead})
+    admission = await pipeline.consume([naive, late], scope, skip_invalid=True)
+    assert [(r.index, r.error.reason) for r in admission.refused] == [(1, "time_out_of_range")]
+    rows = [("exo", "temp", 20.0, T0), ("exo", "temp", 21.0, ahead), ("exo", "temp", 22.0, T0)]
+    admission = await pipeline.consume([TelemetryBatch("s1", rows)], scope)
+    assert [(r.row, r.error.reason) for r in admission.refused] == [(1, "time_out_of_range")]
+    assert "measured_at" in str(admission.refused[0].error)
+    assert sorted(r.value for r in await store.newest_readings("s1")) == [20.0, 22.0]
+    assert [m.index for m in await store.session_messages("s1")] == [0]
