@@ -248,6 +248,37 @@ async def test_a_fault_of_the_daemon_on_a_request_ends_the_stream_with_internal(
     assert rejected(daemon, "Ingest.Stream", "internal") == 1
 
 
+def _with_session_id(raw_id: bytes) -> bytes:
+    """A session start of seq 2 whose session_id is these bytes, UTF-8 or not."""
+    request = start("@@")
+    request.seq = 2
+    return request.SerializeToString().replace(b"@@", raw_id)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [_with_session_id(b"\xff\xfe"), b"\x08\xff\xff"],
+    ids=["invalid-utf8-in-a-string", "truncated-varint"],
+)
+async def test_an_undecodable_request_ends_the_stream_at_once(
+    daemon: Daemon, garbage: bytes
+) -> None:
+    """Found by fuzzing: such a request left the stream open until the client gave up."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+        stream = channel.stream_stream("/poirot.v1.Ingest/Stream")
+        first = start()
+        first.seq = 1
+        call = stream(iter([first.SerializeToString(), garbage]), timeout=10)
+        acks = []
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for raw in call:
+                acks.append(pb.IngestAck.FromString(raw).durable_seq)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "after seq 1" in (refused.value.details() or "")
+    assert acks == [1]
+    assert rejected(daemon, "Ingest.Stream", "undecodable") == 1
+
+
 async def test_transport_refuses_grossly_oversized_message(client: PoirotClient) -> None:
     _, error = await send_collecting_acks(
         client, [start(), message(0, content="x" * (MAX_ITEM_BYTES * 5))]
