@@ -7,6 +7,7 @@ about ingest, refusals, the investigation lifecycle and the events, not about mo
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -600,3 +601,61 @@ async def test_unacked_requests_pause_reading_at_a_batch_and_are_acked_in_order(
     durable[2].set_result(None)
     assert await unacked.next_durable() == 5
     assert await unacked.next_durable() is None
+
+
+def _token(key: object) -> str:
+    raw = key.encode() if isinstance(key, str) else json.dumps(key).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize(
+    "page_token",
+    [_token("[" * 2000), _token([2**70, "x"]), _token([1, "x"]) + "A" * 300],
+    ids=["deeply-nested", "beyond-int64", "too-long"],
+)
+async def test_a_bad_page_token_is_invalid_argument_not_unknown(
+    client: PoirotClient, page_token: str
+) -> None:
+    """Found by fuzzing: RecursionError and OverflowError escaped as UNKNOWN."""
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.investigations.List(pb.ListInvestigationsRequest(page_token=page_token))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_watch_after_an_event_id_beyond_the_store_is_invalid_argument(
+    client: PoirotClient,
+) -> None:
+    call = client.investigations.Watch(pb.WatchRequest(after_event_id=2**64 - 1))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await asyncio.wait_for(call.read(), 5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_message_index_beyond_the_store_is_not_retryable(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    """Found by fuzzing: UNAVAILABLE (store write failed) made a retrying client loop forever."""
+    acks, error = await send_collecting_acks(client, [start(), message(2**63)])
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.details() or "").startswith("seq 2: message index")
+    assert acks == [1]
+
+
+async def test_a_batch_numbered_past_uint64_is_refused_at_the_seq_that_overflows(
+    daemon: Daemon,
+) -> None:
+    """Found by fuzzing: the batch's items were committed but the ack could not be built."""
+    request = batch(2**64 - 1, [start(), message(0)])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+        stream = channel.stream_stream(
+            "/poirot.v1.Ingest/Stream",
+            request_serializer=pb.IngestRequest.SerializeToString,
+            response_deserializer=pb.IngestAck.FromString,
+        )
+        acks = []
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for ack in stream(iter([request]), timeout=10):
+                acks.append(ack.durable_seq)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"seq {2**64} is beyond" in (refused.value.details() or "")
+    assert acks == [2**64 - 1]

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound, ServiceError
 from poirotd.model import AgentMessage, IngestItem, MessageKind, SampleRow, Session, TelemetrySample
-from poirotd.store import Store
+from poirotd.store import MAX_INTEGER, Store
 
 # The most telemetry streams a scope remembers as passed; then it starts over.
 _PASSED_STREAMS = 4096
@@ -103,6 +103,10 @@ class IngestScope:
         self._opened.add(session.session_id)
 
     def _check_message(self, message: AgentMessage) -> None:
+        if message.index > MAX_INTEGER:
+            raise InvalidArgument(
+                f"message index {message.index} is beyond {MAX_INTEGER}", reason="invalid"
+            )
         if message.kind is MessageKind.AGENT and message.sender not in self._agents:
             raise InvalidArgument(
                 f"sender {message.sender!r} is not an agent of system "

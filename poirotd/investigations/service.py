@@ -27,7 +27,7 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.reputation import betas_in_use, reassess
-from poirotd.store import AlreadyConfirmedError, Store
+from poirotd.store import MAX_INTEGER, AlreadyConfirmedError, Store
 
 _TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
 # How often an idle Watch re-checks the store without a wake-up (a safety net, not a poll loop).
@@ -118,6 +118,10 @@ class InvestigationService:
         """Stored events after `after_event_id`, then live ones. A single-investigation watch
         ends once it has delivered that investigation's terminal event (attribution ready,
         failed or interrupted), which is stored after the record is final."""
+        if not 0 <= after_event_id <= MAX_INTEGER:
+            raise InvalidArgument(
+                f"after_event_id {after_event_id} is beyond {MAX_INTEGER}", reason="invalid"
+            )
         if investigation_id:
             await self.get(investigation_id)  # NOT_FOUND early rather than an endless empty stream
         last = after_event_id

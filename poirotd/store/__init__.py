@@ -4,6 +4,7 @@ exports it). SQLite (`SqliteStore`) is the embedded default."""
 
 from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.port import (
+    MAX_INTEGER,
     AlreadyConfirmedError,
     Store,
     UnknownInvestigationError,
@@ -13,6 +14,7 @@ from poirotd.store.sqlite import SqliteStore
 
 __all__ = [
     "GENESIS_HASH",
+    "MAX_INTEGER",
     "AlreadyConfirmedError",
     "SqliteStore",
     "Store",

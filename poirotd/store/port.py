@@ -25,6 +25,9 @@ from poirotd.model import (
     Session,
 )
 
+# The largest integer every adapter stores (SQLite's INTEGER, PostgreSQL's bigint): indexes, event
+# ids and the like are checked against it before they reach a store.
+MAX_INTEGER = 2**63 - 1
 # Given an investigation and the stored reputations of its system, the reputations to store.
 Reassess: TypeAlias = Callable[[Investigation, dict[str, AgentReputation]], list[AgentReputation]]
 

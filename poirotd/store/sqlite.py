@@ -51,6 +51,7 @@ from poirotd.model import (
 )
 from poirotd.store.chain import Chain, Row, transaction
 from poirotd.store.port import (
+    MAX_INTEGER,
     AlreadyConfirmedError,
     Reassess,
     UnknownInvestigationError,
@@ -638,6 +639,10 @@ def _insert_for_investigation(
 # ------------------------------------------------------------ helpers
 
 
+# Our tokens: base64 of [micros, 32-hex id], about 70 characters.
+_PAGE_TOKEN_CHARS = 256
+
+
 def _check_limit(limit: int) -> None:
     # SQLite reads a negative LIMIT as "no limit": refuse it rather than return everything.
     if limit < 1:
@@ -650,13 +655,18 @@ def _encode_page_token(created_us: int, investigation_id: str) -> str:
 
 
 def _decode_page_token(token: str) -> tuple[int, str]:
+    """Bounded before it is parsed: a token is ours, a few dozen characters."""
+    if len(token) > _PAGE_TOKEN_CHARS:
+        raise ValueError("invalid page token")
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         key = json.loads(raw)
     except ValueError:  # covers binascii, unicode and JSON errors
         raise ValueError("invalid page token") from None
     match key:
-        case [int() as created_us, str() as investigation_id] if not isinstance(created_us, bool):
+        case [int() as created_us, str() as investigation_id] if (
+            not isinstance(created_us, bool) and abs(created_us) <= MAX_INTEGER
+        ):
             return created_us, investigation_id
         case _:
             raise ValueError("invalid page token")

@@ -30,6 +30,7 @@ from poirotd.transports.grpc.status import abort
 log = structlog.get_logger(__name__)
 
 _RPC = "Ingest.Stream"
+_MAX_SEQ = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class _StreamOrder:
         self.last_seq = 0
 
     def check(self, seq: int, size_bytes: int) -> None:
+        if seq > _MAX_SEQ:  # a batch numbered from near the top runs past an ack's uint64
+            raise InvalidArgument(f"seq {seq} is beyond {_MAX_SEQ}", reason="invalid")
         if seq <= self.last_seq:
             raise InvalidArgument(
                 f"seq {seq}: seq must increase within a stream (last was {self.last_seq})",
