@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
@@ -26,6 +27,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.ingest.pipeline import Admission
+from poirotd.investigations.service import InvestigationService
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import IngestItem
@@ -659,3 +661,36 @@ async def test_a_batch_numbered_past_uint64_is_refused_at_the_seq_that_overflows
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"seq {2**64} is beyond" in (refused.value.details() or "")
     assert acks == [2**64 - 1]
+
+
+@pytest.mark.parametrize(
+    "method", ["/poirot.v1.Investigations/Get", "/poirot.v1.Investigations/Watch"]
+)
+async def test_undecodable_bytes_to_a_unary_request_are_invalid_argument(
+    daemon: Daemon, method: str
+) -> None:
+    """Found by fuzzing: grpc answered UNKNOWN, and nothing was logged."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+        if method.endswith("Get"):
+            call: Any = channel.unary_unary(method)(b"\x0a\x05\xff", timeout=5)
+        else:
+            call = channel.unary_stream(method)(b"\x0a\x05\xff", timeout=5).read()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    rpc = method.rpartition(".")[2].replace("/", ".")
+    assert rejected(daemon, rpc, "undecodable") == 1
+
+
+async def test_a_fault_in_a_handler_is_internal_with_an_id_never_unknown(
+    daemon: Daemon, client: PoirotClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(self: InvestigationService, investigation_id: str) -> None:
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(InvestigationService, "get", broken)
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await client.get("0" * 32)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert re.fullmatch(r"internal error [0-9a-f]{12} \(logged\)", failed.value.details() or "")
+    assert rejected(daemon, "Investigations.Get", "internal") == 1

@@ -11,6 +11,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.investigations.service import InvestigationService
+from poirotd.transports.grpc.guard import GuardInterceptor
 from poirotd.transports.grpc.ingest import IngestServicer
 from poirotd.transports.grpc.investigations import InvestigationsServicer
 
@@ -37,10 +38,11 @@ class GrpcServer:
         self._host, self.port = host, port
         limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR + BATCH_BYTES
         self._server = grpc.aio.server(
+            interceptors=[GuardInterceptor(investigations.metrics)],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", MAX_REPLY_BYTES),
-            ]
+            ],
         )
         self._health = health.aio.HealthServicer()
         ingest = IngestServicer(
