@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+# The most characters of a client's text an error message or a log line quotes.
+QUOTE_CHARS = 64
+
+
+def quote(text: str) -> str:
+    """A client's text for an error message: its repr, cut to a short prefix, so that neither
+    a status detail nor a log line grows with what a client sent."""
+    if len(text) <= QUOTE_CHARS:
+        return repr(text)
+    return f"{text[:QUOTE_CHARS]!r}... ({len(text)} characters)"
+
 
 class ServiceError(Exception):
     """A request the daemon refuses. `reason` is a bounded label for the rejects metric."""

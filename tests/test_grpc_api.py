@@ -694,3 +694,17 @@ async def test_a_fault_in_a_handler_is_internal_with_an_id_never_unknown(
     assert failed.value.code() == grpc.StatusCode.INTERNAL
     assert re.fullmatch(r"internal error [0-9a-f]{12} \(logged\)", failed.value.details() or "")
     assert rejected(daemon, "Investigations.Get", "internal") == 1
+
+
+async def test_error_details_quote_a_clients_text_capped(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    """Found by fuzzing: a 100 KB id turned NOT_FOUND into RESOURCE_EXHAUSTED (metadata)."""
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await client.get("x" * 60_000)  # this daemon's transport limit is 80 KB
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    detail = missing.value.details() or ""
+    assert len(detail) < 200 and "(60000 characters)" in detail
+    _, error = await send_collecting_acks(client, [start(), message(0, sender="y" * 3_000)])
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(error.details() or "") < 300

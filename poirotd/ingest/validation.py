@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from poirotd.config import SystemSpec
-from poirotd.errors import InvalidArgument, NotFound, ServiceError
+from poirotd.errors import InvalidArgument, NotFound, ServiceError, quote
 from poirotd.model import AgentMessage, IngestItem, MessageKind, SampleRow, Session, TelemetrySample
 from poirotd.store import MAX_INTEGER, Store
 
@@ -61,7 +61,7 @@ class IngestScope:
     def check_known_session(self, session_id: str) -> None:
         if session_id not in self._opened and not self._store.has_session(session_id):
             raise NotFound(
-                f"session {session_id!r} is not known; send session_start first",
+                f"session {quote(session_id)} is not known; send session_start first",
                 reason="unknown_session",
             )
 
@@ -96,7 +96,7 @@ class IngestScope:
             self._check_time("ended_at", session.ended_at)
         if session.system != self._spec.system.name:
             raise InvalidArgument(
-                f"session {session.session_id!r} is for system {session.system!r}, "
+                f"session {quote(session.session_id)} is for system {quote(session.system)}, "
                 f"this daemon monitors {self._spec.system.name!r}",
                 reason="unknown_system",
             )
@@ -109,7 +109,7 @@ class IngestScope:
             )
         if message.kind is MessageKind.AGENT and message.sender not in self._agents:
             raise InvalidArgument(
-                f"sender {message.sender!r} is not an agent of system "
+                f"sender {quote(message.sender)} is not an agent of system "
                 f"{self._spec.system.name!r} (agents: {', '.join(self._spec.agent_ids)})",
                 reason="unknown_agent",
             )
@@ -119,13 +119,13 @@ class IngestScope:
             # Empty recipient: a shared executor's output broadcast to a group chat.
             if message.recipient and message.recipient not in self._agents:
                 raise InvalidArgument(
-                    f"tool result recipient {message.recipient!r} is not an agent "
+                    f"tool result recipient {quote(message.recipient)} is not an agent "
                     f"(agents: {', '.join(self._spec.agent_ids)})",
                     reason="unknown_agent",
                 )
         if message.recipient and message.recipient not in self._parties:
             raise InvalidArgument(
-                f"recipient {message.recipient!r} is neither an agent nor a component "
+                f"recipient {quote(message.recipient)} is neither an agent nor a component "
                 f"of system {self._spec.system.name!r}",
                 reason="unknown_agent",
             )
@@ -141,7 +141,7 @@ class IngestScope:
     def _check_reading(self, component: str, signal: str, value: float, at: datetime) -> None:
         if component not in self._parties:
             raise InvalidArgument(
-                f"telemetry component {component!r} is not declared in the spec",
+                f"telemetry component {quote(component)} is not declared in the spec",
                 reason="unknown_component",
             )
         if not signal:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import cast, get_args
 
 from poirotd.config import SystemSpec
-from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound
+from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.runner import InvestigationRunner
 from poirotd.model import (
@@ -59,10 +59,10 @@ class InvestigationService:
         methods = get_args(InvestigationMethod)
         if method not in methods:
             raise InvalidArgument(
-                f"method must be one of {list(methods)}, got {method!r}", reason="invalid"
+                f"method must be one of {list(methods)}, got {quote(method)}", reason="invalid"
             )
         if not self._store.has_session(session_id):
-            raise NotFound(f"session {session_id!r} is not known", reason="unknown_session")
+            raise NotFound(f"session {quote(session_id)} is not known", reason="unknown_session")
         investigation = await self._runner.submit(
             session_id, reason or "manual trigger", method=cast(InvestigationMethod, method)
         )
@@ -76,7 +76,7 @@ class InvestigationService:
     async def get(self, investigation_id: str) -> Investigation:
         investigation = await self._store.get_investigation(investigation_id)
         if investigation is None:
-            raise NotFound(f"investigation {investigation_id!r} not found", reason="not_found")
+            raise NotFound(f"investigation {quote(investigation_id)} not found", reason="not_found")
         return investigation
 
     async def list(
@@ -168,8 +168,9 @@ class InvestigationService:
             raise InvalidArgument("region_ids is empty: name the true cause(s)", reason="invalid")
         unknown = sorted(set(region_ids) - set(known))
         if unknown:
+            named = ", ".join(quote(region) for region in unknown[:5])
             raise InvalidArgument(
-                f"regions {unknown} are not in the investigation's hazard space {known}",
+                f"regions {named} are not in the investigation's hazard space {known}",
                 reason="unknown_region",
             )
         truth = tuple(int(region in region_ids) for region in known)

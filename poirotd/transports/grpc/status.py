@@ -20,6 +20,8 @@ from poirotd.observability.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
+_DETAIL_CHARS = 1024
+
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     NotFound: grpc.StatusCode.NOT_FOUND,
@@ -35,6 +37,8 @@ async def abort(
 ) -> NoReturn:
     code = _CODES.get(type(error), grpc.StatusCode.INTERNAL)
     metrics.requests_rejected.labels(rpc, error.reason).inc()
-    log.warning("request refused", rpc=rpc, code=code.name, reason=error.reason, detail=str(error))
-    await context.abort(code, str(error))
+    # Messages quote clients' text capped (errors.quote); this bounds whatever else they hold.
+    detail = str(error)[:_DETAIL_CHARS]
+    log.warning("request refused", rpc=rpc, code=code.name, reason=error.reason, detail=detail)
+    await context.abort(code, detail)
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
