@@ -61,7 +61,14 @@ def build_core(
         workers=settings.concurrent_investigations,
     )
     triggers = HazardTriggers(spec, runner, metrics)
-    pipeline = IngestPipeline(spec, store, triggers, metrics, batch_max=settings.ingest_batch_max)
+    pipeline = IngestPipeline(
+        spec,
+        store,
+        triggers,
+        metrics,
+        batch_max=settings.ingest_batch_max,
+        signals_per_component=settings.max_signals_per_component,
+    )
     investigations = InvestigationService(spec, store, runner, bus, metrics)
     return Core(pipeline, investigations, runner)
 

@@ -27,7 +27,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.ingest.pipeline import Admission
-from poirotd.investigations.service import InvestigationService
+from poirotd.investigations.service import MAX_TEXT_CHARS, InvestigationService
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import IngestItem
@@ -708,3 +708,14 @@ async def test_error_details_quote_a_clients_text_capped(
     _, error = await send_collecting_acks(client, [start(), message(0, sender="y" * 3_000)])
     assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(error.details() or "") < 300
+
+
+async def test_free_text_from_a_caller_is_bounded(daemon: Daemon, client: PoirotClient) -> None:
+    """Found by fuzzing: a 3 MB reason was saved 15 times and put whole into every prompt."""
+    await client.send(session(1))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.trigger("s1", "r" * (MAX_TEXT_CHARS + 1))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reason is 4001 characters" in (refused.value.details() or "")
+    assert rejected(daemon, "Investigations.Trigger", "too_long") == 1
+    assert (await client.trigger("s1", "r" * MAX_TEXT_CHARS)).reason == "r" * MAX_TEXT_CHARS

@@ -220,7 +220,9 @@ async def test_the_sink_commits_what_passes_and_dead_letters_the_rest(tmp_path: 
     """A stream that passed the checks skips them for its later samples, except the value."""
     store = await SqliteStore.open(tmp_path / "sink.db")
     metrics = Metrics(SPEC.system.name)
-    pipeline = IngestPipeline(SPEC, store, _NoInvestigations(), metrics, batch_max=512)
+    pipeline = IngestPipeline(
+        SPEC, store, _NoInvestigations(), metrics, batch_max=512, signals_per_component=8
+    )
     dead_letters = DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
     stats = SinkStats()
     scope = pipeline.scope()

@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(default=1 << 20, ge=1024)
     # Ingest items committed in one transaction at most.
     ingest_batch_max: int = Field(default=512, ge=1)
+    # Distinct signal names a component may have; a reading that would add one more is refused.
+    max_signals_per_component: int = Field(default=1024, ge=1)
     # Investigations waiting to run; a full queue refuses Trigger with RESOURCE_EXHAUSTED.
     queue_capacity: int = Field(default=16, ge=1)
     concurrent_investigations: int = Field(default=1, ge=1)

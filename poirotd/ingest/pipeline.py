@@ -29,7 +29,7 @@ import structlog
 from poirotd.config import SystemSpec
 from poirotd.errors import ServiceError
 from poirotd.hazards import RuleEngine
-from poirotd.ingest.validation import IngestScope
+from poirotd.ingest.validation import IngestScope, SignalNames
 from poirotd.model import (
     AgentMessage,
     CommitItem,
@@ -103,6 +103,7 @@ class IngestPipeline:
         metrics: Metrics,
         *,
         batch_max: int,
+        signals_per_component: int,
     ) -> None:
         self._spec = spec
         self._store = store
@@ -110,12 +111,13 @@ class IngestPipeline:
         self._metrics = metrics
         self._batch_max = batch_max
         self._rules = RuleEngine(spec.rules)
+        self._signals = SignalNames(signals_per_component)
         self._rounds: deque[_Round] = deque()
         self._committer: asyncio.Task[None] | None = None
 
     def scope(self) -> IngestScope:
         """A producer's scope: one per gRPC stream, per MQTT input run, per replay."""
-        return IngestScope(self._spec, self._store)
+        return IngestScope(self._spec, self._store, self._signals)
 
     def accept(
         self, items: Sequence[CommitItem], scope: IngestScope, *, skip_invalid: bool = False

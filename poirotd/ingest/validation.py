@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from poirotd.config import SystemSpec
-from poirotd.errors import InvalidArgument, NotFound, ServiceError, quote
+from poirotd.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, quote
 from poirotd.model import AgentMessage, IngestItem, MessageKind, SampleRow, Session, TelemetrySample
 from poirotd.store import MAX_INTEGER, Store
 
@@ -25,10 +25,30 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_AHEAD = timedelta(days=1)
 
 
+class SignalNames:
+    """The distinct signal names each component has had, shared by every producer and bounded:
+    a topic template maps whatever a publisher writes into a name, and each new name is a
+    stream the store and the rules keep (and, through rules, may become a label)."""
+
+    def __init__(self, per_component: int) -> None:
+        self.per_component = per_component
+        self._names: dict[str, set[str]] = {}
+
+    def admit(self, component: str, signal: str) -> bool:
+        names = self._names.setdefault(component, set())
+        if signal in names:
+            return True
+        if len(names) >= self.per_component:
+            return False
+        names.add(signal)
+        return True
+
+
 class IngestScope:
-    def __init__(self, spec: SystemSpec, store: Store) -> None:
+    def __init__(self, spec: SystemSpec, store: Store, signals: SignalNames) -> None:
         self._spec = spec
         self._store = store
+        self._signals = signals
         self._agents = frozenset(spec.agent_ids)
         self._parties = self._agents | {c.id for c in spec.components}
         self._opened: set[str] = set()
@@ -146,6 +166,12 @@ class IngestScope:
             )
         if not signal:
             raise InvalidArgument("telemetry signal is empty", reason="invalid")
+        if not self._signals.admit(component, signal):
+            raise ResourceExhausted(
+                f"component {quote(component)} has {self._signals.per_component} signals "
+                f"already; a new one, {quote(signal)}, is refused",
+                reason="too_many_signals",
+            )
         if not math.isfinite(value):
             raise InvalidArgument(
                 f"telemetry value {value} is not a finite number", reason="invalid"

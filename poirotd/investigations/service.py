@@ -29,6 +29,8 @@ from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.reputation import betas_in_use, reassess
 from poirotd.store import MAX_INTEGER, AlreadyConfirmedError, Store
 
+# The longest free text a caller may give (a Trigger reason, a ConfirmOutcome note).
+MAX_TEXT_CHARS = 4000
 _TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
 # How often an idle Watch re-checks the store without a wake-up (a safety net, not a poll loop).
 _WATCH_IDLE_SECONDS = 5.0
@@ -56,6 +58,7 @@ class InvestigationService:
         "baseline" (one LLM call over the full session, the paper's comparator)."""
         if not session_id:
             raise InvalidArgument("session_id is empty", reason="invalid")
+        _check_text("reason", reason)
         methods = get_args(InvestigationMethod)
         if method not in methods:
             raise InvalidArgument(
@@ -155,6 +158,7 @@ class InvestigationService:
         reputation enabled, moves the β_i of the agents that voted. Returns the record and
         whether this call confirmed it (False: the same regions were confirmed before, nothing
         changed). Other regions than a first confirmation's are refused: its update stands."""
+        _check_text("note", note)
         investigation = await self.get(investigation_id)
         space = investigation.hazard_space
         if investigation.state is not InvestigationState.SUCCEEDED or space is None:
@@ -220,6 +224,16 @@ class InvestigationService:
                 reason="not_found",
             )
         return space
+
+
+def _check_text(field: str, text: str) -> None:
+    """Free text a caller gives is stored with every version of the record it belongs to, and a
+    Trigger reason reaches every agent's prompt: it is bounded."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise InvalidArgument(
+            f"{field} is {len(text)} characters, the limit is {MAX_TEXT_CHARS}",
+            reason="too_long",
+        )
 
 
 def _meets(event: InvestigationEvent, component: str, min_score: float) -> bool:

@@ -13,7 +13,7 @@ from poirotd.eval.cases import EvalCase
 from poirotd.eval.loaders import DATASETS, load_cases
 from poirotd.eval.parts import region_ids
 from poirotd.eval.session import session_id_of, session_items
-from poirotd.ingest.validation import IngestScope
+from poirotd.ingest.validation import IngestScope, SignalNames
 from poirotd.model import MessageKind
 from poirotd.store import Store
 from tests.eval.helpers import DATA
@@ -148,6 +148,6 @@ class _EmptyStore:
 def test_every_case_passes_the_daemons_ingest_checks(dataset: str) -> None:
     """A loader whose messages the daemon refuses would turn a case into a failed run."""
     for case in load_cases(dataset, DATA):  # type: ignore[arg-type]
-        scope = IngestScope(case.spec, cast(Store, _EmptyStore()))
+        scope = IngestScope(case.spec, cast(Store, _EmptyStore()), SignalNames(1024))
         for item in session_items(case, session_id_of(case)):
             scope.check(item)

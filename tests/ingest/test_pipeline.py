@@ -89,10 +89,17 @@ async def store(tmp_path: Path) -> AsyncIterator[GatedStore]:
 
 
 def pipeline_on(
-    store: SqliteStore, opener: Opener | None = None, *, batch_max: int = 512
+    store: SqliteStore, opener: Opener | None = None, *, batch_max: int = 512, signals: int = 8
 ) -> IngestPipeline:
     metrics = Metrics(SPEC.system.name)
-    return IngestPipeline(SPEC, store, opener or Opener(store), metrics, batch_max=batch_max)
+    return IngestPipeline(
+        SPEC,
+        store,
+        opener or Opener(store),
+        metrics,
+        batch_max=batch_max,
+        signals_per_component=signals,
+    )
 
 
 def session(session_id: str = "s1") -> Session:
@@ -242,3 +249,16 @@ async def test_times_outside_the_window_are_refused_never_stored(store: GatedSto
     assert "measured_at" in str(admission.refused[0].error)
     assert sorted(r.value for r in await store.newest_readings("s1")) == [20.0, 22.0]
     assert [m.index for m in await store.session_messages("s1")] == [0]
+
+
+async def test_a_component_gets_a_bounded_number_of_signal_names(store: GatedStore) -> None:
+    """Found by fuzzing: a topic template let a publisher mint 2,387 signal names in one run."""
+    pipeline = pipeline_on(store, signals=2)
+    first, second = pipeline.scope(), pipeline.scope()
+    await pipeline.consume([session()], first)
+    rows = [("exo", name, 1.0, T0) for name in ("a", "b", "c", "a")]
+    admission = await pipeline.consume([TelemetryBatch("s1", rows)], first)
+    assert [(r.row, r.error.reason) for r in admission.refused] == [(2, "too_many_signals")]
+    # The bound is the daemon's, not a producer's.
+    other = await pipeline.consume([TelemetryBatch("s1", [("exo", "d", 1.0, T0)])], second)
+    assert [r.error.reason for r in other.refused] == ["too_many_signals"]
