@@ -25,6 +25,7 @@ from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.store import SqliteStore, Store
+from poirotd.store.checkpoints import ChainCheckpoints
 from poirotd.transports.grpc.server import GrpcServer
 from poirotd.transports.lifecycle import Transport
 from poirotd.transports.metrics_http import MetricsHttp
@@ -88,6 +89,7 @@ class Daemon:
         self._backend = backend
         self._store: Store | None = None
         self._core: Core | None = None
+        self._checkpoints: ChainCheckpoints | None = None
         self._transports: list[Transport] = []
         self._background: list[asyncio.Task[None]] = []
         self.metrics = Metrics(spec.system.name)
@@ -102,6 +104,15 @@ class Daemon:
         core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s)
         await core.runner.interrupt_unfinished("daemon restarted before the investigation finished")
         core.runner.start()
+        checkpoints = self._checkpoints = ChainCheckpoints(
+            self._store,
+            s.audit_checkpoint_path or s.db_path.with_name(s.db_path.name + ".checkpoints.jsonl"),
+            self.metrics,
+            interval=s.audit_checkpoint_seconds,
+        )
+        self._background.append(
+            asyncio.create_task(checkpoints.run_forever(), name="audit-checkpoints")
+        )
         if self.spec.rules:
             tick = asyncio.create_task(core.pipeline.tick_forever(), name="rules-tick")
             self._background.append(tick)
@@ -149,6 +160,8 @@ class Daemon:
             await door.stop(_RPC_GRACE_SECONDS)
         if self._core is not None:
             await self._core.pipeline.drain()
+        if self._checkpoints is not None:
+            await self._checkpoints.write()  # the head everything above left
         if self._backend is not None:
             await self._backend.aclose()
         if self._store is not None:

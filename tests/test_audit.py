@@ -30,8 +30,10 @@ from poirotd.model import (
     SessionEnd,
     Vote,
 )
+from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore, canonical_json, entry_hash
 from poirotd.store.audit import AuditError, ChainHead, export_investigation, verify
+from poirotd.store.checkpoints import ChainCheckpoints
 from poirotd.store.schema import SCHEMA_VERSION
 from tests.test_store import T0, event, investigation, message, sample, session, space
 
@@ -395,6 +397,48 @@ def test_an_anchor_must_match_the_entry_at_its_seq(db: Path) -> None:
     report = verify(db, anchor=forged)
     assert report.broken is not None
     assert report.broken.problem == f"its hash is not the anchor's {'f' * 64}"
+
+
+async def test_published_checkpoints_catch_a_cut_off_chain(db: Path, tmp_path: Path) -> None:
+    """Without them, a tail cut off with its rows verifies (the test above)."""
+    store = await SqliteStore.open(db)
+    metrics = Metrics("cortex")
+    path = tmp_path / "checkpoints.jsonl"
+    checkpoints = ChainCheckpoints(store, path, metrics, interval=60)
+    try:
+        await checkpoints.write()
+        await checkpoints.write()  # the head did not move: no second line
+        await store.commit_ingest([session("late")])
+        await checkpoints.write()
+    finally:
+        await store.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    head = verify(db).head
+    assert head is not None and len(lines) == 2
+    assert (lines[-1]["seq"], lines[-1]["hash"]) == (head.seq, head.hash)
+    exported = metrics.registry.get_sample_value(
+        "poirot_audit_chain_head_seq", {"system": "cortex"}
+    )
+    assert exported == head.seq
+    runner = CliRunner()
+    command = ["audit", "verify", "--db", str(db), "--checkpoints", str(path)]
+    assert runner.invoke(app, command).exit_code == 0
+
+    tamper(db, "DELETE FROM audit WHERE seq = ?", head.seq)
+    tamper(db, "DELETE FROM sessions WHERE session_id = 'late'")
+    assert verify(db).ok
+    cut = runner.invoke(app, command)
+    assert cut.exit_code == 1
+    assert f"the chain ends at seq {head.seq - 1}, before the anchor {head}" in cut.stderr
+
+
+def test_a_checkpoint_file_that_holds_none_exits_2(db: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "none.jsonl"
+    empty.write_text("\n")
+    result = CliRunner().invoke(
+        app, ["audit", "verify", "--db", str(db), "--checkpoints", str(empty)]
+    )
+    assert result.exit_code == 2 and "holds no checkpoint" in result.stderr
 
 
 def test_an_added_row_without_entry_is_named(db: Path) -> None:

@@ -26,16 +26,23 @@ def verify_command(
         str | None,
         typer.Option(help="SEQ:HASH noted from an earlier verify or export: must still be there"),
     ] = None,
+    checkpoints: Annotated[
+        Path | None,
+        typer.Option(help="the daemon's checkpoint file: its latest head must still be there"),
+    ] = None,
 ) -> None:
     """Check the chain and every stored record against it.
 
     Exit 0 with a one-line summary when all is intact, 1 naming the first broken link, 2 when the
     database cannot be audited.
     """
-    from poirotd.store.audit import AuditError, ChainHead, verify
+    from poirotd.store.audit import AuditError, ChainHead, latest_checkpoint, verify
 
     try:
-        report = verify(db, anchor=ChainHead.parse(anchor) if anchor else None)
+        if anchor and checkpoints:
+            raise ValueError("give --anchor or --checkpoints, not both")
+        head = latest_checkpoint(checkpoints) if checkpoints else None
+        report = verify(db, anchor=ChainHead.parse(anchor) if anchor else head)
     except (AuditError, ValueError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc

@@ -34,5 +34,9 @@ class Settings(BaseSettings):
     # Net allocations between young collections of CPython's cyclic collector
     # (poirotd.observability.gc_tuning).
     gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=700)
+    # Where the audit chain's head is appended every audit_checkpoint_seconds when it moved
+    # (default: beside the database, DB_PATH.checkpoints.jsonl).
+    audit_checkpoint_path: Path | None = None
+    audit_checkpoint_seconds: float = Field(default=60.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"

@@ -138,6 +138,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.audit_head = Gauge(
+            "poirot_audit_chain_head_seq",
+            "Seq of the audit chain's latest entry at the latest checkpoint",
+            ["system"],
+            registry=r,
+        )
         self.requests_rejected = Counter(
             "poirot_requests_rejected_total",
             "Requests refused with an error status, by RPC and reason",

@@ -89,6 +89,22 @@ class VerifyReport:
         return f"ok: {self.entries} entries chained, {self.rows} rows match them; {head}"
 
 
+def latest_checkpoint(path: Path) -> ChainHead:
+    """The last head the daemon published (`poirotd.store.checkpoints`), as an anchor."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise AuditError(f"cannot read checkpoints {path}: {exc.strerror or exc}") from exc
+    last = next((line for line in reversed(lines) if line.strip()), None)
+    if last is None:
+        raise AuditError(f"{path} holds no checkpoint")
+    try:
+        entry = json.loads(last)
+        return ChainHead.parse(f"{int(entry['seq'])}:{entry['hash']}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AuditError(f"{path}: the last checkpoint is not one: {last[:80]!r}") from exc
+
+
 def verify(db_path: Path | str, *, anchor: ChainHead | None = None) -> VerifyReport:
     """Checks the chain link by link, then every row of the record tables against the latest
     entry for its ref (and that every ref still has its row).

@@ -125,3 +125,7 @@ class Store(Protocol):
     async def record_exchange(self, investigation_id: str, exchange: LLMExchange) -> None: ...
 
     async def exchanges(self, investigation_id: str) -> list[LLMExchange]: ...
+
+    # the audit chain
+    async def chain_head(self) -> tuple[int, str] | None:
+        """The seq and hash of the chain's latest entry; None while the chain is empty."""

@@ -326,6 +326,12 @@ class SqliteStore:
         )
         return [LLMExchange.model_validate_json(record) for (record,) in rows]
 
+    # ------------------------------------------------------------ the audit chain
+
+    async def chain_head(self) -> tuple[int, str] | None:
+        rows = await self._read(_all, "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", ())
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
+
 
 class _Worker:
     """One thread owning one connection (sqlite3 connections must stay on their thread)."""
