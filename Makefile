@@ -20,7 +20,7 @@ test-fast: $(STAMPS)/python-deps $(STAMPS)/system-deps
 lint: $(STAMPS)/python-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy poirotd hwbridge tests bench
+	$(BIN)/mypy poirotd poirot_eval hwbridge tests bench
 
 proto: $(STAMPS)/python-deps
 	$(BIN)/python -m poirotd.api.codegen
@@ -31,7 +31,7 @@ $(BIN)/python:
 
 # llama-cpp-python compiles llama.cpp on first install (several minutes on 2 cores); pip caches the wheel.
 $(STAMPS)/python-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev,eval]'
 	@mkdir -p $(STAMPS) && touch $@
 
 # Real parts the tests start on loopback ports of their own: Mosquitto, Prometheus and promtool.

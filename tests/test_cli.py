@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from poirotd.demo.main import demo_file
 
 
@@ -56,3 +58,35 @@ def test_run_refuses_an_invalid_spec_before_starting(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"{spec}:1: system" in result.stderr
     assert not (tmp_path / "db.sqlite").exists()
+
+
+@pytest.mark.parametrize("blocked", ["poirot_eval", "pyarrow", "matplotlib"])
+@pytest.mark.parametrize("command", [["eval", "run", "--help"], ["replay", "whowhen:1"]])
+def test_evaluation_commands_without_the_eval_extra_say_how_to_install_it(
+    blocked: str, command: list[str]
+) -> None:
+    """A core install: the harness or one of its libraries cannot be imported. One line naming
+    the extra, exit 2, no traceback."""
+    script = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"
+        "from poirotd.cli.main import app\n"
+        "app(prog_name='poirotd')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, *command], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"poirotd {command[0]} needs the eval extra (no module '{blocked}")
+    assert line.endswith("): pip install 'poirotd[eval]'")
+    assert result.stdout == ""
+
+
+def test_eval_runs_the_harness_commands_with_their_own_options() -> None:
+    result = poirotd("eval", "run", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage: poirotd eval run [OPTIONS]" in result.stdout
+    assert "--concurrency" in result.stdout
+    bad = poirotd("eval", "run", "--dataset", "nope", "--out", "unused")
+    assert bad.returncode == 2
+    assert "'nope' is not one of" in bad.stderr

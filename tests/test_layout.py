@@ -1,9 +1,13 @@
 """The package layout's rules, read from the source: which package may import which, no import
-cycle at module level, and nothing loose at the top of poirotd/."""
+cycle at module level, nothing loose at the top of poirotd/, and the daemon's own dependencies
+free of the evaluation harness's."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +19,10 @@ HWBRIDGE_MAY_IMPORT = ("poirotd.model", "poirotd.api", "poirotd.errors")
 # Inside poirotd only these use hwbridge: the MQTT transport, and the demo that starts a broker.
 MAY_IMPORT_HWBRIDGE = ("poirotd.transports.mqtt", "poirotd.demo")
 TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors"}
+# poirot_eval (the `eval` extra) sits above poirotd: it may import poirotd, never the reverse,
+# except the CLI's one function that runs `poirotd eval` / `poirotd replay` from it on demand.
+LAZY_EVAL_IMPORT = ("poirotd.cli.main", "_run_evaluation_command")
+EVAL_EXTRA = {"matplotlib", "pyarrow"}
 
 
 def module_name(path: Path) -> str:
@@ -47,6 +55,26 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def importing_functions(path: Path, package: str) -> Iterator[str | None]:
+    """For each import of `package` in the file, the name of the function it sits in (None at
+    module level, or in a class body)."""
+
+    def visit(node: ast.AST, function: str | None) -> Iterator[str | None]:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function = node.name
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            names = []
+        yield from (function for name in names if within(name, (package,)))
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, function)
+
+    yield from visit(ast.parse(path.read_text()), None)
+
+
 def test_hwbridge_uses_only_poirotds_public_surface() -> None:
     wrong = {
         (module_name(path), name)
@@ -55,6 +83,66 @@ def test_hwbridge_uses_only_poirotds_public_surface() -> None:
         if within(name, ("poirotd",)) and not within(name, HWBRIDGE_MAY_IMPORT)
     }
     assert not wrong, sorted(wrong)
+
+
+def test_hwbridge_does_not_import_the_evaluation_harness() -> None:
+    wrong = {
+        (module_name(path), name)
+        for path in sources("hwbridge")
+        for name in imports(path)
+        if within(name, ("poirot_eval",))
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_poirotd_imports_poirot_eval_only_in_the_clis_eval_command() -> None:
+    found = {
+        (module_name(path), function)
+        for path in sources("poirotd")
+        for function in importing_functions(path, "poirot_eval")
+    }
+    assert found == {LAZY_EVAL_IMPORT}
+
+
+def test_the_import_rules_see_an_import_inside_a_function() -> None:
+    source = ROOT / "poirotd" / "cli" / "main.py"
+    assert "_run_evaluation_command" in set(importing_functions(source, "poirot_eval"))
+    assert set(importing_functions(source, "typer")) == {None}
+
+
+def test_the_core_dependencies_leave_the_evaluation_libraries_to_the_eval_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_requirement_name(r) for r in project["dependencies"]}
+    extra = {_requirement_name(r) for r in project["optional-dependencies"]["eval"]}
+    assert not core & EVAL_EXTRA, sorted(core & EVAL_EXTRA)
+    assert extra == EVAL_EXTRA
+    import poirot_eval
+
+    assert set(poirot_eval.EXTRA_MODULES) == EVAL_EXTRA, "what poirot_eval checks on import"
+
+
+def _requirement_name(requirement: str) -> str:
+    """`pyarrow>=16,<27` -> pyarrow (the name ends at the first version or extras marker)."""
+    for marker in "<>=!~[; ":
+        requirement = requirement.split(marker, 1)[0]
+    return requirement.lower()
+
+
+def test_every_poirotd_module_imports_without_the_eval_extra() -> None:
+    """What a core install (`pip install poirotd`) holds is enough for the daemon: every module
+    of poirotd imports with poirot_eval, matplotlib and pyarrow made unimportable."""
+    blocked = ["poirot_eval", *sorted(EVAL_EXTRA)]
+    # __main__ would run the CLI
+    modules = sorted(module_name(p) for p in sources("poirotd") if p.stem != "__main__")
+    script = (
+        "import importlib, sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_only_the_mqtt_transport_and_the_demo_import_hwbridge() -> None:
@@ -72,7 +160,7 @@ def test_nothing_loose_at_the_top_of_poirotd() -> None:
     assert not loose, sorted(loose)
 
 
-@pytest.mark.parametrize("package", ["poirotd", "hwbridge"])
+@pytest.mark.parametrize("package", ["poirotd", "hwbridge", "poirot_eval"])
 def test_no_import_cycle_at_module_level(package: str) -> None:
     graph: dict[str, set[str]] = {}
     for path in sources(package):

@@ -13,8 +13,6 @@ from pydantic import ValidationError
 from poirotd.cli.audit import app as audit_app
 from poirotd.config import Settings
 from poirotd.config.loader import SpecError
-from poirotd.eval.cli import CaseArgument, DataDirOption, MethodOption, load_case
-from poirotd.eval.cli import app as eval_app
 
 if TYPE_CHECKING:
     import grpc
@@ -30,7 +28,6 @@ app = typer.Typer(
     help="poirotd: POIROT incident attribution beside an LLM multi-agent system.",
 )
 app.add_typer(audit_app, name="audit")
-app.add_typer(eval_app, name="eval")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML system spec")]
 TargetOption = Annotated[str, typer.Option(help="the running daemon's gRPC address (host:port)")]
@@ -99,60 +96,38 @@ def demo(
     raise typer.Exit(run_demo(workdir))
 
 
-@app.command()
-def replay(
-    case: CaseArgument,
-    target: TargetOption = DEFAULT_TARGET,
-    data_dir: DataDirOption = Path("data"),
-    speed: Annotated[
-        float, typer.Option(min=0.001, help="replay this many times faster than recorded")
-    ] = 1.0,
-    interval: Annotated[
-        float | None, typer.Option(min=0, help="seconds between messages, ignoring their times")
-    ] = None,
-    session_id: Annotated[
-        str | None, typer.Option(help="session id to use (default: the case's, made unique)")
-    ] = None,
-    trigger: Annotated[bool, typer.Option(help="trigger an investigation at the end")] = False,
-    watch: Annotated[
-        bool, typer.Option(help="follow the investigation to its attribution (implies --trigger)")
-    ] = False,
-    method: MethodOption = "poirot",
-) -> None:
-    """Feed a benchmark case into a running daemon over gRPC, paced like the session.
+# The evaluation harness is the optional package poirot_eval (the `eval` extra). Its commands are
+# looked up only when one of them runs, so the daemon's CLI needs nothing of it; every argument,
+# --help included, goes to the harness's own command unchanged.
+_PASSED_ON = {"allow_extra_args": True, "ignore_unknown_options": True}
 
-    The daemon must serve the case's system: `poirotd eval spec CASE -o spec.yaml`, then
-    `poirotd run --config spec.yaml`.
-    """
-    import uuid
 
-    import grpc
-    from rich.console import Console
+@app.command("eval", context_settings=_PASSED_ON, add_help_option=False)
+def eval_(ctx: typer.Context) -> None:
+    """Run benchmark cases (BLAME, Who&When, TracerTraj) through the daemon and score them."""
+    _run_evaluation_command("eval", ctx)
 
-    from poirotd.eval.replay import replay as replay_case
-    from poirotd.eval.session import session_id_of
 
-    loaded = load_case(case, data_dir)
+@app.command(context_settings=_PASSED_ON, add_help_option=False)
+def replay(ctx: typer.Context) -> None:
+    """Feed a benchmark case into a running daemon over gRPC, paced like the session."""
+    _run_evaluation_command("replay", ctx)
+
+
+def _run_evaluation_command(name: str, ctx: typer.Context) -> None:
+    """Runs poirot_eval's command `name` on the arguments given, or exits 2 saying how to install
+    the extra it comes with."""
     try:
-        investigation = asyncio.run(
-            replay_case(
-                loaded,
-                target,
-                session_id=session_id or f"{session_id_of(loaded)}-{uuid.uuid4().hex[:8]}",
-                speed=speed,
-                interval=interval,
-                trigger=trigger or watch,
-                watch=watch,
-                method=method,
-                console=Console(),
-            )
+        from poirot_eval.cli import commands
+    except ModuleNotFoundError as exc:
+        typer.echo(
+            f"poirotd {name} needs the eval extra (no module {exc.name!r}): "
+            "pip install 'poirotd[eval]'",
+            err=True,
         )
-    except grpc.aio.AioRpcError as exc:
-        raise _refused(target, exc) from exc
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-    if watch and investigation is not None and investigation.error:
-        raise typer.Exit(1)
+        raise typer.Exit(2) from None
+    command = typer.main.get_command(commands[name])
+    command.main(ctx.args, prog_name=ctx.command_path, standalone_mode=True)
 
 
 @app.command()
@@ -197,10 +172,11 @@ def _with_client(target: str, call: Callable[[PoirotClient], Awaitable[T]]) -> T
     try:
         return asyncio.run(once())
     except grpc.aio.AioRpcError as exc:
-        raise _refused(target, exc) from exc
+        raise refused(target, exc) from exc
 
 
-def _refused(target: str, exc: grpc.aio.AioRpcError) -> typer.Exit:
+def refused(target: str, exc: grpc.aio.AioRpcError) -> typer.Exit:
+    """Says on stderr what the daemon answered; the caller raises the exit (1) it returns."""
     typer.echo(f"the daemon at {target} refused: {exc.code().name}: {exc.details()}", err=True)
     return typer.Exit(1)
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from poirotd.eval import blame
-from poirotd.eval.cases import Dataset, GroundTruth
-from poirotd.eval.results import CaseResult, Status, TokenUsage
+from poirot_eval import blame
+from poirot_eval.cases import Dataset, GroundTruth
+from poirot_eval.results import CaseResult, Status, TokenUsage
 from poirotd.model import InvestigationMethod, Vote
 
 # The shared data folder sits beside the checkout (as it does for CI).

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from poirotd.eval.claims import CLAIMS_DIR, CaseClaims
-from poirotd.eval.journal import RunJournal
+from poirot_eval.claims import CLAIMS_DIR, CaseClaims
+from poirot_eval.journal import RunJournal
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from tests.eval.test_runner import answer, case, lines, run

@@ -8,11 +8,11 @@ from typing import cast
 
 import pytest
 
-from poirotd.eval import blame
-from poirotd.eval.cases import EvalCase
-from poirotd.eval.loaders import DATASETS, load_cases
-from poirotd.eval.parts import region_ids
-from poirotd.eval.session import session_id_of, session_items
+from poirot_eval import blame
+from poirot_eval.cases import EvalCase
+from poirot_eval.loaders import DATASETS, load_cases
+from poirot_eval.parts import region_ids
+from poirot_eval.session import session_id_of, session_items
 from poirotd.ingest.validation import IngestScope, SignalNames
 from poirotd.model import MessageKind
 from poirotd.store import Store

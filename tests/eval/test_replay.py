@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from poirot_eval.replay import pauses, replay
+from poirot_eval.selection import resolve_case
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config.loader import load_spec
 from poirotd.daemon import Daemon
 from poirotd.demo.process import DaemonProcess
-from poirotd.eval.replay import pauses, replay
-from poirotd.eval.selection import resolve_case
 from poirotd.llm.scripted import ScriptedBackend
 from tests.eval.helpers import DATA
 from tests.eval.test_runner import answer, case

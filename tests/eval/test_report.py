@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from poirotd.eval import blame
-from poirotd.eval.projection import anchors, project
-from poirotd.eval.report import percent, render_report
-from poirotd.eval.results import CaseResult, TokenUsage
-from poirotd.eval.scoring import STEP_TOLERANCES, groups, summarise
+from poirot_eval import blame
+from poirot_eval.projection import anchors, project
+from poirot_eval.report import percent, render_report
+from poirot_eval.results import CaseResult, TokenUsage
+from poirot_eval.scoring import STEP_TOLERANCES, groups, summarise
 from poirotd.model import Vote
 from tests.eval.helpers import DATA, one_hot, result
 

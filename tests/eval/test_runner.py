@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from poirot_eval.cases import EvalCase, GroundTruth
+from poirot_eval.journal import RunJournal, RunMismatch
+from poirot_eval.results import CaseResult
+from poirot_eval.runner import run_cases
 from poirotd.config import EmbeddedLLMSpec, SystemSpec
-from poirotd.eval.cases import EvalCase, GroundTruth
-from poirotd.eval.journal import RunJournal, RunMismatch
-from poirotd.eval.results import CaseResult
-from poirotd.eval.runner import run_cases
 from poirotd.llm import ChatMessage, LLMError
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, InvestigationMethod, MessageKind

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from poirotd.eval import blame
-from poirotd.eval.results import CaseResult, TokenUsage
-from poirotd.eval.scoring import (
+from poirot_eval import blame
+from poirot_eval.results import CaseResult, TokenUsage
+from poirot_eval.scoring import (
     Ratio,
     attribution_hit,
     confusion,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from poirotd.eval.cases import Dataset, EvalCase
-from poirotd.eval.loaders import DATASETS, load_cases
+from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.loaders import DATASETS, load_cases
 
 
 def select_cases(

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from poirotd.eval.cases import Dataset, GroundTruth
+from poirot_eval.cases import Dataset, GroundTruth
 from poirotd.model import Frozen, InvestigationMethod, Vote
 
 # ok: the run gave an attribution; context_exceeded: the session could not be fitted to the

@@ -15,14 +15,14 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from poirot_eval.cases import EvalCase
+from poirot_eval.claims import CaseClaims
+from poirot_eval.journal import RunJournal
+from poirot_eval.results import CaseResult, Status, TokenUsage
+from poirot_eval.session import session_id_of, session_items
 from poirotd.config import LLMSpec, OpenAILLMSpec, Settings
 from poirotd.daemon import Core, build_core
 from poirotd.errors import ServiceError
-from poirotd.eval.cases import EvalCase
-from poirotd.eval.claims import CaseClaims
-from poirotd.eval.journal import RunJournal
-from poirotd.eval.results import CaseResult, Status, TokenUsage
-from poirotd.eval.session import session_id_of, session_items
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend

@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 
+from poirot_eval.cases import EvalCase
+from poirot_eval.session import session_items
 from poirotd.api import convert
 from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.demo.main import attribution_table, describe_event
-from poirotd.eval.cases import EvalCase
-from poirotd.eval.session import session_items
 from poirotd.model import AgentMessage, IngestItem, Session, SessionEnd
 
 

@@ -1,4 +1,5 @@
-"""`poirotd eval`: run benchmark cases through the daemon, score them, export a case's spec."""
+"""`poirotd eval` and `poirotd replay`: run benchmark cases through the daemon, score them, export
+a case's spec, feed a case to a running daemon."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 
+from poirot_eval.cases import Dataset, EvalCase
+from poirotd.cli.main import DEFAULT_TARGET, TargetOption, refused
 from poirotd.config import LLMSpec, OpenAILLMSpec
-from poirotd.eval.cases import Dataset, EvalCase
 from poirotd.llm import LLMError
 from poirotd.model import InvestigationMethod
 
 app = typer.Typer(
+    add_completion=False,
     no_args_is_help=True,
     help="Run benchmark cases (BLAME, Who&When, TracerTraj) through the daemon and score them.",
 )
+# `poirotd replay`: one command, so a Typer of its own (a group needs a subcommand name).
+replay_app = typer.Typer(add_completion=False)
+# What `poirotd eval ...` and `poirotd replay ...` run: poirotd's CLI looks them up here by name.
+commands = {"eval": app, "replay": replay_app}
 
 DataDirOption = Annotated[
     Path,
@@ -41,7 +48,7 @@ MethodOption = Annotated[
 
 def load_case(ref: str, data_dir: Path) -> EvalCase:
     """The case a command names, or exit 2 saying why it cannot be had."""
-    from poirotd.eval.selection import resolve_case
+    from poirot_eval.selection import resolve_case
 
     try:
         return resolve_case(ref, data_dir)
@@ -102,10 +109,10 @@ def run_command(
     One line per case is appended to OUT/results.jsonl as soon as the case finishes; rerunning
     the same command skips the cases already there, so an interrupted run resumes.
     """
-    from poirotd.eval.journal import RunJournal, RunMismatch
-    from poirotd.eval.progress import RunProgress
-    from poirotd.eval.runner import run_cases
-    from poirotd.eval.selection import select_cases
+    from poirot_eval.journal import RunJournal, RunMismatch
+    from poirot_eval.progress import RunProgress
+    from poirot_eval.runner import run_cases
+    from poirot_eval.selection import select_cases
     from poirotd.observability import logs
 
     llm = _llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
@@ -174,8 +181,8 @@ def report_command(
     run_dir: Annotated[Path, typer.Argument(help="a run directory of `poirotd eval run`")],
 ) -> None:
     """Score a run directory's results and write the report beside them."""
-    from poirotd.eval.journal import RunJournal
-    from poirotd.eval.report import render_report
+    from poirot_eval.journal import RunJournal
+    from poirot_eval.report import render_report
 
     journal = RunJournal(run_dir)
     results = journal.results()
@@ -230,3 +237,58 @@ def _llm_spec(
     except (LLMError, ValidationError) as exc:
         typer.echo(f"invalid LLM options: {exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+@replay_app.command()
+def replay(
+    case: CaseArgument,
+    target: TargetOption = DEFAULT_TARGET,
+    data_dir: DataDirOption = Path("data"),
+    speed: Annotated[
+        float, typer.Option(min=0.001, help="replay this many times faster than recorded")
+    ] = 1.0,
+    interval: Annotated[
+        float | None, typer.Option(min=0, help="seconds between messages, ignoring their times")
+    ] = None,
+    session_id: Annotated[
+        str | None, typer.Option(help="session id to use (default: the case's, made unique)")
+    ] = None,
+    trigger: Annotated[bool, typer.Option(help="trigger an investigation at the end")] = False,
+    watch: Annotated[
+        bool, typer.Option(help="follow the investigation to its attribution (implies --trigger)")
+    ] = False,
+    method: MethodOption = "poirot",
+) -> None:
+    """Feed a benchmark case into a running daemon over gRPC, paced like the session.
+
+    The daemon must serve the case's system: `poirotd eval spec CASE -o spec.yaml`, then
+    `poirotd run --config spec.yaml`.
+    """
+    import uuid
+
+    import grpc
+
+    from poirot_eval.replay import replay as replay_case
+    from poirot_eval.session import session_id_of
+
+    loaded = load_case(case, data_dir)
+    try:
+        investigation = asyncio.run(
+            replay_case(
+                loaded,
+                target,
+                session_id=session_id or f"{session_id_of(loaded)}-{uuid.uuid4().hex[:8]}",
+                speed=speed,
+                interval=interval,
+                trigger=trigger or watch,
+                watch=watch,
+                method=method,
+                console=Console(),
+            )
+        )
+    except grpc.aio.AioRpcError as exc:
+        raise refused(target, exc) from exc
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if watch and investigation is not None and investigation.error:
+        raise typer.Exit(1)

@@ -19,10 +19,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from poirot_eval.cases import Dataset, EvalCase, GroundTruth
+from poirot_eval.parts import message, pinned_space
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import AgentSpec, ComponentSpec, SystemInfo, SystemSpec
-from poirotd.eval.cases import Dataset, EvalCase, GroundTruth
-from poirotd.eval.parts import message, pinned_space
 from poirotd.model import AgentMessage, MessageKind
 
 FOLDER = Path("blame")

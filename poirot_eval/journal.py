@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from poirot_eval.claims import locked
+from poirot_eval.results import CaseResult
 from poirotd import __version__
-from poirotd.eval.claims import locked
-from poirotd.eval.results import CaseResult
 from poirotd.provenance import source_commit
 
 RESULTS_FILE = "results.jsonl"

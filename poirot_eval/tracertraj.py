@@ -11,8 +11,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from poirotd.eval.cases import EvalCase
-from poirotd.eval.trajectory import Turn, trajectory_case
+from poirot_eval.cases import EvalCase
+from poirot_eval.trajectory import Turn, trajectory_case
 
 FILE = Path("tracertraj") / "tracertraj-code-test.parquet"
 

@@ -6,7 +6,7 @@ daemon the same session.
 
 from __future__ import annotations
 
-from poirotd.eval.cases import EvalCase
+from poirot_eval.cases import EvalCase
 from poirotd.model import IngestItem, Session, SessionEnd
 
 

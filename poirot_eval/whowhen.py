@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from poirotd.eval.cases import EvalCase
-from poirotd.eval.trajectory import Turn, trajectory_case
+from poirot_eval.cases import EvalCase
+from poirot_eval.trajectory import Turn, trajectory_case
 
 FOLDER = Path("whowhen") / "Algorithm-Generated"
 

@@ -6,8 +6,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import get_args
 
-from poirotd.eval import blame, tracertraj, whowhen
-from poirotd.eval.cases import Dataset, EvalCase
+from poirot_eval import blame, tracertraj, whowhen
+from poirot_eval.cases import Dataset, EvalCase
 
 DATASETS: tuple[Dataset, ...] = get_args(Dataset)
 

@@ -6,9 +6,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from poirotd.eval import plots
-from poirotd.eval.results import CaseResult
-from poirotd.eval.scoring import STEP_TOLERANCES, Ratio, Summary, groups, per_agent, summarise
+from poirot_eval import plots
+from poirot_eval.results import CaseResult
+from poirot_eval.scoring import STEP_TOLERANCES, Ratio, Summary, groups, per_agent, summarise
 
 REPORT = "report.md"
 

@@ -15,8 +15,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from poirotd.eval.cases import EvalCase
-from poirotd.eval.results import CaseResult
+from poirot_eval.cases import EvalCase
+from poirot_eval.results import CaseResult
 
 
 class RunProgress:

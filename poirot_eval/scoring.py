@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from poirotd.eval.results import CaseResult
+from poirot_eval.results import CaseResult
 from poirotd.model import Vote
 
 Bits = npt.NDArray[np.int64]

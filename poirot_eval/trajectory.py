@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from poirot_eval.cases import Dataset, EvalCase, GroundTruth
+from poirot_eval.parts import message, pinned_space, region_ids
 from poirotd.config.spec import AgentSpec, ComponentSpec, SystemInfo, SystemSpec
-from poirotd.eval.cases import Dataset, EvalCase, GroundTruth
-from poirotd.eval.parts import message, pinned_space, region_ids
 from poirotd.model import MessageKind
 
 # Speakers that are people rather than programs; every other non-agent speaker (Who&When's
