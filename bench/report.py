@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from poirotd.provenance import source_commit
+from poirot_eval.provenance import source_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "BENCHMARKS.md"

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from poirot_eval.claims import locked
+from poirot_eval.provenance import source_commit
 from poirot_eval.results import CaseResult
 from poirotd import __version__
-from poirotd.provenance import source_commit
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"

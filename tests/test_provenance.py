@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import report
-from poirotd import provenance
+from poirot_eval import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 

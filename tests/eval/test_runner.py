@@ -16,13 +16,13 @@ import pytest
 
 from poirot_eval.cases import EvalCase, GroundTruth
 from poirot_eval.journal import RunJournal, RunMismatch
+from poirot_eval.provenance import source_commit
 from poirot_eval.results import CaseResult
 from poirot_eval.runner import run_cases
 from poirotd.config import EmbeddedLLMSpec, SystemSpec
 from poirotd.llm import ChatMessage, LLMError
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, InvestigationMethod, MessageKind
-from poirotd.provenance import source_commit
 from tests.schema_fill import fill
 
 SPEC = SystemSpec.model_validate(
