@@ -26,6 +26,7 @@ from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.store import SqliteStore, Store
 from poirotd.store.checkpoints import ChainCheckpoints
+from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.server import GrpcServer
 from poirotd.transports.lifecycle import Transport
 from poirotd.transports.metrics_http import MetricsHttp
@@ -49,7 +50,7 @@ class Core:
 def build_core(
     spec: SystemSpec, store: Store, backend: LLMBackend, metrics: Metrics, settings: Settings
 ) -> Core:
-    engine = InvestigationEngine(spec, backend, store)
+    engine = InvestigationEngine(spec, backend, store, token_budget=settings.llm_token_budget)
     bus = EventBus()
     runner = InvestigationRunner(
         spec,
@@ -119,6 +120,7 @@ class Daemon:
         grpc = GrpcServer(
             core.pipeline,
             core.investigations,
+            ClientLimits.from_settings(s),
             host=s.grpc_host,
             port=s.grpc_port,
             max_message_bytes=s.max_message_bytes,

@@ -26,6 +26,26 @@ class Settings(BaseSettings):
     ingest_batch_max: int = Field(default=512, ge=1)
     # Distinct signal names a component may have; a reading that would add one more is refused.
     max_signals_per_component: int = Field(default=1024, ge=1)
+    # What one gRPC client (poirotd.transports.grpc.clients.client_identity: its host for now)
+    # may hold or do; over a bound, RESOURCE_EXHAUSTED naming the setting. Each open Ingest
+    # stream holds up to ingest_batch_max unacknowledged items.
+    max_ingest_streams_per_client: int = Field(default=16, ge=1)
+    # Items per second a client's Ingest streams deliver together, with a burst; over it the
+    # daemon reads them more slowly (no refusal, nothing lost). 0: unpaced, which is safe: every
+    # stream is already paced by the store's commits, this shares them among clients.
+    ingest_rate_per_client: float = Field(default=0.0, ge=0)
+    ingest_burst_per_client: int = Field(default=10_000, ge=1)
+    # Watch streams open at once, in all and per client (each event wakes every one of them).
+    max_watchers: int = Field(default=256, ge=1)
+    max_watchers_per_client: int = Field(default=64, ge=1)
+    # Trigger RPCs per second per client, with a burst, so that one client cannot keep the queue
+    # that every client and the hazard rules share full; 0: bounded by the queue alone.
+    trigger_rate_per_client: float = Field(default=1.0, ge=0)
+    trigger_burst_per_client: int = Field(default=10, ge=1)
+    # LLM tokens (prompt + completion) one investigation may spend; once spent no further call
+    # starts and it ends degraded with the votes it has. 0: no budget beyond the spec's own
+    # bounds (agents, max_invocations, retries, max_tokens), which already make every run finite.
+    llm_token_budget: int = Field(default=0, ge=0)
     # Investigations waiting to run; a full queue refuses Trigger with RESOURCE_EXHAUSTED.
     queue_capacity: int = Field(default=16, ge=1)
     concurrent_investigations: int = Field(default=1, ge=1)

@@ -33,6 +33,7 @@ from poirotd.protocol.events import (
     PhaseEnded,
     ProtocolEvent,
     ReportFiled,
+    TokenBudgetSpent,
     VoteCast,
 )
 from poirotd.store import Store
@@ -155,6 +156,11 @@ class InvestigationRecorder:
             await self.update(reports={**self.record.reports, event.agent_id: event.report})
         elif isinstance(event, ContextCutsMade):
             await self.update(context_cuts=(*self.record.context_cuts, *event.cuts))
+        elif isinstance(event, TokenBudgetSpent):
+            self._metrics.limit_rejections.labels("llm_token_budget").inc()
+            self.log.warning(
+                "LLM-token budget spent: no further call", used=event.used, budget=event.budget
+            )
         elif isinstance(event, VoteCast):
             self._metrics.votes.labels(
                 self._system, event.vote.agent_id, "abstained" if event.vote.abstained else "voted"
@@ -199,7 +205,14 @@ class InvestigationRecorder:
 def degraded_reason(outcome: ProtocolOutcome) -> str:
     """What a successful run lacked, for the record: "" when every agent reported and voted over
     the hazard space the LLM built (or the operator pinned)."""
-    lacks = [
+    lacks = []
+    if outcome.budget_spent:
+        used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens
+        lacks.append(
+            f"the LLM-token budget ran out ({used:,} tokens used, POIROTD_LLM_TOKEN_BUDGET): "
+            "no further LLM call was made"
+        )
+    lacks += [
         f"{vote.agent_id} abstained ({vote.abstention_reason})"
         for vote in outcome.votes
         if vote.abstained

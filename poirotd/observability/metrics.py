@@ -150,6 +150,21 @@ class Metrics:
             ["rpc", "reason"],
             registry=r,
         )
+        self.limit_rejections = Counter(
+            "poirot_limit_rejections_total",
+            "Work a limit refused: each RESOURCE_EXHAUSTED by reason, and llm_token_budget for "
+            "investigations whose LLM-token budget ran out",
+            ["limit"],
+            registry=r,
+        )
+        # At 0 from the start for the limits a client meets first.
+        for limit in ("too_many_streams", "too_many_watchers", "trigger_rate", "llm_token_budget"):
+            self.limit_rejections.labels(limit)
+        self.ingest_throttled = Counter(
+            "poirot_ingest_throttled_seconds_total",
+            "Time Ingest streams waited to keep their client to POIROTD_INGEST_RATE_PER_CLIENT",
+            registry=r,
+        )
 
     def record_betas(self, betas: Mapping[str, float]) -> None:
         for agent, beta in betas.items():

@@ -44,15 +44,25 @@ class ProtocolOutcome(Frozen):
     attribution: Attribution
     phases: tuple[PhaseTiming, ...]
     usage: LLMUsage
+    # True when the LLM-token budget ran out: later calls were not made (missing answers are
+    # abstentions and absent reports saying so).
+    budget_spent: bool = False
 
 
 class InvestigationEngine:
     def __init__(
-        self, spec: SystemSpec, backend: LLMBackend, hazard_spaces: HazardSpaceCache
+        self,
+        spec: SystemSpec,
+        backend: LLMBackend,
+        hazard_spaces: HazardSpaceCache,
+        *,
+        token_budget: int = 0,
     ) -> None:
+        """`token_budget`: LLM tokens (prompt + completion) each run may spend; 0: no budget."""
         self._spec = spec
         self._backend = backend
         self._hazard_spaces = hazard_spaces
+        self._token_budget = token_budget
 
     async def run(
         self,
@@ -68,10 +78,12 @@ class InvestigationEngine:
         are the agents' β_i (the reputation variant), the spec's β for all when None;
         `method` picks POIROT or the baseline (which ignores `betas`: it weighs nothing).
 
+        Once the token budget is spent no further call starts: the agents still waiting for one
+        abstain (or file no report), and the votes already cast are aggregated.
         Raises ProtocolError when no hazard space can be built or every voter abstains;
         cancellation propagates and cancels every LLM call in flight.
         """
-        spec, run = self._spec, RunContext(self._backend, on_event)
+        spec, run = self._spec, RunContext(self._backend, on_event, token_budget=self._token_budget)
         async with run.phase(Phase.HAZARD_SPACE):
             space = await resolve_hazard_space(spec, self._hazard_spaces, run)
         if betas is None:
@@ -103,6 +115,7 @@ class InvestigationEngine:
             attribution=attribution,
             phases=run.timings(),
             usage=run.usage,
+            budget_spent=run.budget_spent,
         )
 
     async def _views(

@@ -62,6 +62,14 @@ class ContextCutsMade(Frozen):
     cuts: tuple[ContextCut, ...]
 
 
+class TokenBudgetSpent(Frozen):
+    """The investigation has used its LLM-token budget: no further call starts (once per run)."""
+
+    kind: Literal["token_budget_spent"] = "token_budget_spent"
+    budget: int
+    used: int
+
+
 class AttributionReady(Frozen):
     kind: Literal["attribution_ready"] = "attribution_ready"
     attribution: Attribution
@@ -75,6 +83,7 @@ ProtocolEvent = Annotated[
     | ReportFiled
     | VoteCast
     | ContextCutsMade
+    | TokenBudgetSpent
     | AttributionReady,
     Field(discriminator="kind"),
 ]

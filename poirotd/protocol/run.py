@@ -1,8 +1,8 @@
 """Per-investigation plumbing every phase shares.
 
-Every LLM call goes through `RunContext.complete` (audited, counted) and every answer with a
-format through `RunContext.until_valid`, the one "call, validate, repair, retry" loop. One
-instance per investigation; nothing lives at module level.
+Every LLM call goes through `RunContext.complete` (audited, counted, held to the investigation's
+token budget) and every answer with a format through `RunContext.until_valid`, the one "call,
+validate, repair, retry" loop. One instance per investigation; nothing lives at module level.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from poirotd.protocol.events import (
     PhaseBegun,
     PhaseEnded,
     ProtocolEvent,
+    TokenBudgetSpent,
 )
 from poirotd.protocol.peer_tools import ToolFormat
 from poirotd.protocol.schemas import AnswerFormat, InvalidAnswer
@@ -38,8 +39,10 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 EventSink = Callable[[ProtocolEvent], Awaitable[None]]
+# The LLMError reason of a call not made because the investigation's token budget is spent.
+BUDGET_SPENT = "token_budget"
 # Failures the same request would meet again: retrying only spends time.
-_NOT_RETRIED = frozenset({"context_exceeded", "bad_request"})
+_NOT_RETRIED = frozenset({"context_exceeded", "bad_request", BUDGET_SPENT})
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,13 @@ class CallSite:
 
 
 class RunContext:
-    def __init__(self, backend: LLMBackend, emit: EventSink) -> None:
+    def __init__(self, backend: LLMBackend, emit: EventSink, *, token_budget: int = 0) -> None:
+        """`token_budget`: prompt + completion tokens the run may spend (0: no budget)."""
         self._backend = backend
         self.emit = emit
         self._usage = LLMUsage()
+        self._token_budget = token_budget
+        self.budget_spent = False
         self._started: dict[Phase, float] = {}
         self._seconds: dict[Phase, float] = {}
 
@@ -143,7 +149,9 @@ class RunContext:
         tools: Sequence[Tool] = (),
         max_tokens: int,
     ) -> Completion:
-        """One LLM call, recorded (ExchangeDone) and counted whether it succeeds or not."""
+        """One LLM call, recorded (ExchangeDone) and counted whether it succeeds or not; raises
+        LLMError (reason BUDGET_SPENT) without calling once the token budget is spent."""
+        await self._check_budget()
         at, start = datetime.now(UTC), time.monotonic()
         try:
             completion = await self._backend.complete(
@@ -196,6 +204,22 @@ class RunContext:
                 rejected = completion.turn()
                 request = [*messages, rejected, *replies_to(rejected, repair(reason))]
         raise AnswerFailed(f"no valid answer in {retries + 1} attempt(s); last: {reason}")
+
+    async def _check_budget(self) -> None:
+        """No call starts once the run's finished calls have used the budget. Calls already
+        running then still finish: the spend passes the budget by at most what they use (one
+        call per agent at a time, each within its max_tokens and the context window)."""
+        used = self._usage.prompt_tokens + self._usage.completion_tokens
+        if not self._token_budget or used < self._token_budget:
+            return
+        if not self.budget_spent:
+            self.budget_spent = True
+            await self.emit(TokenBudgetSpent(budget=self._token_budget, used=used))
+        raise LLMError(
+            f"the investigation's LLM-token budget is spent ({used:,} of {self._token_budget:,} "
+            "tokens used); no further call is made",
+            reason=BUDGET_SPENT,
+        )
 
     async def _record(
         self,

@@ -2,15 +2,17 @@
 
 A request carries one item or a batch of them (`items`, numbered from the request's seq): the
 batched form is what makes high rates possible, each request costing the event loop one turn.
-The stream's own rules live here: seqs increase, and an item is no larger than the limit. The
-domain rules are the pipeline's.
+The stream's own rules live here: seqs increase, and an item is no larger than the limit; and
+the client's: how many streams it may hold open, and how fast its items are read. The domain
+rules are the pipeline's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -25,6 +27,7 @@ from poirotd.ingest.pipeline import Admission, IngestPipeline
 from poirotd.ingest.validation import IngestScope
 from poirotd.model import IngestItem
 from poirotd.observability.metrics import Metrics
+from poirotd.transports.grpc.clients import ClientLimits, client_identity
 from poirotd.transports.grpc.status import abort
 
 log = structlog.get_logger(__name__)
@@ -111,10 +114,17 @@ class _StreamOrder:
 
 class IngestServicer(pb_grpc.IngestServicer):
     def __init__(
-        self, pipeline: IngestPipeline, metrics: Metrics, *, max_item_bytes: int, batch_max: int
+        self,
+        pipeline: IngestPipeline,
+        metrics: Metrics,
+        limits: ClientLimits,
+        *,
+        max_item_bytes: int,
+        batch_max: int,
     ) -> None:
         self._pipeline = pipeline
         self._metrics = metrics
+        self._limits = limits
         self._max_item_bytes = max_item_bytes
         self._batch_max = batch_max
 
@@ -123,8 +133,24 @@ class IngestServicer(pb_grpc.IngestServicer):
         request_iterator: AsyncIterator[pb.IngestRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.IngestAck]:
+        client = client_identity(context)
+        try:
+            held = self._limits.ingest_streams.hold(client)
+        except ServiceError as refused:
+            await abort(context, self._metrics, _RPC, refused)
+        with held:
+            async with contextlib.aclosing(self._acks(request_iterator, context, client)) as acks:
+                async for ack in acks:
+                    yield ack
+
+    async def _acks(
+        self,
+        request_iterator: AsyncIterator[pb.IngestRequest],
+        context: grpc.aio.ServicerContext,
+        client: str,
+    ) -> AsyncGenerator[pb.IngestAck]:
         unacked = _Unacked(self._batch_max)
-        reader = asyncio.create_task(self._read(request_iterator, unacked))
+        reader = asyncio.create_task(self._read(request_iterator, unacked, client))
         try:
             while True:
                 try:
@@ -140,7 +166,9 @@ class IngestServicer(pb_grpc.IngestServicer):
         finally:
             reader.cancel()
 
-    async def _read(self, requests: AsyncIterator[pb.IngestRequest], unacked: _Unacked) -> None:
+    async def _read(
+        self, requests: AsyncIterator[pb.IngestRequest], unacked: _Unacked, client: str
+    ) -> None:
         scope = self._pipeline.scope()
         order = _StreamOrder(self._max_item_bytes)
         received = aiter(requests)
@@ -154,11 +182,23 @@ class IngestServicer(pb_grpc.IngestServicer):
                 message = f"the request after seq {order.last_seq} could not be read: {exc}"
                 await unacked.end(InvalidArgument(message, reason="undecodable"))
                 return
+            await self._pace(client, len(request.items) or 1)
             error = await self._admit(request, scope, order, unacked)
             if error is not None:
                 await unacked.end(error)
                 return
         await unacked.end(None)
+
+    async def _pace(self, client: str, items: int) -> None:
+        """Keeps the client to POIROTD_INGEST_RATE_PER_CLIENT (over all its streams) by reading
+        more slowly: HTTP/2 flow control then makes its writes wait. Refusing instead would end
+        the stream and have the client resend from its last ack; paced, nothing is refused,
+        nothing is lost, and a client sees only acks arriving at the rate."""
+        rates = self._limits.ingest_rate
+        wait = rates.reserve(client, items) if rates is not None else 0.0
+        if wait:
+            self._metrics.ingest_throttled.inc(wait)
+            await asyncio.sleep(wait)
 
     async def _admit(
         self,

@@ -11,6 +11,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import InvalidArgument, ServiceError
 from poirotd.investigations.service import InvestigationService
+from poirotd.transports.grpc.clients import ClientLimits, client_identity
 from poirotd.transports.grpc.status import abort
 
 _MAX_PAGE = 500
@@ -18,13 +19,16 @@ _DEFAULT_PAGE = 50
 
 
 class InvestigationsServicer(pb_grpc.InvestigationsServicer):
-    def __init__(self, service: InvestigationService) -> None:
+    def __init__(self, service: InvestigationService, limits: ClientLimits) -> None:
         self._service = service
+        self._limits = limits
 
     async def Trigger(
         self, request: pb.TriggerRequest, context: grpc.aio.ServicerContext
     ) -> pb.Investigation:
         try:
+            if self._limits.triggers is not None:  # first: refused triggers cost a token too
+                self._limits.triggers.take(client_identity(context))
             investigation = await self._service.trigger(
                 request.session_id, request.reason, method=request.method or "poirot"
             )
@@ -69,6 +73,10 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
     ) -> AsyncIterator[pb.InvestigationEvent]:
         if request.system and request.system != self._service.spec.system.name:
             return
+        try:
+            held = self._limits.watchers.hold(client_identity(context))
+        except ServiceError as error:
+            await abort(context, self._service.metrics, "Investigations.Watch", error)
         events = self._service.watch(
             after_event_id=request.after_event_id,
             investigation_id=request.investigation_id or None,
@@ -76,8 +84,9 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
             min_score=request.min_score,
         )
         try:
-            async for event in events:
-                yield convert.event(event)
+            with held:
+                async for event in events:
+                    yield convert.event(event)
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.Watch", error)
 

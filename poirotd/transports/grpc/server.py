@@ -11,6 +11,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.investigations.service import InvestigationService
+from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.guard import GuardInterceptor
 from poirotd.transports.grpc.ingest import IngestServicer
 from poirotd.transports.grpc.investigations import InvestigationsServicer
@@ -29,6 +30,7 @@ class GrpcServer:
         self,
         pipeline: IngestPipeline,
         investigations: InvestigationService,
+        limits: ClientLimits,
         *,
         host: str,
         port: int,
@@ -48,12 +50,13 @@ class GrpcServer:
         ingest = IngestServicer(
             pipeline,
             investigations.metrics,
+            limits,
             max_item_bytes=max_message_bytes,
             batch_max=batch_max,
         )
         pb_grpc.add_IngestServicer_to_server(ingest, self._server)
         pb_grpc.add_InvestigationsServicer_to_server(
-            InvestigationsServicer(investigations), self._server
+            InvestigationsServicer(investigations, limits), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(

@@ -37,6 +37,8 @@ async def abort(
 ) -> NoReturn:
     code = _CODES.get(type(error), grpc.StatusCode.INTERNAL)
     metrics.requests_rejected.labels(rpc, error.reason).inc()
+    if isinstance(error, ResourceExhausted):  # every one is a limit
+        metrics.limit_rejections.labels(error.reason).inc()
     # Messages quote clients' text capped (errors.quote); this bounds whatever else they hold.
     detail = str(error)[:_DETAIL_CHARS]
     log.warning("request refused", rpc=rpc, code=code.name, reason=error.reason, detail=detail)
