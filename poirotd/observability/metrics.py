@@ -150,6 +150,18 @@ class Metrics:
             ["rpc", "reason"],
             registry=r,
         )
+        self.otlp_spans = Counter(
+            "poirot_otlp_spans_total",
+            "Spans received in OTLP trace exports, by transport (grpc, http)",
+            ["transport"],
+            registry=r,
+        )
+        self.otlp_rejected_spans = Counter(
+            "poirot_otlp_rejected_spans_total",
+            "Spans of OTLP exports not stored (reported in partial_success), by reason",
+            ["reason"],
+            registry=r,
+        )
 
     def record_betas(self, betas: Mapping[str, float]) -> None:
         for agent, beta in betas.items():
