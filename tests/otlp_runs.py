@@ -10,6 +10,7 @@ exports into tests/data/otlp (`python -m tests.otlp_runs`), the golden tests' in
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 from collections.abc import Callable, Iterator
@@ -20,8 +21,8 @@ from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanProcessor
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Span, Tracer
@@ -99,6 +100,26 @@ def _span(
         span.end(end_time=end_ns)
 
 
+def _leaf(
+    tracer: Tracer,
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    attributes: dict[str, Any],
+    events: tuple[tuple[str, int, dict[str, Any], bool], ...] = (),
+) -> None:
+    """A span without children, with the older conventions' message events: (name, time,
+    body, whether the body is `gen_ai.event.content` JSON or the event's own attributes)."""
+    span = tracer.start_span(name, start_time=start_ns, attributes=attributes)
+    for event, at_ns, body, as_json in events:
+        if as_json:
+            span.add_event(event, {"gen_ai.event.content": json.dumps(body)}, timestamp=at_ns)
+        else:
+            fields = {k: v for k, v in body.items() if isinstance(v, str)}
+            span.add_event(event, fields, timestamp=at_ns)
+    span.end(end_time=end_ns)
+
+
 def _parts(text: str) -> list[dict[str, Any]]:
     return [{"type": "text", "content": text}]
 
@@ -135,7 +156,7 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                 **conv,
             },
         ):
-            with _span(
+            _leaf(
                 tracer,
                 "chat small-model",
                 t0 + 2 * MS,
@@ -148,9 +169,8 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                         [{**called, "finish_reason": "tool_call"}]
                     ),
                 },
-            ):
-                pass
-            with _span(
+            )
+            _leaf(
                 tracer,
                 "execute_tool gait_test",
                 t0 + 11 * MS,
@@ -162,9 +182,8 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                     "gen_ai.tool.call.arguments": json.dumps(ARGUMENTS),
                     "gen_ai.tool.call.result": RESULT,
                 },
-            ):
-                pass
-            with _span(
+            )
+            _leaf(
                 tracer,
                 "chat small-model",
                 t0 + 21 * MS,
@@ -177,10 +196,9 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                     ),
                     "gen_ai.output.messages": json.dumps(answer),
                 },
-            ):
-                pass
+            )
             # content capture off: an operation name and nothing else
-            with _span(
+            _leaf(
                 tracer,
                 "chat small-model",
                 t0 + 31 * MS,
@@ -188,8 +206,7 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                 {
                     "gen_ai.operation.name": "chat",
                 },
-            ):
-                pass
+            )
         with _span(
             tracer,
             "invoke_agent chief",
@@ -201,7 +218,7 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                 **conv,
             },
         ):
-            with _span(
+            _leaf(
                 tracer,
                 "chat small-model",
                 t0 + 52 * MS,
@@ -220,8 +237,7 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                         [{"role": "assistant", "parts": _parts(PLAN), "finish_reason": "stop"}]
                     ),
                 },
-            ):
-                pass
+            )
         with _span(
             tracer,
             "invoke_agent Pharmacist",
@@ -233,7 +249,7 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                 **conv,
             },
         ):
-            with _span(
+            _leaf(
                 tracer,
                 "chat small-model",
                 t0 + 72 * MS,
@@ -247,17 +263,7 @@ def genai_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
                         [{"role": "assistant", "parts": _parts("10 mg.")}]
                     ),
                 },
-            ):
-                pass
-
-
-def _event(span: Span, name: str, at_ns: int, body: dict[str, Any], *, as_json: bool) -> None:
-    """The older conventions' span event; its body as `gen_ai.event.content` JSON, or as the
-    event's own attributes (both are found in the wild)."""
-    if as_json:
-        span.add_event(name, {"gen_ai.event.content": json.dumps(body)}, timestamp=at_ns)
-    else:
-        span.add_event(name, {k: v for k, v in body.items() if isinstance(v, str)}, timestamp=at_ns)
+            )
 
 
 _EVENT_CALL = {
@@ -268,41 +274,31 @@ _EVENT_CALL = {
 
 
 def genai_events_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> None:
-    """OTel GenAI conventions, older: one span event per message (gen_ai.user.message, ...)."""
-    conv = {"gen_ai.conversation.id": conversation}
+    """OTel GenAI conventions, older: one span event per message (gen_ai.user.message, ...),
+    the body as `gen_ai.event.content` JSON or as the event's attributes (both are in use)."""
     chat = {"gen_ai.operation.name": "chat", "gen_ai.system": "openai"}
-    with _span(tracer, "invoke_workflow clinic", t0, t0 + 100 * MS, {**conv}):
-        with _span(
-            tracer,
-            "invoke_agent Doctor",
-            t0 + 1 * MS,
-            t0 + 50 * MS,
-            {
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": "Doctor Agent",
-            },
-        ):
-            with _span(tracer, "chat small-model", t0 + 2 * MS, t0 + 10 * MS, chat) as span:
-                _event(
-                    span,
-                    "gen_ai.system.message",
-                    t0 + 2 * MS,
-                    {"content": DOCTOR_SYSTEM},
-                    as_json=False,
-                )
-                _event(span, "gen_ai.user.message", t0 + 2 * MS, {"content": TASK}, as_json=False)
-                _event(
-                    span,
-                    "gen_ai.choice",
-                    t0 + 10 * MS,
-                    {
-                        "index": 0,
-                        "finish_reason": "tool_calls",
-                        "message": {"role": "assistant", "tool_calls": [_EVENT_CALL]},
-                    },
-                    as_json=True,
-                )
-            with _span(
+    system, user = "gen_ai.system.message", "gen_ai.user.message"
+    called = {"message": {"role": "assistant", "tool_calls": [_EVENT_CALL]}}
+    doctor = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "Doctor Agent"}
+    chief = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": "chief"}
+    pharmacist = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "Pharmacist"}
+    workflow = {"gen_ai.conversation.id": conversation}
+    with _span(tracer, "invoke_workflow clinic", t0, t0 + 100 * MS, workflow):
+        with _span(tracer, "invoke_agent Doctor", t0 + 1 * MS, t0 + 50 * MS, doctor):
+            t = t0 + 2 * MS
+            _leaf(
+                tracer,
+                "chat small-model",
+                t,
+                t0 + 10 * MS,
+                chat,
+                (
+                    (system, t, {"content": DOCTOR_SYSTEM}, False),
+                    (user, t, {"content": TASK}, False),
+                    ("gen_ai.choice", t0 + 10 * MS, {"index": 0, **called}, True),
+                ),
+            )
+            _leaf(
                 tracer,
                 "execute_tool gait_test",
                 t0 + 11 * MS,
@@ -313,96 +309,52 @@ def genai_events_run(tracer: Tracer, t0: int, conversation: str = "conv-1") -> N
                     "gen_ai.tool.call.id": "call_1",
                     "gen_ai.tool.call.result": RESULT,
                 },
-            ):
-                pass
-            with _span(tracer, "chat small-model", t0 + 21 * MS, t0 + 30 * MS, chat) as span:
-                _event(
-                    span,
-                    "gen_ai.system.message",
-                    t0 + 21 * MS,
-                    {"content": DOCTOR_SYSTEM},
-                    as_json=True,
-                )
-                _event(span, "gen_ai.user.message", t0 + 21 * MS, {"content": TASK}, as_json=True)
-                _event(
-                    span,
-                    "gen_ai.assistant.message",
-                    t0 + 21 * MS,
-                    {"tool_calls": [_EVENT_CALL]},
-                    as_json=True,
-                )
-                _event(
-                    span,
-                    "gen_ai.tool.message",
-                    t0 + 21 * MS,
-                    {"id": "call_1", "content": RESULT},
-                    as_json=True,
-                )
-                _event(
-                    span,
-                    "gen_ai.choice",
-                    t0 + 30 * MS,
-                    {"index": 0, "finish_reason": "stop", "message": {"content": DIAGNOSIS}},
-                    as_json=True,
-                )
-            with _span(tracer, "chat small-model", t0 + 31 * MS, t0 + 32 * MS, chat):
-                pass
-        with _span(
-            tracer,
-            "invoke_agent chief",
-            t0 + 51 * MS,
-            t0 + 70 * MS,
-            {
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.id": "chief",
-            },
-        ):
-            with _span(tracer, "chat small-model", t0 + 52 * MS, t0 + 60 * MS, chat) as span:
-                for body in ({"content": CHIEF_SYSTEM}, {"content": TASK}):
-                    name = (
-                        "gen_ai.system.message"
-                        if body["content"] == CHIEF_SYSTEM
-                        else ("gen_ai.user.message")
-                    )
-                    _event(span, name, t0 + 52 * MS, body, as_json=True)
-                _event(
-                    span,
-                    "gen_ai.assistant.message",
-                    t0 + 52 * MS,
-                    {"content": DIAGNOSIS},
-                    as_json=True,
-                )
-                _event(
-                    span, "gen_ai.user.message", t0 + 52 * MS, {"content": HANDOFF}, as_json=True
-                )
-                _event(
-                    span,
-                    "gen_ai.choice",
-                    t0 + 60 * MS,
-                    {"message": {"content": PLAN}},
-                    as_json=True,
-                )
-        with _span(
-            tracer,
-            "invoke_agent Pharmacist",
-            t0 + 71 * MS,
-            t0 + 80 * MS,
-            {
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": "Pharmacist",
-            },
-        ):
-            with _span(tracer, "chat small-model", t0 + 72 * MS, t0 + 79 * MS, chat) as span:
-                _event(
-                    span, "gen_ai.user.message", t0 + 72 * MS, {"content": "Dose?"}, as_json=True
-                )
-                _event(
-                    span,
-                    "gen_ai.choice",
-                    t0 + 79 * MS,
-                    {"message": {"content": "10 mg."}},
-                    as_json=True,
-                )
+            )
+            t = t0 + 21 * MS
+            _leaf(
+                tracer,
+                "chat small-model",
+                t,
+                t0 + 30 * MS,
+                chat,
+                (
+                    (system, t, {"content": DOCTOR_SYSTEM}, True),
+                    (user, t, {"content": TASK}, True),
+                    ("gen_ai.assistant.message", t, {"tool_calls": [_EVENT_CALL]}, True),
+                    ("gen_ai.tool.message", t, {"id": "call_1", "content": RESULT}, True),
+                    ("gen_ai.choice", t0 + 30 * MS, {"message": {"content": DIAGNOSIS}}, True),
+                ),
+            )
+            _leaf(tracer, "chat small-model", t0 + 31 * MS, t0 + 32 * MS, chat)
+        with _span(tracer, "invoke_agent chief", t0 + 51 * MS, t0 + 70 * MS, chief):
+            t = t0 + 52 * MS
+            _leaf(
+                tracer,
+                "chat small-model",
+                t,
+                t0 + 60 * MS,
+                chat,
+                (
+                    (system, t, {"content": CHIEF_SYSTEM}, True),
+                    (user, t, {"content": TASK}, True),
+                    ("gen_ai.assistant.message", t, {"content": DIAGNOSIS}, True),
+                    (user, t, {"content": HANDOFF}, True),
+                    ("gen_ai.choice", t0 + 60 * MS, {"message": {"content": PLAN}}, True),
+                ),
+            )
+        with _span(tracer, "invoke_agent Pharmacist", t0 + 71 * MS, t0 + 80 * MS, pharmacist):
+            t = t0 + 72 * MS
+            _leaf(
+                tracer,
+                "chat small-model",
+                t,
+                t0 + 79 * MS,
+                chat,
+                (
+                    (user, t, {"content": "Dose?"}, True),
+                    ("gen_ai.choice", t0 + 79 * MS, {"message": {"content": "10 mg."}}, True),
+                ),
+            )
 
 
 def _oi_messages(prefix: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -449,7 +401,7 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
         },
     ):
         with _span(tracer, "doctor", t0 + 1 * MS, t0 + 10 * MS, _node("doctor", session)):
-            with _span(
+            _leaf(
                 tracer,
                 "ChatOpenAI",
                 t0 + 2 * MS,
@@ -459,10 +411,9 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
                     **_oi_messages("llm.input_messages", [system, task]),
                     **_oi_messages("llm.output_messages", [called]),
                 },
-            ):
-                pass
+            )
         with _span(tracer, "tools", t0 + 11 * MS, t0 + 20 * MS, _node("tools", session)):
-            with _span(
+            _leaf(
                 tracer,
                 "gait_test",
                 t0 + 11 * MS,
@@ -473,8 +424,7 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
                     "input.value": json.dumps(ARGUMENTS),
                     "output.value": RESULT,
                 },
-            ):
-                pass
+            )
         with _span(tracer, "doctor", t0 + 21 * MS, t0 + 32 * MS, _node("doctor", session)):
             tool = {
                 "role": "tool",
@@ -482,7 +432,7 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
                 "name": "gait_test",
                 "content": RESULT,
             }
-            with _span(
+            _leaf(
                 tracer,
                 "ChatOpenAI",
                 t0 + 21 * MS,
@@ -494,10 +444,8 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
                         "llm.output_messages", [{"role": "assistant", "content": DIAGNOSIS}]
                     ),
                 },
-            ):
-                pass
-            with _span(tracer, "ChatOpenAI", t0 + 31 * MS, t0 + 32 * MS, llm):
-                pass
+            )
+            _leaf(tracer, "ChatOpenAI", t0 + 31 * MS, t0 + 32 * MS, llm)
         with _span(tracer, "chief", t0 + 51 * MS, t0 + 70 * MS, _node("chief", session)):
             chief_input = [
                 {"role": "system", "content": CHIEF_SYSTEM},
@@ -505,7 +453,7 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
                 {"role": "assistant", "content": DIAGNOSIS},
                 {"role": "user", "content": HANDOFF},
             ]
-            with _span(
+            _leaf(
                 tracer,
                 "ChatOpenAI",
                 t0 + 52 * MS,
@@ -515,8 +463,7 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
                     **_oi_messages("llm.input_messages", chief_input),
                     **_oi_messages("llm.output_messages", [{"role": "assistant", "content": PLAN}]),
                 },
-            ):
-                pass
+            )
         with _span(
             tracer,
             "pharmacist",
@@ -527,7 +474,7 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
                 "agent.name": "pharmacist",
             },
         ):
-            with _span(
+            _leaf(
                 tracer,
                 "ChatOpenAI",
                 t0 + 72 * MS,
@@ -539,11 +486,11 @@ def openinference_run(tracer: Tracer, t0: int, session: str = "conv-1") -> None:
                         "llm.output_messages", [{"role": "assistant", "content": "10 mg."}]
                     ),
                 },
-            ):
-                pass
+            )
 
 
-Run = Callable[[Tracer, int], None]
+# (tracer, start time in ns, conversation id)
+Run = Callable[[Tracer, int, str], None]
 RUNS: dict[str, Run] = {
     "genai": genai_run,
     "genai_events": genai_events_run,
@@ -555,7 +502,7 @@ def recorded_export(run: Run, t0: int = RECORDED_AT_NS) -> ExportTraceServiceReq
     """The run as the SDK's OTLP exporters encode it, with ids 1, 2, 3..."""
     memory = InMemorySpanExporter()
     traced = provider(SimpleSpanProcessor(memory), CountingIds())
-    run(traced.get_tracer("clinic"), t0)
+    run(traced.get_tracer("clinic"), t0, "conv-1")
     traced.shutdown()
     return encode_spans(memory.get_finished_spans())
 
@@ -573,8 +520,6 @@ def otlp_json(export: ExportTraceServiceRequest) -> bytes:
 
 
 def _base64_to_hex(value: str) -> str:
-    import base64
-
     return base64.b64decode(value).hex()
 
 

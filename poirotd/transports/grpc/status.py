@@ -35,7 +35,11 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
 async def abort(
     context: grpc.aio.ServicerContext, metrics: Metrics, rpc: str, error: ServiceError
 ) -> NoReturn:
-    code = _CODES.get(type(error), grpc.StatusCode.INTERNAL)
+    # A refusal's subclass (a transport's own, like OTLP's Throttled) has its base's code.
+    code = next(
+        (code for kind, code in _CODES.items() if isinstance(error, kind)),
+        grpc.StatusCode.INTERNAL,
+    )
     metrics.requests_rejected.labels(rpc, error.reason).inc()
     # Messages quote clients' text capped (errors.quote); this bounds whatever else they hold.
     detail = str(error)[:_DETAIL_CHARS]
