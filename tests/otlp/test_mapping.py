@@ -173,3 +173,24 @@ def test_a_parent_loop_ends() -> None:
         _export(_span(1, chat, parent=2), _span(2, {}, parent=1)), AGENTS, session_by="trace"
     )
     assert [r.reason for r in mapped.rejections] == ["no_content"]
+
+
+def test_an_alias_names_one_agent_and_never_another_agents_id() -> None:
+    from pydantic import ValidationError
+
+    from poirotd.config import SystemSpec
+
+    def spec(doctor: list[str], chief: list[str]) -> SystemSpec:
+        agents = [
+            {"id": "doctor", "name": "Doctor", "system_prompt": "p", "aliases": doctor},
+            {"id": "chief", "name": "Chief", "system_prompt": "p", "aliases": chief},
+        ]
+        return SystemSpec.model_validate(
+            {"system": {"name": "s", "description": "d"}, "agents": agents}
+        )
+
+    assert spec(["Dr"], ["boss"]).agents_by_alias()["Dr"] == "doctor"
+    with pytest.raises(ValidationError, match="alias 'x' names two agents"):
+        spec(["x"], ["x"])
+    with pytest.raises(ValidationError, match="has alias 'chief', another agent's id"):
+        spec(["chief"], [])
