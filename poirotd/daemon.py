@@ -31,6 +31,9 @@ from poirotd.transports.grpc.server import GrpcServer
 from poirotd.transports.lifecycle import Transport
 from poirotd.transports.metrics_http import MetricsHttp
 from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
+from poirotd.transports.otlp.http import OtlpHttp
+from poirotd.transports.otlp.receiver import OtlpReceiver
+from poirotd.transports.otlp.trace_service import TraceService
 
 log = structlog.get_logger(__name__)
 
@@ -117,6 +120,14 @@ class Daemon:
         if self.spec.rules:
             tick = asyncio.create_task(core.pipeline.tick_forever(), name="rules-tick")
             self._background.append(tick)
+        otlp = OtlpReceiver(
+            self.spec,
+            core.pipeline,
+            self._store,
+            self.metrics,
+            session_by=s.otlp_session,
+            max_pending=s.otlp_max_pending_messages,
+        )
         grpc = GrpcServer(
             core.pipeline,
             core.investigations,
@@ -125,10 +136,20 @@ class Daemon:
             port=s.grpc_port,
             max_message_bytes=s.max_message_bytes,
             batch_max=s.ingest_batch_max,
+            extra_services=[TraceService(otlp, self.metrics)],
         )
         metrics_http = MetricsHttp(self.metrics.registry, host=s.metrics_host, port=s.metrics_port)
         # Last: telemetry flows only once everything that handles it and its metrics is up.
         doors: list[Transport] = [grpc, metrics_http]
+        if s.otlp_http_port:
+            otlp_http = OtlpHttp(
+                otlp,
+                self.metrics,
+                host=s.otlp_http_host,
+                port=s.otlp_http_port,
+                max_body_bytes=s.otlp_max_body_bytes,
+            )
+            doors.append(otlp_http)
         inputs = mqtt_input_spec(self.spec)
         if inputs is not None:
             mqtt = MqttInput(inputs, self.spec.system.name, core.pipeline, self.metrics.registry)

@@ -51,6 +51,10 @@ class AgentMessage(Frozen):
     tool_calls: tuple[str, ...] = ()
     tool_name: str = ""
     sent_at: datetime
+    # The OpenTelemetry trace and span (hex) the message was read from, so an attribution can
+    # link back to the trace in Langfuse or Phoenix; "" for messages that came another way.
+    trace_id: str = ""
+    span_id: str = ""
 
 
 class SessionEnd(Frozen):

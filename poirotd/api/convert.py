@@ -106,6 +106,8 @@ def ingest_item(
                 "tool_calls": tuple(m.tool_calls) if m.tool_calls else (),  # usually none
                 "tool_name": m.tool_name,
                 "sent_at": _time(m.sent_at, default=received_at, seq=seq, name="sent_at"),
+                "trace_id": m.trace_id,
+                "span_id": m.span_id,
             }
         )
         return message
@@ -148,6 +150,8 @@ def ingest_request(item: IngestItem) -> pb.IngestRequest:
                 tool_calls=item.tool_calls,
                 tool_name=item.tool_name,
                 sent_at=timestamp(item.sent_at),
+                trace_id=item.trace_id,
+                span_id=item.span_id,
             )
         )
     return pb.IngestRequest(telemetry=telemetry(item))

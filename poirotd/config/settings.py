@@ -58,5 +58,17 @@ class Settings(BaseSettings):
     # (default: beside the database, DB_PATH.checkpoints.jsonl).
     audit_checkpoint_path: Path | None = None
     audit_checkpoint_seconds: float = Field(default=60.0, gt=0)
+    # OTLP/HTTP trace receiver (POST /v1/traces, conventionally port 4318); 0 = off. OTLP/gRPC
+    # is always served on grpc_port.
+    otlp_http_host: str = "127.0.0.1"
+    otlp_http_port: int = Field(default=0, ge=0, le=65535)
+    # A trace's session: its conversation id (gen_ai.conversation.id, session.id) when it has
+    # one, else its trace id; or always its trace id.
+    otlp_session: Literal["conversation", "trace"] = "conversation"
+    # Largest OTLP/HTTP body, also once decompressed; larger ones are refused with 413.
+    otlp_max_body_bytes: int = Field(default=16 << 20, ge=1024)
+    # Messages of OTLP exports waiting for their commit at most; an export beyond it is
+    # throttled (RESOURCE_EXHAUSTED / HTTP 429 with a retry delay).
+    otlp_max_pending_messages: int = Field(default=8192, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"

@@ -39,6 +39,9 @@ class AgentSpec(SpecModel):
     id: Identifier
     name: str = Field(min_length=1)
     system_prompt: str = Field(min_length=1)
+    # Other names traces give this agent (an OpenTelemetry `gen_ai.agent.name` or `.id`, an
+    # OpenInference `agent.name` or LangGraph `graph.node.id`); its id and name match anyway.
+    aliases: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = ()
 
 
 class ComponentSpec(SpecModel):
@@ -222,6 +225,7 @@ class SystemSpec(SpecModel):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"ids must be unique across agents and components; repeated: {dupes}")
+        self._aliases_name_one_agent()
         if self.hazard_space is not None:
             pinned = [r.id for r in self.hazard_space.regions]
             agent_ids = [a.id for a in self.agents]
@@ -231,6 +235,18 @@ class SystemSpec(SpecModel):
                     f"expected {agent_ids}, got {pinned[: len(agent_ids)]}"
                 )
         return self
+
+    def _aliases_name_one_agent(self) -> None:
+        claimed: dict[str, str] = {}
+        for agent in self.agents:
+            for alias in agent.aliases:
+                owner = claimed.setdefault(alias, agent.id)
+                if owner != agent.id:
+                    raise ValueError(f"alias {alias!r} names two agents: {owner!r}, {agent.id!r}")
+        for agent in self.agents:
+            other = claimed.get(agent.id, agent.id)
+            if other != agent.id:
+                raise ValueError(f"agent {other!r} has alias {agent.id!r}, another agent's id")
 
     @field_validator("rules")
     @classmethod
@@ -254,6 +270,14 @@ class SystemSpec(SpecModel):
     @property
     def agent_ids(self) -> tuple[str, ...]:
         return tuple(a.id for a in self.agents)
+
+    def agents_by_alias(self) -> dict[str, str]:
+        """Agent id by every name a trace may give it: ids and aliases, and each agent's name
+        unless two agents share it."""
+        names = [a.name for a in self.agents]
+        by_alias = {a.name: a.id for a in self.agents if names.count(a.name) == 1}
+        by_alias |= {alias: a.id for a in self.agents for alias in a.aliases}
+        return by_alias | {a.id: a.id for a in self.agents}
 
     def agent(self, agent_id: str) -> AgentSpec:
         for a in self.agents:

@@ -165,6 +165,18 @@ class Metrics:
             "Time Ingest streams waited to keep their client to POIROTD_INGEST_RATE_PER_CLIENT",
             registry=r,
         )
+        self.otlp_spans = Counter(
+            "poirot_otlp_spans_total",
+            "Spans received in OTLP trace exports, by transport (grpc, http)",
+            ["transport"],
+            registry=r,
+        )
+        self.otlp_rejected_spans = Counter(
+            "poirot_otlp_rejected_spans_total",
+            "Spans of OTLP exports not stored (reported in partial_success), by reason",
+            ["reason"],
+            registry=r,
+        )
 
     def record_betas(self, betas: Mapping[str, float]) -> None:
         for agent, beta in betas.items():

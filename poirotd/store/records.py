@@ -40,6 +40,7 @@ from poirotd.model import (
 from poirotd.store.chain import Row, canonical_json, encode_record
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_TRACE_LINK = {"trace_id", "span_id"}
 _MICROSECOND = timedelta(microseconds=1)
 
 
@@ -77,8 +78,16 @@ MESSAGE_BLOCK_FIELDS = (
     "tool_calls",
     "tool_name",
     "sent_at",
+    "trace_id",
+    "span_id",
 )
-MessageRow: TypeAlias = tuple[int, MessageKind, str, str, str, tuple[str, ...], str, datetime]
+MessageRow: TypeAlias = tuple[
+    int, MessageKind, str, str, str, tuple[str, ...], str, datetime, str, str
+]
+# A row as blocks written before messages kept their trace link hold it (read, never written).
+_UnlinkedMessageRow: TypeAlias = tuple[
+    int, MessageKind, str, str, str, tuple[str, ...], str, datetime
+]
 message_row_of = attrgetter(*MESSAGE_BLOCK_FIELDS)
 
 
@@ -92,12 +101,13 @@ class MessageBlock(BaseModel):
 
     session_id: str
     # In arrival order.
-    messages: Annotated[list[MessageRow], Field(min_length=1)]
+    messages: Annotated[list[MessageRow | _UnlinkedMessageRow], Field(min_length=1)]
 
     def to_messages(self) -> list[AgentMessage]:
+        """An unlinked row's missing trailing fields take their defaults."""
         return [
             AgentMessage(
-                session_id=self.session_id, **dict(zip(MESSAGE_BLOCK_FIELDS, row, strict=True))
+                session_id=self.session_id, **dict(zip(MESSAGE_BLOCK_FIELDS, row, strict=False))
             )
             for row in self.messages
         ]
@@ -119,8 +129,9 @@ def session_row(session: Session) -> Row:
 
 
 def message_row(message: AgentMessage) -> Row:
-    """A schema-4 per-message row (verified and read, no longer written)."""
-    return (message.session_id, message.index, encode_record(message))
+    """A schema-4 per-message row (verified and read, no longer written), encoded as schema 4
+    wrote it: messages had no trace link then."""
+    return (message.session_id, message.index, encode_record(message, exclude=_TRACE_LINK))
 
 
 def message_block_row(block: MessageBlock, block_id: int | None = None) -> Row:

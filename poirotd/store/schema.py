@@ -27,7 +27,9 @@ from poirotd.store.records import (
 # 4: telemetry in blocks (a new table; a schema-3 store keeps its per-sample rows as they are).
 # 5: messages in blocks, deduplicated through `message_indices` (a schema-4 store keeps its
 #    per-message rows, and their indices are added there when it is opened).
-SCHEMA_VERSION = 5
+# 6: a message block's rows end with the message's trace and span id (rows of older blocks,
+#    without them, are read as messages with no trace link).
+SCHEMA_VERSION = 6
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """

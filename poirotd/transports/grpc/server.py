@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -25,6 +28,14 @@ SERVICES = tuple(
 _TRANSPORT_LIMIT_FACTOR = 4
 
 
+class ExtraService(Protocol):
+    """A service another transport serves on this server (OTLP's TraceService)."""
+
+    name: str
+
+    def add_to(self, server: grpc.aio.Server) -> None: ...
+
+
 class GrpcServer:
     def __init__(
         self,
@@ -36,8 +47,10 @@ class GrpcServer:
         port: int,
         max_message_bytes: int,
         batch_max: int,
+        extra_services: Sequence[ExtraService] = (),
     ) -> None:
         self._host, self.port = host, port
+        self._served = (*SERVICES, *(service.name for service in extra_services))
         limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR + BATCH_BYTES
         self._server = grpc.aio.server(
             interceptors=[GuardInterceptor(investigations.metrics)],
@@ -58,9 +71,11 @@ class GrpcServer:
         pb_grpc.add_InvestigationsServicer_to_server(
             InvestigationsServicer(investigations, limits), self._server
         )
+        for service in extra_services:
+            service.add_to(self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
-            (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+            (*self._served, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
 
     async def start(self) -> None:
@@ -69,7 +84,7 @@ class GrpcServer:
             raise OSError(f"cannot bind gRPC to {self._host}:{self.port}")
         self.port = port
         await self._server.start()
-        for name in ("", *SERVICES):
+        for name in ("", *self._served):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain(self) -> None:

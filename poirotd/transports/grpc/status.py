@@ -35,7 +35,11 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
 async def abort(
     context: grpc.aio.ServicerContext, metrics: Metrics, rpc: str, error: ServiceError
 ) -> NoReturn:
-    code = _CODES.get(type(error), grpc.StatusCode.INTERNAL)
+    # A refusal's subclass (a transport's own, like OTLP's Throttled) has its base's code.
+    code = next(
+        (code for kind, code in _CODES.items() if isinstance(error, kind)),
+        grpc.StatusCode.INTERNAL,
+    )
     metrics.requests_rejected.labels(rpc, error.reason).inc()
     if isinstance(error, ResourceExhausted):  # every one is a limit
         metrics.limit_rejections.labels(error.reason).inc()

@@ -261,6 +261,8 @@ class AgentMessage(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     SENT_AT_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
+    SPAN_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     index: _builtins.int
     """Position of the message in its session, 0-based; (session_id, index) is unique, so a resent
@@ -271,6 +273,11 @@ class AgentMessage(_message.Message):
     recipient: _builtins.str
     content: _builtins.str
     tool_name: _builtins.str
+    trace_id: _builtins.str
+    """The OpenTelemetry trace and span the message was read from (lowercase hex), set by the OTLP
+    receiver so an attribution can link back to the trace; empty otherwise.
+    """
+    span_id: _builtins.str
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -287,10 +294,12 @@ class AgentMessage(_message.Message):
         tool_calls: _abc.Iterable[_builtins.str] | None = ...,
         tool_name: _builtins.str = ...,
         sent_at: _timestamp_pb2.Timestamp | None = ...,
+        trace_id: _builtins.str = ...,
+        span_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sent_at", b"sent_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "index", b"index", "kind", b"kind", "recipient", b"recipient", "sender", b"sender", "sent_at", b"sent_at", "session_id", b"session_id", "tool_calls", b"tool_calls", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "index", b"index", "kind", b"kind", "recipient", b"recipient", "sender", b"sender", "sent_at", b"sent_at", "session_id", b"session_id", "span_id", b"span_id", "tool_calls", b"tool_calls", "tool_name", b"tool_name", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

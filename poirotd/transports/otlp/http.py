@@ -1,0 +1,226 @@
+"""OTLP/HTTP: `POST /v1/traces` on its own port (conventionally 4318), protobuf or JSON bodies,
+gzip or not, answered in the request's encoding as the OTLP specification says.
+
+Served by aiohttp in the daemon's event loop, so a request calls the ingest pipeline directly
+(prometheus-client's threaded server, the metrics port's, would need a hop back into the loop;
+uvicorn installs its own signal handlers). Bodies are decompressed here, not by aiohttp, to
+bound what a small gzip body may expand to.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from poirotd.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, quote
+from poirotd.observability.metrics import Metrics
+from poirotd.transports.otlp.receiver import RETRY_AFTER_SECONDS, OtlpReceiver, Throttled
+
+log = structlog.get_logger(__name__)
+
+PATH = "/v1/traces"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+_RPC = "otlp_http"
+# OTLP/JSON writes ids as hex, where protobuf's JSON mapping has base64.
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+
+class UnsupportedMediaType(InvalidArgument):
+    """A Content-Type or Content-Encoding this receiver does not read (HTTP 415)."""
+
+
+class OtlpHttp:
+    """The OTLP/HTTP door; its lifecycle is the daemon's (transports.lifecycle)."""
+
+    def __init__(
+        self,
+        receiver: OtlpReceiver,
+        metrics: Metrics,
+        *,
+        host: str,
+        port: int,
+        max_body_bytes: int,
+    ) -> None:
+        self._receiver = receiver
+        self._metrics = metrics
+        self._host = host
+        self.port = port
+        self._max_body_bytes = max_body_bytes
+        self._draining = False
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=self._max_body_bytes)
+        app.router.add_post(PATH, self._traces)
+        runner = web.AppRunner(app, access_log=None, auto_decompress=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+
+    async def drain(self) -> None:
+        """New exports are answered 503 with Retry-After (the exporter resends them elsewhere
+        or later); those in flight are still committed and answered."""
+        self._draining = True
+
+    async def stop(self, grace: float) -> None:
+        if self._runner is not None:
+            await self._runner.shutdown()
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        answer_as = request.content_type if request.content_type in (PROTOBUF, JSON) else JSON
+        try:
+            if self._draining:
+                raise Unavailable("the daemon is draining", reason="draining")
+            export = _decode(
+                await _body(request, self._max_body_bytes),
+                request.content_type,
+                request.headers.get("Content-Encoding", "identity"),
+                self._max_body_bytes,
+            )
+            result = await self._receiver.export(export, "http")
+        except ServiceError as error:
+            return self._refuse(error, answer_as)
+        return _response(200, result.response(), answer_as)
+
+    def _refuse(self, error: ServiceError, answer_as: str) -> web.Response:
+        status = _http_status(error)
+        self._metrics.requests_rejected.labels(_RPC, error.reason).inc()
+        log.warning(
+            "request refused", rpc=_RPC, status=status, reason=error.reason, detail=str(error)
+        )
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
+        body = Status(code=_GRPC_CODES.get(status, 13), message=str(error)[:1024])
+        return _response(status, body, answer_as, headers)
+
+
+# HTTP status -> the google.rpc.Code an OTLP/HTTP error body carries.
+_GRPC_CODES = {400: 3, 413: 8, 415: 3, 429: 8, 503: 14}
+
+
+# The first that matches; the more specific refusals first.
+_HTTP_STATUSES: tuple[tuple[type[ServiceError], int], ...] = (
+    (Throttled, 429),
+    (UnsupportedMediaType, 415),
+    (ResourceExhausted, 413),
+    (InvalidArgument, 400),
+    (Unavailable, 503),
+)
+
+
+def _http_status(error: ServiceError) -> int:
+    return next((status for kind, status in _HTTP_STATUSES if isinstance(error, kind)), 500)
+
+
+async def _body(request: web.Request, limit: int) -> bytes:
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ResourceExhausted(
+            f"the body is over {limit} bytes; export smaller batches", reason="oversized"
+        ) from None
+
+
+def _decode(body: bytes, content_type: str, encoding: str, limit: int) -> ExportTraceServiceRequest:
+    encoding = encoding.strip().lower()
+    if encoding == "gzip":
+        body = _gunzip(body, limit)
+    elif encoding not in ("identity", ""):
+        raise UnsupportedMediaType(
+            f"Content-Encoding {quote(encoding)} is not gzip or identity", reason="wrong_encoding"
+        )
+    if content_type == PROTOBUF:
+        try:
+            return ExportTraceServiceRequest.FromString(body)
+        except DecodeError as exc:
+            raise InvalidArgument(
+                f"the body is not an ExportTraceServiceRequest: {exc}", reason="undecodable"
+            ) from None
+    if content_type == JSON:
+        return _from_json(body)
+    raise UnsupportedMediaType(
+        f"Content-Type {quote(content_type)} is not {PROTOBUF} or {JSON}",
+        reason="wrong_content_type",
+    )
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    inflate = zlib.decompressobj(_GZIP_WBITS)
+    try:
+        data = inflate.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidArgument(f"the body is not gzip: {exc}", reason="undecodable") from None
+    if len(data) > limit:
+        raise ResourceExhausted(
+            f"the body is over {limit} bytes once decompressed", reason="oversized"
+        )
+    if not inflate.eof:
+        raise InvalidArgument("the gzip body is truncated", reason="undecodable")
+    return data
+
+
+def _from_json(body: bytes) -> ExportTraceServiceRequest:
+    try:
+        document = orjson.loads(body)
+        _hex_ids_to_base64(document)
+        export = ExportTraceServiceRequest()
+        json_format.ParseDict(document, export, ignore_unknown_fields=True)
+    except (orjson.JSONDecodeError, json_format.ParseError, ValueError, TypeError) as exc:
+        message = f"the body is not an OTLP/JSON ExportTraceServiceRequest: {str(exc)[:200]}"
+        raise InvalidArgument(message, reason="undecodable") from None
+    return export
+
+
+def _hex_ids_to_base64(document: Any) -> None:
+    """Rewrites the ids of spans and their links in place; other shapes are left for the
+    protobuf parser to refuse."""
+    for resource_spans in _list(document, "resourceSpans", "resource_spans"):
+        for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans"):
+            for span in _list(scope_spans, "spans"):
+                for holder in (span, *_list(span, "links")):
+                    for name in _ID_FIELDS:
+                        value = holder.get(name)
+                        if isinstance(value, str):
+                            try:
+                                raw = bytes.fromhex(value)
+                            except ValueError:
+                                raise ValueError(f"{name} {quote(value)} is not hex") from None
+                            holder[name] = base64.b64encode(raw).decode()
+
+
+def _list(holder: Any, *names: str) -> list[dict[str, Any]]:
+    if not isinstance(holder, dict):
+        return []
+    for name in names:
+        value = holder.get(name)
+        if isinstance(value, list):
+            return [item for item in value if isinstance(item, dict)]
+    return []
+
+
+def _response(
+    status: int, message: Message, content_type: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    if content_type == PROTOBUF:
+        body = message.SerializeToString()
+    else:
+        body = json_format.MessageToJson(message, indent=None).encode()
+    return web.Response(status=status, body=body, content_type=content_type, headers=headers)

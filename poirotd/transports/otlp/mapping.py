@@ -1,0 +1,604 @@
+"""OTLP spans to agent messages: what the OpenTelemetry GenAI and OpenInference conventions say an
+agent said. Pure (no I/O, no clock), so it is tested on recorded exports alone; the receiver
+numbers the messages and hands them to the ingest pipeline.
+
+Which spans speak (README, "OpenTelemetry traces", has the full table):
+- a model call (`gen_ai.operation.name` chat / text_completion / generate_content, or
+  `openinference.span.kind` LLM): its output messages are the agent's turns; of its input, only
+  what follows the last assistant turn is new (the user's request, tool results, the system
+  instructions of a first call), the rest is history that was stored when it happened;
+- a tool call (`execute_tool`, or TOOL): its result is a tool message to the calling agent;
+- an agent invocation (`invoke_agent`, or AGENT) speaks like a model call when it carries
+  messages, and otherwise only names the agent of the spans below it.
+A message is placed at the time it happened (a span's input at its start, its output at its end),
+ties by span id, and a message two spans carry (an agent's answer on its invocation and on its
+last model call) is kept once. A speaking span that names no agent of the spec, carries no
+content, or whose attributes do not decode is rejected with a reason; other spans (HTTP, a
+database, a workflow step) are structure only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from poirotd.errors import quote
+from poirotd.model import MessageKind
+
+SessionBy = Literal["conversation", "trace"]
+
+# Why a span was rejected: bounded, the label of poirot_otlp_rejected_spans_total.
+REJECT_REASONS = ("unknown_agent", "no_content", "malformed")
+
+_LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+# Where a span names its agent, in the order they are asked (the span's own first, then its
+# ancestors'); a LangGraph node's name is in OpenInference's `metadata` as `langgraph_node`.
+_AGENT_KEYS = ("gen_ai.agent.name", "gen_ai.agent.id", "agent.name", "graph.node.id")
+_SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
+# The older GenAI conventions: one span event per message.
+_INPUT_EVENTS = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
+_CHOICE_EVENT = "gen_ai.choice"
+# A parent chain longer than this is a loop (or an attack), not a trace.
+_MAX_DEPTH = 64
+_MAX_SESSION_ID = 256
+
+
+@dataclass(frozen=True)
+class MappedMessage:
+    """An agent message read from a span, not yet numbered in its session."""
+
+    session_id: str
+    kind: MessageKind
+    sender: str
+    recipient: str
+    content: str
+    tool_calls: tuple[str, ...]
+    tool_name: str
+    at_ns: int
+    trace_id: str
+    span_id: str
+    position: int
+
+    @property
+    def order(self) -> tuple[int, str, int]:
+        return (self.at_ns, self.span_id, self.position)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    trace_id: str
+    span_id: str
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class MappedExport:
+    # In session order (every session's messages in the order they happened).
+    messages: tuple[MappedMessage, ...]
+    rejections: tuple[Rejection, ...]
+    spans: int
+
+
+class _Malformed(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Call:
+    id: str
+    name: str
+    arguments: str
+
+    def rendered(self) -> str:
+        return f"{self.name}({self.arguments})" if self.arguments else self.name
+
+
+@dataclass(frozen=True)
+class _Turn:
+    role: str
+    text: str = ""
+    calls: tuple[_Call, ...] = ()
+    # Tool results the turn carries: (call id, tool name, result).
+    results: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass
+class _Span:
+    trace_id: str
+    span_id: str
+    parent_id: str
+    start_ns: int
+    end_ns: int
+    attrs: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]]
+    role: str = ""
+    agent: str = ""
+    session_id: str = ""
+    messages: list[MappedMessage] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.trace_id, self.span_id)
+
+
+def map_export(
+    request: ExportTraceServiceRequest, agents: Mapping[str, str], *, session_by: SessionBy
+) -> MappedExport:
+    """The export's messages and the spans rejected. `agents`: agent id by each name a trace
+    may give it (SystemSpec.agents_by_alias)."""
+    spans = list(_spans(request))
+    by_key = {span.key: span for span in spans}
+    conversations = _conversations(spans) if session_by == "conversation" else {}
+    rejections: list[Rejection] = []
+    callers = _Callers()
+    # Model calls and invocations first, in time order: their tool calls name the agents tool
+    # results go to.
+    for span in sorted(spans, key=lambda s: (s.role == "tool", s.start_ns, s.span_id)):
+        if not span.role:
+            continue
+        try:
+            _place(span, by_key, agents, conversations, callers)
+        except _Rejected as rejected:
+            rejections.append(
+                Rejection(span.trace_id, span.span_id, rejected.reason, str(rejected))
+            )
+            span.messages.clear()
+    messages = sorted((m for span in spans for m in span.messages), key=_message_order)
+    return MappedExport(tuple(_first_of_each(messages)), tuple(rejections), len(spans))
+
+
+@dataclass
+class _Callers:
+    """The agent that called a tool, by the call's id, else by the tool's latest call in the
+    trace (an OpenInference TOOL span under LangGraph's tools node names neither)."""
+
+    by_id: dict[str, str] = field(default_factory=dict)
+    by_tool: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def called(self, span: _Span, call: _Call) -> None:
+        if call.id:
+            self.by_id.setdefault(call.id, span.agent)
+        self.by_tool[(span.trace_id, call.name)] = span.agent
+
+    def caller(self, span: _Span, call_id: str, name: str) -> str:
+        return self.by_id.get(call_id, "") or self.by_tool.get((span.trace_id, name), "")
+
+
+class _Rejected(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _place(
+    span: _Span,
+    by_key: Mapping[tuple[str, str], _Span],
+    agents: Mapping[str, str],
+    conversations: Mapping[str, str],
+    callers: _Callers,
+) -> None:
+    """Fills `span.messages`, or raises _Rejected."""
+    span.session_id = _session(span, by_key, conversations)
+    try:
+        if span.role == "tool":
+            call_id, name, result = _tool_result(span)
+            agent = callers.caller(span, call_id, name) or _agent(span, by_key, agents)
+            if result is None:
+                raise _Rejected(
+                    "no_content", f"tool {quote(name)} has no result (content capture off?)"
+                )
+            span.messages.append(
+                _tool_message(span, agent, (call_id, name, result), span.end_ns, 0)
+            )
+            return
+        inputs, outputs = _turns(span)
+    except _Malformed as exc:
+        raise _Rejected("malformed", str(exc)) from None
+    if not inputs and not outputs:
+        if span.role == "agent":
+            return  # an invocation without messages: its model calls speak
+        raise _Rejected("no_content", "the model call carries no messages (content capture off?)")
+    span.agent = _agent(span, by_key, agents)
+    for call in (c for turn in outputs for c in turn.calls):
+        callers.called(span, call)
+    _speak(span, inputs, outputs)
+
+
+def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> None:
+    """A model call's (or invocation's) messages: its new input, then its output."""
+    last_answer = max((i for i, t in enumerate(inputs) if t.role == "assistant"), default=-1)
+    names = {c.id: c.name for turn in inputs for c in turn.calls if c.id}
+    position = 0
+    for turn in inputs[last_answer + 1 :]:
+        if turn.results:
+            for call_id, name, result in turn.results:
+                named = (call_id, name or names.get(call_id, "") or "tool", result)
+                span.messages.append(
+                    _tool_message(span, span.agent, named, span.start_ns, position)
+                )
+                position += 1
+            continue
+        kind = MessageKind.SYSTEM if turn.role in ("system", "developer") else MessageKind.HUMAN
+        sender = "system" if kind is MessageKind.SYSTEM else turn.role or "user"
+        span.messages.append(
+            _message(span, kind, sender, span.agent, turn.text, (), "", span.start_ns, position)
+        )
+        position += 1
+    for turn in outputs:
+        calls = tuple(call.rendered() for call in turn.calls)
+        span.messages.append(
+            _message(
+                span, MessageKind.AGENT, span.agent, "", turn.text, calls, "", span.end_ns, position
+            )
+        )
+        position += 1
+
+
+def _tool_message(
+    span: _Span, agent: str, result: tuple[str, str, str], at_ns: int, position: int
+) -> MappedMessage:
+    _, name, text = result
+    return _message(span, MessageKind.TOOL, f"tool:{name}", agent, text, (), name, at_ns, position)
+
+
+def _message(
+    span: _Span,
+    kind: MessageKind,
+    sender: str,
+    recipient: str,
+    content: str,
+    tool_calls: tuple[str, ...],
+    tool_name: str,
+    at_ns: int,
+    position: int,
+) -> MappedMessage:
+    return MappedMessage(
+        session_id=span.session_id,
+        kind=kind,
+        sender=sender,
+        recipient=recipient,
+        content=content,
+        tool_calls=tool_calls,
+        tool_name=tool_name,
+        at_ns=at_ns,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        position=position,
+    )
+
+
+def _message_order(message: MappedMessage) -> tuple[int, str, int]:
+    return message.order
+
+
+def _first_of_each(messages: Sequence[MappedMessage]) -> Iterator[MappedMessage]:
+    """Each message once, by who said what to whom; a tool result by its text and the agent it
+    went to (a tool span and the next model call's input name its tool differently, if at all)."""
+    seen: set[tuple[object, ...]] = set()
+    for m in messages:
+        sender = "" if m.kind is MessageKind.TOOL else m.sender
+        key = (m.session_id, m.kind, sender, m.recipient, m.content, m.tool_calls)
+        if key not in seen:
+            seen.add(key)
+            yield m
+
+
+# ------------------------------------------------------------------ spans and their attributes
+
+
+def _spans(request: ExportTraceServiceRequest) -> Iterator[_Span]:
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                yield _span(span)
+
+
+def _span(span: Span) -> _Span:
+    attrs = _attributes(span.attributes)
+    events = [(event.name, _attributes(event.attributes)) for event in span.events]
+    read = _Span(
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        parent_id=span.parent_span_id.hex(),
+        start_ns=span.start_time_unix_nano,
+        end_ns=max(span.end_time_unix_nano, span.start_time_unix_nano),
+        attrs=attrs,
+        events=events,
+    )
+    read.role = _role(attrs, events)
+    return read
+
+
+def _role(attrs: Mapping[str, Any], events: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    operation = attrs.get("gen_ai.operation.name")
+    kind = str(attrs.get("openinference.span.kind", "")).upper()
+    if operation in _LLM_OPERATIONS or kind == "LLM":
+        return "llm"
+    if operation == "execute_tool" or kind == "TOOL":
+        return "tool"
+    if operation == "invoke_agent" or kind == "AGENT":
+        return "agent"
+    if any(name in _INPUT_EVENTS or name == _CHOICE_EVENT for name, _ in events):
+        return "llm"  # an older instrumentation: messages as events, no operation name
+    return ""
+
+
+def _attributes(pairs: Sequence[KeyValue]) -> dict[str, Any]:
+    return {pair.key: _value(pair.value) for pair in pairs}
+
+
+def _value(value: AnyValue) -> Any:
+    which = value.WhichOneof("value")
+    if which == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    if which == "kvlist_value":
+        return {pair.key: _value(pair.value) for pair in value.kvlist_value.values}
+    return None if which is None else getattr(value, which)
+
+
+def _agent(span: _Span, by_key: Mapping[tuple[str, str], _Span], agents: Mapping[str, str]) -> str:
+    """The agent the span or its nearest ancestor names that the spec knows."""
+    named: list[str] = []
+    for node in _lineage(span, by_key):
+        for name in _agent_names(node.attrs):
+            if name in agents:
+                return agents[name]
+            named.append(name)
+    if named:
+        detail = f"names {', '.join(quote(n) for n in named[:3])}, no agent of the spec"
+        raise _Rejected("unknown_agent", f"{detail} (add it to an agent's aliases)")
+    raise _Rejected("unknown_agent", "neither the span nor its ancestors name an agent")
+
+
+def _agent_names(attrs: Mapping[str, Any]) -> Iterator[str]:
+    for key in _AGENT_KEYS:
+        name = attrs.get(key)
+        if isinstance(name, str) and name:
+            yield name
+    metadata = attrs.get("metadata")
+    if isinstance(metadata, str) and "langgraph_node" in metadata:
+        try:
+            node = json.loads(metadata).get("langgraph_node")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(node, str) and node:
+            yield node
+
+
+def _session(
+    span: _Span, by_key: Mapping[tuple[str, str], _Span], conversations: Mapping[str, str]
+) -> str:
+    """The conversation the span or an ancestor names, else its trace's, else its trace id (all
+    of them only with session_by "conversation")."""
+    if conversations:
+        for node in _lineage(span, by_key):
+            if conversation := _conversation(node.attrs):
+                return conversation
+    return conversations.get(span.trace_id, span.trace_id)
+
+
+def _conversations(spans: Sequence[_Span]) -> dict[str, str]:
+    """Each trace's conversation id, from its earliest span that names one; every trace is in
+    the map (its own id when none names one), so that an empty map means session_by "trace"."""
+    found: dict[str, str] = {}
+    for span in sorted(spans, key=lambda s: (s.start_ns, s.span_id)):
+        if span.trace_id not in found and (conversation := _conversation(span.attrs)):
+            found[span.trace_id] = conversation
+    return {span.trace_id: found.get(span.trace_id, span.trace_id) for span in spans}
+
+
+def _conversation(attrs: Mapping[str, Any]) -> str:
+    for key in _SESSION_KEYS:
+        value = attrs.get(key)
+        if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
+            conversation = str(value)
+            if len(conversation) > _MAX_SESSION_ID:
+                raise _Rejected("malformed", f"{key} is over {_MAX_SESSION_ID} characters")
+            return conversation
+    return ""
+
+
+def _lineage(span: _Span, by_key: Mapping[tuple[str, str], _Span]) -> Iterator[_Span]:
+    """The span, its parent, and so on, as far as the export holds them."""
+    node: _Span | None = span
+    for _ in range(_MAX_DEPTH):
+        if node is None:
+            return
+        yield node
+        node = by_key.get((node.trace_id, node.parent_id)) if node.parent_id else None
+
+
+# ------------------------------------------------------------------ messages of each convention
+
+
+def _turns(span: _Span) -> tuple[list[_Turn], list[_Turn]]:
+    """(input, output) turns of a model call or invocation, in whichever convention it has."""
+    attrs = span.attrs
+    if "gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs:
+        inputs = _genai_turns(attrs.get("gen_ai.input.messages"), "gen_ai.input.messages")
+        outputs = _genai_turns(attrs.get("gen_ai.output.messages"), "gen_ai.output.messages")
+        if instructions := _genai_parts_text(attrs.get("gen_ai.system_instructions")):
+            inputs.insert(0, _Turn("system", instructions))
+        return inputs, outputs
+    if any(key.startswith(("llm.input_messages.", "llm.output_messages.")) for key in attrs):
+        return _oi_turns(attrs, "llm.input_messages"), _oi_turns(attrs, "llm.output_messages")
+    return _event_turns(span.events)
+
+
+def _json(value: Any, name: str) -> Any:
+    """An attribute that holds JSON as a string, or the same structure as OTLP values."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise _Malformed(f"{name} is not JSON: {exc}") from None
+
+
+def _genai_turns(value: Any, name: str) -> list[_Turn]:
+    """gen_ai.input.messages / gen_ai.output.messages: [{role, parts: [{type, ...}]}]."""
+    if value is None:
+        return []
+    messages = _json(value, name)
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise _Malformed(f"{name} is not a list of messages")
+    turns = []
+    for i, message in enumerate(messages):
+        parts = message.get("parts", [])
+        if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+            raise _Malformed(f"{name}[{i}].parts is not a list of parts")
+        texts, calls, results = [], [], []
+        for part in parts:
+            kind = part.get("type")
+            if kind == "text":
+                texts.append(_text(part.get("content")))
+            elif kind == "tool_call":
+                arguments = part.get("arguments")
+                calls.append(
+                    _Call(_text(part.get("id")), _text(part.get("name")), _compact(arguments))
+                )
+            elif kind == "tool_call_response":
+                results.append((_text(part.get("id")), "", _text(part.get("response"))))
+        role = _text(message.get("role"))
+        turns.append(_Turn(role, "\n".join(texts), tuple(calls), tuple(results)))
+    return turns
+
+
+def _genai_parts_text(value: Any) -> str:
+    """gen_ai.system_instructions: [{type: text, content}] (or a plain string)."""
+    if value is None:
+        return ""
+    parts = _json(value, "gen_ai.system_instructions")
+    if isinstance(parts, str):
+        return parts
+    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        raise _Malformed("gen_ai.system_instructions is not a list of parts")
+    return "\n".join(_text(p.get("content")) for p in parts if p.get("type") == "text")
+
+
+def _oi_turns(attrs: Mapping[str, Any], prefix: str) -> list[_Turn]:
+    """OpenInference's flattened list: `<prefix>.<n>.message.role`, `.content`, `.contents.<m>.
+    message_content.text`, `.tool_calls.<m>.tool_call.{id,function.name,function.arguments}`,
+    `.tool_call_id`, `.name`."""
+    turns = []
+    for n in _indices(attrs, f"{prefix}."):
+        p = f"{prefix}.{n}.message."
+        role = _text(attrs.get(p + "role"))
+        text = _text(attrs.get(p + "content")) or "\n".join(
+            _text(attrs.get(f"{p}contents.{m}.message_content.text"))
+            for m in _indices(attrs, f"{p}contents.")
+        )
+        calls = tuple(
+            _Call(
+                _text(attrs.get(f"{p}tool_calls.{m}.tool_call.id")),
+                _text(attrs.get(f"{p}tool_calls.{m}.tool_call.function.name")),
+                _compact(attrs.get(f"{p}tool_calls.{m}.tool_call.function.arguments")),
+            )
+            for m in _indices(attrs, f"{p}tool_calls.")
+        )
+        if role == "tool":
+            result = (_text(attrs.get(p + "tool_call_id")), _text(attrs.get(p + "name")), text)
+            turns.append(_Turn(role, results=(result,)))
+        else:
+            turns.append(_Turn(role, text, calls))
+    return turns
+
+
+def _indices(attrs: Mapping[str, Any], prefix: str) -> list[int]:
+    found = set()
+    for key in attrs:
+        if key.startswith(prefix):
+            index = key[len(prefix) :].partition(".")[0]
+            if not index.isdigit() or len(index) > 6:
+                raise _Malformed(f"{quote(key)}: {quote(index)} is not a list index")
+            found.add(int(index))
+    return sorted(found)
+
+
+def _event_turns(events: Sequence[tuple[str, dict[str, Any]]]) -> tuple[list[_Turn], list[_Turn]]:
+    """The older conventions: gen_ai.{system,user,assistant,tool}.message and gen_ai.choice span
+    events, their body in `gen_ai.event.content` (JSON) or as the event's attributes."""
+    inputs: list[_Turn] = []
+    outputs: list[_Turn] = []
+    for name, attrs in events:
+        if name not in _INPUT_EVENTS and name != _CHOICE_EVENT:
+            continue
+        body = (
+            _json(attrs["gen_ai.event.content"], name) if "gen_ai.event.content" in attrs else attrs
+        )
+        if not isinstance(body, dict):
+            raise _Malformed(f"event {name}: the body is not an object")
+        if name == _CHOICE_EVENT:
+            message = body.get("message", body)
+            if not isinstance(message, dict):
+                raise _Malformed("event gen_ai.choice: message is not an object")
+            outputs.append(_event_turn("assistant", message))
+        else:
+            inputs.append(_event_turn(_INPUT_EVENTS[name], body))
+    return inputs, outputs
+
+
+def _event_turn(role: str, body: Mapping[str, Any]) -> _Turn:
+    text = _text(body.get("content"))
+    if role == "tool":
+        return _Turn(role, results=((_text(body.get("id")), _text(body.get("name")), text),))
+    calls = body.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise _Malformed("tool_calls is not a list of calls")
+    return _Turn(role, text, tuple(_event_call(c) for c in calls))
+
+
+def _event_call(call: Mapping[str, Any]) -> _Call:
+    function = call.get("function") or {}
+    if not isinstance(function, dict):
+        raise _Malformed("a tool call's function is not an object")
+    arguments = _compact(function.get("arguments"))
+    return _Call(_text(call.get("id")), _text(function.get("name")), arguments)
+
+
+def _tool_result(span: _Span) -> tuple[str, str, str | None]:
+    """(call id, tool name, result or None) of a GenAI execute_tool or OpenInference TOOL span."""
+    attrs = span.attrs
+    if attrs.get("gen_ai.operation.name") == "execute_tool":
+        name = _text(attrs.get("gen_ai.tool.name")) or "tool"
+        result = attrs.get("gen_ai.tool.call.result")
+        return _text(attrs.get("gen_ai.tool.call.id")), name, _optional_text(result)
+    name = _text(attrs.get("tool.name")) or "tool"
+    return _text(attrs.get("tool.id")), name, _optional_text(attrs.get("output.value"))
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _text(value: Any) -> str:
+    """Text as the conventions give it: a string, or any JSON value written compactly."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return _compact(value)
+
+
+def _compact(value: Any) -> str:
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        text: str = value
+        try:  # arguments are usually JSON text already: written compactly, like the rest
+            value = json.loads(text)
+        except ValueError:
+            return text
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,218 @@
+"""What both OTLP doors (gRPC TraceService, HTTP /v1/traces) do with an export: map its spans to
+agent messages, number them in their sessions, start the sessions that are new, hand them to the
+ingest pipeline and answer once they are durable, with the spans that could not be placed in
+OTLP's partial_success.
+
+Sessions: a session the store does not have is started (system, the time of its first message,
+labels input=otlp and the trace id) in the same batch as its first messages. Numbering: a
+session's messages are numbered on from the highest index it has (read from the store once per
+session, then kept), in the order the mapping gives; a span exported after later spans of its
+session were stored is numbered after them. A session is written by one producer, or indexes
+may collide (and a colliding message is taken for a resend).
+Back-pressure: at most `max_pending` messages of all exports wait for their commit; an export
+beyond that is refused as throttled (RESOURCE_EXHAUSTED / 429 with a retry delay) before
+anything of it is admitted, so the exporter resends all of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import structlog
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from poirotd.config import SystemSpec
+from poirotd.errors import ResourceExhausted, Unavailable
+from poirotd.ingest.pipeline import IngestPipeline, Refusal
+from poirotd.model import AgentMessage, CommitItem, Session
+from poirotd.observability.metrics import Metrics
+from poirotd.store import Store
+from poirotd.transports.otlp.mapping import (
+    REJECT_REASONS,
+    MappedMessage,
+    Rejection,
+    SessionBy,
+    map_export,
+)
+
+log = structlog.get_logger(__name__)
+
+TRANSPORTS = ("grpc", "http")
+# What a throttled exporter is told to wait before it resends.
+RETRY_AFTER_SECONDS = 1
+
+
+class Throttled(ResourceExhausted):
+    """Too many messages wait for their commit; the export may be sent again later."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="throttled")
+        self.retry_after = RETRY_AFTER_SECONDS
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    spans: int
+    rejected: tuple[Rejection, ...]
+
+    def response(self) -> ExportTraceServiceResponse:
+        if not self.rejected:
+            return ExportTraceServiceResponse()
+        first = self.rejected[0]
+        message = (
+            f"{len(self.rejected)} of {self.spans} spans rejected; first: span {first.span_id} "
+            f"of trace {first.trace_id}: {first.reason}: {first.detail}"
+        )
+        partial = ExportTracePartialSuccess(
+            rejected_spans=len(self.rejected), error_message=message
+        )
+        return ExportTraceServiceResponse(partial_success=partial)
+
+
+class OtlpReceiver:
+    def __init__(
+        self,
+        spec: SystemSpec,
+        pipeline: IngestPipeline,
+        store: Store,
+        metrics: Metrics,
+        *,
+        session_by: SessionBy,
+        max_pending: int,
+    ) -> None:
+        self._system = spec.system.name
+        self._agents = spec.agents_by_alias()
+        self._pipeline = pipeline
+        self._store = store
+        self._metrics = metrics
+        self._session_by: SessionBy = session_by
+        self._max_pending = max_pending
+        self._scope = pipeline.scope()
+        # The next index of each session this receiver wrote to (as many as the store's
+        # sessions: both are kept for the daemon's life).
+        self._next_index: dict[str, int] = {}
+        self._pending = 0
+        self._draining = False
+        for transport in TRANSPORTS:
+            metrics.otlp_spans.labels(transport)
+        for reason in REJECT_REASONS:
+            metrics.otlp_rejected_spans.labels(reason)
+
+    def drain(self) -> None:
+        """From now on exports are refused as UNAVAILABLE (an exporter retries elsewhere)."""
+        self._draining = True
+
+    async def export(self, request: ExportTraceServiceRequest, transport: str) -> ExportResult:
+        """Returns once the export's messages are durable; raises a ServiceError when nothing
+        of it was stored (draining, throttled, the store failed)."""
+        if self._draining:
+            raise Unavailable("the daemon is draining", reason="draining")
+        mapped = map_export(request, self._agents, session_by=self._session_by)
+        self._metrics.otlp_spans.labels(transport).inc(mapped.spans)
+        messages = mapped.messages
+        if self._pending and self._pending + len(messages) > self._max_pending:
+            raise Throttled(
+                f"{self._pending} messages wait for their commit (the limit is "
+                f"{self._max_pending}); retry in {RETRY_AFTER_SECONDS} s"
+            )
+        await self._learn_indexes({m.session_id for m in messages})
+        items, sources = self._numbered(messages)
+        admission = self._pipeline.accept(items, self._scope, skip_invalid=True)
+        self._pending += len(items)
+        try:
+            await admission.wait()
+        except Exception as exc:
+            # The sessions this scope started may not be stored: ask the store again next time.
+            self._scope = self._pipeline.scope()
+            raise Unavailable(f"store write failed: {exc}", reason="store_error") from exc
+        finally:
+            self._pending -= len(items)
+        rejected = (*mapped.rejections, *_refused_spans(admission.refused, sources))
+        for rejection in rejected:
+            self._metrics.otlp_rejected_spans.labels(rejection.reason).inc()
+        if rejected:
+            first = rejected[0]
+            log.warning(
+                "otlp spans rejected",
+                transport=transport,
+                rejected=len(rejected),
+                spans=mapped.spans,
+                first_reason=first.reason,
+                first_detail=first.detail,
+                trace_id=first.trace_id,
+                span_id=first.span_id,
+            )
+        return ExportResult(mapped.spans, rejected)
+
+    async def _learn_indexes(self, sessions: set[str]) -> None:
+        for session_id in sessions - self._next_index.keys():
+            after = 0
+            if self._store.has_session(session_id):
+                stored = await self._store.session_messages(session_id)
+                after = max((m.index + 1 for m in stored), default=0)
+            # Another export may have learnt it while this one read the store.
+            self._next_index.setdefault(session_id, after)
+
+    def _numbered(
+        self, messages: Sequence[MappedMessage]
+    ) -> tuple[list[CommitItem], list[MappedMessage | None]]:
+        """The items to ingest (a session start before a new session's first message) and, by
+        position, the mapped message each came from (None for a session start)."""
+        items: list[CommitItem] = []
+        sources: list[MappedMessage | None] = []
+        started: set[str] = set()
+        for m in messages:
+            sent_at = datetime.fromtimestamp(m.at_ns / 1e9, UTC)
+            index = self._next_index[m.session_id]
+            # Until its start is stored, every export starts the session again (a no-op once
+            # stored): an earlier export's start may still wait for its commit, or have failed.
+            if m.session_id not in started and not self._store.has_session(m.session_id):
+                started.add(m.session_id)
+                labels = {"input": "otlp", "trace_id": m.trace_id}
+                items.append(
+                    Session(
+                        session_id=m.session_id,
+                        system=self._system,
+                        started_at=sent_at,
+                        labels=labels,
+                    )
+                )
+                sources.append(None)
+            self._next_index[m.session_id] = index + 1
+            items.append(
+                AgentMessage(
+                    session_id=m.session_id,
+                    index=index,
+                    kind=m.kind,
+                    sender=m.sender,
+                    recipient=m.recipient,
+                    content=m.content,
+                    tool_calls=m.tool_calls,
+                    tool_name=m.tool_name,
+                    sent_at=sent_at,
+                    trace_id=m.trace_id,
+                    span_id=m.span_id,
+                )
+            )
+            sources.append(m)
+        return items, sources
+
+
+def _refused_spans(
+    refused: Sequence[Refusal], sources: Sequence[MappedMessage | None]
+) -> list[Rejection]:
+    """The spans whose messages the pipeline refused (a time out of range, say), once each."""
+    spans: dict[tuple[str, str], Rejection] = {}
+    for refusal in refused:
+        source = sources[refusal.index]
+        if source is None:  # a session start refused: its messages are refused with it
+            continue
+        key = (source.trace_id, source.span_id)
+        spans.setdefault(key, Rejection(*key, refusal.error.reason, str(refusal.error)))
+    return list(spans.values())
