@@ -27,7 +27,9 @@ from poirotd.store.records import (
 # 4: telemetry in blocks (a new table; a schema-3 store keeps its per-sample rows as they are).
 # 5: messages in blocks, deduplicated through `message_indices` (a schema-4 store keeps its
 #    per-message rows, and their indices are added there when it is opened).
-SCHEMA_VERSION = 5
+# 6: calls refused by the transports' authentication (a new table; a schema-5 store gains it
+#    empty when opened).
+SCHEMA_VERSION = 6
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """
@@ -127,6 +129,10 @@ CREATE TABLE IF NOT EXISTS reputations (
     agent_id TEXT NOT NULL,
     record   TEXT NOT NULL,
     PRIMARY KEY (system, agent_id)
+);
+CREATE TABLE IF NOT EXISTS access_denials (
+    id     INTEGER PRIMARY KEY,
+    record TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS audit (
     seq       INTEGER PRIMARY KEY,
