@@ -33,6 +33,14 @@ SPEC = SystemSpec.model_validate(
             {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
             {"id": "chief", "name": "Chief", "system_prompt": "You choose the plan."},
         ],
+        "components": [
+            {
+                "id": "exo",
+                "name": "Exoskeleton",
+                "type": "hardware",
+                "description": "Error signature: odd readings. Normal behaviour: sane ones.",
+            }
+        ],
         "protocol": {"max_invocations": 1},
     }
 )

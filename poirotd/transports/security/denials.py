@@ -32,15 +32,6 @@ class DenialRecorder:
 
     def record(self, denied: Denied, *, door: Door, call: str, peer: str) -> None:
         self._metrics.auth_denials.labels(call, denied.reason.value).inc()
-        log.warning(
-            "call refused",
-            door=door,
-            call=call,
-            reason=denied.reason.value,
-            identity=denied.identity,
-            role=denied.role,
-            peer=peer,
-        )
         denial = AccessDenial(
             at=datetime.now(UTC),
             door=door,
@@ -50,6 +41,7 @@ class DenialRecorder:
             role=denied.role,
             peer=peer,
         )
+        log.warning("call refused", **denial.model_dump(exclude={"at"}))
         self._loop.call_soon_threadsafe(self._schedule, denial)
 
     async def flush(self) -> None:
