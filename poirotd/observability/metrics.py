@@ -168,6 +168,8 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        for outcome in ("ok", "error"):  # at 0 from the start, so an increase sees the first
+            self.auth_file_reloads.labels(outcome)
         self.insecure_bind = Gauge(
             "poirot_insecure_bind",
             "1 for a port serving a non-loopback address without TLS and authentication "
