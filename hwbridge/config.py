@@ -171,8 +171,29 @@ class DeadLetterConfig(_Model):
     max_payload_bytes: int = Field(default=4096, ge=0)
 
 
+class PoirotdTlsConfig(_Model):
+    """TLS to poirotd's gRPC port: the CA of its certificate (none: the system's CAs), this
+    bridge's certificate and key when poirotd requires client certificates, and the name its
+    certificate carries when the target's host is not that name."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    server_name: str | None = None
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> PoirotdTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
 class PoirotdConfig(_Model):
     target: str = "127.0.0.1:50051"
+    # Set when poirotd's port has TLS (POIROTD_TLS_CERT_FILE).
+    tls: PoirotdTlsConfig | None = None
+    # A file holding the bearer token poirotd's access file grants `ingest` (kept out of here).
+    token_file: Path | None = None
     # Must equal the system name of poirotd's spec; the bridge opens `session_id` under it.
     system: str = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)

@@ -334,6 +334,30 @@ class Investigation(Frozen):
     confirmed: ConfirmedOutcome | None = None
 
 
+# ------------------------------------------------------------------ access
+
+
+# The transports that check credentials.
+Door = Literal["grpc", "metrics"]
+
+
+class AccessDenial(Frozen):
+    """A call a transport refused for want of credentials or of a role, kept in the audit chain.
+    Never the credential itself: the name it authenticated as, if any."""
+
+    at: datetime
+    door: Door
+    # The call: "Investigations.Trigger", "GET /metrics".
+    call: str
+    # poirotd.transports.security.access.DenialReason's value.
+    reason: str
+    identity: str = ""
+    # The role that was missing (reason missing_role).
+    role: str = ""
+    # The client's address as the transport reports it.
+    peer: str = ""
+
+
 # ------------------------------------------------------------------ investigation events
 
 

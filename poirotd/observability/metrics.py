@@ -177,6 +177,33 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.auth_denials = Counter(
+            "poirot_auth_denials_total",
+            "Calls refused for want of credentials or of a role, by call and reason",
+            ["rpc", "reason"],
+            registry=r,
+        )
+        self.auth_denials_unrecorded = Counter(
+            "poirot_auth_denials_unrecorded_total",
+            "Refused calls counted and logged but not kept in the audit chain (a flood of them, "
+            "or a store error)",
+            registry=r,
+        )
+        self.auth_file_reloads = Counter(
+            "poirot_auth_file_reloads_total",
+            "Re-reads of the access file after it changed, by outcome (ok, error)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("ok", "error"):  # at 0 from the start, so an increase sees the first
+            self.auth_file_reloads.labels(outcome)
+        self.insecure_bind = Gauge(
+            "poirot_insecure_bind",
+            "1 for a port serving a non-loopback address without TLS and authentication "
+            "(POIROTD_ALLOW_INSECURE_BIND), else 0",
+            ["port"],
+            registry=r,
+        )
 
     def record_betas(self, betas: Mapping[str, float]) -> None:
         for agent, beta in betas.items():

@@ -22,6 +22,7 @@ from poirotd.api.client import PoirotClient
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.observability.metrics import Metrics
+from poirotd.transports.security.access import token_hash
 from tests.inprocess import in_process_daemon
 from tests.test_grpc_api import SPEC, _answer, session
 
@@ -33,6 +34,8 @@ DASHBOARD_FILE = DEPLOY / "grafana" / "poirotd-dashboard.json"
 K8S = DEPLOY / "k8s"
 EDGE = DEPLOY / "edge"
 
+# The fixture daemon's access file grants this token every role; Prometheus scrapes with it.
+TOKEN = "deploy-tests-token"
 # A whole investigation with the scripted backend takes well under a second; this bounds a hang.
 INVESTIGATION_DEADLINE_SECONDS = 30.0
 
@@ -108,7 +111,11 @@ class Exported:
 
 
 def exported(daemon: Daemon) -> Exported:
-    text = httpx.get(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=5).text
+    text = httpx.get(
+        f"http://127.0.0.1:{daemon.metrics_port}/metrics",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=5,
+    ).text
     return Exported(
         scraped=list(text_string_to_metric_families(text)),
         declared=list(daemon.metrics.registry.collect()),
@@ -122,15 +129,26 @@ def declared_families() -> set[str]:
 
 @pytest.fixture
 async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
-    """An in-process daemon like tests/test_grpc_api.py's, on free loopback ports."""
-    async with in_process_daemon(tmp_path, SPEC, ScriptedBackend(_answer)) as d:
+    """An in-process daemon like tests/test_grpc_api.py's, on free loopback ports, with an
+    access file (so that the access metrics are exercised too)."""
+    access = tmp_path / "access.yaml"
+    roles = ["ingest", "reader", "operator", "auditor", "metrics"]
+    access.write_text(
+        yaml.safe_dump({"tokens": {token_hash(TOKEN): {"name": "t", "roles": roles}}})
+    )
+    async with in_process_daemon(tmp_path, SPEC, ScriptedBackend(_answer), auth_file=access) as d:
         yield d
 
 
 async def run_one_investigation(daemon: Daemon) -> str:
-    """Ingests a session, refuses one bad trigger (so the rejection counter has a sample) and
-    runs one investigation to the end; returns its id."""
-    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client:
+    """Ingests a session, refuses one bad trigger and one call without a token (so the
+    rejection and denial counters have samples) and runs one investigation to the end; returns
+    its id."""
+    target = f"127.0.0.1:{daemon.grpc_port}"
+    async with PoirotClient(target) as anonymous:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await anonymous.reputation()
+    async with PoirotClient(target, token=TOKEN) as client:
         await client.send(session(6))
         with pytest.raises(grpc.aio.AioRpcError):
             await client.trigger("no-such-session", "exercise the rejection counter")

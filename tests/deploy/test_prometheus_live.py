@@ -21,6 +21,7 @@ from poirotd.daemon import Daemon
 from tests.deploy.conftest import (
     DASHBOARD_FILE,
     RULES_FILE,
+    TOKEN,
     dashboard_expressions,
     require_tool,
     run_one_investigation,
@@ -55,6 +56,7 @@ def prometheus(tmp_path: Path, daemon: Daemon) -> Iterator[str]:
         "scrape_configs": [
             {
                 "job_name": "poirotd",
+                "authorization": {"credentials": TOKEN},
                 "static_configs": [{"targets": [f"127.0.0.1:{daemon.metrics_port}"]}],
             }
         ],
