@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,9 +11,8 @@ import pytest
 from poirotd.config.spec import DecisionRuleSpec
 from poirotd.model import HazardRegion, HazardSpace, Vote
 from poirotd.protocol.aggregation import aggregate, consensus_step, score, weigh, weights
+from tests.support.data import RUNS
 
-# The shared data folder sits beside the checkout (as it does for CI).
-RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "poirot-runs"
 ARGMAX = DecisionRuleSpec()
 
 

@@ -35,7 +35,7 @@ from poirotd.store import SqliteStore, canonical_json, entry_hash
 from poirotd.store.audit import AuditError, ChainHead, export_investigation, verify
 from poirotd.store.checkpoints import ChainCheckpoints
 from poirotd.store.schema import SCHEMA_VERSION
-from tests.test_store import T0, event, investigation, message, sample, session, space
+from tests.support.store import T0, event, investigation, message, sample, session, space
 
 UMLAUT = "Kniewinkel über 60° ✓"
 

@@ -16,7 +16,7 @@ from poirotd.protocol.context_budget import shorten
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ContextCutsMade, ExchangeDone, VoteCast
-from tests.test_protocol_engine import EXO, SESSION, MemoryCache, World, _msg, make_spec
+from tests.support.protocol import EXO, SESSION, MemoryCache, World, agent_message, make_spec
 
 
 def stepped_vote(step: int | None, location: Sequence[int] = (0, 0, 0, 1), **extra: Any) -> str:
@@ -149,7 +149,9 @@ async def test_each_agent_view_is_cut_for_its_longest_request() -> None:
 async def test_a_prompt_that_cannot_fit_fails_with_context_exceeded() -> None:
     world = World()
     world.backend = WindowedBackend(world, context_tokens=600)
-    session = [_msg(i, MessageKind.AGENT, "doctor", "", content=HUGE[:2000]) for i in range(2)]
+    session = [
+        agent_message(i, MessageKind.AGENT, "doctor", "", content=HUGE[:2000]) for i in range(2)
+    ]
     with pytest.raises(ProtocolError, match="context_exceeded"):
         await baseline(world, session)
     assert world.of(ContextCutsMade) == []  # left whole: nothing was cut in vain

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from poirotd.demo.main import demo_file
-
-
-def poirotd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "poirotd", *args], capture_output=True, text=True, timeout=60
-    )
+from tests.support.cli import poirotd
 
 
 def test_check_config_accepts_the_demo_spec() -> None:

@@ -11,7 +11,6 @@ import base64
 import json
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,85 +23,20 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from poirotd.api import convert
 from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.ingest.pipeline import Admission
 from poirotd.investigations.service import MAX_TEXT_CHARS, InvestigationService
-from poirotd.llm import ChatMessage
-from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import IngestItem
 from poirotd.transports.grpc.ingest import _Pending, _Unacked
-from tests.inprocess import client_of, in_process_daemon
-from tests.schema_fill import fill
+from tests.support.daemon import rejected
+from tests.support.ingest import message, session, start
 
-SPEC = SystemSpec.model_validate(
-    {
-        "system": {"name": "clinic", "description": "Three agents plan therapy on an exoskeleton."},
-        "agents": [
-            {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
-            {"id": "chief", "name": "Chief", "system_prompt": "You choose the plan."},
-            {"id": "physio", "name": "Physio", "system_prompt": "You advise on dosing."},
-        ],
-        "components": [
-            {
-                "id": "exo",
-                "name": "Exoskeleton",
-                "type": "hardware",
-                "description": "Error signature: odd readings. Normal behaviour: sane ones.",
-            },
-        ],
-        "protocol": {"max_invocations": 2},
-    }
-)
 MAX_ITEM_BYTES = 4096
 
 
-def _answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
-    return json.dumps(fill(schema)) if schema is not None else "I saw nothing unusual."
-
-
 @pytest.fixture
-async def daemon(tmp_path: Any) -> AsyncIterator[Daemon]:
-    backend = ScriptedBackend(_answer)
-    async with in_process_daemon(tmp_path, SPEC, backend, max_message_bytes=MAX_ITEM_BYTES) as d:
-        yield d
-
-
-@pytest.fixture
-async def client(daemon: Daemon) -> AsyncIterator[PoirotClient]:
-    async with client_of(daemon) as c:
-        yield c
-
-
-def start(session_id: str = "s1", system: str = "clinic") -> pb.IngestRequest:
-    return pb.IngestRequest(session_start=pb.SessionStart(session_id=session_id, system=system))
-
-
-def message(
-    index: int,
-    sender: str = "doctor",
-    session_id: str = "s1",
-    content: str = "hello",
-    kind: pb.MessageKind.ValueType = pb.MESSAGE_KIND_AGENT,
-    recipient: str = "",
-) -> pb.IngestRequest:
-    return pb.IngestRequest(
-        agent_message=pb.AgentMessage(
-            session_id=session_id,
-            index=index,
-            kind=kind,
-            sender=sender,
-            recipient=recipient,
-            content=content,
-        )
-    )
-
-
-def session(n: int = 4, session_id: str = "s1") -> list[pb.IngestRequest]:
-    senders = ["doctor", "chief", "physio"]
-    return [start(session_id)] + [
-        message(i, senders[i % 3], session_id, f"turn {i}") for i in range(n)
-    ]
+def daemon_settings() -> dict[str, Any]:
+    return {"max_message_bytes": MAX_ITEM_BYTES}
 
 
 async def send_collecting_acks(
@@ -121,13 +55,6 @@ def stored_messages(daemon: Daemon) -> int:
     with sqlite3.connect(daemon.settings.db_path) as db:
         (count,) = db.execute("SELECT count(*) FROM agent_messages").fetchone()
     return int(count)
-
-
-def rejected(daemon: Daemon, rpc: str, reason: str) -> float:
-    value = daemon.metrics.registry.get_sample_value(
-        "poirot_requests_rejected_total", {"rpc": rpc, "reason": reason}
-    )
-    return value or 0.0
 
 
 async def test_ingest_acks_only_durable_items_and_resends_are_stored_once(

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -14,9 +12,8 @@ from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.llm.scripted import ScriptedBackend
-from tests.inprocess import in_process_daemon
-from tests.test_grpc_api import SPEC, _answer, session
+from tests.support.ingest import session
+from tests.support.spec import clinic
 
 RULES = [
     {
@@ -36,14 +33,12 @@ RULES = [
         "cooldown_seconds": 600,
     },
 ]
-SPEC_WITH_RULES = SystemSpec.model_validate({**SPEC.model_dump(mode="json"), "rules": RULES})
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
-    async with in_process_daemon(tmp_path, SPEC_WITH_RULES, ScriptedBackend(_answer)) as d:
-        yield d
+def daemon_spec() -> SystemSpec:
+    return clinic(rules=RULES)
 
 
 def sample(seconds: float, value: float) -> pb.IngestRequest:

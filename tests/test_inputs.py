@@ -8,7 +8,7 @@ import asyncio
 import math
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from subprocess import PIPE, STDOUT
@@ -26,15 +26,13 @@ from poirotd.config import SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
 from poirotd.ingest.pipeline import IngestPipeline
-from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import CommitItem, HazardEvent, Session, TelemetryBatch
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
 from poirotd.transports.mqtt import SinkStats, _PipelineSink, mqtt_input_spec
-from tests.conftest import Mosquitto
-from tests.hwbridge.support import eventually
-from tests.inprocess import in_process_daemon
-from tests.test_grpc_api import SPEC, _answer
+from tests.support.mosquitto import Mosquitto
+from tests.support.spec import CLINIC, clinic
+from tests.support.waiting import eventually
 
 EXAMPLE = Path(__file__).parents[1] / "hwbridge" / "bridge.example.yaml"
 SESSION = "d2w-p7"
@@ -69,17 +67,19 @@ def spec(mosquitto: Mosquitto) -> SystemSpec:
         "signal": "proprioception_score",
         "below": 3,
     }
-    data = SPEC.model_dump(mode="json")
-    data.update(rules=[rule], inputs={"session_id": SESSION, "mqtt": mqtt})
-    return SystemSpec.model_validate(data)
+    return clinic(rules=[rule], inputs={"session_id": SESSION, "mqtt": mqtt})
 
 
 @pytest.fixture
-async def daemon(mosquitto: Mosquitto, tmp_path: Path) -> AsyncIterator[Daemon]:
-    async with in_process_daemon(tmp_path, spec(mosquitto), ScriptedBackend(_answer)) as d:
-        async with asyncio.timeout(10):
-            await eventually(lambda: counter(d, "connects") >= 1)
-        yield d
+def daemon_spec(mosquitto: Mosquitto) -> SystemSpec:
+    return spec(mosquitto)
+
+
+@pytest.fixture
+async def mqtt_connected(daemon: Daemon) -> None:
+    """Waits until the daemon's MQTT input has connected to the broker."""
+    async with asyncio.timeout(10):
+        await eventually(lambda: counter(daemon, "connects") >= 1)
 
 
 def counter(daemon: Daemon, name: str) -> float:
@@ -107,6 +107,7 @@ async def publish_gait(mosquitto: Mosquitto, extra: Sequence[tuple[str, bytes]] 
             await publisher.publish(topic, payload)
 
 
+@pytest.mark.usefixtures("mqtt_connected")
 async def test_sensor_x_gait_is_stored_and_opens_an_investigation(
     daemon: Daemon, mosquitto: Mosquitto
 ) -> None:
@@ -162,6 +163,7 @@ async def test_sensor_x_gait_is_stored_and_opens_an_investigation(
         assert b"poirot_mqtt" not in problems, problems
 
 
+@pytest.mark.usefixtures("mqtt_connected")
 async def test_a_reading_dated_outside_the_allowed_times_is_dead_lettered(
     daemon: Daemon, mosquitto: Mosquitto
 ) -> None:
@@ -181,6 +183,7 @@ async def test_a_reading_dated_outside_the_allowed_times_is_dead_lettered(
     assert query(daemon, "SELECT count(*) FROM investigations") == [(0,)]
 
 
+@pytest.mark.usefixtures("mqtt_connected")
 async def test_a_failed_commit_restarts_the_input_and_the_broker_redelivers(
     daemon: Daemon, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -219,15 +222,15 @@ class _NoInvestigations:
 async def test_the_sink_commits_what_passes_and_dead_letters_the_rest(tmp_path: Path) -> None:
     """A stream that passed the checks skips them for its later samples, except the value."""
     store = await SqliteStore.open(tmp_path / "sink.db")
-    metrics = Metrics(SPEC.system.name)
+    metrics = Metrics(CLINIC.system.name)
     pipeline = IngestPipeline(
-        SPEC, store, _NoInvestigations(), metrics, batch_max=512, signals_per_component=8
+        CLINIC, store, _NoInvestigations(), metrics, batch_max=512, signals_per_component=8
     )
     dead_letters = DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
     stats = SinkStats()
     scope = pipeline.scope()
     await pipeline.consume(
-        [Session(session_id="s1", system=SPEC.system.name, started_at=T0)], scope
+        [Session(session_id="s1", system=CLINIC.system.name, started_at=T0)], scope
     )
     sink = _PipelineSink(pipeline, scope, "s1", dead_letters, stats)
 

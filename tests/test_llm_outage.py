@@ -13,7 +13,6 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,14 +25,12 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.observability.metrics import Metrics
-from tests.inprocess import client_of, in_process_daemon
-from tests.schema_fill import fill
-from tests.test_grpc_api import SPEC, session
-from tests.test_openai_backend import chat_body
-from tests.test_reputation import AGENTS, REGIONS
+from tests.support.answers import chat_body, fill
+from tests.support.ingest import session
+from tests.support.spec import CLINIC, CLINIC_AGENTS, CLINIC_REGIONS, clinic
 
 TIMEOUT_SECONDS = 0.3
-PHYSIO_PROMPT = SPEC.agent("physio").system_prompt
+PHYSIO_PROMPT = CLINIC.agent("physio").system_prompt
 _CONTENT_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
 
 
@@ -96,21 +93,18 @@ class ModelServer:
 
 
 def outage_spec(url: str) -> SystemSpec:
-    return SystemSpec.model_validate(
-        {
-            **SPEC.model_dump(),
-            "llm": {
-                "backend": "openai",
-                "base_urls": [url],
-                "model": "test-model",
-                "timeout_seconds": TIMEOUT_SECONDS,
-                "connect_timeout_seconds": TIMEOUT_SECONDS,
-                "max_retries": 1,
-                "backoff_seconds": 0.0,
-            },
-            "protocol": {"max_invocations": 2, "invalid_json_retries": 0},
-            "hazard_space": {"regions": [r.model_dump() for r in REGIONS]},
-        }
+    return clinic(
+        llm={
+            "backend": "openai",
+            "base_urls": [url],
+            "model": "test-model",
+            "timeout_seconds": TIMEOUT_SECONDS,
+            "connect_timeout_seconds": TIMEOUT_SECONDS,
+            "max_retries": 1,
+            "backoff_seconds": 0.0,
+        },
+        protocol={"max_invocations": 2, "invalid_json_retries": 0},
+        hazard_space={"regions": [r.model_dump() for r in CLINIC_REGIONS]},
     )
 
 
@@ -122,15 +116,13 @@ async def model() -> AsyncIterator[ModelServer]:
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path, model: ModelServer) -> AsyncIterator[Daemon]:
-    async with in_process_daemon(tmp_path, outage_spec(model.url)) as d:  # spec's backend
-        yield d
+def daemon_spec(model: ModelServer) -> SystemSpec:
+    return outage_spec(model.url)
 
 
 @pytest.fixture
-async def client(daemon: Daemon) -> AsyncIterator[PoirotClient]:
-    async with client_of(daemon) as c:
-        yield c
+def daemon_backend() -> None:
+    """The spec's own backend: the real OpenAIBackend."""
 
 
 async def investigate(client: PoirotClient) -> pb.Investigation:
@@ -180,19 +172,19 @@ async def test_an_llm_outage_fails_the_investigation_with_its_reason_and_the_dae
 
     assert failed.state == pb.INVESTIGATION_STATE_FAILED
     assert failed.error.startswith("no agent cast a valid vote: doctor: turn 1: ")
-    for agent in AGENTS:
+    for agent in CLINIC_AGENTS:
         assert f"{agent}: turn 1: no valid answer in 1 attempt(s); last: " in failed.error
     assert f"LLM call failed ({reason}): LLM request failed after 2 attempt(s)" in failed.error
     assert detail in failed.error
     # One report and one turn per agent, each a call of two HTTP attempts, all failed.
-    assert len(failed.exchanges) == 2 * len(AGENTS)
+    assert len(failed.exchanges) == 2 * len(CLINIC_AGENTS)
     assert all(x.error.startswith(f"{reason}: ") for x in failed.exchanges)
     assert all(v.abstention_reason for v in failed.votes)
     metrics = daemon.metrics
     calls = "poirot_llm_calls_total"
-    assert sample(metrics, calls, backend="openai", outcome=reason) == 2 * len(AGENTS)
+    assert sample(metrics, calls, backend="openai", outcome=reason) == 2 * len(CLINIC_AGENTS)
     assert sample(metrics, "poirot_llm_up", backend="openai") == 0
-    for agent in AGENTS:
+    for agent in CLINIC_AGENTS:
         votes = sample(
             metrics, "poirot_votes_total", system="clinic", agent=agent, outcome="abstained"
         )

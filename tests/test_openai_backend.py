@@ -25,6 +25,7 @@ from poirotd.config import OpenAILLMSpec, SystemSpec
 from poirotd.llm.base import ChatMessage, LLMError, Tool, ToolCall
 from poirotd.llm.factory import open_backend
 from poirotd.llm.openai_http import OpenAIBackend
+from tests.support.answers import chat_body
 
 SECRET = "sk-test-0123456789abcdef"
 MESSAGES = [
@@ -37,29 +38,6 @@ SCHEMA: dict[str, Any] = {
     "properties": {"location": {"type": "array", "items": {"type": "integer"}}},
     "required": ["location"],
 }
-
-
-def chat_body(
-    text: str = '{"location": [0, 1]}',
-    *,
-    finish_reason: str = "stop",
-    cached_tokens: int | None = None,
-) -> dict[str, Any]:
-    usage: dict[str, Any] = {"prompt_tokens": 120, "completion_tokens": 9, "total_tokens": 129}
-    if cached_tokens is not None:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage,
-    }
 
 
 @dataclass

@@ -16,8 +16,15 @@ from poirotd.protocol.events import ExchangeDone
 from poirotd.protocol.interrogation import closing_request, one_more_round
 from poirotd.protocol.peer_tools import VOTE_TOOL, PeerCall, tools_text, turn_tools, uses_tools
 from poirotd.protocol.schemas import AskAction, InvalidAnswer, VoteAction, vote_format
-from tests.schema_fill import fill
-from tests.test_protocol_engine import AGENTS, EXO, World, investigate, make_spec, who
+from tests.support.answers import fill
+from tests.support.protocol import (
+    AGENTS,
+    EXO,
+    World,
+    investigate,
+    make_spec,
+    who,
+)
 
 IDS = [a.id for a in AGENTS]
 VOTE = {"hazard_vector": "sensor", "location": [0, 0, 0, 1], "justification": "angles"}

@@ -6,7 +6,7 @@ import asyncio
 import json
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +26,6 @@ from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import (
     AgentReputation,
     ConfirmedOutcome,
-    HazardRegion,
     HazardSpace,
     Investigation,
     InvestigationState,
@@ -37,24 +36,17 @@ from poirotd.protocol.reputation import accuracy, betas_in_use, reassess, update
 from poirotd.store import AlreadyConfirmedError, SqliteStore, UnknownInvestigationError
 from poirotd.store.audit import verify
 from poirotd.store.schema import SCHEMA_VERSION
-from tests.inprocess import client_of, in_process_daemon
-from tests.schema_fill import fill
-from tests.test_cli import poirotd
-from tests.test_grpc_api import SPEC, rejected, session
+from tests.support.answers import fill
+from tests.support.cli import poirotd
+from tests.support.daemon import rejected
+from tests.support.ingest import session
+from tests.support.spec import CLINIC, CLINIC_AGENTS, CLINIC_REGIONS, clinic
 
 AT = datetime(2025, 1, 1, tzinfo=UTC)
 RATE = ReputationSpec(enabled=True, initial=0.25, min=0.0, max=0.5, learning_rate=0.2)
-AGENTS = ("doctor", "chief", "physio")
-REGIONS = tuple(
-    HazardRegion(id=r, name=r, type="agent" if r in AGENTS else "hardware", description=r)
-    for r in (*AGENTS, "exo")
-)
-REPUTED = SystemSpec.model_validate(
-    {
-        **SPEC.model_dump(),
-        "protocol": {"max_invocations": 2, "reputation": RATE.model_dump()},
-        "hazard_space": {"regions": [r.model_dump() for r in REGIONS]},
-    }
+REPUTED = clinic(
+    protocol={"max_invocations": 2, "reputation": RATE.model_dump()},
+    hazard_space={"regions": [r.model_dump() for r in CLINIC_REGIONS]},
 )
 
 # ------------------------------------------------------------------ the update rule
@@ -129,7 +121,7 @@ def _reputation(agent: str, beta: float, confirmations: int = 1) -> AgentReputat
 
 def test_betas_in_use_are_the_specs_beta_unless_reputation_is_enabled() -> None:
     stored = {"doctor": _reputation("doctor", 0.4)}
-    assert betas_in_use(SPEC, stored) == dict.fromkeys(AGENTS, 0.25)
+    assert betas_in_use(CLINIC, stored) == dict.fromkeys(CLINIC_AGENTS, 0.25)
     assert betas_in_use(REPUTED, stored) == {"doctor": 0.4, "chief": 0.25, "physio": 0.25}
 
 
@@ -148,11 +140,11 @@ def test_reassess_moves_voters_only_and_counts_their_confirmations() -> None:
     )
     assert {r.agent_id: r.confirmations for r in updated} == {"doctor": 1, "chief": 4}
     assert all(r.investigation_id == "i2" and r.updated_at == AT for r in updated)
-    assert reassess(SPEC, VOTES, (1, 0, 0, 0), stored, investigation_id="i2", at=AT) == []
+    assert reassess(CLINIC, VOTES, (1, 0, 0, 0), stored, investigation_id="i2", at=AT) == []
 
 
 def test_aggregation_weighs_each_vote_with_its_agents_beta() -> None:
-    space = HazardSpace(system="clinic", version="v", source="pinned", regions=REGIONS)
+    space = HazardSpace(system="clinic", version="v", source="pinned", regions=CLINIC_REGIONS)
     betas = {"doctor": 0.5, "chief": 0.1, "physio": 0.3}
     attribution = aggregate(space, VOTES, betas, REPUTED.protocol.decision)
     # doctor on itself: 0.5 + 0.5; chief on itself: 0.1 + 0.5; the abstainer is left out.
@@ -178,7 +170,7 @@ def _succeeded(investigation_id: str = "i1") -> Investigation:
 def _outcome(*regions: str) -> ConfirmedOutcome:
     return ConfirmedOutcome(
         region_ids=regions,
-        decision=tuple(int(r in regions) for r in (*AGENTS, "exo")),
+        decision=tuple(int(r in regions) for r in (*CLINIC_AGENTS, "exo")),
         note="checked by the clinician",
         at=AT,
     )
@@ -286,15 +278,13 @@ def answers() -> Answers:
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path, answers: Answers) -> AsyncIterator[Daemon]:
-    async with in_process_daemon(tmp_path, REPUTED, ScriptedBackend(answers)) as d:
-        yield d
+def daemon_spec() -> SystemSpec:
+    return REPUTED
 
 
 @pytest.fixture
-async def client(daemon: Daemon) -> AsyncIterator[PoirotClient]:
-    async with client_of(daemon) as c:
-        yield c
+def daemon_backend(answers: Answers) -> ScriptedBackend:
+    return ScriptedBackend(answers)
 
 
 async def investigate(client: PoirotClient) -> pb.Investigation:
@@ -314,7 +304,7 @@ async def test_confirm_outcome_moves_the_betas_the_next_investigation_uses(
     await client.send(session(6))
     first = await investigate(client)
     assert first.state == pb.INVESTIGATION_STATE_SUCCEEDED
-    assert dict(first.betas) == dict.fromkeys(AGENTS, 0.25)
+    assert dict(first.betas) == dict.fromkeys(CLINIC_AGENTS, 0.25)
 
     confirmed = await client.confirm(first.investigation_id, ["doctor"], note="clinician")
     assert confirmed.newly_confirmed
@@ -322,7 +312,7 @@ async def test_confirm_outcome_moves_the_betas_the_next_investigation_uses(
     assert list(confirmed.confirmed.decision) == [1, 0, 0, 0]
     moved = {"doctor": 0.3, "chief": 0.3, "physio": 0.2}
     assert betas_of(confirmed) == pytest.approx(moved)
-    assert {b.agent_id: b.confirmations for b in confirmed.betas} == dict.fromkeys(AGENTS, 1)
+    assert {b.agent_id: b.confirmations for b in confirmed.betas} == dict.fromkeys(CLINIC_AGENTS, 1)
     for agent, beta in moved.items():
         sample = daemon.metrics.registry.get_sample_value(
             "poirot_agent_beta", {"system": "clinic", "agent": agent}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from poirotd.config import Settings
-from tests.deploy.conftest import DEPLOY, REPO
+from tests.support.deploy import DEPLOY, REPO
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 IGNORE_FILE = DEPLOY / "Dockerfile.dockerignore"

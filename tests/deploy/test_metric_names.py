@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from poirotd.daemon import Daemon
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     Exported,
     alert_rules,

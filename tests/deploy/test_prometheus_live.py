@@ -18,7 +18,7 @@ import yaml
 
 from hwbridge.broker import free_port, stop_process
 from poirotd.daemon import Daemon
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     RULES_FILE,
     dashboard_expressions,

@@ -14,7 +14,8 @@ from poirotd.eval.report import percent, render_report
 from poirotd.eval.results import CaseResult, TokenUsage
 from poirotd.eval.scoring import STEP_TOLERANCES, groups, summarise
 from poirotd.model import Vote
-from tests.eval.helpers import DATA, one_hot, result
+from tests.eval.helpers import one_hot, result
+from tests.support.data import DATA
 
 CORTEX = blame.region_ids(DATA, "blame-cortex")
 EXPERTS = ("excel_expert", "verification_expert", "computer_terminal")

@@ -1,12 +1,20 @@
-"""Builds the smallest JSON value that satisfies one of the protocol's answer schemas.
-
-Used by scripted backends in orchestration tests, so that they follow whatever schema the
-protocol asks for instead of hard-coding answers.
+"""Scripted LLM answers: the smallest JSON value that satisfies whatever schema the protocol asks
+for (so scripted backends follow the protocol instead of hard-coding answers), and the body an
+OpenAI-compatible server answers a chat completion with.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
+
+from poirotd.llm import ChatMessage
+
+
+def schema_answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
+    """A ScriptedBackend script: a schema-valid answer (every vote names region 0), or prose."""
+    return json.dumps(fill(schema)) if schema is not None else "I saw nothing unusual."
 
 
 def fill(schema: dict[str, Any], *, prefer: str = "vote", bit: int = 1) -> Any:
@@ -46,3 +54,27 @@ def fill(schema: dict[str, Any], *, prefer: str = "vote", bit: int = 1) -> Any:
     if kind == "null":
         return None
     raise ValueError(f"unsupported schema: {schema}")
+
+
+def chat_body(
+    text: str = '{"location": [0, 1]}',
+    *,
+    finish_reason: str = "stop",
+    cached_tokens: int | None = None,
+) -> dict[str, Any]:
+    """A /v1/chat/completions response carrying `text`, with token usage."""
+    usage: dict[str, Any] = {"prompt_tokens": 120, "completion_tokens": 9, "total_tokens": 129}
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage,
+    }

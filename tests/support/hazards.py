@@ -1,4 +1,4 @@
-"""Builders shared by the hazard tests: samples, messages and feeding in batches."""
+"""Builders for the hazard rules: samples, messages, rules as from YAML, feeding in batches."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Test helpers shared by the hwbridge tests."""
+"""Waiting for what a test expects without sleeping a fixed time."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""An in-process daemon on OS-chosen loopback ports, and a client for it: the fixture most API
-tests share."""
+"""An in-process daemon on OS-chosen loopback ports, and a client for it: what most API tests run
+against (the `daemon` and `client` fixtures are built on these)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,11 @@ async def in_process_daemon(
 async def client_of(daemon: Daemon) -> AsyncIterator[PoirotClient]:
     async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client:
         yield client
+
+
+def rejected(daemon: Daemon, rpc: str, reason: str) -> float:
+    """How many requests to `rpc` the daemon refused for `reason` (its counter's sample)."""
+    value = daemon.metrics.registry.get_sample_value(
+        "poirot_requests_rejected_total", {"rpc": rpc, "reason": reason}
+    )
+    return value or 0.0
