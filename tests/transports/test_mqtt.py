@@ -34,7 +34,7 @@ from tests.support.mosquitto import Mosquitto
 from tests.support.spec import CLINIC, clinic
 from tests.support.waiting import eventually
 
-EXAMPLE = Path(__file__).parents[1] / "hwbridge" / "bridge.example.yaml"
+EXAMPLE = Path(__file__).parents[2] / "hwbridge" / "bridge.example.yaml"
 SESSION = "d2w-p7"
 # 1 s of gait at 1500 samples/s over the frame channels, one heart rate, two clinical scores.
 SAMPLES = 1503
