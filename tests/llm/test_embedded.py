@@ -219,8 +219,23 @@ async def test_event_loop_runs_during_a_completion(backend: EmbeddedBackend) -> 
 
 
 async def test_concurrent_completes_are_serialised_and_both_succeed(
-    backend: EmbeddedBackend,
+    backend: EmbeddedBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A llama.cpp model is not thread-safe: two completions asked at once must take turns on it.
+    Each generation on the one model is timed; the second may begin only after the first ends."""
+    assert backend._engine is not None
+    model = backend._engine._llm
+    generate = model.create_completion
+    spans: list[tuple[float, float]] = []
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.monotonic()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            spans.append((began, time.monotonic()))
+
+    monkeypatch.setattr(model, "create_completion", timed)
     first, second = await asyncio.gather(
         backend.complete(
             _ask("Which component is suspect?"), schema=VOTE_SCHEMA, max_tokens=VOTE_MAX_TOKENS
@@ -229,6 +244,9 @@ async def test_concurrent_completes_are_serialised_and_both_succeed(
     )
     _Vote.model_validate(json.loads(first.text))
     _Turn.model_validate({"turn": json.loads(second.text)})
+    assert len(spans) == 2
+    (_, first_end), (second_start, _) = sorted(spans)
+    assert first_end <= second_start, "the two generations overlapped on the one model"
 
 
 async def test_a_cancelled_completion_frees_the_model_at_once(backend: EmbeddedBackend) -> None:
