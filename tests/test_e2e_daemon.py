@@ -49,8 +49,8 @@ async def _stream_and_trigger(daemon: DaemonProcess, client: PoirotClient) -> st
     return (await client.trigger("e2e-1", "end-to-end test")).investigation_id
 
 
-# A full investigation on the embedded model: ~5 min on a quiet 2-core box, over 10 min when
-# the box is shared with other model runs, so it gets more than the suite's default timeout.
+# A full investigation on the embedded model: 85 s to 5 min on a quiet 2-core box, over 10 min
+# when the box is shared with other model runs.
 @pytest.mark.timeout(1800)
 def test_stream_trigger_watch_scrape_and_store(daemon: DaemonProcess) -> None:
     async def scenario() -> tuple[str, list[pb.InvestigationEvent]]:
@@ -88,6 +88,8 @@ def test_stream_trigger_watch_scrape_and_store(daemon: DaemonProcess) -> None:
     assert exchanges > 0
 
 
+# 7.6 s on a quiet 2-core box; its own bounds (start 120 s, exit 60 s) come first.
+@pytest.mark.timeout(600)
 def test_sigterm_drains_refuses_new_work_and_exits_zero(tmp_path: Path) -> None:
     process = DaemonProcess(_spec_file(tmp_path), tmp_path, env={"POIROTD_DRAIN_SECONDS": "2"})
     process.start()

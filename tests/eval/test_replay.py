@@ -111,6 +111,7 @@ def test_eval_spec_writes_a_spec_the_daemon_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 5.5 s on a quiet 2-core box; the replay has 600 s of its own
 def test_replay_into_a_daemon_process_started_on_the_case_spec(tmp_path: Path) -> None:
     """The operator's path on real parts: the embedded model answers (meaningless, valid)."""
     case_file = tmp_path / "case.json"

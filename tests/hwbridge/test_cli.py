@@ -87,6 +87,7 @@ def stored(db: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 2.5 s on a quiet 2-core box; its own waits add up to 85 s
 async def test_simulated_gait_reaches_poirotd_even_when_it_was_down(
     mosquitto: Mosquitto, tmp_path: Path
 ) -> None:

@@ -193,6 +193,7 @@ def poirotd_process(tmp_path: Path) -> Iterator[DaemonProcess]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 1.5 s on a quiet 2-core box; two daemon starts of up to 120 s each
 async def test_unacked_samples_are_resent_after_poirotd_crashes(
     poirotd_process: DaemonProcess,
 ) -> None:

