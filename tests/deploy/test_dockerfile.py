@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from poirotd.config import Settings
-from tests.deploy.conftest import DEPLOY, REPO
+from tests.support.deploy import DEPLOY, REPO
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 IGNORE_FILE = DEPLOY / "Dockerfile.dockerignore"
@@ -100,6 +100,7 @@ def _context_files() -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 0.9 s on a quiet 2-core box; pip has 300 s of its own
 def test_the_build_context_builds_a_wheel_with_the_package_data(tmp_path: Path) -> None:
     context = tmp_path / "context"
     for path in _context_files():

@@ -19,7 +19,7 @@ from poirotd.config import Settings
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.daemon import Daemon
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,
     EDGE,

@@ -19,7 +19,7 @@ from kubernetes_validate import utils as kv
 from poirotd.config import Settings
 from poirotd.config.loader import load_spec_text
 from poirotd.config.spec import OpenAILLMSpec
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,
     K8S,

@@ -18,7 +18,7 @@ import yaml
 
 from hwbridge.broker import free_port, stop_process
 from poirotd.daemon import Daemon
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     RULES_FILE,
     TOKEN,
@@ -27,7 +27,8 @@ from tests.deploy.conftest import (
     run_one_investigation,
 )
 
-pytestmark = pytest.mark.slow
+# 7.9 s on a quiet 2-core box, most of it Prometheus starting and evaluating the rule.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 ALERT = "PoirotHighAttributionScore"
 DEADLINE_SECONDS = 30.0

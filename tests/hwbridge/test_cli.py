@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from hwbridge.__main__ import app
 from hwbridge.broker import free_port
-from tests.conftest import Mosquitto
-from tests.hwbridge.support import eventually
-from tests.hwbridge.test_forward import start_daemon
+from tests.support.daemon import in_process_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.spec import BRIDGE_CLINIC
+from tests.support.waiting import eventually
 
 EXAMPLE = Path(__file__).parents[2] / "hwbridge" / "bridge.example.yaml"
 
@@ -86,6 +87,7 @@ def stored(db: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 2.5 s on a quiet 2-core box; its own waits add up to 85 s
 async def test_simulated_gait_reaches_poirotd_even_when_it_was_down(
     mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
@@ -107,15 +109,14 @@ async def test_simulated_gait_reaches_poirotd_even_when_it_was_down(
         assert await simulator.wait() == 0, log.read_text()
     assert await stop(bridge) == 0, log.read_text()  # poirotd never answered
 
-    daemon = await start_daemon(db, port)
-    bridge = await hwbridge("run", "--config", str(config), log=log)
-    try:
-        # 1 s at 1500 samples/s over the frame channels + 1 heart rate + 2 clinical scores.
-        async with asyncio.timeout(30):
-            await eventually(lambda: stored(db) >= 1503)
-    finally:
-        exit_code = await stop(bridge)
-        await daemon.stop()
+    async with in_process_daemon(tmp_path, BRIDGE_CLINIC, grpc_port=port, drain_seconds=0):
+        bridge = await hwbridge("run", "--config", str(config), log=log)
+        try:
+            # 1 s at 1500 samples/s over the frame channels + 1 heart rate + 2 clinical scores.
+            async with asyncio.timeout(30):
+                await eventually(lambda: stored(db) >= 1503)
+        finally:
+            exit_code = await stop(bridge)
     assert exit_code == 0, log.read_text()
     with sqlite3.connect(db) as conn:
         score = conn.execute(
