@@ -38,6 +38,7 @@ from poirotd.transports.otlp.trace_service import TraceService
 from poirotd.transports.security.access import AccessControl
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.exposure import Exposure, check_exposure, exposures
+from poirotd.transports.security.http import HttpAccess
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
@@ -180,6 +181,10 @@ class Daemon:
                 host=s.otlp_http_host,
                 port=s.otlp_http_port,
                 max_body_bytes=s.otlp_max_body_bytes,
+                tls=tls,
+                access=None
+                if access is None or denials is None
+                else HttpAccess(access, denials, "otlp_http", "POST /v1/traces"),
             )
             doors.append(otlp_http)
         inputs = mqtt_input_spec(self.spec)

@@ -338,7 +338,7 @@ class Investigation(Frozen):
 
 
 # The transports that check credentials.
-Door = Literal["grpc", "metrics"]
+Door = Literal["grpc", "metrics", "otlp_http"]
 
 
 class AccessDenial(Frozen):

@@ -22,9 +22,9 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 import structlog
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from poirotd.transports.security.access import AccessControl, Denied
+from poirotd.transports.security.access import AccessControl
 from poirotd.transports.security.denials import DenialRecorder
-from poirotd.transports.security.roles import REQUIRED
+from poirotd.transports.security.http import HttpAccess, certificate_names
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
@@ -48,7 +48,7 @@ class MetricsHttp:
     ) -> None:
         self._app: WSGIApplication = make_wsgi_app(registry)
         if access is not None and denials is not None:
-            self._app = _guarded(self._app, access, denials)
+            self._app = _guarded(self._app, HttpAccess(access, denials, "metrics", _CALL))
         self._host = host
         self.port = port
         self._tls = tls
@@ -107,46 +107,24 @@ class _Handler(WSGIRequestHandler):
     def get_environ(self) -> WSGIEnvironment:
         environ = super().get_environ()
         if isinstance(self.connection, ssl.SSLSocket):
-            environ[_CERTIFICATE_NAMES] = _certificate_names(self.connection.getpeercert())
+            environ[_CERTIFICATE_NAMES] = certificate_names(self.connection.getpeercert())
         return environ
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not logged (one every few seconds)."""
 
 
-def _certificate_names(certificate: dict[str, Any] | None) -> list[str]:
-    """The SANs in order, then the common name, as the gRPC port sees them."""
-    if not certificate:
-        return []
-    names = [value for _, value in certificate.get("subjectAltName", ())]
-    for rdn in certificate.get("subject", ()):
-        names += [value for key, value in rdn if key == "commonName"]
-    return names
-
-
-def _guarded(
-    app: WSGIApplication, access: AccessControl, denials: DenialRecorder
-) -> WSGIApplication:
-    requirement = REQUIRED[_CALL]
-    assert requirement is not None, "scrapes are never open when there is an access policy"
-
+def _guarded(app: WSGIApplication, door: HttpAccess) -> WSGIApplication:
     def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        try:
-            identity = access.policy().identify(
-                environ.get("HTTP_AUTHORIZATION"), environ.get(_CERTIFICATE_NAMES, [])
-            )
-            identity.require(requirement.role, _CALL)
-        except Denied as denied:
-            peer = str(environ.get("REMOTE_ADDR", ""))
-            denials.record(denied, door="metrics", call=_CALL, peer=peer)
-            headers = [("Content-Type", "text/plain; charset=utf-8")]
-            if denied.reason.authenticated:
-                status = "403 Forbidden"
-            else:
-                status = "401 Unauthorized"
-                headers.append(("WWW-Authenticate", 'Bearer realm="poirotd"'))
-            start_response(status, headers)
-            return [f"{denied}\n".encode()]
-        return app(environ, start_response)
+        refusal = door.refusal(
+            environ.get("HTTP_AUTHORIZATION"),
+            environ.get(_CERTIFICATE_NAMES, []),
+            str(environ.get("REMOTE_ADDR", "")),
+        )
+        if refusal is None:
+            return app(environ, start_response)
+        status = "403 Forbidden" if refusal.status == 403 else "401 Unauthorized"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"), *refusal.headers])
+        return [f"{refusal.message}\n".encode()]
 
     return guarded

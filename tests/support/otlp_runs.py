@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -500,9 +501,20 @@ RUNS: dict[str, Run] = {
 
 def recorded_export(run: Run, t0: int = RECORDED_AT_NS) -> ExportTraceServiceRequest:
     """The run as the SDK's OTLP exporters encode it, with ids 1, 2, 3..."""
+    return _encoded(run, t0, "conv-1", CountingIds())
+
+
+def live_export(conversation: str = "conv-1") -> ExportTraceServiceRequest:
+    """The GenAI run, a second ago, with random ids, as its exporter would send it now."""
+    return _encoded(genai_run, time.time_ns() - 1_000_000_000, conversation, None)
+
+
+def _encoded(
+    run: Run, t0: int, conversation: str, ids: IdGenerator | None
+) -> ExportTraceServiceRequest:
     memory = InMemorySpanExporter()
-    traced = provider(SimpleSpanProcessor(memory), CountingIds())
-    run(traced.get_tracer("clinic"), t0, "conv-1")
+    traced = provider(SimpleSpanProcessor(memory), ids)
+    run(traced.get_tracer("clinic"), t0, conversation)
     traced.shutdown()
     return encode_spans(memory.get_finished_spans())
 

@@ -56,4 +56,5 @@ REQUIRED: Mapping[str, Requirement | None] = {
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": None,
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": None,
     "GET /metrics": Requirement(Role.METRICS),
+    "POST /v1/traces": Requirement(Role.INGEST),
 }

@@ -1,7 +1,8 @@
 """The server's TLS material from PEM files, re-read when the files are replaced.
 
-Both doors use it: gRPC takes the PEM bytes (grpc's certificate-config fetcher asks for them on
-every new connection), the metrics server an `ssl.SSLContext` it wraps each new connection with.
+Every door uses it: gRPC takes the PEM bytes (grpc's certificate-config fetcher asks for them on
+every new connection), the metrics server an `ssl.SSLContext` it wraps each new connection with,
+OTLP/HTTP's asyncio server a context that does the same (`asyncio_context`).
 A load is only taken when the certificate and key match and the files did not change while they
 were read, so a rotation caught half-written is simply tried again on the next connection.
 """
@@ -53,6 +54,13 @@ class ServerTls:
         with self._lock:
             return self._material
 
+    def asyncio_context(self) -> ssl.SSLContext:
+        """A context for an asyncio server (OTLP/HTTP) that hands each new connection to the
+        current material, so a replaced certificate is served without a restart there too."""
+        context = _CurrentContext(ssl.PROTOCOL_TLS_SERVER)
+        context.tls = self
+        return context
+
     def refresh(self) -> TlsMaterial | None:
         """The new material when the files were replaced since the last load and the new ones
         load; None when nothing changed or the new files cannot be used yet (logged; the
@@ -93,3 +101,27 @@ class ServerTls:
 
     def _names(self) -> str:
         return ", ".join(str(path) for path in self._paths)
+
+
+class _CurrentContext(ssl.SSLContext):
+    """asyncio wraps every accepted connection with `wrap_bio`: this one asks `ServerTls` for
+    its material first (a file check, as the gRPC fetcher does) and wraps with that."""
+
+    tls: ServerTls
+
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        material = self.tls.refresh() or self.tls.material
+        return material.context.wrap_bio(
+            incoming,
+            outgoing,
+            server_side=server_side,
+            server_hostname=server_hostname,
+            session=session,
+        )

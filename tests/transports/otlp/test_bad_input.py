@@ -17,7 +17,6 @@ from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
@@ -26,25 +25,10 @@ from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
-from tests.support.otlp_runs import RUNS, SPEC, genai_run, provider
+from tests.support.otlp_runs import RUNS, SPEC, live_export
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 BODY_LIMIT = 64 * 1024
-
-
-def _export(conversation: str = "conv-1") -> ExportTraceServiceRequest:
-    """The GenAI run, now, as its exporter would send it."""
-    import time
-
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    memory = InMemorySpanExporter()
-    traced = provider(SimpleSpanProcessor(memory))
-    genai_run(traced.get_tracer("clinic"), time.time_ns() - 1_000_000_000, conversation)
-    traced.shutdown()
-    return encode_spans(memory.get_finished_spans())
 
 
 @pytest.fixture
@@ -71,7 +55,7 @@ def _refusals(daemon: Daemon, rpc: str, reason: str) -> float:
 async def test_http_refuses_what_it_cannot_read_with_a_status_that_says_why(
     daemon: Daemon,
 ) -> None:
-    good = _export().SerializeToString()
+    good = live_export().SerializeToString()
     cases = [
         (good[: len(good) // 2], PROTOBUF, 400, "undecodable", "not an ExportTraceServiceRequest"),
         (good, {"Content-Type": "text/plain"}, 415, "wrong_content_type", "is not application"),
@@ -122,7 +106,7 @@ async def test_http_refuses_what_it_cannot_read_with_a_status_that_says_why(
 
 
 async def test_grpc_answers_a_truncated_export_invalid_argument(daemon: Daemon) -> None:
-    good = _export().SerializeToString()
+    good = live_export().SerializeToString()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
         export = channel.unary_unary(
             "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
@@ -148,7 +132,7 @@ async def test_json_exports_are_read_and_answered_in_json(daemon: Daemon) -> Non
     async with httpx.AsyncClient() as client:
         answer = await client.post(
             _url(daemon),
-            content=otlp_json(_export("conv-json")),
+            content=otlp_json(live_export("conv-json")),
             headers={"Content-Type": "application/json"},
         )
     assert answer.status_code == 200
@@ -160,7 +144,7 @@ async def test_json_exports_are_read_and_answered_in_json(daemon: Daemon) -> Non
 async def test_under_load_exports_are_throttled_and_every_acknowledged_one_is_stored(
     daemon: Daemon,
 ) -> None:
-    bodies = [_export(f"load-{i}").SerializeToString() for i in range(12)]
+    bodies = [live_export(f"load-{i}").SerializeToString() for i in range(12)]
     async with httpx.AsyncClient() as client:
         answers = await asyncio.gather(
             *(client.post(_url(daemon), content=body, headers=PROTOBUF) for body in bodies)
@@ -179,7 +163,7 @@ async def test_under_load_exports_are_throttled_and_every_acknowledged_one_is_st
 
 
 async def test_grpc_throttling_carries_the_retry_delay(daemon: Daemon) -> None:
-    exports = [_export(f"grpc-load-{i}") for i in range(12)]
+    exports = [live_export(f"grpc-load-{i}") for i in range(12)]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
         stub = trace_service_pb2_grpc.TraceServiceStub(channel)
         answers = await asyncio.gather(*(stub.Export(e) for e in exports), return_exceptions=True)
