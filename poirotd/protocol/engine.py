@@ -68,7 +68,7 @@ class InvestigationEngine:
         are the agents' β_i (the reputation variant), the spec's β for all when None;
         `method` picks POIROT or the baseline (which ignores `betas`: it weighs nothing).
 
-        Raises ProtocolError when no hazard space can be built or every voter abstains;
+        Raises ProtocolError when every voter abstains;
         cancellation propagates and cancels every LLM call in flight.
         """
         spec, run = self._spec, RunContext(self._backend, on_event)

@@ -62,6 +62,13 @@ class ContextCutsMade(Frozen):
     cuts: tuple[ContextCut, ...]
 
 
+class HazardSpaceBuilt(Frozen):
+    """Phase I built (and cached) a new hazard space, with what it dropped of the answer."""
+
+    kind: Literal["hazard_space_built"] = "hazard_space_built"
+    hazard_space: HazardSpace
+
+
 class AttributionReady(Frozen):
     kind: Literal["attribution_ready"] = "attribution_ready"
     attribution: Attribution
@@ -75,6 +82,7 @@ ProtocolEvent = Annotated[
     | ReportFiled
     | VoteCast
     | ContextCutsMade
+    | HazardSpaceBuilt
     | AttributionReady,
     Field(discriminator="kind"),
 ]
