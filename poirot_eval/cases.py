@@ -11,7 +11,8 @@ from typing import Literal
 from poirotd.config.spec import SystemSpec
 from poirotd.model import AgentMessage, Frozen
 
-Dataset = Literal["blame-cortex", "blame-trading", "whowhen", "tracertraj"]
+# "whowhen" is Who&When's Algorithm-Generated subset, "whowhen-hand-crafted" its Hand-Crafted one.
+Dataset = Literal["blame-cortex", "blame-trading", "whowhen", "whowhen-hand-crafted", "tracertraj"]
 
 
 class GroundTruth(Frozen):

@@ -13,6 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 
 from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.whowhen import SUBSETS, Subset
 from poirotd.cli.main import DEFAULT_TARGET, TargetOption, refused
 from poirotd.config import LLMSpec, OpenAILLMSpec
 from poirotd.llm import LLMError
@@ -36,7 +37,10 @@ DataDirOption = Annotated[
     ),
 ]
 CaseArgument = Annotated[
-    str, typer.Argument(help="DATASET:CASE_ID (e.g. whowhen:12) or a JSON file holding one case")
+    str,
+    typer.Argument(
+        help="DATASET:CASE_ID (e.g. whowhen:12, whowhen-hand-crafted:3) or a one-case JSON file"
+    ),
 ]
 MethodOption = Annotated[
     InvestigationMethod,
@@ -64,6 +68,13 @@ def run_command(
         Path, typer.Option(help="run directory: results.jsonl and run.json (resumed if present)")
     ],
     data_dir: DataDirOption = Path("data"),
+    subset: Annotated[
+        Subset | None,
+        typer.Option(
+            help="whowhen: algorithm-generated (AG2 CaptainAgent, the default) or hand-crafted "
+            "(Magentic-One), read from whowhen/Algorithm-Generated or whowhen/Hand-Crafted",
+        ),
+    ] = None,
     method: MethodOption = "poirot",
     ids: Annotated[
         str | None, typer.Option(help="comma-separated case ids to keep (default: all)")
@@ -110,6 +121,7 @@ def run_command(
     the same command skips the cases already there, so an interrupted run resumes.
     """
     from poirot_eval.journal import RunJournal, RunMismatch
+    from poirot_eval.loaders import source
     from poirot_eval.progress import RunProgress
     from poirot_eval.runner import run_cases
     from poirot_eval.selection import select_cases
@@ -123,14 +135,19 @@ def run_command(
             err=True,
         )
         raise typer.Exit(2)
+    dataset = _with_subset(dataset, subset)
     chosen = [i.strip() for i in ids.split(",") if i.strip()] if ids else None
     try:
         cases = select_cases(dataset, data_dir, ids=chosen, offset=offset, limit=limit)
-    except (OSError, KeyError, ValueError) as exc:
-        typer.echo(f"cannot load {dataset} from {data_dir}: {exc}", err=True)
+    except KeyError as exc:
+        typer.echo(f"cannot load {dataset}: {exc.args[0]}", err=True)
+        raise typer.Exit(2) from exc
+    except (OSError, ValueError) as exc:
+        typer.echo(f"cannot load {dataset}: {exc}", err=True)
         raise typer.Exit(2) from exc
     if not cases:
-        typer.echo(f"cannot load {dataset} from {data_dir}: no cases selected", err=True)
+        where = source(dataset, data_dir)
+        typer.echo(f"cannot load {dataset}: no cases selected in {where}", err=True)
         raise typer.Exit(2)
     journal = RunJournal(out)
     try:
@@ -202,6 +219,15 @@ def spec_command(
     spec = load_case(case, data_dir).spec
     output.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     typer.echo(f"{output}: spec of system {spec.system.name!r} ({len(spec.agents)} agents)")
+
+
+def _with_subset(dataset: Dataset, subset: Subset | None) -> Dataset:
+    """`--dataset whowhen --subset hand-crafted` is the dataset whowhen-hand-crafted."""
+    if subset is None:
+        return dataset
+    if dataset != "whowhen":
+        raise typer.BadParameter("only --dataset whowhen has subsets", param_hint="--subset")
+    return SUBSETS[subset]
 
 
 def _llm_spec(

@@ -32,7 +32,7 @@ def resolve_case(ref: str, data_dir: Path) -> EvalCase:
         try:
             [case] = load_cases(dataset, data_dir, ids=[case_id])
         except KeyError as exc:
-            raise ValueError(f"{ref}: no such case in {data_dir}") from exc
+            raise ValueError(f"{ref}: {exc.args[0]}") from exc
         return case
     path = Path(ref)
     if not path.is_file():
