@@ -11,8 +11,10 @@ import typer
 import yaml
 from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
+from rich.table import Table
 
 from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.poirot_runs import Reaggregation, ZeroPosition
 from poirot_eval.whowhen import SUBSETS, Subset
 from poirotd.cli.main import DEFAULT_TARGET, TargetOption, refused
 from poirotd.config import LLMSpec, OpenAILLMSpec
@@ -219,6 +221,105 @@ def spec_command(
     spec = load_case(case, data_dir).spec
     output.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     typer.echo(f"{output}: spec of system {spec.system.name!r} ({len(spec.agents)} agents)")
+
+
+@app.command("import-run")
+def import_run_command(
+    run_file: Annotated[Path, typer.Argument(help="a run recorded by the POIROT web tool (JSON)")],
+    data_dir: DataDirOption = Path("data"),
+    zero_position: Annotated[
+        ZeroPosition,
+        typer.Option(
+            help="an agent the tool recorded at an all-zero position: as-recorded (keep it, "
+            "which reproduces the tool's weights) or own-region (place it at its own region, "
+            "as poirotd does)",
+        ),
+    ] = "as-recorded",
+    case_out: Annotated[
+        Path | None,
+        typer.Option(help="write the run's session as a one-case JSON file (replay, eval spec)"),
+    ] = None,
+    session_end: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="the session is the first N chat-log entries (default: those before the "
+            "tool's own POIROT run)",
+        ),
+    ] = None,
+) -> None:
+    """Re-aggregate a recorded POIROT web-tool run with poirotd's Phase V and compare it with
+    the recorded weights and scores; exit 1 when they differ beyond the recorded rounding."""
+    from poirot_eval.poirot_runs import (
+        SCORE_TOLERANCE,
+        WEIGHT_TOLERANCE,
+        benchmark_spec,
+        read_run,
+        reaggregate,
+        run_case,
+    )
+
+    try:
+        run = read_run(run_file)
+    except ValueError as exc:
+        typer.echo(f"cannot import: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        spec = benchmark_spec(run, data_dir)
+        result = reaggregate(run, spec, zero_position)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"cannot import {run_file}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    console = Console()
+    for table in _comparison_tables(result):
+        console.print(table)
+    verdict = (
+        f"largest differences: weight {result.weight_error:.2g} (tolerance {WEIGHT_TOLERANCE:g}), "
+        f"score {result.score_error:.2g} (tolerance {SCORE_TOLERANCE:g}); "
+        f"winner {list(result.top)} (recorded {list(result.recorded_top)})"
+    )
+    console.print(("reproduced: " if result.agrees else "NOT reproduced: ") + verdict)
+    if case_out is not None:
+        try:
+            case = run_case(run, spec, session_end=session_end, source=str(run_file))
+        except ValueError as exc:
+            typer.echo(f"no case written: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        case_out.write_text(case.model_dump_json(indent=1))
+        console.print(
+            f"{case_out}: case {case.dataset}:{case.case_id}, {len(case.messages)} session "
+            "messages (poirotd replay / eval spec accept it)"
+        )
+    if not result.agrees:
+        raise typer.Exit(1)
+
+
+def _comparison_tables(result: Reaggregation) -> list[Table]:
+    ids = result.region_ids
+
+    def at(index: int | None) -> str:
+        return ids[index] if index is not None else "(all zeros)"
+
+    agents = Table(title=f"Votes re-weighed ({result.convention})")
+    for column in ("agent", "position recorded", "position used", "β", "weight recorded",
+                   "weight", "Δ"):  # fmt: skip
+        agents.add_column(column)
+    for a in result.agents:
+        agents.add_row(
+            a.agent_id,
+            at(a.recorded_position),
+            at(a.position),
+            f"{a.beta:.4f}",
+            f"{a.recorded_weight:.4f}",
+            f"{a.weight:.4f}",
+            f"{a.weight - a.recorded_weight:+.1e}",
+        )
+    regions = Table(title="Scores")
+    for column in ("region", "score recorded", "score", "Δ"):
+        regions.add_column(column)
+    for region, recorded, computed in zip(ids, result.recorded_scores, result.scores, strict=True):
+        regions.add_row(region, f"{recorded:.4f}", f"{computed:.4f}", f"{computed - recorded:+.1e}")
+    return [agents, regions]
 
 
 def _with_subset(dataset: Dataset, subset: Subset | None) -> Dataset:
