@@ -223,6 +223,22 @@ def spec_command(
     typer.echo(f"{output}: spec of system {spec.system.name!r} ({len(spec.agents)} agents)")
 
 
+@app.command("export")
+def export_command(
+    case: CaseArgument,
+    output: Annotated[Path, typer.Option("--output", "-o", help="where to write the case (JSON)")],
+    data_dir: DataDirOption = Path("data"),
+) -> None:
+    """Write a case as a one-case JSON file: the system spec, the session and the truth, which
+    `poirotd replay`, `eval spec` and `eval export` itself read back."""
+    loaded = load_case(case, data_dir)
+    output.write_text(loaded.model_dump_json(indent=1))
+    typer.echo(
+        f"{output}: case {loaded.dataset}:{loaded.case_id}, {len(loaded.messages)} messages, "
+        f"{len(loaded.spec.agents)} agents"
+    )
+
+
 @app.command("import-run")
 def import_run_command(
     run_file: Annotated[Path, typer.Argument(help="a run recorded by the POIROT web tool (JSON)")],
