@@ -19,6 +19,7 @@ from poirotd.config.loader import load_spec
 from poirotd.config.spec import EmbeddedLLMSpec, SystemSpec
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
+from poirotd.protocol import prompts
 from poirotd.protocol.events import ProtocolEvent
 from poirotd.protocol.hazard_space import resolve_hazard_space, space_from_answer
 from poirotd.protocol.run import RunContext
@@ -265,3 +266,11 @@ async def test_demo_phase_one_on_the_embedded_model_names_only_spec_ids() -> Non
 
 async def _ignore(event: ProtocolEvent) -> None:
     pass
+
+
+def test_the_cache_key_covers_the_sub_region_bounds_phase_one_is_told() -> None:
+    tighter = SPEC.model_copy(
+        update={"protocol": SPEC.protocol.model_copy(update={"max_sub_regions": 1})}
+    )
+    assert tighter.description_version() != SPEC.description_version()
+    assert "at most 2 per component and 3 in all" in prompts.hazard_space_request(SPEC)[1].content

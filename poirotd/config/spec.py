@@ -294,6 +294,12 @@ class SystemSpec(SpecModel):
             "system": self.system.model_dump(),
             "agents": [{"id": a.id, "name": a.name} for a in self.agents],
             "components": [c.model_dump() for c in self.components],
+            # The sub-region bounds Phase I is told. Their presence also sets apart the spaces
+            # built before region ids came from the spec, which could hold ids a model made up.
+            "sub_regions": [
+                self.protocol.max_sub_regions_per_component,
+                self.protocol.max_sub_regions,
+            ],
         }
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         return digest[:16]
