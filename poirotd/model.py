@@ -146,15 +146,37 @@ class HazardRegion(Frozen):
     description: str
 
 
+# Why Phase I's proposal of a region was left out of the space: an id the spec does not declare
+# (or a sub-region of something that is not a component), a sub-region slug that is not one, a
+# region proposed twice, a sub-region beyond the spec's bounds.
+DropReason = Literal["not_in_spec", "bad_slug", "duplicate", "over_limit"]
+DROP_REASONS: tuple[DropReason, ...] = ("not_in_spec", "bad_slug", "duplicate", "over_limit")
+
+
+class DroppedRegion(Frozen):
+    """A region Phase I's model proposed that the space does not hold, and why."""
+
+    # What the model wrote as the id (a sub-region: "parent.slug"), cut to 80 characters.
+    proposed: str
+    reason: DropReason
+
+
 class HazardSpace(Frozen):
-    """The N error regions votes are cast over; index i of a vote is regions[i]."""
+    """The N error regions votes are cast over; index i of a vote is regions[i].
+
+    Every region id is the spec's own (an agent or component id) or a sub-region id derived
+    from a component ("d2w_exoskeleton.ankle_sensor"): a model never mints the ids that metric
+    labels, alerts and ConfirmOutcome use.
+    """
 
     system: str
     version: str
     regions: tuple[HazardRegion, ...]
     # llm: built by Phase I; pinned: given in the spec; spec: the spec's declared agents and
-    # components, used when Phase I gave no valid answer.
+    # components, used when Phase I gave no valid answer (cached like the others).
     source: Literal["llm", "pinned", "spec"]
+    # What Phase I proposed and the space left out.
+    dropped: tuple[DroppedRegion, ...] = ()
 
     @property
     def size(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,7 +24,13 @@ from pydantic import (
 from poirotd.hazards.spec import RuleSet, RuleSpec
 from poirotd.model import HazardRegion, RegionType
 
-Identifier = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
+# A sub-region's own part of its id ("ankle_sensor" in "d2w_exoskeleton.ankle_sensor"): one to
+# four short words, at most SLUG_MAX characters. Phase I's model proposes it; a run of letters
+# longer than a word (what a small model writes when it loses the thread) is not a slug.
+SLUG_PATTERN = r"^[a-z][a-z0-9]{0,15}(_[a-z0-9]{1,16}){0,3}$"
+SLUG_MAX = 40
 
 
 class SpecModel(BaseModel):
@@ -179,8 +186,10 @@ class ProtocolSpec(SpecModel):
     turn_max_tokens: int = Field(default=512, ge=16)
     answer_max_tokens: int = Field(default=256, ge=16)
     hazard_space_max_tokens: int = Field(default=1536, ge=64)
-    # Regions Phase I may add beyond the agents.
-    max_extra_regions: int = Field(default=10, ge=0, le=64)
+    # Sub-regions Phase I may propose under the declared components (an agent is never split:
+    # its tools and actions are its own region), per component and in all; the rest is dropped.
+    max_sub_regions_per_component: int = Field(default=2, ge=0, le=8)
+    max_sub_regions: int = Field(default=16, ge=0, le=64)
     decision: DecisionRuleSpec = DecisionRuleSpec()
 
 
@@ -234,6 +243,12 @@ class SystemSpec(SpecModel):
                     "hazard_space.regions must start with the agents, in spec order: "
                     f"expected {agent_ids}, got {pinned[: len(agent_ids)]}"
                 )
+            foreign = [i for i in pinned if not self.is_region_id(i)]
+            if foreign:
+                raise ValueError(
+                    f"hazard_space.regions {foreign}: a region id is a declared agent or "
+                    "component id, or COMPONENT.SLUG for a part of a component"
+                )
         return self
 
     def _aliases_name_one_agent(self) -> None:
@@ -279,6 +294,18 @@ class SystemSpec(SpecModel):
         by_alias |= {alias: a.id for a in self.agents for alias in a.aliases}
         return by_alias | {a.id: a.id for a in self.agents}
 
+    @property
+    def region_ids(self) -> tuple[str, ...]:
+        """The declared regions: the agents, then the components, in spec order."""
+        return self.agent_ids + tuple(c.id for c in self.components)
+
+    def is_region_id(self, region_id: str) -> bool:
+        """A declared agent or component, or a sub-region id derived from a component."""
+        parent, dot, slug = region_id.partition(".")
+        if not dot:
+            return region_id in self.region_ids
+        return any(c.id == parent for c in self.components) and is_slug(slug)
+
     def agent(self, agent_id: str) -> AgentSpec:
         for a in self.agents:
             if a.id == agent_id:
@@ -291,6 +318,17 @@ class SystemSpec(SpecModel):
             "system": self.system.model_dump(),
             "agents": [{"id": a.id, "name": a.name} for a in self.agents],
             "components": [c.model_dump() for c in self.components],
+            # The sub-region bounds Phase I is told. Their presence also sets apart the spaces
+            # built before region ids came from the spec, which could hold ids a model made up.
+            "sub_regions": [
+                self.protocol.max_sub_regions_per_component,
+                self.protocol.max_sub_regions,
+            ],
         }
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         return digest[:16]
+
+
+def is_slug(slug: str) -> bool:
+    """Whether `slug` may name a sub-region under its parent (see SLUG_PATTERN)."""
+    return len(slug) <= SLUG_MAX and re.fullmatch(SLUG_PATTERN, slug) is not None

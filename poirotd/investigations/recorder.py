@@ -29,6 +29,7 @@ from poirotd.protocol.engine import ProtocolOutcome
 from poirotd.protocol.events import (
     ContextCutsMade,
     ExchangeDone,
+    HazardSpaceBuilt,
     PhaseBegun,
     PhaseEnded,
     ProtocolEvent,
@@ -161,6 +162,8 @@ class InvestigationRecorder:
             self.log.warning(
                 "LLM-token budget spent: no further call", used=event.used, budget=event.budget
             )
+        elif isinstance(event, HazardSpaceBuilt):
+            self._count_dropped_regions(event.hazard_space)
         elif isinstance(event, VoteCast):
             self._metrics.votes.labels(
                 self._system, event.vote.agent_id, "abstained" if event.vote.abstained else "voted"
@@ -183,6 +186,16 @@ class InvestigationRecorder:
             time.monotonic() - self._started
         )
         self._metrics.investigations_in_flight.labels(self._system).dec()
+
+    def _count_dropped_regions(self, space: HazardSpace) -> None:
+        for dropped in space.dropped:
+            self._metrics.hazard_regions_dropped.labels(self._system, dropped.reason).inc()
+        if space.dropped:
+            self.log.warning(
+                "hazard space: proposals of the model dropped",
+                version=space.version,
+                dropped=[d.model_dump() for d in space.dropped],
+            )
 
     def _count_vote_components(self, space: HazardSpace, votes: Sequence[Vote]) -> None:
         for vote in votes:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from poirotd import __version__
+from poirotd.model import DROP_REASONS
 
 _PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -89,6 +90,14 @@ class Metrics:
         )
         # At 0 from the start, so a rate over the first degraded run sees it.
         self.investigations_degraded.labels(system)
+        self.hazard_regions_dropped = Counter(
+            "poirot_hazard_regions_dropped_total",
+            "Regions Phase I's answer proposed that the hazard space left out, by reason",
+            ["system", "reason"],
+            registry=r,
+        )
+        for reason in DROP_REASONS:
+            self.hazard_regions_dropped.labels(system, reason)
         self.last_attribution = Gauge(
             "poirot_last_attribution_timestamp_seconds",
             "Unix time of the latest attribution",

@@ -80,7 +80,7 @@ class InvestigationEngine:
 
         Once the token budget is spent no further call starts: the agents still waiting for one
         abstain (or file no report), and the votes already cast are aggregated.
-        Raises ProtocolError when no hazard space can be built or every voter abstains;
+        Raises ProtocolError when every voter abstains;
         cancellation propagates and cancels every LLM call in flight.
         """
         spec, run = self._spec, RunContext(self._backend, on_event, token_budget=self._token_budget)

@@ -70,6 +70,13 @@ class TokenBudgetSpent(Frozen):
     used: int
 
 
+class HazardSpaceBuilt(Frozen):
+    """Phase I built (and cached) a new hazard space, with what it dropped of the answer."""
+
+    kind: Literal["hazard_space_built"] = "hazard_space_built"
+    hazard_space: HazardSpace
+
+
 class AttributionReady(Frozen):
     kind: Literal["attribution_ready"] = "attribution_ready"
     attribution: Attribution
@@ -84,6 +91,7 @@ ProtocolEvent = Annotated[
     | VoteCast
     | ContextCutsMade
     | TokenBudgetSpent
+    | HazardSpaceBuilt
     | AttributionReady,
     Field(discriminator="kind"),
 ]

@@ -155,9 +155,10 @@ Output:
 {"system_name": "<name of the system>",
  "agent_regions": [{"id": "<agent id>", "name": "<agent name>", "type": "agent", \
 "description": "Error signature: ... Normal behaviour: ..."}],
- "other_regions": [{"id": "<snake_case_id>", "name": "<location name>", \
-"type": "hardware|software|physical|human|other", \
-"description": "Error signature: ... Normal behaviour: ..."}],
+ "component_regions": [{"id": "<component id>", "name": "<component name>", \
+"type": "<component type>", "description": "Error signature: ... Normal behaviour: ..."}],
+ "sub_regions": [{"parent": "<component id>", "slug": "<short_snake_case_name>", \
+"name": "<part name>", "description": "Error signature: ... Normal behaviour: ..."}],
  "error_vector_example": [1, 0, 1, 0]}"""
 
 
@@ -174,12 +175,18 @@ def hazard_space_request(spec: SystemSpec) -> list[ChatMessage]:
         agents,
     ]
     if spec.components:
+        limits = spec.protocol
         lines += [
             "",
-            "Other components named by the operator (use these ids for the ones you include):",
+            "Components: component_regions lists exactly these, in this order, with these ids:",
             *(f"- {c.id} ({c.type}): {c.name}. {c.description}" for c in spec.components),
+            "",
+            "sub_regions (often none) holds parts of a component that fail on their own, "
+            f"at most {limits.max_sub_regions_per_component} per component and "
+            f"{limits.max_sub_regions} in all.",
         ]
-    lines += ["", f"other_regions holds at most {spec.protocol.max_extra_regions} regions."]
+    else:
+        lines += ["", "component_regions and sub_regions are empty: no components are declared."]
     return [
         ChatMessage(role="system", content=_HAZARD_SPACE_SYSTEM),
         ChatMessage(role="user", content="\n".join(lines)),

@@ -27,14 +27,12 @@ from poirotd.protocol.schemas import hazard_space_format, report_format, turn_fo
 from tests.support.protocol import (
     AGENTS,
     EXO,
-    REGIONS,
     SESSION,
     MemoryCache,
     World,
     always_ask,
     ask_once_then_vote,
     default_report,
-    hazard_space_json,
     investigate,
     kind_of,
     make_spec,
@@ -270,42 +268,43 @@ async def test_cache_hit_makes_no_second_call() -> None:
     assert 'in this order, with these ids and type "agent"' in request[1].content
 
 
-async def test_failed_hazard_space_falls_back_to_the_declared_regions_uncached() -> None:
+async def test_failed_hazard_space_falls_back_to_the_declared_regions_cached() -> None:
     world = World(hazard_space=lambda agent, messages: '{"system_name": "x"}')
     spec, cache = make_spec(pinned=False, invalid_json_retries=1), MemoryCache()
     outcome = await investigate(world, spec, cache)
     assert len(world.calls("hazard_space")) == 2
     assert outcome.hazard_space.source == "spec"
-    assert [r.id for r in outcome.hazard_space.regions] == [
-        *spec.agent_ids,
-        *(c.id for c in spec.components),
-    ]
-    await investigate(world, spec, cache)
-    assert len(world.calls("hazard_space")) == 4, "a fallback is not cached"
+    assert [r.id for r in outcome.hazard_space.regions] == [*spec.region_ids]
+    again = await investigate(world, spec, cache)
+    assert len(world.calls("hazard_space")) == 2, "the fallback is cached like any other space"
+    assert again.hazard_space == outcome.hazard_space
 
 
-async def test_failed_hazard_space_without_components_tells_operator_to_pin() -> None:
-    world = World(hazard_space=lambda agent, messages: '{"system_name": "x"}')
+async def test_failed_hazard_space_without_components_falls_back_to_the_agents() -> None:
+    world = World(
+        hazard_space=lambda agent, messages: '{"system_name": "x"}',
+        vote=lambda agent, messages: vote_json((1, 0, 0)),
+        turn=lambda agent, messages: vote_json((1, 0, 0), action=True),
+    )
     spec = make_spec(pinned=False, invalid_json_retries=0)
     spec = spec.model_copy(update={"components": ()})
-    with pytest.raises(ProtocolError, match=r"hazard_space\.regions"):
-        await investigate(world, spec)
+    outcome = await investigate(world, spec)
+    assert [r.id for r in outcome.hazard_space.regions] == ["doctor", "chief", "physio"]
 
 
-def test_hazard_space_answer_lists_agents_first_and_drops_repeated_regions() -> None:
-    answer = hazard_space_format(make_spec(pinned=False))
-    regions = [r.model_dump() for r in REGIONS]
-
-    def text(rs: list[dict[str, Any]]) -> str:
-        return hazard_space_json(rs)
-
-    assert len(answer.parse(text(regions)).error_regions) == 4
-    with pytest.raises(ValueError, match="exactly the agents"):
-        answer.parse(text([regions[1], regions[0], *regions[2:]]))
-    repeated = answer.parse(text([*regions, regions[3], {**regions[3], "id": "doctor"}]))
-    assert [r.id for r in repeated.error_regions] == [r["id"] for r in regions]
-    with pytest.raises(ValueError, match="snake_case"):
-        answer.parse(text([*regions[:3], {**regions[3], "id": "Exo Skeleton"}]))
+def test_hazard_space_schema_fixes_every_declared_id() -> None:
+    schema = hazard_space_format(make_spec(pinned=False)).schema
+    assert schema is not None
+    props = schema["properties"]
+    assert [i["properties"]["id"] for i in props["agent_regions"]["prefixItems"]] == [
+        {"const": "doctor"},
+        {"const": "chief"},
+        {"const": "physio"},
+    ]
+    assert props["component_regions"]["prefixItems"][0]["properties"]["id"] == {"const": "exo"}
+    sub = props["sub_regions"]
+    assert sub["items"]["properties"]["parent"] == {"enum": ["exo"]}
+    assert sub["maxItems"] == 16
 
 
 ALLOWED_KEYS = {

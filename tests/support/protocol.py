@@ -116,12 +116,15 @@ def default_hazard_space(agent: str, messages: Sequence[ChatMessage]) -> str:
     return hazard_space_json([r.model_dump() for r in REGIONS])
 
 
-def hazard_space_json(regions: Sequence[dict[str, Any]], agents: int = 3) -> str:
+def hazard_space_json(
+    regions: Sequence[dict[str, Any]], agents: int = 3, sub_regions: Sequence[dict[str, Any]] = ()
+) -> str:
     return json.dumps(
         {
             "system_name": "cortex",
             "agent_regions": list(regions[:agents]),
-            "other_regions": list(regions[agents:]),
+            "component_regions": list(regions[agents:]),
+            "sub_regions": list(sub_regions),
             "error_vector_example": [0, 0, 0, 1],
         }
     )
