@@ -192,6 +192,16 @@ class ProtocolSpec(SpecModel):
     max_sub_regions: int = Field(default=16, ge=0, le=64)
     decision: DecisionRuleSpec = DecisionRuleSpec()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_max_extra_regions(cls, data: Any) -> Any:
+        """Specs written before sub-regions bounded Phase I's additions with
+        `max_extra_regions`: read as the bound on sub-regions in all, so they still load."""
+        if isinstance(data, dict) and "max_extra_regions" in data:
+            data = dict(data)
+            data.setdefault("max_sub_regions", data.pop("max_extra_regions"))
+        return data
+
 
 class PinnedHazardSpace(SpecModel):
     """An operator-reviewed hazard space; when present, Phase I does not call the LLM."""

@@ -7,9 +7,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 import poirotd
 from poirotd.config.loader import SpecError, SpecProblem, load_spec, load_spec_text
+from poirotd.config.spec import ProtocolSpec
 from poirotd.model import AgentMessage, MessageKind
 
 DEMO = Path(poirotd.__file__).parent / "demo"
@@ -204,3 +206,11 @@ def test_demo_session_fits_the_embedded_model() -> None:
     # room in the 8k context for 8 consultation turns.
     assert 12 <= len(messages) <= 20
     assert sum(len(m.content) for m in messages) <= 6500
+
+
+def test_a_spec_from_before_sub_regions_still_loads() -> None:
+    """`protocol.max_extra_regions` bounded what Phase I added; it now bounds sub-regions."""
+    protocol = ProtocolSpec.model_validate({"max_extra_regions": 5})
+    assert protocol.max_sub_regions == 5
+    with pytest.raises(ValidationError):
+        ProtocolSpec.model_validate({"max_extra_regions": 65})
