@@ -19,7 +19,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from hwbridge import exo
-from hwbridge.config import DeadLetterConfig
+from hwbridge.config import BrokerConfig, DeadLetterConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
@@ -97,11 +97,18 @@ def stored_samples(daemon: Daemon) -> int:
     return int(query(daemon, "SELECT count(*) FROM telemetry_samples")[0][0])
 
 
-async def publish_gait(mosquitto: Mosquitto, extra: Sequence[tuple[str, bytes]] = ()) -> None:
+async def publish_gait(
+    mosquitto: Mosquitto,
+    extra: Sequence[tuple[str, bytes]] = (),
+    broker: BrokerConfig | None = None,
+) -> None:
+    """One second of gait with Sensor-X, as a simulator connected by `broker` (default: the
+    spec's broker, as client `simulator`)."""
     simulator = exo.ExoSimulator(exo.ExoSimConfig(rate_hz=1500, faults=(SENSOR_X,), seed=4))
-    inputs = mqtt_input_spec(spec(mosquitto))
-    assert inputs is not None
-    broker = inputs.mqtt.broker.model_copy(update={"client_id": "simulator"})
+    if broker is None:
+        inputs = mqtt_input_spec(spec(mosquitto))
+        assert inputs is not None
+        broker = inputs.mqtt.broker.model_copy(update={"client_id": "simulator"})
     async with MqttPublisher(broker) as publisher:
         for topic, payload in [*exo.messages(simulator.advance(1.0), "p7"), *extra]:
             await publisher.publish(topic, payload)
