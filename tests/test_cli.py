@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from poirotd.demo.main import demo_file
 
 
@@ -56,3 +58,19 @@ def test_run_refuses_an_invalid_spec_before_starting(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"{spec}:1: system" in result.stderr
     assert not (tmp_path / "db.sqlite").exists()
+
+
+def test_run_names_an_llm_ca_file_it_cannot_read(tmp_path: Path) -> None:
+    spec = tmp_path / "vllm.yaml"
+    data = yaml.safe_load(demo_file("cortex.yaml").read_text())
+    data["llm"] = {
+        "backend": "openai",
+        "base_urls": ["https://vllm.mas.svc:8000"],
+        "model": "qwen",
+        "tls": {"ca_file": "/nonexistent/internal-ca.crt"},
+    }
+    spec.write_text(yaml.safe_dump(data))
+    result = poirotd("run", "--config", str(spec), "--db", str(tmp_path / "db.sqlite"))
+    assert result.returncode == 2, result.stderr
+    assert "tls.ca_file /nonexistent/internal-ca.crt" in result.stderr
+    assert "Traceback" not in result.stderr

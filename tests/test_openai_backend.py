@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -78,9 +79,10 @@ class Seen:
 
 
 class ScriptedServer:
-    """Answers each request with the next scripted Reply; an empty script answers 599."""
+    """Answers each request with the next scripted Reply; an empty script answers 599. With
+    `tls`, a server-side context, it speaks https."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.replies: deque[Reply] = deque()
         self.seen: list[Seen] = []
         self.in_flight = 0
@@ -124,7 +126,10 @@ class ScriptedServer:
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        if tls is not None:
+            self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)
+        scheme = "http" if tls is None else "https"
+        self.url = f"{scheme}://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )

@@ -58,6 +58,7 @@ def run(
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
     from poirotd.daemon import Daemon, load_system_spec
+    from poirotd.llm.base import LLMError
     from poirotd.observability import logs
 
     settings = _settings(grpc_port=grpc_port, metrics_port=metrics_port, db_path=db)
@@ -67,7 +68,11 @@ def run(
     except SpecError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
-    asyncio.run(Daemon(settings, spec).run_until_signalled(ready_file))
+    try:
+        asyncio.run(Daemon(settings, spec).run_until_signalled(ready_file))
+    except LLMError as exc:  # the backend could not be built: a key, TLS or model file
+        typer.echo(f"poirotd could not start: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 @app.command("check-config")
