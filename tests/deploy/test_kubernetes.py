@@ -5,6 +5,7 @@ when kubectl is installed."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import re
 import subprocess
@@ -27,11 +28,15 @@ from tests.deploy.conftest import (
     require_tool,
 )
 
-# Custom resources of the Prometheus Operator: kubernetes-validate ships schemas for built-in
-# kinds only. They are checked by the tests below and by test_alert_rules.py instead.
+# Custom resources: kubernetes-validate ships schemas for built-in kinds only and raises
+# SchemaNotFoundError for any other kind (it looks up a schema file per kind and finds none), so
+# these are skipped there and checked field by field instead: the Prometheus Operator's by the
+# tests below and test_alert_rules.py, cert-manager's against the fields of its v1 API.
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
 }
 # Native sidecars (restartPolicy: Always in initContainers) are on by default from 1.29.
 KUBERNETES_VERSIONS = ("1.29.0", kv.latest_version())
@@ -168,7 +173,9 @@ def test_servicemonitors_select_a_service_and_name_its_port() -> None:
         ]
         port_names = {p["name"] for p in service["spec"]["ports"]}
         for endpoint in spec["endpoints"]:
-            assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+            assert set(endpoint) <= {
+                *("port", "path", "interval", "scrapeTimeout", "scheme", "tlsConfig")
+            }
             assert endpoint["port"] in port_names
             assert endpoint["path"] == "/metrics"
             assert re.fullmatch(r"\d+s", endpoint["interval"])
@@ -207,12 +214,17 @@ def test_poirotd_sidecar_probes_drain_and_filesystem() -> None:
 
     # A native sidecar: an init container that keeps running.
     assert sidecar in pod["spec"]["initContainers"] and sidecar["restartPolicy"] == "Always"
-    # Native gRPC health probes on the daemon's gRPC port, reachable from the kubelet.
+    # Reachable from Prometheus and the control software (TLS: see the tests further down).
     assert env["POIROTD_GRPC_HOST"] == "0.0.0.0" and env["POIROTD_METRICS_HOST"] == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     assert ports == {"grpc": defaults.grpc_port, "metrics": defaults.metrics_port}
+    # gRPC health over the daemon's own TLS, from inside the container (poirotd.probe asks
+    # localhost on the default gRPC port): the kubelet's grpc probe has no TLS.
+    assert importlib.util.find_spec("poirotd.probe") is not None
+    assert "POIROTD_GRPC_PORT" not in env
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["grpc"] == {"port": defaults.grpc_port}, probe
+        assert sidecar[probe]["exec"]["command"] == ["python", "-m", "poirotd.probe"], probe
+        assert sidecar[probe]["timeoutSeconds"] >= 3, "the probe's own deadline is 3 s"
     # The pod outlives the drain: investigations, then open RPCs.
     drain = float(env.get("POIROTD_DRAIN_SECONDS", defaults.drain_seconds))
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > (
