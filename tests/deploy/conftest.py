@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,7 +42,12 @@ def require_tool(name: str) -> str:
     """Path of an external program, or skip naming the Debian package that provides it."""
     path = shutil.which(name)
     if path is None:
-        packages = {"promtool": "prometheus", "prometheus": "prometheus", "kubectl": "kubectl"}
+        packages = {
+            "promtool": "prometheus",
+            "prometheus": "prometheus",
+            "kubectl": "kubectl",
+            "mosquitto_passwd": "mosquitto",
+        }
         hint = packages.get(name, name)
         pytest.skip(f"{name} is not installed (Debian package {hint!r}; `make test` installs it)")
     return path
@@ -118,6 +124,19 @@ def exported(daemon: Daemon) -> Exported:
 def declared_families() -> set[str]:
     """Family names the daemon declares (metrics.py), independent of any traffic."""
     return {family.name for family in Metrics("probe").registry.collect()}
+
+
+@pytest.fixture(scope="module")
+def edge_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What deploy/edge/make-certs.sh makes, made once per module in a temporary folder."""
+    for tool in ("openssl", "mosquitto_passwd"):
+        require_tool(tool)
+    out = tmp_path_factory.mktemp("edge") / "secrets"
+    result = subprocess.run(
+        ["bash", str(EDGE / "make-certs.sh"), str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return out
 
 
 @pytest.fixture
