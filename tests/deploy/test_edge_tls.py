@@ -79,7 +79,8 @@ class EdgeMosquitto:
         self.process = subprocess.Popen(
             ["mosquitto", "-c", str(self.conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        wait_listening(self.process, self.tls_port)
+        for port in (self.tls_port, self.health_port):
+            wait_listening(self.process, port)
 
     def stop(self) -> None:
         stop_process(self.process)
