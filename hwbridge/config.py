@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hwbridge.codecs import Codec, DocumentCodec, FrameCodec, TimestampUnit
 from hwbridge.topics import Route, TopicFilter
-from poirotd.config.client_tls import ClientTLS
-from poirotd.config.secrets import SecretRef
+from poirotd.api.client_tls import ClientTLS
+from poirotd.api.secrets import SecretRef
 
 
 class _Model(BaseModel):

@@ -41,8 +41,8 @@ from hwbridge.backoff import Backoff
 from hwbridge.config import BrokerConfig
 from hwbridge.ingest import Delivery
 from hwbridge.mqtt_failures import ConnectionFailure, classify
-from poirotd.config.client_tls import ClientTLSError
-from poirotd.config.secrets import SecretError
+from poirotd.api.client_tls import ClientTLSError
+from poirotd.api.secrets import SecretError
 
 log = structlog.get_logger(__name__)
 

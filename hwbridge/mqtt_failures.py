@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.reasoncodes import ReasonCode
 
-from poirotd.config.client_tls import ClientTLSError
-from poirotd.config.secrets import SecretError
+from poirotd.api.client_tls import ClientTLSError
+from poirotd.api.secrets import SecretError
 
 # Every reason, in the order the metric lists them.
 REASONS = (

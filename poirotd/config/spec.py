@@ -20,8 +20,8 @@ from pydantic import (
     model_validator,
 )
 
-from poirotd.config.client_tls import ClientTLS
-from poirotd.config.secrets import read_secret_file
+from poirotd.api.client_tls import ClientTLS
+from poirotd.api.secrets import read_secret_file
 from poirotd.hazards.spec import RuleSet, RuleSpec
 from poirotd.model import HazardRegion, RegionType
 

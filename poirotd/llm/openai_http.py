@@ -24,8 +24,8 @@ import httpx
 import structlog
 from pydantic import BaseModel, Field, ValidationError
 
-from poirotd.config.client_tls import ClientTLSError
-from poirotd.config.secrets import SecretError
+from poirotd.api.client_tls import ClientTLSError
+from poirotd.api.secrets import SecretError
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool, ToolCall
 

@@ -98,7 +98,7 @@ def _healthcheck(port: int) -> subprocess.CompletedProcess[str]:
     """compose.yaml's poirotd healthcheck, run with this venv's Python on another port, in
     plaintext as the in-process daemon serves (the probe over mutual TLS: test_probe.py)."""
     test = _compose()["services"]["poirotd"]["healthcheck"]["test"]
-    assert test == ["CMD", "python", "-m", "poirotd.probe"]
+    assert test == ["CMD", "python", "-m", "poirotd.cli.probe"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("POIROTD_")}
     return subprocess.run(
         [sys.executable, *test[2:], f"127.0.0.1:{port}"],

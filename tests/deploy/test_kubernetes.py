@@ -218,12 +218,12 @@ def test_poirotd_sidecar_probes_drain_and_filesystem() -> None:
     assert env["POIROTD_GRPC_HOST"] == "0.0.0.0" and env["POIROTD_METRICS_HOST"] == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     assert ports == {"grpc": defaults.grpc_port, "metrics": defaults.metrics_port}
-    # gRPC health over the daemon's own TLS, from inside the container (poirotd.probe asks
+    # gRPC health over the daemon's own TLS, from inside the container (poirotd.cli.probe asks
     # localhost on the default gRPC port): the kubelet's grpc probe has no TLS.
-    assert importlib.util.find_spec("poirotd.probe") is not None
+    assert importlib.util.find_spec("poirotd.cli.probe") is not None
     assert "POIROTD_GRPC_PORT" not in env
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["exec"]["command"] == ["python", "-m", "poirotd.probe"], probe
+        assert sidecar[probe]["exec"]["command"] == ["python", "-m", "poirotd.cli.probe"], probe
         assert sidecar[probe]["timeoutSeconds"] >= 3, "the probe's own deadline is 3 s"
     # The pod outlives the drain: investigations, then open RPCs.
     drain = float(env.get("POIROTD_DRAIN_SECONDS", defaults.drain_seconds))

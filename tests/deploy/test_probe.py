@@ -1,5 +1,5 @@
-"""`python -m poirotd.probe`, the health check of the container deployments, against a real gRPC
-health service over mutual TLS (certificates made in the test, the files laid out as a
+"""`python -m poirotd.cli.probe`, the health check of the container deployments, against a real
+gRPC health service over mutual TLS (certificates made in the test, the files laid out as a
 cert-manager Secret is: tls.crt, tls.key, ca.crt): SERVING passes; NOT_SERVING, a certificate of
 another CA and a plaintext probe of a TLS port fail, saying why."""
 
@@ -65,7 +65,7 @@ async def mtls_health(tmp_path: Path) -> AsyncIterator[HealthServer]:
 async def run_probe(port: int, env: dict[str, str]) -> tuple[int, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("POIROTD_")}
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "poirotd.probe", f"localhost:{port}"),
+        *(sys.executable, "-m", "poirotd.cli.probe", f"localhost:{port}"),
         env=clean | env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -1,4 +1,5 @@
-"""``python -m poirotd.probe [HOST:PORT]``: exit 0 when the daemon's gRPC health says SERVING.
+"""``python -m poirotd.cli.probe [HOST:PORT]``: exit 0 when the daemon's gRPC health says
+SERVING.
 
 For container health checks. Kubernetes' native gRPC probe and Docker's healthcheck speak
 plaintext only, so once the gRPC port has TLS (and requires client certificates) a probe must
