@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hwbridge.codecs import Codec, DocumentCodec, FrameCodec, TimestampUnit
 from hwbridge.topics import Route, TopicFilter
+from poirotd.api.client_tls import ClientTLS
+from poirotd.api.secrets import SecretRef
 
 
 class _Model(BaseModel):
@@ -108,6 +110,15 @@ class TopicMapping(_Model):
 
 
 class BrokerConfig(_Model):
+    """Where the broker is and how to prove who both sides are.
+
+    With ``tls`` the connection is encrypted and the broker's certificate is verified against
+    ``tls.ca_file`` and ``host`` (Mosquitto's TLS listener is usually port 8883); a client
+    certificate in ``tls`` answers ``require_certificate true``. ``password`` is named, never
+    written: ``{file: /run/secrets/mqtt-password}`` or ``{env: MQTT_PASSWORD}``, read at each
+    connect so that a rotated password is used at the next one.
+    """
+
     host: str = "127.0.0.1"
     port: int = Field(default=1883, ge=1, le=65535)
     # Fixed on purpose: the broker keys the persistent session (subscriptions and queued QoS 1
@@ -115,13 +126,20 @@ class BrokerConfig(_Model):
     client_id: str = Field(default="hwbridge", min_length=1)
     keepalive_s: int = Field(default=30, ge=5)
     username: str | None = None
-    password: SecretStr | None = None
+    password: SecretRef | None = None
+    tls: ClientTLS | None = None
     # Messages the client buffers between the socket and the pipeline; must exceed the broker's
     # in-flight window (Mosquitto `max_inflight_messages`, 20 by default) or QoS 1 messages stall.
     queue_size: int = Field(default=10_000, ge=1)
     # Time an MQTT operation (connect, subscribe, publish ack) may take before it is retried.
     timeout_s: float = Field(default=5.0, gt=0)
     backoff: BackoffConfig = BackoffConfig()
+
+    @model_validator(mode="after")
+    def _password_has_a_user(self) -> BrokerConfig:
+        if self.password is not None and self.username is None:
+            raise ValueError("password needs a username")
+        return self
 
 
 class MqttInputConfig(_Model):

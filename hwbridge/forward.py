@@ -37,7 +37,7 @@ from hwbridge.backoff import Backoff
 from hwbridge.config import PoirotdConfig, PoirotdTlsConfig
 from hwbridge.deadletter import DeadLetterStore
 from poirotd.api import convert
-from poirotd.api.client import ClientTls, batched, open_channel
+from poirotd.api.client import DaemonTls, batched, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.model import TelemetryBatch, TelemetrySample
@@ -304,9 +304,9 @@ def _token(path: Path | None) -> str | None:
     return path.read_text(encoding="utf-8").strip() if path else None
 
 
-def _client_tls(config: PoirotdTlsConfig | None) -> ClientTls | None:
+def _client_tls(config: PoirotdTlsConfig | None) -> DaemonTls | None:
     if config is None:
         return None
-    return ClientTls.from_files(
+    return DaemonTls.from_files(
         config.ca_file, config.cert_file, config.key_file, config.server_name
     )

@@ -17,7 +17,7 @@ from rich.console import Console
 from poirot_eval.cases import EvalCase
 from poirot_eval.session import session_items
 from poirotd.api import convert
-from poirotd.api.client import ClientTls, PoirotClient
+from poirotd.api.client import DaemonTls, PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.demo.main import attribution_table, describe_event
 from poirotd.model import AgentMessage, IngestItem, Session, SessionEnd
@@ -44,7 +44,7 @@ async def replay(
     watch: bool,
     method: str,
     console: Console,
-    tls: ClientTls | None = None,
+    tls: DaemonTls | None = None,
     token: str | None = None,
 ) -> pb.Investigation | None:
     """Streams the session; with `trigger`, opens an investigation at its end, and with `watch`

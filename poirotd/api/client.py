@@ -28,10 +28,11 @@ _FRAMING_BYTES = 4
 
 
 @dataclass(frozen=True)
-class ClientTls:
+class DaemonTls:
     """How to reach a daemon's TLS port: the CA that signed its certificate (None: the system's
     roots), this client's certificate and key when the daemon requires one, and the name to
-    expect in its certificate when it is not the target's host."""
+    expect in its certificate when it is not the target's host. PEM bytes, as a gRPC channel
+    takes them (`client_tls.ClientTLS` is the outgoing TLS of MQTT and LLM connections)."""
 
     ca: bytes | None = None
     cert: bytes | None = None
@@ -45,7 +46,7 @@ class ClientTls:
         cert: Path | None = None,
         key: Path | None = None,
         server_name: str | None = None,
-    ) -> ClientTls:
+    ) -> DaemonTls:
         if (cert is None) != (key is None):
             raise ValueError("a client certificate and its key go together")
         return cls(
@@ -59,7 +60,7 @@ class ClientTls:
 def open_channel(
     target: str,
     *,
-    tls: ClientTls | None = None,
+    tls: DaemonTls | None = None,
     token: str | None = None,
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
@@ -109,7 +110,7 @@ _TOKEN_INTERCEPTORS = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _
 
 class PoirotClient:
     def __init__(
-        self, target: str, *, tls: ClientTls | None = None, token: str | None = None
+        self, target: str, *, tls: DaemonTls | None = None, token: str | None = None
     ) -> None:
         self._channel = open_channel(
             target,

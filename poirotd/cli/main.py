@@ -18,7 +18,7 @@ from poirotd.config.loader import SpecError
 if TYPE_CHECKING:
     import grpc
 
-    from poirotd.api.client import ClientTls, PoirotClient
+    from poirotd.api.client import DaemonTls, PoirotClient
     from poirotd.api.poirot.v1 import poirot_pb2 as pb
 
 T = TypeVar("T")
@@ -77,6 +77,7 @@ def run(
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
     from poirotd.daemon import Daemon, load_system_spec
+    from poirotd.llm.base import LLMError
     from poirotd.observability import logs
     from poirotd.transports.security.access import AccessFileError
     from poirotd.transports.security.exposure import InsecureBindError
@@ -93,6 +94,9 @@ def run(
         asyncio.run(Daemon(settings, spec).run_until_signalled(ready_file))
     except (InsecureBindError, TlsError, AccessFileError) as exc:
         typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    except LLMError as exc:  # the backend could not be built: a key, TLS or model file
+        typer.echo(f"poirotd could not start: {exc}", err=True)
         raise typer.Exit(2) from exc
 
 
@@ -206,13 +210,13 @@ def reputation(
 
 def _credentials(
     tls: bool, ca: Path | None, cert: Path | None, key: Path | None, token_file: Path | None
-) -> tuple[ClientTls | None, str | None]:
+) -> tuple[DaemonTls | None, str | None]:
     """The client's TLS (on with --tls, --ca or a certificate) and token; exits 2 naming a file
     that cannot be read."""
-    from poirotd.api.client import ClientTls
+    from poirotd.api.client import DaemonTls
 
     try:
-        client_tls = ClientTls.from_files(ca, cert, key) if tls or ca or cert or key else None
+        client_tls = DaemonTls.from_files(ca, cert, key) if tls or ca or cert or key else None
         token = token_file.read_text(encoding="utf-8").strip() if token_file else None
     except (OSError, ValueError) as exc:
         typer.echo(f"cannot use the client's credentials: {exc}", err=True)
@@ -222,7 +226,7 @@ def _credentials(
 
 def _with_client(
     target: str,
-    credentials: tuple[ClientTls | None, str | None],
+    credentials: tuple[DaemonTls | None, str | None],
     call: Callable[[PoirotClient], Awaitable[T]],
 ) -> T:
     """One call to the daemon at `target`; a refusal or an unreachable daemon exits 1."""

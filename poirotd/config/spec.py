@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from poirotd.api.client_tls import ClientTLS
+from poirotd.api.secrets import read_secret_file
 from poirotd.hazards.spec import RuleSet, RuleSpec
 from poirotd.model import HazardRegion, RegionType
 
@@ -80,10 +82,15 @@ API_KEY_ENV = "POIROTD_LLM_API_KEY"
 class OpenAILLMSpec(SpecModel):
     """An OpenAI-compatible chat-completions server: vLLM in production, or llama.cpp's server.
 
-    The API key is best kept out of the spec file: leave ``api_key`` unset and put the key in the
-    environment variable ``POIROTD_LLM_API_KEY`` (e.g. from a Kubernetes Secret). A key written in
-    the spec wins over the variable. Either way it is a SecretStr and never appears in reprs, dumps
-    or logs.
+    The API key is best kept out of the spec file: leave ``api_key`` unset and name a file that
+    holds it in ``api_key_file`` (a mounted Kubernetes Secret) or put it in the environment
+    variable ``POIROTD_LLM_API_KEY``. A key written in the spec wins, then the file, then the
+    variable. Either way it is a SecretStr and never appears in reprs, dumps or logs.
+
+    ``tls`` is for https servers behind an internal CA (an on-prem vLLM): the server's
+    certificate is verified against ``tls.ca_file`` (default: the system's trust store), and
+    ``tls.cert_file``/``key_file`` answer a server that asks for a client certificate. The key and
+    the TLS files are read when the daemon starts.
     """
 
     backend: Literal["openai"]
@@ -92,6 +99,8 @@ class OpenAILLMSpec(SpecModel):
     base_urls: tuple[HttpUrl, ...] = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key: SecretStr | None = None
+    api_key_file: Path | None = None
+    tls: ClientTLS | None = None
     context_tokens: int = Field(default=32768, ge=512)
     # Whole request (the server may queue it behind a batch); connecting is bounded separately so
     # that a dead server is failed over quickly.
@@ -122,10 +131,23 @@ class OpenAILLMSpec(SpecModel):
     # server only does "auto", where a text answer is invalid and repaired like a bad one.
     tool_choice: Literal["required", "auto"] = "required"
 
+    @model_validator(mode="after")
+    def _key_and_tls_fit(self) -> OpenAILLMSpec:
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("give api_key or api_key_file, not both")
+        plain = [str(url) for url in self.base_urls if url.scheme != "https"]
+        if self.tls is not None and plain:
+            raise ValueError(f"tls is set but these base_urls are not https: {plain}")
+        return self
+
     def resolved_api_key(self, environ: Mapping[str, str] = os.environ) -> SecretStr | None:
-        """The key to send: the spec's own, else $POIROTD_LLM_API_KEY if non-empty, else none."""
+        """The key to send: the spec's own, else api_key_file's content, else
+        $POIROTD_LLM_API_KEY if non-empty, else none. Raises SecretError if the file cannot be
+        read."""
         if self.api_key is not None:
             return self.api_key
+        if self.api_key_file is not None:
+            return read_secret_file(self.api_key_file)
         from_env = environ.get(API_KEY_ENV, "")
         return SecretStr(from_env) if from_env else None
 

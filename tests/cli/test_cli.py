@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from poirotd.demo.main import demo_file
 from tests.support.cli import poirotd
@@ -85,3 +86,19 @@ def test_eval_runs_the_harness_commands_with_their_own_options() -> None:
     bad = poirotd("eval", "run", "--dataset", "nope", "--out", "unused")
     assert bad.returncode == 2
     assert "'nope' is not one of" in bad.stderr
+
+
+def test_run_names_an_llm_ca_file_it_cannot_read(tmp_path: Path) -> None:
+    spec = tmp_path / "vllm.yaml"
+    data = yaml.safe_load(demo_file("cortex.yaml").read_text())
+    data["llm"] = {
+        "backend": "openai",
+        "base_urls": ["https://vllm.mas.svc:8000"],
+        "model": "qwen",
+        "tls": {"ca_file": "/nonexistent/internal-ca.crt"},
+    }
+    spec.write_text(yaml.safe_dump(data))
+    result = poirotd("run", "--config", str(spec), "--db", str(tmp_path / "db.sqlite"))
+    assert result.returncode == 2, result.stderr
+    assert "tls.ca_file /nonexistent/internal-ca.crt" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -3,13 +3,34 @@ spec the Kubernetes manifests carry."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from poirotd.daemon import Daemon
-from tests.support.deploy import K8S, access_file, load_yaml_documents, run_one_investigation
+from tests.support.deploy import (
+    EDGE,
+    K8S,
+    access_file,
+    load_yaml_documents,
+    require_tool,
+    run_one_investigation,
+)
+
+
+@pytest.fixture(scope="module")
+def edge_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What deploy/edge/make-certs.sh makes, made once per module in a temporary folder."""
+    for tool in ("openssl", "mosquitto_passwd"):
+        require_tool(tool)
+    out = tmp_path_factory.mktemp("edge") / "secrets"
+    result = subprocess.run(
+        ["bash", str(EDGE / "make-certs.sh"), str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return out
 
 
 @pytest.fixture

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from hwbridge.__main__ import app
 from hwbridge.broker import free_port
+from tests.support.bridge import bridge_config, hwbridge, stop, stored
 from tests.support.daemon import in_process_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.spec import BRIDGE_CLINIC
@@ -42,48 +40,6 @@ def test_run_refuses_a_bad_config_naming_the_field(tmp_path: Path) -> None:
 def test_simulator_options_are_validated(args: list[str], problem: str) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and problem in result.output
-
-
-def bridge_config(folder: Path, mosquitto: Mosquitto, poirotd_port: int) -> Path:
-    """The example config, pointed at the test's broker and poirotd."""
-    config = yaml.safe_load(EXAMPLE.read_text())
-    config["session_id"] = "e2e"
-    config["poirotd"] = {
-        "target": f"127.0.0.1:{poirotd_port}",
-        "system": "clinic",
-        "backoff": {"initial_s": 0.05, "max_s": 0.3},
-    }
-    config["mqtt"]["broker"].update(port=mosquitto.port, timeout_s=1.0)
-    config["dead_letter"] = {"path": str(folder / "dead.jsonl")}
-    path = folder / "bridge.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-async def hwbridge(*args: str, log: Path) -> asyncio.subprocess.Process:
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "hwbridge", *args, stdout=out, stderr=out
-        )
-
-
-async def stop(process: asyncio.subprocess.Process) -> int:
-    """SIGTERM (the bridge logs its final counters), then SIGKILL if it does not exit."""
-    if process.returncode is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        async with asyncio.timeout(15):
-            return await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-
-
-def stored(db: Path) -> int:
-    with sqlite3.connect(db) as conn:
-        (count,) = conn.execute("SELECT COUNT(*) FROM telemetry_samples").fetchone()
-    return int(count)
 
 
 @pytest.mark.slow

@@ -7,15 +7,10 @@ no dependency beyond the standard library.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
-import threading
 import time
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -26,94 +21,15 @@ from poirotd.llm.base import ChatMessage, LLMError, Tool, ToolCall
 from poirotd.llm.factory import open_backend
 from poirotd.llm.openai_http import OpenAIBackend
 from tests.support.answers import chat_body
+from tests.support.openai_server import MESSAGES, Reply, ScriptedServer, complete, make_spec
 
 SECRET = "sk-test-0123456789abcdef"
-MESSAGES = [
-    ChatMessage(role="system", content="You are the controller agent."),
-    ChatMessage(role="user", content="Vote now."),
-]
 SCHEMA: dict[str, Any] = {
     "title": "Vote",
     "type": "object",
     "properties": {"location": {"type": "array", "items": {"type": "integer"}}},
     "required": ["location"],
 }
-
-
-@dataclass
-class Reply:
-    status: int = 200
-    body: dict[str, Any] | bytes = field(default_factory=chat_body)
-    delay: float = 0.0
-
-
-@dataclass
-class Seen:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Any
-
-
-class ScriptedServer:
-    """Answers each request with the next scripted Reply; an empty script answers 599."""
-
-    def __init__(self) -> None:
-        self.replies: deque[Reply] = deque()
-        self.seen: list[Seen] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self._lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn does
-
-            def do_GET(self) -> None:
-                self._answer(None)
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                self._answer(json.loads(self.rfile.read(length)))
-
-            def _answer(self, body: Any) -> None:
-                with server._lock:
-                    server.seen.append(Seen(self.command, self.path, dict(self.headers), body))
-                    reply = server.replies.popleft() if server.replies else Reply(599, b"empty")
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                try:
-                    time.sleep(reply.delay)
-                    raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body)
-                    payload = raw if isinstance(raw, bytes) else raw.encode()
-                    self.send_response(reply.status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timeout test)
-                finally:
-                    with server._lock:
-                        server.in_flight -= 1
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-
-    def script(self, *replies: Reply) -> None:
-        self.replies.extend(replies)
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 @pytest.fixture(autouse=True)
@@ -142,29 +58,6 @@ def dead_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
-
-
-def make_spec(*base_urls: str, **overrides: Any) -> OpenAILLMSpec:
-    fields: dict[str, Any] = {
-        "backend": "openai",
-        "base_urls": base_urls,
-        "model": "qwen-test",
-        "max_retries": 3,
-        "backoff_seconds": 0.01,
-        "backoff_max_seconds": 0.02,
-        "timeout_seconds": 5.0,
-        "connect_timeout_seconds": 1.0,
-    }
-    fields.update(overrides)
-    return OpenAILLMSpec.model_validate(fields)
-
-
-async def complete(spec: OpenAILLMSpec, **kwargs: Any) -> Any:
-    backend = await OpenAIBackend.open(spec)
-    try:
-        return await backend.complete(MESSAGES, max_tokens=64, **kwargs)
-    finally:
-        await backend.aclose()
 
 
 async def test_completion_parsed_and_request_shaped_for_vllm(server: ScriptedServer) -> None:

@@ -45,7 +45,12 @@ def require_tool(name: str) -> str:
     """Path of an external program, or skip naming the Debian package that provides it."""
     path = shutil.which(name)
     if path is None:
-        packages = {"promtool": "prometheus", "prometheus": "prometheus", "kubectl": "kubectl"}
+        packages = {
+            "promtool": "prometheus",
+            "prometheus": "prometheus",
+            "kubectl": "kubectl",
+            "mosquitto_passwd": "mosquitto",
+        }
         hint = packages.get(name, name)
         pytest.skip(f"{name} is not installed (Debian package {hint!r}; `make test` installs it)")
     return path

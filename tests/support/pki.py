@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from poirotd.api.client import ClientTls, PoirotClient
+from poirotd.api.client import DaemonTls, PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage
@@ -148,9 +148,9 @@ class Pki:
         }
         replace_file(self.auth_file, json.dumps(document).encode())
 
-    def client_tls(self, pem: Pem | None = None, ca: trustme.CA | None = None) -> ClientTls:
+    def client_tls(self, pem: Pem | None = None, ca: trustme.CA | None = None) -> DaemonTls:
         trusted = (ca or self.ca).cert_pem.bytes()
-        return ClientTls(trusted, pem.cert if pem else None, pem.key if pem else None, SERVER_NAME)
+        return DaemonTls(trusted, pem.cert if pem else None, pem.key if pem else None, SERVER_NAME)
 
 
 @asynccontextmanager
@@ -167,5 +167,5 @@ async def locked_daemon(tmp_path: Path, pki: Pki, **settings: Any) -> AsyncItera
         yield daemon
 
 
-def client(daemon: Daemon, tls: ClientTls | None = None, token: str | None = None) -> PoirotClient:
+def client(daemon: Daemon, tls: DaemonTls | None = None, token: str | None = None) -> PoirotClient:
     return PoirotClient(f"127.0.0.1:{daemon.grpc_port}", tls=tls, token=token)

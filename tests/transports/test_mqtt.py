@@ -7,18 +7,15 @@ from __future__ import annotations
 import asyncio
 import math
 import shutil
-import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from subprocess import PIPE, STDOUT
-from typing import Any
 
 import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from hwbridge import exo
 from hwbridge.config import DeadLetterConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.mqtt import MqttPublisher
@@ -30,44 +27,24 @@ from poirotd.model import CommitItem, HazardEvent, Session, TelemetryBatch
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
 from poirotd.transports.mqtt import SinkStats, _PipelineSink, mqtt_input_spec
+from tests.support.gait import (
+    SAMPLES,
+    SESSION,
+    counter,
+    publish_gait,
+    query,
+    spec,
+    stored_samples,
+)
 from tests.support.mosquitto import Mosquitto
-from tests.support.spec import CLINIC, clinic
+from tests.support.spec import CLINIC
 from tests.support.waiting import eventually
 
-EXAMPLE = Path(__file__).parents[2] / "hwbridge" / "bridge.example.yaml"
-SESSION = "d2w-p7"
-# 1 s of gait at 1500 samples/s over the frame channels, one heart rate, two clinical scores.
-SAMPLES = 1503
 DISTINCT_SAMPLES = (
     "SELECT count(*) FROM (SELECT DISTINCT component, signal, value, measured_at"
     " FROM telemetry_samples)"
 )
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-SENSOR_X = exo.FaultSpec(signal="proprioception_score", kind="offset", magnitude=-4)
-
-
-def spec(mosquitto: Mosquitto) -> SystemSpec:
-    """The gRPC tests' clinic, reading the example bridge's topics into its `exo` component,
-    plus a mapping whose component comes from the topic (for refusals)."""
-    mqtt = yaml.safe_load(EXAMPLE.read_text())["mqtt"]
-    mqtt["broker"].update(
-        port=mosquitto.port,
-        client_id="poirotd-under-test",
-        timeout_s=1.0,
-        backoff={"initial_s": 0.05, "max_s": 0.2},
-    )
-    for mapping in mqtt["mappings"]:
-        mapping["component"] = "exo"
-    mqtt["mappings"].append({"topic": "lab/+/raw", "component": "{w1}"})
-    rule = {
-        "name": "proprioception_implausible",
-        "kind": "threshold",
-        "severity": "critical",
-        "component": "exo",
-        "signal": "proprioception_score",
-        "below": 3,
-    }
-    return clinic(rules=[rule], inputs={"session_id": SESSION, "mqtt": mqtt})
 
 
 @pytest.fixture
@@ -80,31 +57,6 @@ async def mqtt_connected(daemon: Daemon) -> None:
     """Waits until the daemon's MQTT input has connected to the broker."""
     async with asyncio.timeout(10):
         await eventually(lambda: counter(daemon, "connects") >= 1)
-
-
-def counter(daemon: Daemon, name: str) -> float:
-    value = daemon.metrics.registry.get_sample_value(f"poirot_mqtt_{name}_total")
-    assert value is not None, name
-    return value
-
-
-def query(daemon: Daemon, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(daemon.settings.db_path) as db:
-        return db.execute(sql).fetchall()
-
-
-def stored_samples(daemon: Daemon) -> int:
-    return int(query(daemon, "SELECT count(*) FROM telemetry_samples")[0][0])
-
-
-async def publish_gait(mosquitto: Mosquitto, extra: Sequence[tuple[str, bytes]] = ()) -> None:
-    simulator = exo.ExoSimulator(exo.ExoSimConfig(rate_hz=1500, faults=(SENSOR_X,), seed=4))
-    inputs = mqtt_input_spec(spec(mosquitto))
-    assert inputs is not None
-    broker = inputs.mqtt.broker.model_copy(update={"client_id": "simulator"})
-    async with MqttPublisher(broker) as publisher:
-        for topic, payload in [*exo.messages(simulator.advance(1.0), "p7"), *extra]:
-            await publisher.publish(topic, payload)
 
 
 @pytest.mark.usefixtures("mqtt_connected")

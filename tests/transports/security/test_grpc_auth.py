@@ -14,7 +14,7 @@ import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from poirotd.api.client import ClientTls, open_channel
+from poirotd.api.client import DaemonTls, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
 from poirotd.store.audit import verify
@@ -264,7 +264,7 @@ async def test_a_renewed_server_certificate_is_served_without_a_restart(
         replace_file(pki.cert_file, renewed.cert)
         # A connection already open keeps its session.
         assert (await before.reputation()).betas
-    new_trust = ClientTls(
+    new_trust = DaemonTls(
         renewed_ca.cert_pem.bytes(), control.cert, control.key, "poirotd.clinic.test"
     )
     async with client(mtls_daemon, new_trust, token=READER) as after:
@@ -284,7 +284,7 @@ async def test_a_half_written_rotation_keeps_the_old_certificate_until_it_comple
     async with client(mtls_daemon, pki.client_tls(control), token=READER) as still_old:
         assert (await still_old.reputation()).betas
     replace_file(pki.key_file, renewed.key)
-    trust = ClientTls(renewed_ca.cert_pem.bytes(), control.cert, control.key, "poirotd.clinic.test")
+    trust = DaemonTls(renewed_ca.cert_pem.bytes(), control.cert, control.key, "poirotd.clinic.test")
     async with client(mtls_daemon, trust, token=READER) as renewed_client:
         assert (await renewed_client.reputation()).betas
 
