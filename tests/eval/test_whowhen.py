@@ -250,7 +250,9 @@ def test_eval_run_hand_crafted_on_the_embedded_model(tmp_path: Path) -> None:
     answer is meaningless; that it runs and is recorded is the point)."""
     out = tmp_path / "run"
     args = ["eval", "run", "--dataset", "whowhen", "--subset", "hand-crafted", "--ids", "45"]
-    result = poirotd(*args, "--method", "baseline", "--out", str(out), "--data-dir", str(DATA))
+    result = poirotd(
+        *args, "--method", "baseline", "--out", str(out), "--data-dir", str(DATA), timeout=800
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     [row] = lines(out)
     assert (row["dataset"], row["case_id"], row["status"]) == ("whowhen-hand-crafted", "45", "ok")
