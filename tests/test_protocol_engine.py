@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -35,7 +36,9 @@ from poirotd.protocol.events import (
     VoteCast,
 )
 from poirotd.protocol.interrogation import closing_request, one_more_round
+from poirotd.protocol.prompts import Incident
 from poirotd.protocol.schemas import hazard_space_format, report_format, turn_format, vote_format
+from poirotd.protocol.spotlight import CLOSE, MARK, OPEN, TOKEN_LETTERS, Spotlight
 
 AGENTS = (
     AgentSpec(id="doctor", name="Diagnosis Doctor", system_prompt="You are the diagnosis doctor."),
@@ -115,8 +118,17 @@ def kind_of(schema: dict[str, Any] | None) -> str:
 
 
 def who(messages: Sequence[ChatMessage]) -> str:
-    by_prompt = {a.system_prompt: a.id for a in AGENTS}
-    return by_prompt.get(messages[0].content, "builder")
+    """The agent whose request this is, by its system prompt (the spotlight's notice follows)."""
+    system = messages[0].content
+    return next((a.id for a in AGENTS if system.startswith(a.system_prompt)), "builder")
+
+
+def spotlight_of(world: World) -> Spotlight:
+    """The spotlight the world's (one) investigation quoted under, read off its first request."""
+    system = "\n".join(c.messages[0].content for c in world.backend.calls)
+    found = re.search(f"{OPEN}([a-z]{{{TOKEN_LETTERS}}}){CLOSE}", system)
+    assert found, "no spotlight token in the system turns"
+    return Spotlight("lines", found.group(1))
 
 
 def vote_json(location: Sequence[int] = (0, 0, 0, 1), *, action: bool = False) -> str:
@@ -214,7 +226,7 @@ async def investigate(
     world: World,
     spec: SystemSpec | None = None,
     cache: MemoryCache | None = None,
-    incident: str = "",
+    incident: Incident | None = None,
 ) -> ProtocolOutcome:
     engine = InvestigationEngine(spec or make_spec(), world.backend, cache or MemoryCache())
     return await engine.run(SESSION, world.sink, incident=incident)
@@ -297,7 +309,7 @@ async def test_a_consultation_that_fills_the_context_ends_early_in_a_forced_vote
     # rounds more (one asked question and its answer add ~45 tokens in this world).
     start = max(roomy.backend.count_tokens(closing_request(space, t)) for t in first_turns)
     world = World(turn=always_ask)
-    world.backend.context_tokens = start + one_more_round(spec.protocol) + 100
+    world.backend.context_tokens = start + one_more_round(spec.protocol, spotlight_of(roomy)) + 100
 
     outcome = await investigate(world, spec)
 
@@ -341,7 +353,8 @@ async def test_an_answer_on_the_last_retry_is_delivered() -> None:
     world = World(answer=answer)
     await investigate(world, make_spec(max_invocations=1))
     forced = world.calls("vote", "doctor")[0]
-    assert forced[-2].content == "Answer from Chief of Rehabilitation (id: chief):\nseen it"
+    quoted = spotlight_of(world).quote("seen it")
+    assert forced[-2].content == f"Answer from Chief of Rehabilitation (id: chief):\n{quoted}"
 
 
 async def test_invalid_vote_is_repaired_then_abstains_never_zeros() -> None:
@@ -530,9 +543,10 @@ async def test_every_request_of_an_agent_starts_with_its_prefix() -> None:
     world = World()
     await investigate(world)
 
+    spotlight = spotlight_of(world)
     for agent in AGENTS:
-        prefix = prompts.agent_prefix(agent, SESSION)
-        turns = prompts.session_turns(agent.id, SESSION)
+        prefix = prompts.agent_prefix(agent, SESSION, spotlight=spotlight)
+        turns = prompts.session_turns(agent.id, SESSION, spotlight)
         assert len(prefix) == 1 + len(turns)
         requests = [c.messages for c in world.backend.calls if who(c.messages) == agent.id]
         assert {kind_of(c.schema) for c in world.backend.calls if who(c.messages) == agent.id} == {
@@ -545,13 +559,20 @@ async def test_every_request_of_an_agent_starts_with_its_prefix() -> None:
 
 async def test_the_incident_closes_every_agent_prefix() -> None:
     world = World()
-    incident = "Reported: fall alarm\nHardware telemetry: exo.knee_angle_deg max=270"
+    incident = Incident("fall alarm", telemetry="exo:\n knee_angle_deg n=3 max=270")
     await investigate(world, incident=incident)
 
+    spotlight = spotlight_of(world)
+    quoted = prompts.incident_section(incident, spotlight)
+    o, c = spotlight.opening, spotlight.closing
+    assert quoted == (
+        f"Reported:\n{o}\n{MARK} fall alarm\n{c}\nHardware telemetry (latest samples):\n"
+        f"{o}\n{MARK} exo:\n{MARK}  knee_angle_deg n=3 max=270\n{c}"
+    )
     for agent in AGENTS:
-        prefix = prompts.agent_prefix(agent, SESSION, incident)
+        prefix = prompts.agent_prefix(agent, SESSION, incident, spotlight)
         assert prefix[-1].role == "user"
-        assert prefix[-1].content.endswith(f"# The incident under review\n{incident}")
+        assert prefix[-1].content.endswith(f"# The incident under review\n{quoted}")
         requests = [c.messages for c in world.backend.calls if who(c.messages) == agent.id]
         assert requests and all(list(r[: len(prefix)]) == prefix for r in requests)
 

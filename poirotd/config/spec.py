@@ -163,6 +163,10 @@ class ReputationSpec(SpecModel):
         return self
 
 
+# How prompts quote untrusted text; see poirotd/protocol/spotlight.py.
+SpotlightMode = Literal["lines", "words", "off"]
+
+
 class ProtocolSpec(SpecModel):
     beta: float = Field(default=0.25, ge=0.0, le=0.5)
     reputation: ReputationSpec = ReputationSpec()
@@ -179,6 +183,11 @@ class ProtocolSpec(SpecModel):
     # Regions Phase I may add beyond the agents.
     max_extra_regions: int = Field(default=10, ge=0, le=64)
     decision: DecisionRuleSpec = DecisionRuleSpec()
+    # How untrusted text (messages, tool outputs, telemetry names, the reason, peers' words) is
+    # quoted in prompts (poirotd/protocol/spotlight.py): "lines" marks each line (about 1.1x the
+    # tokens of the quoted text), "words" also every space (the paper's datamarking, about 2.3x on
+    # SmolLM2's tokenizer), "off" pastes it verbatim: only for measuring what spotlighting buys.
+    spotlighting: SpotlightMode = "lines"
 
 
 class PinnedHazardSpace(SpecModel):

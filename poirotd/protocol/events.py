@@ -19,6 +19,7 @@ from poirotd.model import (
     Phase,
     Vote,
 )
+from poirotd.protocol.injection import InjectionFinding
 
 
 class PhaseBegun(Frozen):
@@ -62,6 +63,13 @@ class ContextCutsMade(Frozen):
     cuts: tuple[ContextCut, ...]
 
 
+class InjectionFound(Frozen):
+    """Signs of a prompt-injection attempt in what the run quotes (the session, the incident)."""
+
+    kind: Literal["injection_found"] = "injection_found"
+    findings: tuple[InjectionFinding, ...]
+
+
 class AttributionReady(Frozen):
     kind: Literal["attribution_ready"] = "attribution_ready"
     attribution: Attribution
@@ -75,6 +83,7 @@ ProtocolEvent = Annotated[
     | ReportFiled
     | VoteCast
     | ContextCutsMade
+    | InjectionFound
     | AttributionReady,
     Field(discriminator="kind"),
 ]
