@@ -35,15 +35,19 @@ FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 MAX_LISTED = 100
 
 _M = re.MULTILINE
+# Brackets that look like spotlighting's « and » (which quoted text cannot contain at all).
+_OPENERS = "[«\u2039\u27ea\u300a\u226a\u27e6\u301a\u27e8\u3008]"
+_CLOSERS = "[»\u203a\u27eb\u300b\u226b\u27e7\u301b\u27e9\u3009]"
 # Checked on the folded text.
 _FOLDED: dict[FindingKind, re.Pattern[str]] = {
     "boundary_forgery": re.compile(
-        r"(«|<<|⟦|\[\[)\s*/"  # a closing boundary in the syntax spotlighting uses, or like it
-        r"|«\s*[a-z0-9]{6,}\s*»"
+        # a closing bound like spotlighting's «/TOKEN», or a bound of a token alone
+        rf"({_OPENERS}|<<|\[\[)\s*/|{_OPENERS}\s*[a-z0-9]{{6,}}\s*{_CLOSERS}"
         r"|^\s*\u02c6"  # a datamarked line
         r"|</?\s*(evidence|data|document|untrusted|context|quote|input|instructions?)\s*>"
         r"|\b(end|close|begin|start)\s+of\s+(the\s+)?(quote|quoted|evidence|data|untrusted|"
-        r"document|input|context)\b",
+        r"document|input|context)\b"
+        r"|\b(end|close|begin|start)\s+(of\s+)?(the\s+)?(untrusted|quoted)\b",
         _M,
     ),
     "role_forgery": re.compile(
@@ -81,7 +85,9 @@ _HIDDEN = re.compile(
     "\u2060-\u206f\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]"
 )
 _CONFUSABLE = re.compile(
-    "[\uff01-\uff5e\U0001d400-\U0001d7ff\u2460-\u24ff\u3008-\u301b]"  # fullwidth, math, CJK
+    # fullwidth forms, mathematical letters and brackets, CJK brackets, angle quotes and brackets
+    "[\uff01-\uff5e\U0001d400-\U0001d7ff\u27e6-\u27ef\u2460-\u24ff\u3008-\u301b\u2039\u203a"
+    "\u226a\u226b]"
     r"|\b(?=\w*[a-zA-Z])(?=\w*[\u0370-\u03ff\u0400-\u04ff])\w+"  # Latin mixed with look-alikes
 )
 _LOOKALIKES = str.maketrans(
@@ -142,6 +148,8 @@ def _message_texts(messages: Sequence[AgentMessage]) -> Iterator[tuple[str, str]
 
 
 def _folded(text: str) -> str:
+    """`text` as the patterns read it; every kind of line break is a newline, so ^ sees it."""
+    text = "\n".join(text.splitlines())
     if text.isascii():
         return text.casefold()
     text = unicodedata.normalize("NFKC", text)
