@@ -207,3 +207,11 @@ def test_findings_name_where_and_are_listed_once_and_capped() -> None:
     assert (
         len(listed) == injection.MAX_LISTED + 1 and listed[-1] == "(+50 more findings not listed)"
     )
+
+
+def test_a_quoted_answer_is_budgeted_with_its_marks() -> None:
+    """The room kept for a peer's answer not written yet grows with the marking."""
+    off, lines, words = (
+        Spotlight(mode, "qwertyuiop").quoted_tokens(256) for mode in ("off", "lines", "words")
+    )
+    assert off == 256 < lines < words

@@ -7,6 +7,11 @@ turns — and everything phase-specific follows it, so the LLM server prefills t
 agent and reuses it for the agent's report, turns, answers and vote. The phase texts are
 deterministic for a given investigation (spec order, no clocks), so an agent's successive
 requests differ only by what was appended.
+
+Every text the system under investigation or a model wrote is quoted with the investigation's
+`Spotlight` (spotlight.py), whose bounds are the same in all of its prompts; the headers around
+quotes are the daemon's own. The functions default to `VERBATIM` (no quoting), which is how the
+record keeps the incident; the engine always passes the investigation's spotlight.
 """
 
 from __future__ import annotations
