@@ -184,9 +184,10 @@ class ProtocolSpec(SpecModel):
     max_extra_regions: int = Field(default=10, ge=0, le=64)
     decision: DecisionRuleSpec = DecisionRuleSpec()
     # How untrusted text (messages, tool outputs, telemetry names, the reason, peers' words) is
-    # quoted in prompts (poirotd/protocol/spotlight.py): "lines" marks each line (about 1.1x the
-    # tokens of the quoted text), "words" also every space (the paper's datamarking, about 2.3x on
-    # SmolLM2's tokenizer), "off" pastes it verbatim: only for measuring what spotlighting buys.
+    # quoted in prompts (poirotd/protocol/spotlight.py): "lines" marks each line (the demo
+    # investigation's prompts take 1.16x the tokens of verbatim ones on SmolLM2's tokenizer),
+    # "words" also every space (the paper's datamarking: 1.62x), "off" pastes it verbatim: only
+    # for measuring what spotlighting buys.
     spotlighting: SpotlightMode = "lines"
 
 
