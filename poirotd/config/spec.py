@@ -186,7 +186,7 @@ class ProtocolSpec(SpecModel):
     # How untrusted text (messages, tool outputs, telemetry names, the reason, peers' words) is
     # quoted in prompts (poirotd/protocol/spotlight.py): "lines" marks each line (the demo
     # investigation's prompts take 1.16x the tokens of verbatim ones on SmolLM2's tokenizer),
-    # "words" also every space (the paper's datamarking: 1.62x), "off" pastes it verbatim: only
+    # "words" also every space (the paper's datamarking: 1.61x), "off" pastes it verbatim: only
     # for measuring what spotlighting buys.
     spotlighting: SpotlightMode = "lines"
 
