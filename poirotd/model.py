@@ -333,7 +333,8 @@ class Investigation(Frozen):
     method: InvestigationMethod = "poirot"
     # The rule event that opened the investigation (None for a manual trigger).
     trigger: HazardEvent | None = None
-    # What the agents are told about the incident: the reason and the hardware readings.
+    # What the agents are told about the incident: the reason and the hardware readings (as
+    # written; the prompts quote each part as evidence).
     incident: str = ""
     created_at: datetime
     finished_at: datetime | None = None
@@ -347,6 +348,9 @@ class Investigation(Frozen):
     usage: LLMUsage = LLMUsage()
     # What the context-budget policy cut so the prompts fit (empty: nothing was cut).
     context_cuts: tuple[ContextCut, ...] = ()
+    # Signs of a prompt-injection attempt in what the prompts quote ("message #3: role_forgery"):
+    # recorded for review; the text was quoted as evidence all the same.
+    injection_findings: tuple[str, ...] = ()
     # The β each agent's vote was weighed with: the spec's β, or its reputation at the start.
     betas: dict[str, float] = Field(default_factory=dict)
     # Set on a success that lacked something (abstentions, missing reports, the fallback hazard

@@ -195,6 +195,10 @@ class ReputationSpec(SpecModel):
         return self
 
 
+# How prompts quote untrusted text; see poirotd/protocol/spotlight.py.
+SpotlightMode = Literal["lines", "words", "off"]
+
+
 class ProtocolSpec(SpecModel):
     beta: float = Field(default=0.25, ge=0.0, le=0.5)
     reputation: ReputationSpec = ReputationSpec()
@@ -213,6 +217,12 @@ class ProtocolSpec(SpecModel):
     max_sub_regions_per_component: int = Field(default=2, ge=0, le=8)
     max_sub_regions: int = Field(default=16, ge=0, le=64)
     decision: DecisionRuleSpec = DecisionRuleSpec()
+    # How untrusted text (messages, tool outputs, telemetry names, the reason, peers' words) is
+    # quoted in prompts (poirotd/protocol/spotlight.py): "lines" marks each line (the demo
+    # investigation's prompts take 1.16x the tokens of verbatim ones on SmolLM2's tokenizer),
+    # "words" also every space (the paper's datamarking: 1.61x), "off" pastes it verbatim: only
+    # for measuring what spotlighting buys.
+    spotlighting: SpotlightMode = "lines"
 
     @model_validator(mode="before")
     @classmethod

@@ -152,11 +152,12 @@ class InvestigationRunner:
             messages = await self._store.session_messages(investigation.session_id)
             betas = betas_in_use(self._spec, await self._store.reputations(investigation.system))
             self._metrics.record_betas(betas)
-            await recorder.update(incident=await self._describe(investigation), betas=betas)
+            incident = await self._describe(investigation)
+            await recorder.update(incident=prompts.incident_section(incident), betas=betas)
             outcome = await self._engine.run(
                 messages,
                 recorder.on_event,
-                incident=recorder.record.incident,
+                incident=incident,
                 betas=betas,
                 method=investigation.method,
             )
@@ -171,11 +172,11 @@ class InvestigationRunner:
         else:
             await recorder.succeeded(outcome)
 
-    async def _describe(self, investigation: Investigation) -> str:
+    async def _describe(self, investigation: Investigation) -> prompts.Incident:
         readings = await self._store.newest_readings(
             investigation.session_id, limit=_EVIDENCE_SAMPLES
         )
         # Thousands of readings: summarised off the event loop, which meanwhile keeps evaluating
         # hazard rules on arriving telemetry.
         telemetry = await asyncio.to_thread(summarise_window, readings) if readings else ""
-        return prompts.incident_description(investigation.reason, investigation.trigger, telemetry)
+        return prompts.Incident(investigation.reason, investigation.trigger, telemetry)

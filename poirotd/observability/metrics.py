@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from poirotd import __version__
 from poirotd.model import DROP_REASONS
+from poirotd.protocol.injection import FINDING_KINDS
 
 _PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -104,6 +105,16 @@ class Metrics:
             ["system"],
             registry=r,
         )
+        self.injection_findings = Counter(
+            "poirot_injection_findings_total",
+            "Signs of a prompt-injection attempt in the text investigations quote to the LLM "
+            "(forged boundaries, roles, votes or tool calls; hidden or look-alike characters; "
+            "instruction phrases), by kind",
+            ["system", "kind"],
+            registry=r,
+        )
+        for kind in FINDING_KINDS:  # at 0 from the start, so the first finding shows as a rise
+            self.injection_findings.labels(system, kind)
         self.hazard_events = Counter(
             "poirot_hazard_events_total",
             "Hazard events by rule (manual triggers count under rule=manual)",

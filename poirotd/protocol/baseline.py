@@ -20,8 +20,10 @@ from poirotd.model import AgentMessage, Attribution, HazardSpace, Phase, Vote
 from poirotd.protocol import prompts
 from poirotd.protocol.errors import AnswerFailed
 from poirotd.protocol.events import VoteCast
+from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.schemas import vote_format
+from poirotd.protocol.spotlight import Spotlight
 
 RULE = "baseline"
 EVALUATOR = ""
@@ -31,14 +33,15 @@ async def baseline_vote(
     spec: SystemSpec,
     space: HazardSpace,
     messages: Sequence[AgentMessage],
-    incident: str,
+    incident: Incident | None,
+    spotlight: Spotlight,
     run: RunContext,
 ) -> Vote:
     """The single evaluator's vote (or abstention), emitted as it lands."""
     limits = spec.protocol
 
     def request(view: Sequence[AgentMessage]) -> list[ChatMessage]:
-        return prompts.baseline_request(spec, space, view, incident)
+        return prompts.baseline_request(spec, space, view, incident, spotlight)
 
     view = await run.fit(EVALUATOR, messages, request, reserve=limits.turn_max_tokens)
     try:

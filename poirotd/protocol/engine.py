@@ -24,16 +24,18 @@ from poirotd.model import (
     PhaseTiming,
     Vote,
 )
-from poirotd.protocol import baseline, prompts
+from poirotd.protocol import baseline, injection, prompts
 from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.errors import ProtocolError
-from poirotd.protocol.events import AttributionReady, ProtocolEvent
+from poirotd.protocol.events import AttributionReady, InjectionFound, ProtocolEvent
 from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
 from poirotd.protocol.interrogation import closing_request, interrogate, one_more_round
 from poirotd.protocol.peer_tools import tools_text
+from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.schemas import SelfReport
 from poirotd.protocol.self_assessment import self_assess
+from poirotd.protocol.spotlight import Spotlight
 
 
 class ProtocolOutcome(Frozen):
@@ -69,7 +71,7 @@ class InvestigationEngine:
         messages: Sequence[AgentMessage],
         on_event: Callable[[ProtocolEvent], Awaitable[None]],
         *,
-        incident: str = "",
+        incident: Incident | None = None,
         betas: Mapping[str, float] | None = None,
         method: InvestigationMethod = "poirot",
     ) -> ProtocolOutcome:
@@ -80,10 +82,16 @@ class InvestigationEngine:
 
         Once the token budget is spent no further call starts: the agents still waiting for one
         abstain (or file no report), and the votes already cast are aggregated.
+        Every untrusted text is quoted under one fresh spotlight for the whole run; signs of
+        an injection attempt in the session or the incident are reported first (InjectionFound).
         Raises ProtocolError when every voter abstains;
         cancellation propagates and cancels every LLM call in flight.
         """
         spec, run = self._spec, RunContext(self._backend, on_event, token_budget=self._token_budget)
+        spotlight = Spotlight.fresh(spec.protocol.spotlighting)
+        findings = injection.scan(messages, incident.texts() if incident else ())
+        if findings:
+            await run.emit(InjectionFound(findings=findings))
         async with run.phase(Phase.HAZARD_SPACE):
             space = await resolve_hazard_space(spec, self._hazard_spaces, run)
         if betas is None:
@@ -91,14 +99,18 @@ class InvestigationEngine:
         reports: dict[str, SelfReport | None] = {}
         if method == "baseline":
             async with run.phase(Phase.VOTING):
-                votes = [await baseline.baseline_vote(spec, space, messages, incident, run)]
+                votes = [
+                    await baseline.baseline_vote(spec, space, messages, incident, spotlight, run)
+                ]
         else:
-            views = await self._views(space, messages, incident, run)
-            prefixes = {a.id: prompts.agent_prefix(a, views[a.id], incident) for a in spec.agents}
+            views = await self._views(space, messages, incident, spotlight, run)
+            prefixes = {
+                a.id: prompts.agent_prefix(a, views[a.id], incident, spotlight) for a in spec.agents
+            }
             async with run.phase(Phase.SELF_ASSESSMENT):
                 reports = await self_assess(spec, prefixes, run)
             seen = {agent: {m.index for m in view} for agent, view in views.items()}
-            votes = await interrogate(spec, space, prefixes, reports, run, betas, seen)
+            votes = await interrogate(spec, space, prefixes, reports, run, betas, seen, spotlight)
         if all(v.abstained for v in votes):
             reasons = "; ".join(f"{v.agent_id or 'baseline'}: {v.abstention_reason}" for v in votes)
             raise ProtocolError(f"no agent cast a valid vote: {reasons}")
@@ -122,7 +134,8 @@ class InvestigationEngine:
         self,
         space: HazardSpace,
         messages: Sequence[AgentMessage],
-        incident: str,
+        incident: Incident | None,
+        spotlight: Spotlight,
         run: RunContext,
     ) -> dict[str, tuple[AgentMessage, ...]]:
         """Each agent's session view, cut by the context budget to leave room for its longest
@@ -137,7 +150,8 @@ class InvestigationEngine:
             task = [ChatMessage(role="user", content=prompts.self_assessment(spec, agent.id))]
             opening = [
                 ChatMessage(
-                    role="user", content=prompts.interrogation_opening(spec, space, {}, agent.id)
+                    role="user",
+                    content=prompts.interrogation_opening(spec, space, {}, agent.id, spotlight),
                 )
             ]
             # Steps the agent's votes may name: at most every session index.
@@ -145,12 +159,12 @@ class InvestigationEngine:
             consultation = closing_request(space, opening, offered)
             reserve = max(
                 run.count_tokens(task) + limits.report_max_tokens,
-                run.count_tokens(consultation) + one_more_round(limits),
+                run.count_tokens(consultation) + one_more_round(limits, spotlight),
             )
             views[agent.id] = await run.fit(
                 agent.id,
                 [m for m in messages if prompts.in_view(agent.id, m)],
-                partial(prompts.agent_prefix, agent, incident=incident),
+                partial(prompts.agent_prefix, agent, incident=incident, spotlight=spotlight),
                 reserve=reserve,
             )
         return views

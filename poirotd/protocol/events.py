@@ -19,6 +19,7 @@ from poirotd.model import (
     Phase,
     Vote,
 )
+from poirotd.protocol.injection import InjectionFinding
 
 
 class PhaseBegun(Frozen):
@@ -77,6 +78,13 @@ class HazardSpaceBuilt(Frozen):
     hazard_space: HazardSpace
 
 
+class InjectionFound(Frozen):
+    """Signs of a prompt-injection attempt in what the run quotes (the session, the incident)."""
+
+    kind: Literal["injection_found"] = "injection_found"
+    findings: tuple[InjectionFinding, ...]
+
+
 class AttributionReady(Frozen):
     kind: Literal["attribution_ready"] = "attribution_ready"
     attribution: Attribution
@@ -92,6 +100,7 @@ ProtocolEvent = Annotated[
     | ContextCutsMade
     | TokenBudgetSpent
     | HazardSpaceBuilt
+    | InjectionFound
     | AttributionReady,
     Field(discriminator="kind"),
 ]

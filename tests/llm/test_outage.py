@@ -87,7 +87,7 @@ class ModelServer:
         schema = body.get("response_format", {}).get("json_schema", {}).get("schema")
         text = json.dumps(fill(schema)) if schema else "I saw nothing unusual."
         asker = body["messages"][0]["content"]
-        if self.mode == "physio_garbage" and schema and asker == PHYSIO_PROMPT:
+        if self.mode == "physio_garbage" and schema and asker.startswith(PHYSIO_PROMPT):
             text = "Sure! The knee angle looks wrong to me."
         return json.dumps(chat_body(text)).encode()
 

@@ -16,7 +16,16 @@ from poirotd.protocol.context_budget import shorten
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ContextCutsMade, ExchangeDone, VoteCast
-from tests.support.protocol import EXO, SESSION, MemoryCache, World, agent_message, make_spec
+from poirotd.protocol.prompts import Incident
+from tests.support.protocol import (
+    EXO,
+    SESSION,
+    MemoryCache,
+    World,
+    agent_message,
+    make_spec,
+    spotlight_of,
+)
 
 
 def stepped_vote(step: int | None, location: Sequence[int] = (0, 0, 0, 1), **extra: Any) -> str:
@@ -28,7 +37,7 @@ async def baseline(
     world: World, session: Sequence[AgentMessage] = SESSION, **protocol: Any
 ) -> ProtocolOutcome:
     engine = InvestigationEngine(make_spec(**protocol), world.backend, MemoryCache())
-    return await engine.run(session, world.sink, incident="fall alarm", method="baseline")
+    return await engine.run(session, world.sink, incident=Incident("fall alarm"), method="baseline")
 
 
 class WindowedBackend(ScriptedBackend):
@@ -59,8 +68,11 @@ async def test_baseline_is_one_call_over_the_full_session() -> None:
     assert "Plan 2, please confirm." in request  # chief → physio: no agent's filtered view
     assert "You are the diagnosis doctor." in request and "fall alarm" in request
     assert [m.role for m in call.messages] == ["system", "user"]
+    spotlight = spotlight_of(world)
     assert call.messages == tuple(
-        prompts.baseline_request(make_spec(), outcome.hazard_space, SESSION, "fall alarm")
+        prompts.baseline_request(
+            make_spec(), outcome.hazard_space, SESSION, Incident("fall alarm"), spotlight
+        )
     )
 
     (vote,) = outcome.votes

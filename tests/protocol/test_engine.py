@@ -23,7 +23,9 @@ from poirotd.protocol.events import (
     VoteCast,
 )
 from poirotd.protocol.interrogation import closing_request, one_more_round
+from poirotd.protocol.prompts import Incident
 from poirotd.protocol.schemas import hazard_space_format, report_format, turn_format, vote_format
+from poirotd.protocol.spotlight import MARK
 from tests.support.protocol import (
     AGENTS,
     EXO,
@@ -36,6 +38,7 @@ from tests.support.protocol import (
     investigate,
     kind_of,
     make_spec,
+    spotlight_of,
     vote_json,
     who,
 )
@@ -117,7 +120,7 @@ async def test_a_consultation_that_fills_the_context_ends_early_in_a_forced_vote
     # rounds more (one asked question and its answer add ~45 tokens in this world).
     start = max(roomy.backend.count_tokens(closing_request(space, t)) for t in first_turns)
     world = World(turn=always_ask)
-    world.backend.context_tokens = start + one_more_round(spec.protocol) + 100
+    world.backend.context_tokens = start + one_more_round(spec.protocol, spotlight_of(roomy)) + 100
 
     outcome = await investigate(world, spec)
 
@@ -161,7 +164,8 @@ async def test_an_answer_on_the_last_retry_is_delivered() -> None:
     world = World(answer=answer)
     await investigate(world, make_spec(max_invocations=1))
     forced = world.calls("vote", "doctor")[0]
-    assert forced[-2].content == "Answer from Chief of Rehabilitation (id: chief):\nseen it"
+    quoted = spotlight_of(world).quote("seen it")
+    assert forced[-2].content == f"Answer from Chief of Rehabilitation (id: chief):\n{quoted}"
 
 
 async def test_invalid_vote_is_repaired_then_abstains_never_zeros() -> None:
@@ -351,9 +355,10 @@ async def test_every_request_of_an_agent_starts_with_its_prefix() -> None:
     world = World()
     await investigate(world)
 
+    spotlight = spotlight_of(world)
     for agent in AGENTS:
-        prefix = prompts.agent_prefix(agent, SESSION)
-        turns = prompts.session_turns(agent.id, SESSION)
+        prefix = prompts.agent_prefix(agent, SESSION, spotlight=spotlight)
+        turns = prompts.session_turns(agent.id, SESSION, spotlight)
         assert len(prefix) == 1 + len(turns)
         requests = [c.messages for c in world.backend.calls if who(c.messages) == agent.id]
         assert {kind_of(c.schema) for c in world.backend.calls if who(c.messages) == agent.id} == {
@@ -366,13 +371,20 @@ async def test_every_request_of_an_agent_starts_with_its_prefix() -> None:
 
 async def test_the_incident_closes_every_agent_prefix() -> None:
     world = World()
-    incident = "Reported: fall alarm\nHardware telemetry: exo.knee_angle_deg max=270"
+    incident = Incident("fall alarm", telemetry="exo:\n knee_angle_deg n=3 max=270")
     await investigate(world, incident=incident)
 
+    spotlight = spotlight_of(world)
+    quoted = prompts.incident_section(incident, spotlight)
+    o, c = spotlight.opening, spotlight.closing
+    assert quoted == (
+        f"Reported:\n{o}\n{MARK} fall alarm\n{c}\nHardware telemetry (latest samples):\n"
+        f"{o}\n{MARK} exo:\n{MARK}  knee_angle_deg n=3 max=270\n{c}"
+    )
     for agent in AGENTS:
-        prefix = prompts.agent_prefix(agent, SESSION, incident)
+        prefix = prompts.agent_prefix(agent, SESSION, incident, spotlight)
         assert prefix[-1].role == "user"
-        assert prefix[-1].content.endswith(f"# The incident under review\n{incident}")
+        assert prefix[-1].content.endswith(f"# The incident under review\n{quoted}")
         requests = [c.messages for c in world.backend.calls if who(c.messages) == agent.id]
         assert requests and all(list(r[: len(prefix)]) == prefix for r in requests)
 

@@ -23,6 +23,7 @@ from tests.support.protocol import (
     World,
     investigate,
     make_spec,
+    spotlight_of,
     who,
 )
 
@@ -245,12 +246,13 @@ async def test_the_context_budget_counts_the_tool_definitions_turns_send() -> No
     spec = tools_spec(max_invocations=8)
     roomy = tool_world(always_ask)
     space = (await investigate(roomy, spec)).hazard_space
+    spotlight = spotlight_of(roomy)
     offered = {a: tools_text(spec, a, space.size, range(8)) for a in IDS}
     assert all(offered.values()) and not tools_text(make_spec(), "doctor", space.size, range(8))
 
     def budget(agent: str, transcript: Sequence[ChatMessage]) -> int:
         ending = closing_request(space, transcript, offered[agent])
-        return roomy.backend.count_tokens(ending) + one_more_round(spec.protocol)
+        return roomy.backend.count_tokens(ending) + one_more_round(spec.protocol, spotlight)
 
     start = max(budget(a, tool_calls(roomy, a)[0]) for a in IDS)
     world = tool_world(always_ask)

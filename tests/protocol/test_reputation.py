@@ -268,7 +268,7 @@ class Answers:
             raise LLMError("the model server is down", reason="unavailable")
         if schema is None:
             return "I saw nothing unusual."
-        physio = messages[0].content == REPUTED.agent("physio").system_prompt
+        physio = messages[0].content.startswith(REPUTED.agent("physio").system_prompt)
         return json.dumps(fill(schema, bit=0 if physio else 1))
 
 

@@ -4,6 +4,7 @@ routes each request by its schema to a handler per kind of answer (orchestration
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,8 @@ from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, HazardRegion, HazardSpace, MessageKind
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.events import ProtocolEvent
+from poirotd.protocol.prompts import Incident
+from poirotd.protocol.spotlight import CLOSE, OPEN, TOKEN_LETTERS, Spotlight
 
 AGENTS = (
     AgentSpec(id="doctor", name="Diagnosis Doctor", system_prompt="You are the diagnosis doctor."),
@@ -102,8 +105,17 @@ def kind_of(schema: dict[str, Any] | None) -> str:
 
 
 def who(messages: Sequence[ChatMessage]) -> str:
-    by_prompt = {a.system_prompt: a.id for a in AGENTS}
-    return by_prompt.get(messages[0].content, "builder")
+    """The agent whose request this is, by its system prompt (the spotlight's notice follows)."""
+    system = messages[0].content
+    return next((a.id for a in AGENTS if system.startswith(a.system_prompt)), "builder")
+
+
+def spotlight_of(world: World) -> Spotlight:
+    """The spotlight the world's (one) investigation quoted under, read off its first request."""
+    system = "\n".join(c.messages[0].content for c in world.backend.calls)
+    found = re.search(f"{OPEN}([a-z]{{{TOKEN_LETTERS}}}){CLOSE}", system)
+    assert found, "no spotlight token in the system turns"
+    return Spotlight("lines", found.group(1))
 
 
 def vote_json(location: Sequence[int] = (0, 0, 0, 1), *, action: bool = False) -> str:
@@ -204,7 +216,7 @@ async def investigate(
     world: World,
     spec: SystemSpec | None = None,
     cache: MemoryCache | None = None,
-    incident: str = "",
+    incident: Incident | None = None,
 ) -> ProtocolOutcome:
     engine = InvestigationEngine(spec or make_spec(), world.backend, cache or MemoryCache())
     return await engine.run(SESSION, world.sink, incident=incident)
