@@ -10,7 +10,7 @@ import pytest
 from bench import report
 from poirot_eval import provenance
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _git(*args: str, cwd: Path = ROOT) -> str:
