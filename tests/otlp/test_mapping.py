@@ -144,6 +144,25 @@ def test_malformed_attributes_reject_their_span_only() -> None:
     assert "'first' is not a list index" in mapped.rejections[2].detail
 
 
+def test_a_too_long_session_id_or_a_list_for_a_name_rejects_or_ignores_the_span() -> None:
+    reply = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "ok"}]}])
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.output.messages": reply}
+    long_session = _span(2, {**chat, "gen_ai.agent.name": "doctor", "session.id": "s" * 300})
+    listed = _span(3, {"gen_ai.agent.name": "doctor"})
+    listed.attributes.add(key="gen_ai.operation.name").value.array_value.values.add(
+        string_value="chat"
+    )
+    mapped = map_export(
+        _export(_span(1, {**chat, "gen_ai.agent.name": "chief"}), long_session, listed),
+        AGENTS,
+        session_by="conversation",
+    )
+    assert [m.sender for m in mapped.messages] == ["chief"]
+    assert [(int(r.span_id, 16), r.reason) for r in mapped.rejections] == [(2, "malformed")]
+    assert "session.id is over 256 characters" in mapped.rejections[0].detail
+    assert mapped.spans == 3
+
+
 def test_an_agent_is_found_by_alias_id_or_name_up_the_parents_and_other_spans_are_ignored() -> None:
     reply = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "ok"}]}])
     chat = {"gen_ai.operation.name": "chat", "gen_ai.output.messages": reply}

@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from poirotd.config import SystemSpec
 from poirotd.errors import ResourceExhausted, Unavailable
 from poirotd.ingest.pipeline import IngestPipeline, Refusal
-from poirotd.model import AgentMessage, CommitItem, Session
+from poirotd.model import CommitItem, Session, validate_agent_message
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
 from poirotd.transports.otlp.mapping import (
@@ -166,38 +166,43 @@ class OtlpReceiver:
         position, the mapped message each came from (None for a session start)."""
         items: list[CommitItem] = []
         sources: list[MappedMessage | None] = []
-        started: set[str] = set()
+        # Sessions already handled in this export: stored, or started by an item above.
+        handled: set[str] = set()
+        next_index = self._next_index
         for m in messages:
             sent_at = datetime.fromtimestamp(m.at_ns / 1e9, UTC)
-            index = self._next_index[m.session_id]
             # Until its start is stored, every export starts the session again (a no-op once
             # stored): an earlier export's start may still wait for its commit, or have failed.
-            if m.session_id not in started and not self._store.has_session(m.session_id):
-                started.add(m.session_id)
-                labels = {"input": "otlp", "trace_id": m.trace_id}
-                items.append(
-                    Session(
-                        session_id=m.session_id,
-                        system=self._system,
-                        started_at=sent_at,
-                        labels=labels,
+            if m.session_id not in handled:
+                handled.add(m.session_id)
+                if not self._store.has_session(m.session_id):
+                    labels = {"input": "otlp", "trace_id": m.trace_id}
+                    items.append(
+                        Session(
+                            session_id=m.session_id,
+                            system=self._system,
+                            started_at=sent_at,
+                            labels=labels,
+                        )
                     )
-                )
-                sources.append(None)
-            self._next_index[m.session_id] = index + 1
+                    sources.append(None)
+            index = next_index[m.session_id]
+            next_index[m.session_id] = index + 1
             items.append(
-                AgentMessage(
-                    session_id=m.session_id,
-                    index=index,
-                    kind=m.kind,
-                    sender=m.sender,
-                    recipient=m.recipient,
-                    content=m.content,
-                    tool_calls=m.tool_calls,
-                    tool_name=m.tool_name,
-                    sent_at=sent_at,
-                    trace_id=m.trace_id,
-                    span_id=m.span_id,
+                validate_agent_message(
+                    {
+                        "session_id": m.session_id,
+                        "index": index,
+                        "kind": m.kind,
+                        "sender": m.sender,
+                        "recipient": m.recipient,
+                        "content": m.content,
+                        "tool_calls": m.tool_calls,
+                        "tool_name": m.tool_name,
+                        "sent_at": sent_at,
+                        "trace_id": m.trace_id,
+                        "span_id": m.span_id,
+                    }
                 )
             )
             sources.append(m)
