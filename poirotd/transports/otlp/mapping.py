@@ -129,11 +129,6 @@ class _Span:
     bad_conversation: str = ""
     agent: str = ""
     session_id: str = ""
-    messages: list[MappedMessage] = field(default_factory=list)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.trace_id, self.span_id)
 
 
 def map_export(
@@ -142,8 +137,9 @@ def map_export(
     """The export's messages and the spans rejected. `agents`: agent id by each name a trace
     may give it (SystemSpec.agents_by_alias)."""
     spans = list(_spans(request))
-    by_key = {span.key: span for span in spans}
+    by_key = {(span.trace_id, span.span_id): span for span in spans}
     conversations = _conversations(spans) if session_by == "conversation" else {}
+    messages: list[MappedMessage] = []
     rejections: list[Rejection] = []
     callers = _Callers()
     # Model calls and invocations first, in time order: their tool calls name the agents tool
@@ -151,13 +147,12 @@ def map_export(
     speaking = [span for span in spans if span.role]
     for span in sorted(speaking, key=lambda s: (s.role == "tool", s.start_ns, s.span_id)):
         try:
-            _place(span, by_key, agents, conversations, callers)
+            messages += _place(span, by_key, agents, conversations, callers)
         except _Rejected as rejected:
             rejections.append(
                 Rejection(span.trace_id, span.span_id, rejected.reason, str(rejected))
             )
-            span.messages.clear()
-    messages = sorted((m for span in speaking for m in span.messages), key=_ORDER)
+    messages.sort(key=_ORDER)
     return MappedExport(tuple(_first_of_each(messages)), tuple(rejections), len(spans))
 
 
@@ -190,8 +185,8 @@ def _place(
     agents: Mapping[str, str],
     conversations: Mapping[str, str],
     callers: _Callers,
-) -> None:
-    """Fills `span.messages`, or raises _Rejected."""
+) -> list[MappedMessage]:
+    """The span's messages, or raises _Rejected."""
     span.session_id = _session(span, by_key, conversations)
     try:
         if span.role == "tool":
@@ -201,55 +196,55 @@ def _place(
                 raise _Rejected(
                     "no_content", f"tool {quote(name)} has no result (content capture off?)"
                 )
-            span.messages.append(
-                _tool_message(span, agent, (call_id, name, result), span.end_ns, 0)
-            )
-            return
+            return [_tool_message(span, agent, (call_id, name, result), span.end_ns, 0)]
         inputs, outputs = _turns(span)
     except _Malformed as exc:
         raise _Rejected("malformed", str(exc)) from None
     if not inputs and not outputs:
         if span.role == "agent":
-            return  # an invocation without messages: its model calls speak
+            return []  # an invocation without messages: its model calls speak
         raise _Rejected("no_content", "the model call carries no messages (content capture off?)")
     span.agent = _agent(span, by_key, agents)
-    for call in (c for turn in outputs for c in turn.calls):
-        callers.called(span, call)
-    _speak(span, inputs, outputs)
+    for turn in outputs:
+        for call in turn.calls:
+            callers.called(span, call)
+    return _speak(span, inputs, outputs)
 
 
-def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> None:
+def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> list[MappedMessage]:
     """A model call's (or invocation's) messages: its new input, then its output."""
+    messages: list[MappedMessage] = []
     last_answer = -1
     names: dict[str, str] = {}
     for i, turn in enumerate(inputs):
         if turn.role == "assistant":
             last_answer = i
-        names.update((c.id, c.name) for c in turn.calls if c.id)
+        for call in turn.calls:
+            if call.id:
+                names[call.id] = call.name
     position = 0
     for turn in inputs[last_answer + 1 :]:
         if turn.results:
             for call_id, name, result in turn.results:
                 named = (call_id, name or names.get(call_id, "") or "tool", result)
-                span.messages.append(
-                    _tool_message(span, span.agent, named, span.start_ns, position)
-                )
+                messages.append(_tool_message(span, span.agent, named, span.start_ns, position))
                 position += 1
             continue
         kind = MessageKind.SYSTEM if turn.role in ("system", "developer") else MessageKind.HUMAN
         sender = "system" if kind is MessageKind.SYSTEM else turn.role or "user"
-        span.messages.append(
+        messages.append(
             _message(span, kind, sender, span.agent, turn.text, (), "", span.start_ns, position)
         )
         position += 1
     for turn in outputs:
         calls = tuple(call.rendered() for call in turn.calls)
-        span.messages.append(
+        messages.append(
             _message(
                 span, MessageKind.AGENT, span.agent, "", turn.text, calls, "", span.end_ns, position
             )
         )
         position += 1
+    return messages
 
 
 def _tool_message(
@@ -346,11 +341,9 @@ def _attributes(pairs: Sequence[KeyValue]) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     for pair in pairs:
         value = pair.value
-        # Most attributes are strings: read them without the generic walk.
-        if value.WhichOneof("value") == "string_value":
-            attrs[pair.key] = value.string_value
-        else:
-            attrs[pair.key] = _value(value)
+        # Most attributes are strings: read as one first (an empty one is read again by _value).
+        text = value.string_value
+        attrs[pair.key] = text if text else _value(value)
     return attrs
 
 
