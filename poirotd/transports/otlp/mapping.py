@@ -19,7 +19,7 @@ database, a workflow step) are structure only.
 
 from __future__ import annotations
 
-import json
+import base64
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -378,7 +378,7 @@ def _agent_names(attrs: Mapping[str, Any]) -> Iterator[str]:
     metadata = attrs.get("metadata")
     if isinstance(metadata, str) and "langgraph_node" in metadata:
         try:
-            node = json.loads(metadata).get("langgraph_node")
+            node = orjson.loads(metadata).get("langgraph_node")
         except (ValueError, AttributeError):
             return
         if isinstance(node, str) and node:
@@ -610,12 +610,24 @@ def _text(value: Any) -> str:
 
 
 def _compact(value: Any) -> str:
+    """orjson, not json: it refuses the lone surrogates json would let through to the store
+    (whose UTF-8 they are not), and nesting json would recurse on until Python's stack ends."""
     if value is None or value == "":
         return ""
     if isinstance(value, str):
         text: str = value
         try:  # arguments are usually JSON text already: written compactly, like the rest
-            value = json.loads(text)
-        except ValueError:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
             return text
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    try:
+        return orjson.dumps(value, default=_base64, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError as exc:
+        raise _Malformed(f"a value cannot be written as JSON: {exc}") from None
+
+
+def _base64(value: Any) -> str:
+    """A bytes attribute, as OTLP/JSON writes one."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError(f"{type(value).__name__} is not JSON")
