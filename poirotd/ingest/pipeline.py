@@ -29,6 +29,7 @@ import structlog
 from poirotd.config import SystemSpec
 from poirotd.errors import ServiceError
 from poirotd.hazards import RuleEngine
+from poirotd.ingest.numbering import SessionIndexes
 from poirotd.ingest.validation import IngestScope, SignalNames
 from poirotd.model import (
     AgentMessage,
@@ -112,6 +113,8 @@ class IngestPipeline:
         self._batch_max = batch_max
         self._rules = RuleEngine(spec.rules)
         self._signals = SignalNames(signals_per_component)
+        # For the doors whose producers leave numbering to the daemon: one count for them all.
+        self.indexes = SessionIndexes(store)
         self._rounds: deque[_Round] = deque()
         self._committer: asyncio.Task[None] | None = None
 
