@@ -49,7 +49,7 @@ from hwbridge.broker import free_port
 from poirotd.api import convert
 from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.config import Settings
+from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, MessageKind, Session
@@ -153,19 +153,28 @@ def _ways(exporters: int) -> dict[str, str]:
     }
 
 
+async def started_daemon(folder: Path, spec: SystemSpec) -> Daemon:
+    """An in-process daemon with its OTLP/HTTP door open and the tests' scripted LLM; the
+    caller stops it."""
+    settings = Settings(
+        db_path=folder / "poirotd.db",
+        grpc_port=0,
+        metrics_port=0,
+        otlp_http_port=free_port(),
+        drain_seconds=5,
+    )
+    daemon = Daemon(settings, spec, backend=ScriptedBackend(_answer))
+    await daemon.start()
+    return daemon
+
+
 async def run(messages: int, rounds: int, exporters: int) -> dict[str, list[Rates]]:
     spec = SPEC.model_copy(update={"rules": ()})
     ways = _ways(exporters)
     rates: dict[str, list[Rates]] = {way: [] for way in ways}
     with tempfile.TemporaryDirectory() as folder:
-        settings = Settings(
-            db_path=Path(folder) / "bench.db",
-            grpc_port=0,
-            metrics_port=0,
-            otlp_http_port=free_port(),
-        )
-        daemon = Daemon(settings, spec, backend=ScriptedBackend(_answer))
-        await daemon.start()
+        daemon = await started_daemon(Path(folder), spec)
+        settings = daemon.settings
         url = f"http://127.0.0.1:{settings.otlp_http_port}/v1/traces"
         try:
             async with (

@@ -51,18 +51,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from bench import report
-from hwbridge.broker import free_port
+from bench.otlp import started_daemon
 from poirotd.config import Settings
-from poirotd.daemon import Daemon
 from poirotd.errors import ServiceError
-from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage
 from poirotd.observability import logs
 from poirotd.store import Store
 from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
 from poirotd.transports.otlp.mapping import map_export
 from tests.otlp_runs import DATA, RUNS, SPEC, otlp_json
-from tests.test_grpc_api import _answer
 
 SECTION = "bench.otlp_fuzz"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -585,15 +582,8 @@ async def run(inputs: int, seed: int) -> Tally:
     tally = Tally()
     spec = SPEC.model_copy(update={"rules": ()})
     with tempfile.TemporaryDirectory() as folder:
-        settings = Settings(
-            db_path=Path(folder) / "fuzz.db",
-            grpc_port=0,
-            metrics_port=0,
-            otlp_http_port=free_port(),
-            drain_seconds=5,
-        )
-        daemon = Daemon(settings, spec, backend=ScriptedBackend(_answer))
-        await daemon.start()
+        daemon = await started_daemon(Path(folder), spec)
+        settings = daemon.settings
         store = daemon._store
         assert store is not None
         url = f"http://127.0.0.1:{settings.otlp_http_port}/v1/traces"

@@ -5,6 +5,7 @@ dead-lettered and counted, and a failed commit loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import shutil
 import sqlite3
@@ -74,11 +75,18 @@ def spec(mosquitto: Mosquitto) -> SystemSpec:
     return SystemSpec.model_validate(data)
 
 
-@pytest.fixture
-async def daemon(mosquitto: Mosquitto, tmp_path: Path) -> AsyncIterator[Daemon]:
-    async with in_process_daemon(tmp_path, spec(mosquitto), ScriptedBackend(_answer)) as d:
+@contextlib.asynccontextmanager
+async def connected_daemon(tmp_path: Path, system: SystemSpec) -> AsyncIterator[Daemon]:
+    """An in-process daemon once its MQTT input has subscribed."""
+    async with in_process_daemon(tmp_path, system, ScriptedBackend(_answer)) as d:
         async with asyncio.timeout(10):
             await eventually(lambda: counter(d, "connects") >= 1)
+        yield d
+
+
+@pytest.fixture
+async def daemon(mosquitto: Mosquitto, tmp_path: Path) -> AsyncIterator[Daemon]:
+    async with connected_daemon(tmp_path, spec(mosquitto)) as d:
         yield d
 
 
@@ -184,21 +192,26 @@ async def test_a_reading_dated_outside_the_allowed_times_is_dead_lettered(
 async def test_a_failed_commit_restarts_the_input_and_the_broker_redelivers(
     daemon: Daemon, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    commit = SqliteStore.commit_ingest
-    failures = [OSError("disk I/O error")]
-
-    async def failing_once(self: SqliteStore, items: Sequence[CommitItem]) -> None:
-        if failures and any(isinstance(item, TelemetryBatch) for item in items):
-            raise failures.pop()
-        await commit(self, items)
-
-    monkeypatch.setattr(SqliteStore, "commit_ingest", failing_once)
+    fail_first_commit_of(TelemetryBatch, monkeypatch)
     await publish_gait(mosquitto)
     async with asyncio.timeout(30):
         await eventually(lambda: query(daemon, DISTINCT_SAMPLES) == [(SAMPLES,)])
     assert counter(daemon, "input_restarts") == 1 and counter(daemon, "connects") == 2
     # At least once: batches committed after the failed one were redelivered too.
     assert stored_samples(daemon) >= SAMPLES
+
+
+def fail_first_commit_of(kind: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's first commit that holds an item of `kind` raises (a disk error)."""
+    commit = SqliteStore.commit_ingest
+    failures = [OSError("disk I/O error")]
+
+    async def failing_once(self: SqliteStore, items: Sequence[CommitItem]) -> None:
+        if failures and any(isinstance(item, kind) for item in items):
+            raise failures.pop()
+        await commit(self, items)
+
+    monkeypatch.setattr(SqliteStore, "commit_ingest", failing_once)
 
 
 def test_a_mapping_to_an_undeclared_component_is_refused_with_the_spec(

@@ -5,7 +5,9 @@ One count per daemon (the pipeline's), so two doors writing one session never co
 session's count starts after the highest index the store has for it (read once, then kept: as
 many entries as the store has sessions, for the daemon's life). A session is numbered by the
 daemon or by its producer, not both, or indexes may collide (and a colliding message is taken
-for a resend of the first).
+for a resend of the first). A message is numbered before the pipeline checks it: one it refuses
+(and, on the native stream, those after it in the request the refusal ends) leaves its index
+unused; indexes order a session, they need not be contiguous.
 """
 
 from __future__ import annotations

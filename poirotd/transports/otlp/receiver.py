@@ -28,9 +28,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from poirotd.config import SystemSpec
 from poirotd.errors import ResourceExhausted, Unavailable
 from poirotd.ingest.pipeline import IngestPipeline, Refusal
-from poirotd.model import CommitItem, Session, validate_agent_message
+from poirotd.model import CommitItem, validate_agent_message
 from poirotd.observability.metrics import Metrics
-from poirotd.store import Store
 from poirotd.transports.otlp.mapping import (
     REJECT_REASONS,
     MappedMessage,
@@ -78,21 +77,19 @@ class OtlpReceiver:
         self,
         spec: SystemSpec,
         pipeline: IngestPipeline,
-        store: Store,
         metrics: Metrics,
         *,
         session_by: SessionBy,
         max_pending: int,
     ) -> None:
-        self._system = spec.system.name
         self._agents = spec.agents_by_alias()
         self._pipeline = pipeline
-        self._store = store
         self._metrics = metrics
         self._session_by: SessionBy = session_by
         self._max_pending = max_pending
         self._scope = pipeline.scope()
         self._indexes = pipeline.indexes
+        self._sessions = pipeline.implicit_sessions("otlp")
         self._pending = 0
         self._draining = False
         for transport in TRANSPORTS:
@@ -153,25 +150,12 @@ class OtlpReceiver:
         position, the mapped message each came from (None for a session start)."""
         items: list[CommitItem] = []
         sources: list[MappedMessage | None] = []
-        # Sessions already handled in this export: stored, or started by an item above.
-        handled: set[str] = set()
+        handled: set[str] = set()  # the sessions met in this export
         for m in messages:
             sent_at = datetime.fromtimestamp(m.at_ns / 1e9, UTC)
-            # Until its start is stored, every export starts the session again (a no-op once
-            # stored): an earlier export's start may still wait for its commit, or have failed.
-            if m.session_id not in handled:
-                handled.add(m.session_id)
-                if not self._store.has_session(m.session_id):
-                    labels = {"input": "otlp", "trace_id": m.trace_id}
-                    items.append(
-                        Session(
-                            session_id=m.session_id,
-                            system=self._system,
-                            started_at=sent_at,
-                            labels=labels,
-                        )
-                    )
-                    sources.append(None)
+            if start := self._sessions.start(handled, m.session_id, sent_at, m.trace_id):
+                items.append(start)
+                sources.append(None)
             items.append(
                 validate_agent_message(
                     {
