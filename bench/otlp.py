@@ -53,6 +53,7 @@ from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, MessageKind, Session
+from poirotd.observability.gc_tuning import tune_for_daemon
 from tests.otlp_runs import SPEC, provider
 from tests.test_grpc_api import _answer
 
@@ -257,7 +258,8 @@ def section(rates: dict[str, list[Rates]], messages: int, rounds: int, exporters
     return f"""{report.begin_marker(SECTION)}
 ## OTLP trace ingest against the native stream (`python -m bench.otlp`)
 
-{when}, commit {report.commit_text()}; {_cpus()} CPUs, Python {platform.python_version()}.
+{when}, commit {report.commit_text()}; {_cpus()} CPUs, Python {platform.python_version()};
+the garbage collector set as `poirotd run` sets it (`gc_tuning.tune_for_daemon`).
 {messages:,} agent messages per way and round, {rounds} rounds, the ways alternating;
 OTLP exports of {SPANS_PER_EXPORT} spans (protobuf).
 
@@ -304,6 +306,9 @@ def main() -> None:
         "--no-report", action="store_true", help="print, do not write BENCHMARKS.md"
     )
     args = parser.parse_args()
+    # The daemon's process runs with this collector setting (Daemon.run_until_signalled), as
+    # bench.ingest's in-process runs do.
+    tune_for_daemon()
     rates = asyncio.run(run(args.messages, args.rounds, args.exporters))
     text = section(rates, args.messages, args.rounds, args.exporters)
     print(text)
