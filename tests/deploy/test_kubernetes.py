@@ -210,7 +210,14 @@ def test_poirotd_sidecar_probes_drain_and_filesystem() -> None:
     # Native gRPC health probes on the daemon's gRPC port, reachable from the kubelet.
     assert env["POIROTD_GRPC_HOST"] == "0.0.0.0" and env["POIROTD_METRICS_HOST"] == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
-    assert ports == {"grpc": defaults.grpc_port, "metrics": defaults.metrics_port}
+    # OTLP/HTTP, off by default (port 0), open for a Collector (the poirotd-otlp Service).
+    assert env["POIROTD_OTLP_HTTP_HOST"] == "0.0.0.0"
+    otlp_http = int(env["POIROTD_OTLP_HTTP_PORT"])
+    assert ports == {
+        "grpc": defaults.grpc_port,
+        "metrics": defaults.metrics_port,
+        "otlp-http": otlp_http,
+    }
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert sidecar[probe]["grpc"] == {"port": defaults.grpc_port}, probe
     # The pod outlives the drain: investigations, then open RPCs.
