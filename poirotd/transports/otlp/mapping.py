@@ -593,7 +593,25 @@ def _tool_result(span: _Span) -> tuple[str, str, str | None]:
         result = attrs.get("gen_ai.tool.call.result")
         return _text(attrs.get("gen_ai.tool.call.id")), name, _optional_text(result)
     name = _text(attrs.get("tool.name")) or "tool"
-    return _text(attrs.get("tool.id")), name, _optional_text(attrs.get("output.value"))
+    call_id, result = _oi_tool_output(attrs)
+    return _text(attrs.get("tool.id")) or call_id, name, result
+
+
+def _oi_tool_output(attrs: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(call id, result) of an OpenInference TOOL span's `output.value`, which the LangChain
+    instrumentation writes as the tool's ToolMessage in JSON (mime type application/json:
+    `{"type": "tool", "data": {"content": ..., "tool_call_id": ...}}`); other output as is."""
+    value = attrs.get("output.value")
+    if attrs.get("output.mime_type") == "application/json" and isinstance(value, str):
+        try:
+            document = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            document = None
+        if isinstance(document, dict) and document.get("type") == "tool":
+            message = document.get("data")
+            if isinstance(message, dict) and "content" in message:
+                return _text(message.get("tool_call_id")), _text(message["content"])
+    return "", _optional_text(value)
 
 
 def _optional_text(value: Any) -> str | None:
