@@ -109,7 +109,7 @@ async def _run_bridge(config: BridgeConfig) -> None:
     )
     try:
         async with Forwarder(config.poirotd, config.session_id, dead_letters) as forwarder:
-            bridge = Bridge(config, forwarder, dead_letters)
+            bridge = Bridge(config, forwarder, dead_letters, forwarder.messages)
 
             async def report() -> None:
                 while True:

@@ -24,30 +24,66 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import asdict
+from typing import Any
 
 from hwbridge.config import BridgeConfig
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.ingest import Delivery, Sink, TelemetryInput
+from hwbridge.ingest import (
+    Delivery,
+    DeliveryInput,
+    MessageInput,
+    MessageSink,
+    Sink,
+    TelemetryInput,
+)
 from hwbridge.market import TcpLineFeed
 from hwbridge.mqtt import MqttSubscriber
-from hwbridge.topics import Router
+from hwbridge.topics import Route, Router
+
+# The agent-message topics' MQTT connection, beside the telemetry one: its client id's suffix.
+MESSAGES_CLIENT_SUFFIX = "-messages"
 
 
 class Bridge:
-    def __init__(self, config: BridgeConfig, sink: Sink, dead_letters: DeadLetterStore) -> None:
+    """`message_sink` takes the agent messages of the MQTT input's `messages` topics (required
+    when there are any)."""
+
+    def __init__(
+        self,
+        config: BridgeConfig,
+        sink: Sink,
+        dead_letters: DeadLetterStore,
+        message_sink: MessageSink | None = None,
+    ) -> None:
         self._dead_letters = dead_letters
-        self._sources: list[tuple[str, TelemetryInput, AsyncGenerator[Delivery]]] = []
+        self._sources: list[tuple[str, DeliveryInput[Any, Any, Any], AsyncGenerator[Delivery]]] = []
         self.mqtt: MqttSubscriber | None = None
+        self.mqtt_messages: MqttSubscriber | None = None
         self.feeds: list[TcpLineFeed] = []
 
-        def pipeline(router: Router) -> TelemetryInput:
+        def pipeline(router: Router[Route]) -> TelemetryInput:
             return TelemetryInput(router, config.session_id, sink, dead_letters, config.pipeline)
 
-        if config.mqtt is not None:
-            mappings = config.mqtt.mappings
-            self.mqtt = MqttSubscriber(config.mqtt.broker, [(m.topic, m.qos) for m in mappings])
-            router = Router([m.route() for m in mappings])
+        mqtt = config.mqtt
+        if mqtt is not None and mqtt.mappings:
+            self.mqtt = MqttSubscriber(mqtt.broker, [(m.topic, m.qos) for m in mqtt.mappings])
+            router = Router([m.route() for m in mqtt.mappings])
             self._sources.append(("mqtt", pipeline(router), self.mqtt.deliveries()))
+        if mqtt is not None and mqtt.messages:
+            if message_sink is None:
+                raise ValueError("agent-message topics are configured but nothing takes them")
+            broker = mqtt.broker.model_copy(
+                update={"client_id": mqtt.broker.client_id + MESSAGES_CLIENT_SUFFIX}
+            )
+            self.mqtt_messages = MqttSubscriber(broker, [(m.topic, m.qos) for m in mqtt.messages])
+            messages = MessageInput(
+                Router([m.route() for m in mqtt.messages]),
+                config.session_id,
+                message_sink,
+                dead_letters,
+                config.pipeline,
+            )
+            self._sources.append(("mqtt_messages", messages, self.mqtt_messages.deliveries()))
         for feed_config in config.tcp_feeds:
             feed = TcpLineFeed(feed_config)
             self.feeds.append(feed)
@@ -74,6 +110,8 @@ class Bridge:
         if self.mqtt is not None:
             snapshot["mqtt"] = asdict(self.mqtt.stats)
             snapshot["mqtt_failures"] = dict(self.mqtt.failures)
+        if self.mqtt_messages is not None:
+            snapshot["mqtt_messages"] = asdict(self.mqtt_messages.stats)
         for feed in self.feeds:
             snapshot[f"tcp.{feed.name}"] = asdict(feed.stats)
         return snapshot

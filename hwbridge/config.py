@@ -14,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hwbridge.codecs import Codec, DocumentCodec, FrameCodec, TimestampUnit
-from hwbridge.topics import Route, TopicFilter
+from hwbridge.messages import MessageRoute
+from hwbridge.topics import Route, Template, TopicFilter
 from poirotd.api.client_tls import ClientTLS
 from poirotd.api.secrets import SecretRef
 
@@ -109,6 +110,32 @@ class TopicMapping(_Model):
         return self
 
 
+class MessageTopic(_Model):
+    """MQTT topic filter whose payloads are agent messages (schema: hwbridge/messages.py).
+
+    ``sender`` names the sender of a payload that does not, as a template of the filter's
+    wildcards (``{w1}``...; ``{topic}``), e.g. filter ``mas/+/out`` with sender ``{w1}`` names
+    the agent by the topic's second level; ``session_id`` is the session of a payload that does
+    not name one ("": the input's).
+    """
+
+    topic: str
+    sender: str = ""
+    session_id: str = ""
+    qos: Literal[0, 1] = 1
+
+    def route(self) -> MessageRoute:
+        topic_filter = TopicFilter(self.topic)
+        return MessageRoute(
+            topic_filter, Template(self.sender, topic_filter.wildcards), self.session_id
+        )
+
+    @model_validator(mode="after")
+    def _compiles(self) -> MessageTopic:
+        self.route()
+        return self
+
+
 class BrokerConfig(_Model):
     """Where the broker is and how to prove who both sides are.
 
@@ -144,7 +171,17 @@ class BrokerConfig(_Model):
 
 class MqttInputConfig(_Model):
     broker: BrokerConfig = BrokerConfig()
-    mappings: tuple[TopicMapping, ...] = Field(min_length=1)
+    # Telemetry topics.
+    mappings: tuple[TopicMapping, ...] = ()
+    # Agent-message topics, read on a connection of their own (client id `<client_id>-messages`),
+    # so that each kind's PUBACKs keep their order.
+    messages: tuple[MessageTopic, ...] = ()
+
+    @model_validator(mode="after")
+    def _has_topics(self) -> MqttInputConfig:
+        if not self.mappings and not self.messages:
+            raise ValueError("configure at least one topic: mappings or messages")
+        return self
 
 
 class TcpFeedConfig(_Model):

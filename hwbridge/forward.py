@@ -1,9 +1,12 @@
 """The gRPC forwarder: a sink that returns only once poirotd has the samples durably.
 
 Samples go out on one long-lived ``Ingest.Stream``; each stream opens with the (idempotent)
-session start, and poirotd acks the highest seq it has committed. Samples sent but not yet acked
-stay in memory and go out again, in order, on the next stream after a reconnect, so delivery is
-at least once: a sample committed just before the link broke (its ack lost) is stored twice.
+session start, and poirotd acks the highest seq it has committed. Agent messages (``messages``)
+go out on the same stream: each new session they name is started first (labels input=mqtt),
+and one without an index is sent with ``assign_index`` for poirotd to number. Items sent but not
+yet acked stay in memory and go out again, in order, on the next stream after a reconnect, so
+delivery is at least once: a sample committed just before the link broke (its ack lost) is
+stored twice, as is a message poirotd numbers (one with its own index is stored once).
 
 A sample poirotd refuses (the error names its seq, e.g. a component its spec does not declare)
 is dead-lettered and the stream reopened without it, so one bad sample cannot block the rest. A
@@ -24,6 +27,7 @@ import asyncio
 import contextlib
 import re
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +40,7 @@ import structlog
 from hwbridge.backoff import Backoff
 from hwbridge.config import PoirotdConfig, PoirotdTlsConfig
 from hwbridge.deadletter import DeadLetterStore
+from hwbridge.messages import ReceivedMessage
 from poirotd.api import convert
 from poirotd.api.client import DaemonTls, batched, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
@@ -91,11 +96,33 @@ class _Call:
             self.done.set_exception(error)
 
 
+# What an item carries: a sample, an agent message, or the start of a message's session.
+_Carried = TelemetrySample | ReceivedMessage | pb.SessionStart
+
+
 @dataclass(eq=False)
 class _Item:
-    sample: TelemetrySample
+    carried: _Carried
     call: _Call
     seq: int = 0
+
+    def request(self) -> pb.IngestRequest:
+        carried = self.carried
+        if isinstance(carried, TelemetrySample):
+            return pb.IngestRequest(telemetry=convert.telemetry(carried))
+        if isinstance(carried, pb.SessionStart):
+            return pb.IngestRequest(session_start=carried)
+        request = convert.ingest_request(carried.message)
+        request.agent_message.assign_index = not carried.numbered
+        return request
+
+    def dead_letter(self) -> bytes:
+        carried = self.carried
+        if isinstance(carried, TelemetrySample):
+            return carried.model_dump_json().encode()
+        if isinstance(carried, pb.SessionStart):
+            return str(carried).encode()
+        return carried.payload
 
 
 class Forwarder:
@@ -113,6 +140,8 @@ class Forwarder:
         self._started_at = datetime.now(UTC)
         self._dead_letters = dead_letters
         self._unsent: deque[_Item] = deque()
+        # Sessions started on poirotd (or about to be): the bridge's, and its messages'.
+        self._started = {session_id}
         self._inflight: deque[_Item] = deque()
         self._pending = 0
         self._admission = asyncio.Lock()  # FIFO: calls enter the window in call order
@@ -161,19 +190,39 @@ class Forwarder:
 
     async def __call__(self, batch: TelemetryBatch) -> None:
         # gRPC carries samples: built here, where the round trip dwarfs their cost.
-        samples = batch.samples()
-        if not samples:
+        await self._send(batch.samples())
+
+    async def messages(self, batch: Sequence[ReceivedMessage]) -> None:
+        """The sink of agent messages: returns once poirotd has them durably."""
+        carried: list[_Carried] = []
+        for received in batch:
+            message = received.message
+            if message.session_id not in self._started:
+                self._started.add(message.session_id)
+                carried.append(
+                    pb.SessionStart(
+                        session_id=message.session_id,
+                        system=self._config.system,
+                        started_at=convert.timestamp(message.sent_at),
+                        labels={**self._config.labels, "input": "mqtt"},
+                    )
+                )
+            carried.append(received)
+        await self._send(carried)
+
+    async def _send(self, carried: Sequence[_Carried]) -> None:
+        if not carried:
             return
-        call = _Call(len(samples), asyncio.get_running_loop().create_future())
+        call = _Call(len(carried), asyncio.get_running_loop().create_future())
         async with self._admission:
-            while self._pending and self._pending + len(samples) > self._config.max_pending:
+            while self._pending and self._pending + len(carried) > self._config.max_pending:
                 self._raise_if_failed()
                 self._room.clear()
                 await self._room.wait()
             self._raise_if_failed()
-            self._unsent.extend(_Item(sample, call) for sample in samples)
-            self._pending += len(samples)
-            self.stats.accepted += len(samples)
+            self._unsent.extend(_Item(one, call) for one in carried)
+            self._pending += len(carried)
+            self.stats.accepted += len(carried)
             self._wake.set()
         await call.done
 
@@ -251,7 +300,7 @@ class Forwarder:
                     seq += 1
                     item.seq = seq
                 self._inflight.extend(taken)
-                singles = (pb.IngestRequest(telemetry=convert.telemetry(i.sample)) for i in taken)
+                singles = (item.request() for item in taken)
                 for request in batched(singles, first_seq=taken[0].seq):
                     self.stats.sent += len(request.items)
                     await call.write(request)
@@ -283,7 +332,7 @@ class Forwarder:
         if refused is None:  # e.g. the session start itself: not droppable
             return False
         self._inflight.remove(refused)
-        self._dead_letters.add("poirotd", details, refused.sample.model_dump_json().encode())
+        self._dead_letters.add("poirotd", details, refused.dead_letter())
         self.stats.rejected += 1
         self._done(refused)
         return True

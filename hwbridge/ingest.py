@@ -1,8 +1,9 @@
-"""The input pipeline every transport shares: payload -> samples -> sink -> acknowledgement.
+"""The input pipeline every transport shares: payload -> items -> sink -> acknowledgement.
 
 A transport (MQTT, a TCP line feed) yields ``Delivery`` objects; this module decodes them through
-the routes, hands the samples to a sink in batches (``TelemetryBatch``: rows of the session,
-no pydantic object per sample) and acknowledges each delivery back to its
+the routes, hands the items to a sink in batches (telemetry: a ``TelemetryBatch``, rows of the
+session, no pydantic object per sample; agent messages: a list of ``ReceivedMessage``) and
+acknowledges each delivery back to its
 transport only after the sink has accepted every batch up to and including it, in arrival order
 (MQTT requires PUBACKs in the order the PUBLISHes came, MQTT-4.6.0-2). For the gRPC forwarder,
 "accepted" means durable at poirotd; for an in-process daemon, committed to its store.
@@ -17,21 +18,26 @@ full and queues the rest (persisted) on its side.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from hwbridge.codecs import DecodeError
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.topics import Router
+from hwbridge.messages import MessageRoute, ReceivedMessage
+from hwbridge.topics import Route, Router, RouteT
 from poirotd.model import SampleRow, TelemetryBatch
 
-# The in-process consumer interface: returns once the sink has taken responsibility for the
+# The in-process consumer interfaces: return once the sink has taken responsibility for the
 # batch; raising means it has not, and nothing from that batch on is acknowledged.
 Sink = Callable[[TelemetryBatch], Awaitable[None]]
+MessageSink = Callable[[list[ReceivedMessage]], Awaitable[None]]
+ItemT = TypeVar("ItemT")
+BatchT = TypeVar("BatchT")
 
 
 class Delivery(NamedTuple):
@@ -46,9 +52,9 @@ class Delivery(NamedTuple):
 @dataclass
 class InputStats:
     received: int = 0  # deliveries
-    decoded: int = 0  # samples
+    decoded: int = 0  # items: samples, or agent messages
     undecodable: int = 0  # deliveries dead-lettered: bad payload, too large, or no route
-    forwarded: int = 0  # samples the sink accepted
+    forwarded: int = 0  # items the sink accepted
     acked: int = 0  # deliveries acknowledged to the transport
 
 
@@ -91,12 +97,15 @@ class _Batch:
     deliveries: list[Delivery]
 
 
-class TelemetryInput:
+class DeliveryInput(ABC, Generic[RouteT, ItemT, BatchT]):
+    """The pipeline for one kind of item; a subclass decodes a delivery on its route and says
+    what batch of items its sink takes."""
+
     def __init__(
         self,
-        router: Router,
+        router: Router[RouteT],
         session_id: str,
-        sink: Sink,
+        sink: Callable[[BatchT], Awaitable[None]],
         dead_letters: DeadLetterStore,
         config: PipelineConfig,
     ) -> None:
@@ -107,9 +116,17 @@ class TelemetryInput:
         self._config = config
         self.stats = InputStats()
 
-    def decode(self, delivery: Delivery) -> list[SampleRow]:
-        """The delivery's samples; an undecodable delivery is counted, dead-lettered and yields
-        []. Codecs give finite floats and aware times, so rows need no further validation."""
+    @abstractmethod
+    def _items(self, route: RouteT, captures: tuple[str, ...], delivery: Delivery) -> list[ItemT]:
+        """The delivery's items; raises DecodeError saying why there are none."""
+
+    @abstractmethod
+    def _batch(self, items: list[ItemT]) -> BatchT:
+        """What the sink takes for these items."""
+
+    def decode(self, delivery: Delivery) -> list[ItemT]:
+        """The delivery's items; an undecodable delivery is counted, dead-lettered and yields
+        []."""
         self.stats.received += 1
         source, payload = delivery.source, delivery.payload
         try:
@@ -123,19 +140,13 @@ class TelemetryInput:
                 # Possible with a persistent session: the broker keeps subscriptions of an older
                 # configuration until they are unsubscribed.
                 raise DecodeError("no mapping for this topic")
-            route, captures = resolved
-            rows = []
-            for field, value, measured_at in route.codec.decode(payload, delivery.received_at):
-                component, signal = route.names(field, source, captures)
-                if not component or not signal:
-                    raise DecodeError(f"field {field!r} maps to an empty component or signal")
-                rows.append((component, signal, value, measured_at))
+            items = self._items(*resolved, delivery)
         except DecodeError as exc:
             self.stats.undecodable += 1
             self._dead_letters.add(source, str(exc), payload)
             return []
-        self.stats.decoded += len(rows)
-        return rows
+        self.stats.decoded += len(items)
+        return items
 
     async def run(self, deliveries: AsyncIterable[Delivery]) -> None:
         """Runs until the deliveries end (everything then acked) or the task is cancelled.
@@ -181,14 +192,13 @@ class TelemetryInput:
                 deliveries.append(more)
                 rows.extend(self.decode(more))
             received.taken()
-            batch = TelemetryBatch(self._session_id, rows)
-            sink_call = group.create_task(self._forward(batch)) if rows else None
+            sink_call = group.create_task(self._forward(rows)) if rows else None
             await batches.put(_Batch(sink_call, deliveries))
         await batches.put(None)
 
-    async def _forward(self, batch: TelemetryBatch) -> None:
-        await self._sink(batch)
-        self.stats.forwarded += len(batch.rows)
+    async def _forward(self, items: list[ItemT]) -> None:
+        await self._sink(self._batch(items))
+        self.stats.forwarded += len(items)
 
     async def _ack_all(self, batches: asyncio.Queue[_Batch | None]) -> None:
         while (batch := await batches.get()) is not None:
@@ -197,3 +207,35 @@ class TelemetryInput:
             for delivery in batch.deliveries:
                 delivery.ack()
             self.stats.acked += len(batch.deliveries)
+
+
+class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
+    def _items(
+        self, route: Route, captures: tuple[str, ...], delivery: Delivery
+    ) -> list[SampleRow]:
+        """Codecs give finite floats and aware times, so rows need no further validation."""
+        rows = []
+        source = delivery.source
+        for field, value, measured_at in route.codec.decode(delivery.payload, delivery.received_at):
+            component, signal = route.names(field, source, captures)
+            if not component or not signal:
+                raise DecodeError(f"field {field!r} maps to an empty component or signal")
+            rows.append((component, signal, value, measured_at))
+        return rows
+
+    def _batch(self, items: list[SampleRow]) -> TelemetryBatch:
+        return TelemetryBatch(self._session_id, items)
+
+
+class MessageInput(DeliveryInput[MessageRoute, ReceivedMessage, list[ReceivedMessage]]):
+    """Agent messages: one per delivery, in its session (the payload's, the topic's, or the
+    input's `session_id`)."""
+
+    def _items(
+        self, route: MessageRoute, captures: tuple[str, ...], delivery: Delivery
+    ) -> list[ReceivedMessage]:
+        source, payload = delivery.source, delivery.payload
+        return [route.decode(payload, source, captures, delivery.received_at, self._session_id)]
+
+    def _batch(self, items: list[ReceivedMessage]) -> list[ReceivedMessage]:
+        return items

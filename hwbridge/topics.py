@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import string
+from typing import Generic, Protocol, TypeVar
 
 from hwbridge.codecs import Codec
 
@@ -92,15 +93,25 @@ class Route:
         )
 
 
-class Router:
+class Filtered(Protocol):
+    """A route of any kind: telemetry (Route) or agent messages (messages.MessageRoute)."""
+
+    @property
+    def filter(self) -> TopicFilter: ...
+
+
+RouteT = TypeVar("RouteT", bound=Filtered)
+
+
+class Router(Generic[RouteT]):
     """First matching route wins, in configuration order."""
 
-    def __init__(self, routes: list[Route]) -> None:
+    def __init__(self, routes: list[RouteT]) -> None:
         self.routes = routes
         # Resolved once per delivery, from few distinct topics.
         self.resolve = functools.lru_cache(maxsize=_RENDER_CACHE)(self._resolve)
 
-    def _resolve(self, topic: str) -> tuple[Route, tuple[str, ...]] | None:
+    def _resolve(self, topic: str) -> tuple[RouteT, tuple[str, ...]] | None:
         for route in self.routes:
             captures = route.filter.match(topic)
             if captures is not None:

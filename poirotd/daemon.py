@@ -142,7 +142,6 @@ class Daemon:
         otlp = OtlpReceiver(
             self.spec,
             core.pipeline,
-            self._store,
             self.metrics,
             session_by=s.otlp_session,
             max_pending=s.otlp_max_pending_messages,

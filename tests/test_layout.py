@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HWBRIDGE_MAY_IMPORT = ("poirotd.model", "poirotd.api", "poirotd.errors")
 # Inside poirotd only these use hwbridge: the MQTT transport, and the demo that starts a broker.
 MAY_IMPORT_HWBRIDGE = ("poirotd.transports.mqtt", "poirotd.demo")
-TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors"}
+# client: the SDK, where its users look for it (`poirotd.client`, issue 19).
+TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors", "client"}
 # poirot_eval (the `eval` extra) sits above poirotd: it may import poirotd, never the reverse,
 # except the CLI's one function that runs `poirotd eval` / `poirotd replay` from it on demand.
 LAZY_EVAL_IMPORT = ("poirotd.cli.main", "_run_evaluation_command")

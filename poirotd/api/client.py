@@ -130,6 +130,9 @@ class PoirotClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
         await self._channel.close()
 
     async def send(self, requests: Iterable[pb.IngestRequest]) -> int:

@@ -29,6 +29,8 @@ import structlog
 from poirotd.config import SystemSpec
 from poirotd.errors import ServiceError
 from poirotd.hazards import RuleEngine
+from poirotd.ingest.numbering import SessionIndexes
+from poirotd.ingest.sessions import ImplicitSessions
 from poirotd.ingest.validation import IngestScope, SignalNames
 from poirotd.model import (
     AgentMessage,
@@ -112,8 +114,14 @@ class IngestPipeline:
         self._batch_max = batch_max
         self._rules = RuleEngine(spec.rules)
         self._signals = SignalNames(signals_per_component)
+        # For the doors whose producers leave numbering to the daemon: one count for them all.
+        self.indexes = SessionIndexes(store)
         self._rounds: deque[_Round] = deque()
         self._committer: asyncio.Task[None] | None = None
+
+    def implicit_sessions(self, input_name: str) -> ImplicitSessions:
+        """For a door whose producers do not start their sessions (OTLP, MQTT agent messages)."""
+        return ImplicitSessions(self._store, self._spec.system.name, input_name)
 
     def scope(self) -> IngestScope:
         """A producer's scope: one per gRPC stream, per MQTT input run, per replay."""

@@ -24,16 +24,26 @@ under this system before the first sample (a no-op when the store has it already
       pipeline: {max_batch: 512}    # optional, hwbridge's PipelineConfig
       dead_letter: {path: dead.jsonl}  # optional, hwbridge's DeadLetterConfig
 
+Agent messages: the input's ``mqtt.messages`` topics (hwbridge's ``MessageTopic``, payload
+schema in hwbridge/messages.py) are read on a connection of their own. A message goes to the
+session its payload or topic names (else ``inputs.session_id``), started implicitly (labels
+input=mqtt) if the store does not have it; without an index it is numbered by the daemon. E.g.
+
+      mqtt:
+        messages: [{topic: "mas/+/out", sender: "{w1}"}]   # agent = the topic's second level
+
+Samples and messages the daemon refuses (a templated component that is not declared, a sender
+that is not an agent) are dead-lettered like undecodable payloads and acked: retrying cannot
+make them valid. A delivery is acked (PUBACK) once its items are committed. A failed commit
+(the store raised) stops the bridge with nothing from that batch on acked; the input logs, waits
+(the broker's backoff) and starts a new bridge, to which the broker redelivers what was not
+acked. Stopping cancels the bridge the same way. Delivery is therefore at least once: batches
+in flight at a stop or failure may be stored twice, never lost (an agent message twice only
+when the daemon numbers it: one with its own index is stored once).
+
 A connection to the broker that fails (a wrong password, an untrusted certificate, the broker
 down) is logged with its reason, counted in ``poirot_mqtt_connection_failures_total{reason}``
 and retried with the broker's backoff; the daemon serves everything else meanwhile.
-
-Samples the daemon refuses (a templated component that is not declared) are dead-lettered like
-undecodable payloads and acked: retrying cannot make them valid. A failed commit (the store
-raised) stops the bridge with nothing from that batch on acked; the input logs, waits (the
-broker's backoff) and starts a new bridge, to which the broker redelivers what was not acked.
-Stopping cancels the bridge the same way. Delivery is therefore at least once: batches in
-flight at a stop or failure may be stored twice, never lost.
 
 Memory stays bounded under any burst: the input stops reading from the broker while its client
 buffer (``mqtt.broker.queue_size`` messages) is nearly full, and holds at most
@@ -67,11 +77,13 @@ from hwbridge.config import (
     PoirotdConfig,
 )
 from hwbridge.deadletter import DeadLetterStore
+from hwbridge.messages import ReceivedMessage
 from hwbridge.mqtt_failures import REASONS
 from poirotd.config import SystemSpec
 from poirotd.ingest.pipeline import IngestPipeline
+from poirotd.ingest.sessions import ImplicitSessions
 from poirotd.ingest.validation import IngestScope
-from poirotd.model import Session, TelemetryBatch, sample_of
+from poirotd.model import CommitItem, Session, TelemetryBatch, sample_of
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +121,32 @@ _COUNTERS = (
         "poirot_mqtt_samples_refused",
         "refused",
         "MQTT samples the daemon refused (e.g. an undeclared component), dead-lettered",
+    ),
+    (
+        "poirot_mqtt_agent_messages_received",
+        "messages_received",
+        "MQTT messages received on agent-message topics",
+    ),
+    (
+        "poirot_mqtt_agent_messages_undecodable",
+        "messages_undecodable",
+        "Agent-message payloads dead-lettered undecoded: not the schema, too large, no topic",
+    ),
+    (
+        "poirot_mqtt_agent_messages_committed",
+        "messages_committed",
+        "Agent messages from MQTT stored durably and evaluated by the hazard rules",
+    ),
+    (
+        "poirot_mqtt_agent_messages_refused",
+        "messages_refused",
+        "Agent messages from MQTT the daemon refused (e.g. a sender that is no agent), "
+        "dead-lettered",
+    ),
+    (
+        "poirot_mqtt_agent_messages_acked",
+        "messages_acked",
+        "Agent-message deliveries acknowledged (PUBACK) after their commit",
     ),
     ("poirot_mqtt_dead_letters", "stored", "Dead letters recorded by the MQTT input"),
     (
@@ -171,6 +209,8 @@ def mqtt_input_spec(spec: SystemSpec) -> MqttInputSpec | None:
 class SinkStats:
     committed: int = 0
     refused: int = 0
+    messages_committed: int = 0
+    messages_refused: int = 0
     restarts: int = 0
 
 
@@ -210,6 +250,52 @@ class _PipelineSink:
         self._stats.committed += len(batch.rows) - len(admission.refused)
 
 
+class _MessageSink:
+    """One bridge run's agent messages, through the pipeline in the run's scope: a session the
+    store does not have is started first, a message without an index is numbered by the daemon,
+    and a message the pipeline refuses is dead-lettered and acked."""
+
+    def __init__(
+        self,
+        pipeline: IngestPipeline,
+        scope: IngestScope,
+        sessions: ImplicitSessions,
+        dead_letters: DeadLetterStore,
+        stats: SinkStats,
+    ) -> None:
+        self._pipeline = pipeline
+        self._scope = scope
+        self._sessions = sessions
+        self._dead_letters = dead_letters
+        self._stats = stats
+
+    async def __call__(self, batch: list[ReceivedMessage]) -> None:
+        indexes = self._pipeline.indexes
+        await indexes.learn(r.message.session_id for r in batch if not r.numbered)
+        items: list[CommitItem] = []
+        sources: list[ReceivedMessage | None] = []
+        handled: set[str] = set()
+        for received in batch:
+            message = received.message
+            if start := self._sessions.start(handled, message.session_id, message.sent_at):
+                items.append(start)
+                sources.append(None)
+            if not received.numbered:
+                message = message.model_copy(update={"index": indexes.take(message.session_id)})
+            items.append(message)
+            sources.append(received)
+        admission = await self._pipeline.consume(items, self._scope, skip_invalid=True)
+        refused = 0
+        for refusal in admission.refused:
+            source = sources[refusal.index]
+            if source is None:  # a session start: its messages are refused with it
+                continue
+            self._dead_letters.add("poirotd", str(refusal.error), source.payload)
+            refused += 1
+        self._stats.messages_refused += refused
+        self._stats.messages_committed += len(batch) - refused
+
+
 class MqttInput:
     """Runs from ``start()`` until ``stop()``; its counters are on the given registry."""
 
@@ -223,6 +309,7 @@ class MqttInput:
         self._config = config
         self._system = system
         self._pipeline = pipeline
+        self._sessions = pipeline.implicit_sessions("mqtt")
         self._bridge_config = BridgeConfig(
             session_id=config.session_id,
             # The bridge's link to poirotd: only the system name matters in-process.
@@ -284,7 +371,7 @@ class MqttInput:
                 started_at=datetime.now(UTC),
                 labels={"input": "mqtt"},
             )
-            committed_before = self.stats.committed
+            committed_before = self.stats.committed + self.stats.messages_committed
             try:
                 scope = self._pipeline.scope()
                 admission = await self._pipeline.consume([session], scope)
@@ -293,7 +380,10 @@ class MqttInput:
                 sink = _PipelineSink(
                     self._pipeline, scope, session.session_id, self._dead_letters, self.stats
                 )
-                bridge = Bridge(self._bridge_config, sink, self._dead_letters)
+                messages = _MessageSink(
+                    self._pipeline, scope, self._sessions, self._dead_letters, self.stats
+                )
+                bridge = Bridge(self._bridge_config, sink, self._dead_letters, messages)
                 with self._lock:
                     self._bridge = bridge
                 await bridge.run()
@@ -302,7 +392,7 @@ class MqttInput:
                 log.error("mqtt input failed; restarting", error=repr(exc))
             finally:
                 self._retire()
-            if self.stats.committed > committed_before:
+            if self.stats.committed + self.stats.messages_committed > committed_before:
                 backoff.reset()
             await backoff.sleep()
 
@@ -316,9 +406,14 @@ class MqttInput:
 
 
 def _bridge_counts(bridge: Bridge) -> dict[str, int]:
-    """The MQTT pipeline's and client's counters (the dead letters outlive bridges)."""
+    """The MQTT pipelines' and clients' counters (the dead letters outlive bridges); the
+    agent-message topics' as messages_*, but for their client's, summed with telemetry's."""
     stats = bridge.stats()
-    return {**stats["input.mqtt"], **stats["mqtt"]}
+    counts = Counter({**stats.get("input.mqtt", {}), **stats.get("mqtt", {})})
+    for key, value in stats.get("input.mqtt_messages", {}).items():
+        counts[f"messages_{key}"] += value
+    counts.update(stats.get("mqtt_messages", {}))
+    return dict(counts)
 
 
 class _MqttCollector(Collector):

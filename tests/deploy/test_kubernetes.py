@@ -201,7 +201,14 @@ def test_poirotd_sidecar_probes_drain_and_filesystem() -> None:
     # Reachable from Prometheus and the control software (TLS: see the tests further down).
     assert env["POIROTD_GRPC_HOST"] == "0.0.0.0" and env["POIROTD_METRICS_HOST"] == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
-    assert ports == {"grpc": defaults.grpc_port, "metrics": defaults.metrics_port}
+    # OTLP/HTTP, off by default (port 0), open for a Collector (the poirotd-otlp Service).
+    assert env["POIROTD_OTLP_HTTP_HOST"] == "0.0.0.0"
+    otlp_http = int(env["POIROTD_OTLP_HTTP_PORT"])
+    assert ports == {
+        "grpc": defaults.grpc_port,
+        "metrics": defaults.metrics_port,
+        "otlp-http": otlp_http,
+    }
     # gRPC health over the daemon's own TLS, from inside the container (poirotd.cli.probe asks
     # localhost on the default gRPC port): the kubelet's grpc probe has no TLS.
     assert importlib.util.find_spec("poirotd.cli.probe") is not None

@@ -10,21 +10,20 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import grpc
 import pytest
 import yaml
 
 from hwbridge.broker import free_port
-from hwbridge.config import BackoffConfig, DeadLetterConfig, PoirotdConfig
+from hwbridge.config import DeadLetterConfig
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.forward import Forwarder, ForwardError
+from hwbridge.forward import ForwardError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.demo.process import DaemonProcess
 from poirotd.model import TelemetryBatch
+from tests.support.bridge import forwarder
 from tests.support.daemon import in_process_daemon
 from tests.support.spec import BRIDGE_CLINIC
 
@@ -50,39 +49,12 @@ def joined(*batches: TelemetryBatch) -> TelemetryBatch:
     return TelemetryBatch("e2e", [row for batch in batches for row in batch.rows])
 
 
-def forwarder(
-    port: int,
-    system: str = "clinic",
-    *,
-    max_pending: int = 20_000,
-    dead_letters: DeadLetterStore | None = None,
-) -> Forwarder:
-    config = PoirotdConfig(
-        target=f"127.0.0.1:{port}",
-        system=system,
-        max_pending=max_pending,
-        backoff=BackoffConfig(initial_s=0.05, max_s=0.3),
-    )
-    store = dead_letters or DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
-    return Forwarder(config, "e2e", store)
-
-
 def stored_values(db: Path) -> list[float]:
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
             "SELECT value FROM telemetry_samples ORDER BY block_id, position"
         ).fetchall()
     return [value for (value,) in rows]
-
-
-@pytest.fixture
-def daemon_spec() -> SystemSpec:
-    return BRIDGE_CLINIC
-
-
-@pytest.fixture
-def daemon_settings() -> dict[str, Any]:
-    return {"drain_seconds": 0}
 
 
 async def test_sink_call_returns_once_samples_are_durable(daemon: Daemon, tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ import pytest
 
 from hwbridge import market
 from hwbridge.config import (
-    BackoffConfig,
     BrokerConfig,
     DeadLetterConfig,
     DocumentCodecConfig,
@@ -30,17 +29,12 @@ from hwbridge.ingest import Sink, TelemetryInput
 from hwbridge.mqtt import MqttPublisher, MqttSubscriber
 from hwbridge.topics import Router
 from poirotd.model import TelemetryBatch, TelemetrySample
-from tests.support.mosquitto import Mosquitto
+from tests.support.mosquitto import Mosquitto, broker
 from tests.support.waiting import Collector, eventually
 
 T = 1_767_225_600.0
-FAST = BackoffConfig(initial_s=0.05, max_s=0.2)
 DEFAULT_PIPELINE = PipelineConfig()
 SEQ_MAPPING = TopicMapping(topic="seq/#", component="exo", signal="n", codec=DocumentCodecConfig())
-
-
-def broker(mosquitto: Mosquitto, client_id: str = "bridge-under-test") -> BrokerConfig:
-    return BrokerConfig(port=mosquitto.port, client_id=client_id, timeout_s=1.0, backoff=FAST)
 
 
 @dataclass

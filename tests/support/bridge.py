@@ -10,6 +10,9 @@ from pathlib import Path
 
 import yaml
 
+from hwbridge.config import BackoffConfig, DeadLetterConfig, PoirotdConfig
+from hwbridge.deadletter import DeadLetterStore
+from hwbridge.forward import Forwarder
 from tests.support.gait import EXAMPLE
 from tests.support.mosquitto import Mosquitto
 
@@ -54,3 +57,20 @@ def stored(db: Path) -> int:
     with sqlite3.connect(db) as conn:
         (count,) = conn.execute("SELECT COUNT(*) FROM telemetry_samples").fetchone()
     return int(count)
+
+
+def forwarder(
+    port: int,
+    system: str = "clinic",
+    *,
+    max_pending: int = 20_000,
+    dead_letters: DeadLetterStore | None = None,
+) -> Forwarder:
+    config = PoirotdConfig(
+        target=f"127.0.0.1:{port}",
+        system=system,
+        max_pending=max_pending,
+        backoff=BackoffConfig(initial_s=0.05, max_s=0.3),
+    )
+    store = dead_letters or DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
+    return Forwarder(config, "e2e", store)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hwbridge import exo
@@ -14,9 +17,15 @@ from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.llm.scripted import ScriptedBackend
+from poirotd.model import CommitItem
+from poirotd.store import SqliteStore
 from poirotd.transports.mqtt import mqtt_input_spec
+from tests.support.answers import schema_answer
+from tests.support.daemon import in_process_daemon
 from tests.support.mosquitto import Mosquitto
 from tests.support.spec import clinic
+from tests.support.waiting import eventually
 
 # 1 s of gait at 1500 samples/s over the frame channels, one heart rate, two clinical scores.
 SAMPLES = 1503
@@ -83,3 +92,25 @@ SENSOR_X = exo.FaultSpec(signal="proprioception_score", kind="offset", magnitude
 def query(daemon: Daemon, sql: str) -> list[tuple[Any, ...]]:
     with sqlite3.connect(daemon.settings.db_path) as db:
         return db.execute(sql).fetchall()
+
+
+def fail_first_commit_of(kind: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's first commit that holds an item of `kind` raises (a disk error)."""
+    commit = SqliteStore.commit_ingest
+    failures = [OSError("disk I/O error")]
+
+    async def failing_once(self: SqliteStore, items: Sequence[CommitItem]) -> None:
+        if failures and any(isinstance(item, kind) for item in items):
+            raise failures.pop()
+        await commit(self, items)
+
+    monkeypatch.setattr(SqliteStore, "commit_ingest", failing_once)
+
+
+@contextlib.asynccontextmanager
+async def connected_daemon(tmp_path: Path, system: SystemSpec) -> AsyncIterator[Daemon]:
+    """An in-process daemon once its MQTT input has subscribed."""
+    async with in_process_daemon(tmp_path, system, ScriptedBackend(schema_answer)) as d:
+        async with asyncio.timeout(10):
+            await eventually(lambda: counter(d, "connects") >= 1)
+        yield d

@@ -7,6 +7,10 @@ import subprocess
 from pathlib import Path
 
 from hwbridge.broker import free_port, stop_process, wait_listening
+from hwbridge.config import (
+    BackoffConfig,
+    BrokerConfig,
+)
 
 
 class Mosquitto:
@@ -60,3 +64,10 @@ class Mosquitto:
         if not self.log.exists():
             return "(no log)"
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+FAST = BackoffConfig(initial_s=0.05, max_s=0.2)
+
+
+def broker(mosquitto: Mosquitto, client_id: str = "bridge-under-test") -> BrokerConfig:
+    return BrokerConfig(port=mosquitto.port, client_id=client_id, timeout_s=1.0, backoff=FAST)

@@ -156,7 +156,9 @@ async def test_a_fault_of_the_daemon_on_a_request_ends_the_stream_with_internal(
 ) -> None:
     real = convert.ingest_item
 
-    def failing(request: pb.IngestRequest | pb.IngestItem, seq: int, at: datetime) -> IngestItem:
+    def failing(
+        request: pb.IngestRequest | pb.IngestItem, seq: int, at: datetime
+    ) -> IngestItem | convert.UnnumberedMessage:
         if seq == 3:
             raise RuntimeError("simulated bug")
         return real(request, seq, at)

@@ -23,7 +23,7 @@ from poirotd.config import SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
 from poirotd.ingest.pipeline import IngestPipeline
-from poirotd.model import CommitItem, HazardEvent, Session, TelemetryBatch
+from poirotd.model import HazardEvent, Session, TelemetryBatch
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
 from poirotd.transports.mqtt import SinkStats, _PipelineSink, mqtt_input_spec
@@ -31,6 +31,7 @@ from tests.support.gait import (
     SAMPLES,
     SESSION,
     counter,
+    fail_first_commit_of,
     publish_gait,
     query,
     spec,
@@ -139,15 +140,7 @@ async def test_a_reading_dated_outside_the_allowed_times_is_dead_lettered(
 async def test_a_failed_commit_restarts_the_input_and_the_broker_redelivers(
     daemon: Daemon, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    commit = SqliteStore.commit_ingest
-    failures = [OSError("disk I/O error")]
-
-    async def failing_once(self: SqliteStore, items: Sequence[CommitItem]) -> None:
-        if failures and any(isinstance(item, TelemetryBatch) for item in items):
-            raise failures.pop()
-        await commit(self, items)
-
-    monkeypatch.setattr(SqliteStore, "commit_ingest", failing_once)
+    fail_first_commit_of(TelemetryBatch, monkeypatch)
     await publish_gait(mosquitto)
     async with asyncio.timeout(30):
         await eventually(lambda: query(daemon, DISTINCT_SAMPLES) == [(SAMPLES,)])

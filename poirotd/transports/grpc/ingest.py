@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -20,6 +20,7 @@ import grpc
 import structlog
 
 from poirotd.api import convert
+from poirotd.api.convert import UnnumberedMessage
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import Internal, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
@@ -208,13 +209,18 @@ class IngestServicer(pb_grpc.IngestServicer):
         unacked: _Unacked,
     ) -> ServiceError | None:
         """Hands the request's items to the pipeline up to the first bad one; returns what is
-        wrong with that one (the items before it are still committed and acked)."""
+        wrong with that one (the items before it are still committed and acked). Messages sent
+        with assign_index are numbered here, in stream order."""
         seqs: list[int] = []
         items: list[IngestItem] = []
+        unnumbered: list[int] = []  # positions in `items`
         error: ServiceError | None = None
         try:
             for seq, item, size in _unpack(request, datetime.now(UTC), self._max_item_bytes):
                 order.check(seq, size)
+                if isinstance(item, UnnumberedMessage):
+                    unnumbered.append(len(items))
+                    item = item.message
                 seqs.append(seq)
                 items.append(item)
         except ServiceError as stream_error:
@@ -222,6 +228,8 @@ class IngestServicer(pb_grpc.IngestServicer):
         except Exception as exc:  # a bug of ours: the stream ends with a status, not a hang
             log.exception("ingest request failed", seq=request.seq)
             error = Internal(f"seq {request.seq}: request failed: {exc}", reason="internal")
+        if unnumbered:
+            await self._number(items, unnumbered)
         admission = self._pipeline.accept(items, scope)
         if admission.refused:
             first = admission.refused[0]
@@ -231,10 +239,17 @@ class IngestServicer(pb_grpc.IngestServicer):
             await unacked.add(_Pending(seq, admission))
         return error
 
+    async def _number(self, items: list[IngestItem], positions: Sequence[int]) -> None:
+        indexes = self._pipeline.indexes
+        await indexes.learn(items[i].session_id for i in positions)
+        for i in positions:
+            item = items[i]
+            items[i] = item.model_copy(update={"index": indexes.take(item.session_id)})
+
 
 def _unpack(
     request: pb.IngestRequest, received_at: datetime, item_limit: int
-) -> Iterator[tuple[int, IngestItem, int]]:
+) -> Iterator[tuple[int, IngestItem | UnnumberedMessage, int]]:
     """(seq, item, its size in bytes) for each item of the request, in order. Within a batch no
     larger than `item_limit`, the batch's size stands for each item's (no item can exceed it):
     sizing an item means serialising it, a tenth of the cost of converting it."""

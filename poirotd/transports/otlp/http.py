@@ -11,6 +11,7 @@ certificate (followed on rotation), and with an access policy the `ingest` role.
 from __future__ import annotations
 
 import base64
+import uuid
 import zlib
 from typing import Any
 
@@ -119,6 +120,12 @@ class OtlpHttp:
             result = await self._receiver.export(export, "http")
         except ServiceError as error:
             return self._refuse(error, answer_as)
+        except Exception:  # a fault of ours: answered and logged like the gRPC guard's INTERNAL
+            error_id = uuid.uuid4().hex[:12]
+            self._metrics.requests_rejected.labels(_RPC, "internal").inc()
+            log.exception("request failed", rpc=_RPC, error_id=error_id)
+            body = Status(code=13, message=f"internal error {error_id} (logged)")
+            return _response(500, body, answer_as)
         return _response(200, result.response(), answer_as)
 
     def _refuse(self, error: ServiceError, answer_as: str) -> web.Response:

@@ -19,11 +19,13 @@ database, a workflow step) are structure only.
 
 from __future__ import annotations
 
-import json
+import base64
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
+import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -54,9 +56,9 @@ _MAX_DEPTH = 64
 _MAX_SESSION_ID = 256
 
 
-@dataclass(frozen=True)
-class MappedMessage:
-    """An agent message read from a span, not yet numbered in its session."""
+class MappedMessage(NamedTuple):
+    """An agent message read from a span, not yet numbered in its session (a tuple: an export
+    makes one per span, and a frozen dataclass costs several times as much to build)."""
 
     session_id: str
     kind: MessageKind
@@ -70,9 +72,9 @@ class MappedMessage:
     span_id: str
     position: int
 
-    @property
-    def order(self) -> tuple[int, str, int]:
-        return (self.at_ns, self.span_id, self.position)
+
+# A message's place: the time it happened, ties by span id, then its place in its span.
+_ORDER = operator.attrgetter("at_ns", "span_id", "position")
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,7 @@ class _Malformed(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class _Call:
+class _Call(NamedTuple):
     id: str
     name: str
     arguments: str
@@ -105,8 +106,7 @@ class _Call:
         return f"{self.name}({self.arguments})" if self.arguments else self.name
 
 
-@dataclass(frozen=True)
-class _Turn:
+class _Turn(NamedTuple):
     role: str
     text: str = ""
     calls: tuple[_Call, ...] = ()
@@ -114,7 +114,7 @@ class _Turn:
     results: tuple[tuple[str, str, str], ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Span:
     trace_id: str
     span_id: str
@@ -124,13 +124,11 @@ class _Span:
     attrs: dict[str, Any]
     events: list[tuple[str, dict[str, Any]]]
     role: str = ""
+    # The conversation the span itself names ("" if none), or why that name is refused.
+    conversation: str = ""
+    bad_conversation: str = ""
     agent: str = ""
     session_id: str = ""
-    messages: list[MappedMessage] = field(default_factory=list)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.trace_id, self.span_id)
 
 
 def map_export(
@@ -139,23 +137,22 @@ def map_export(
     """The export's messages and the spans rejected. `agents`: agent id by each name a trace
     may give it (SystemSpec.agents_by_alias)."""
     spans = list(_spans(request))
-    by_key = {span.key: span for span in spans}
+    by_key = {(span.trace_id, span.span_id): span for span in spans}
     conversations = _conversations(spans) if session_by == "conversation" else {}
+    messages: list[MappedMessage] = []
     rejections: list[Rejection] = []
     callers = _Callers()
     # Model calls and invocations first, in time order: their tool calls name the agents tool
     # results go to.
-    for span in sorted(spans, key=lambda s: (s.role == "tool", s.start_ns, s.span_id)):
-        if not span.role:
-            continue
+    speaking = [span for span in spans if span.role]
+    for span in sorted(speaking, key=lambda s: (s.role == "tool", s.start_ns, s.span_id)):
         try:
-            _place(span, by_key, agents, conversations, callers)
+            messages += _place(span, by_key, agents, conversations, callers)
         except _Rejected as rejected:
             rejections.append(
                 Rejection(span.trace_id, span.span_id, rejected.reason, str(rejected))
             )
-            span.messages.clear()
-    messages = sorted((m for span in spans for m in span.messages), key=_message_order)
+    messages.sort(key=_ORDER)
     return MappedExport(tuple(_first_of_each(messages)), tuple(rejections), len(spans))
 
 
@@ -188,8 +185,8 @@ def _place(
     agents: Mapping[str, str],
     conversations: Mapping[str, str],
     callers: _Callers,
-) -> None:
-    """Fills `span.messages`, or raises _Rejected."""
+) -> list[MappedMessage]:
+    """The span's messages, or raises _Rejected."""
     span.session_id = _session(span, by_key, conversations)
     try:
         if span.role == "tool":
@@ -199,51 +196,55 @@ def _place(
                 raise _Rejected(
                     "no_content", f"tool {quote(name)} has no result (content capture off?)"
                 )
-            span.messages.append(
-                _tool_message(span, agent, (call_id, name, result), span.end_ns, 0)
-            )
-            return
+            return [_tool_message(span, agent, (call_id, name, result), span.end_ns, 0)]
         inputs, outputs = _turns(span)
     except _Malformed as exc:
         raise _Rejected("malformed", str(exc)) from None
     if not inputs and not outputs:
         if span.role == "agent":
-            return  # an invocation without messages: its model calls speak
+            return []  # an invocation without messages: its model calls speak
         raise _Rejected("no_content", "the model call carries no messages (content capture off?)")
     span.agent = _agent(span, by_key, agents)
-    for call in (c for turn in outputs for c in turn.calls):
-        callers.called(span, call)
-    _speak(span, inputs, outputs)
+    for turn in outputs:
+        for call in turn.calls:
+            callers.called(span, call)
+    return _speak(span, inputs, outputs)
 
 
-def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> None:
+def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> list[MappedMessage]:
     """A model call's (or invocation's) messages: its new input, then its output."""
-    last_answer = max((i for i, t in enumerate(inputs) if t.role == "assistant"), default=-1)
-    names = {c.id: c.name for turn in inputs for c in turn.calls if c.id}
+    messages: list[MappedMessage] = []
+    last_answer = -1
+    names: dict[str, str] = {}
+    for i, turn in enumerate(inputs):
+        if turn.role == "assistant":
+            last_answer = i
+        for call in turn.calls:
+            if call.id:
+                names[call.id] = call.name
     position = 0
     for turn in inputs[last_answer + 1 :]:
         if turn.results:
             for call_id, name, result in turn.results:
                 named = (call_id, name or names.get(call_id, "") or "tool", result)
-                span.messages.append(
-                    _tool_message(span, span.agent, named, span.start_ns, position)
-                )
+                messages.append(_tool_message(span, span.agent, named, span.start_ns, position))
                 position += 1
             continue
         kind = MessageKind.SYSTEM if turn.role in ("system", "developer") else MessageKind.HUMAN
         sender = "system" if kind is MessageKind.SYSTEM else turn.role or "user"
-        span.messages.append(
+        messages.append(
             _message(span, kind, sender, span.agent, turn.text, (), "", span.start_ns, position)
         )
         position += 1
     for turn in outputs:
         calls = tuple(call.rendered() for call in turn.calls)
-        span.messages.append(
+        messages.append(
             _message(
                 span, MessageKind.AGENT, span.agent, "", turn.text, calls, "", span.end_ns, position
             )
         )
         position += 1
+    return messages
 
 
 def _tool_message(
@@ -279,10 +280,6 @@ def _message(
     )
 
 
-def _message_order(message: MappedMessage) -> tuple[int, str, int]:
-    return message.order
-
-
 def _first_of_each(messages: Sequence[MappedMessage]) -> Iterator[MappedMessage]:
     """Each message once, by who said what to whom; a tool result by its text and the agent it
     went to (a tool span and the next model call's input name its tool differently, if at all)."""
@@ -308,22 +305,27 @@ def _spans(request: ExportTraceServiceRequest) -> Iterator[_Span]:
 def _span(span: Span) -> _Span:
     attrs = _attributes(span.attributes)
     events = [(event.name, _attributes(event.attributes)) for event in span.events]
+    start = span.start_time_unix_nano
     read = _Span(
         trace_id=span.trace_id.hex(),
         span_id=span.span_id.hex(),
         parent_id=span.parent_span_id.hex(),
-        start_ns=span.start_time_unix_nano,
-        end_ns=max(span.end_time_unix_nano, span.start_time_unix_nano),
+        start_ns=start,
+        end_ns=max(span.end_time_unix_nano, start),
         attrs=attrs,
         events=events,
     )
     read.role = _role(attrs, events)
+    read.conversation, read.bad_conversation = _conversation(attrs)
     return read
 
 
 def _role(attrs: Mapping[str, Any], events: Sequence[tuple[str, dict[str, Any]]]) -> str:
     operation = attrs.get("gen_ai.operation.name")
-    kind = str(attrs.get("openinference.span.kind", "")).upper()
+    if not isinstance(operation, str):  # a list is not hashable: not even asked of the set
+        operation = ""
+    kind = attrs.get("openinference.span.kind")
+    kind = kind.upper() if isinstance(kind, str) else ""
     if operation in _LLM_OPERATIONS or kind == "LLM":
         return "llm"
     if operation == "execute_tool" or kind == "TOOL":
@@ -336,7 +338,13 @@ def _role(attrs: Mapping[str, Any], events: Sequence[tuple[str, dict[str, Any]]]
 
 
 def _attributes(pairs: Sequence[KeyValue]) -> dict[str, Any]:
-    return {pair.key: _value(pair.value) for pair in pairs}
+    attrs: dict[str, Any] = {}
+    for pair in pairs:
+        value = pair.value
+        # Most attributes are strings: read as one first (an empty one is read again by _value).
+        text = value.string_value
+        attrs[pair.key] = text if text else _value(value)
+    return attrs
 
 
 def _value(value: AnyValue) -> Any:
@@ -370,7 +378,7 @@ def _agent_names(attrs: Mapping[str, Any]) -> Iterator[str]:
     metadata = attrs.get("metadata")
     if isinstance(metadata, str) and "langgraph_node" in metadata:
         try:
-            node = json.loads(metadata).get("langgraph_node")
+            node = orjson.loads(metadata).get("langgraph_node")
         except (ValueError, AttributeError):
             return
         if isinstance(node, str) and node:
@@ -384,8 +392,10 @@ def _session(
     of them only with session_by "conversation")."""
     if conversations:
         for node in _lineage(span, by_key):
-            if conversation := _conversation(node.attrs):
-                return conversation
+            if node.bad_conversation:
+                raise _Rejected("malformed", node.bad_conversation)
+            if node.conversation:
+                return node.conversation
     return conversations.get(span.trace_id, span.trace_id)
 
 
@@ -394,20 +404,23 @@ def _conversations(spans: Sequence[_Span]) -> dict[str, str]:
     the map (its own id when none names one), so that an empty map means session_by "trace"."""
     found: dict[str, str] = {}
     for span in sorted(spans, key=lambda s: (s.start_ns, s.span_id)):
-        if span.trace_id not in found and (conversation := _conversation(span.attrs)):
-            found[span.trace_id] = conversation
+        if span.trace_id not in found and span.conversation:
+            found[span.trace_id] = span.conversation
     return {span.trace_id: found.get(span.trace_id, span.trace_id) for span in spans}
 
 
-def _conversation(attrs: Mapping[str, Any]) -> str:
+def _conversation(attrs: Mapping[str, Any]) -> tuple[str, str]:
+    """(the conversation the attributes name or "", what is wrong with it or "")."""
     for key in _SESSION_KEYS:
         value = attrs.get(key)
-        if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
+        if value is None or value == "" or isinstance(value, bool):
+            continue
+        if isinstance(value, str | int):
             conversation = str(value)
             if len(conversation) > _MAX_SESSION_ID:
-                raise _Rejected("malformed", f"{key} is over {_MAX_SESSION_ID} characters")
-            return conversation
-    return ""
+                return "", f"{key} is over {_MAX_SESSION_ID} characters"
+            return conversation, ""
+    return "", ""
 
 
 def _lineage(span: _Span, by_key: Mapping[tuple[str, str], _Span]) -> Iterator[_Span]:
@@ -442,8 +455,8 @@ def _json(value: Any, name: str) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
-    except ValueError as exc:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
         raise _Malformed(f"{name} is not JSON: {exc}") from None
 
 
@@ -452,15 +465,19 @@ def _genai_turns(value: Any, name: str) -> list[_Turn]:
     if value is None:
         return []
     messages = _json(value, name)
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+    if not isinstance(messages, list):
         raise _Malformed(f"{name} is not a list of messages")
     turns = []
     for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _Malformed(f"{name} is not a list of messages")
         parts = message.get("parts", [])
-        if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        if not isinstance(parts, list):
             raise _Malformed(f"{name}[{i}].parts is not a list of parts")
         texts, calls, results = [], [], []
         for part in parts:
+            if not isinstance(part, dict):
+                raise _Malformed(f"{name}[{i}].parts is not a list of parts")
             kind = part.get("type")
             if kind == "text":
                 texts.append(_text(part.get("content")))
@@ -576,7 +593,25 @@ def _tool_result(span: _Span) -> tuple[str, str, str | None]:
         result = attrs.get("gen_ai.tool.call.result")
         return _text(attrs.get("gen_ai.tool.call.id")), name, _optional_text(result)
     name = _text(attrs.get("tool.name")) or "tool"
-    return _text(attrs.get("tool.id")), name, _optional_text(attrs.get("output.value"))
+    call_id, result = _oi_tool_output(attrs)
+    return _text(attrs.get("tool.id")) or call_id, name, result
+
+
+def _oi_tool_output(attrs: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(call id, result) of an OpenInference TOOL span's `output.value`, which the LangChain
+    instrumentation writes as the tool's ToolMessage in JSON (mime type application/json:
+    `{"type": "tool", "data": {"content": ..., "tool_call_id": ...}}`); other output as is."""
+    value = attrs.get("output.value")
+    if attrs.get("output.mime_type") == "application/json" and isinstance(value, str):
+        try:
+            document = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            document = None
+        if isinstance(document, dict) and document.get("type") == "tool":
+            message = document.get("data")
+            if isinstance(message, dict) and "content" in message:
+                return _text(message.get("tool_call_id")), _text(message["content"])
+    return "", _optional_text(value)
 
 
 def _optional_text(value: Any) -> str | None:
@@ -593,12 +628,24 @@ def _text(value: Any) -> str:
 
 
 def _compact(value: Any) -> str:
+    """orjson, not json: it refuses the lone surrogates json would let through to the store
+    (whose UTF-8 they are not), and nesting json would recurse on until Python's stack ends."""
     if value is None or value == "":
         return ""
     if isinstance(value, str):
         text: str = value
         try:  # arguments are usually JSON text already: written compactly, like the rest
-            value = json.loads(text)
-        except ValueError:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
             return text
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    try:
+        return orjson.dumps(value, default=_base64, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError as exc:
+        raise _Malformed(f"a value cannot be written as JSON: {exc}") from None
+
+
+def _base64(value: Any) -> str:
+    """A bytes attribute, as OTLP/JSON writes one."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError(f"{type(value).__name__} is not JSON")

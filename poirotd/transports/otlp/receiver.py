@@ -4,11 +4,9 @@ ingest pipeline and answer once they are durable, with the spans that could not 
 OTLP's partial_success.
 
 Sessions: a session the store does not have is started (system, the time of its first message,
-labels input=otlp and the trace id) in the same batch as its first messages. Numbering: a
-session's messages are numbered on from the highest index it has (read from the store once per
-session, then kept), in the order the mapping gives; a span exported after later spans of its
-session were stored is numbered after them. A session is written by one producer, or indexes
-may collide (and a colliding message is taken for a resend).
+labels input=otlp and the trace id) in the same batch as its first messages. Numbering: the
+daemon's (ingest.numbering), in the order the mapping gives; a span exported after later spans
+of its session were stored is numbered after them.
 Back-pressure: at most `max_pending` messages of all exports wait for their commit; an export
 beyond that is refused as throttled (RESOURCE_EXHAUSTED / 429 with a retry delay) before
 anything of it is admitted, so the exporter resends all of it.
@@ -30,9 +28,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from poirotd.config import SystemSpec
 from poirotd.errors import ResourceExhausted, Unavailable
 from poirotd.ingest.pipeline import IngestPipeline, Refusal
-from poirotd.model import AgentMessage, CommitItem, Session
+from poirotd.model import CommitItem, validate_agent_message
 from poirotd.observability.metrics import Metrics
-from poirotd.store import Store
 from poirotd.transports.otlp.mapping import (
     REJECT_REASONS,
     MappedMessage,
@@ -80,23 +77,19 @@ class OtlpReceiver:
         self,
         spec: SystemSpec,
         pipeline: IngestPipeline,
-        store: Store,
         metrics: Metrics,
         *,
         session_by: SessionBy,
         max_pending: int,
     ) -> None:
-        self._system = spec.system.name
         self._agents = spec.agents_by_alias()
         self._pipeline = pipeline
-        self._store = store
         self._metrics = metrics
         self._session_by: SessionBy = session_by
         self._max_pending = max_pending
         self._scope = pipeline.scope()
-        # The next index of each session this receiver wrote to (as many as the store's
-        # sessions: both are kept for the daemon's life).
-        self._next_index: dict[str, int] = {}
+        self._indexes = pipeline.indexes
+        self._sessions = pipeline.implicit_sessions("otlp")
         self._pending = 0
         self._draining = False
         for transport in TRANSPORTS:
@@ -121,7 +114,7 @@ class OtlpReceiver:
                 f"{self._pending} messages wait for their commit (the limit is "
                 f"{self._max_pending}); retry in {RETRY_AFTER_SECONDS} s"
             )
-        await self._learn_indexes({m.session_id for m in messages})
+        await self._indexes.learn(m.session_id for m in messages)
         items, sources = self._numbered(messages)
         admission = self._pipeline.accept(items, self._scope, skip_invalid=True)
         self._pending += len(items)
@@ -150,15 +143,6 @@ class OtlpReceiver:
             )
         return ExportResult(mapped.spans, rejected)
 
-    async def _learn_indexes(self, sessions: set[str]) -> None:
-        for session_id in sessions - self._next_index.keys():
-            after = 0
-            if self._store.has_session(session_id):
-                stored = await self._store.session_messages(session_id)
-                after = max((m.index + 1 for m in stored), default=0)
-            # Another export may have learnt it while this one read the store.
-            self._next_index.setdefault(session_id, after)
-
     def _numbered(
         self, messages: Sequence[MappedMessage]
     ) -> tuple[list[CommitItem], list[MappedMessage | None]]:
@@ -166,38 +150,27 @@ class OtlpReceiver:
         position, the mapped message each came from (None for a session start)."""
         items: list[CommitItem] = []
         sources: list[MappedMessage | None] = []
-        started: set[str] = set()
+        handled: set[str] = set()  # the sessions met in this export
         for m in messages:
             sent_at = datetime.fromtimestamp(m.at_ns / 1e9, UTC)
-            index = self._next_index[m.session_id]
-            # Until its start is stored, every export starts the session again (a no-op once
-            # stored): an earlier export's start may still wait for its commit, or have failed.
-            if m.session_id not in started and not self._store.has_session(m.session_id):
-                started.add(m.session_id)
-                labels = {"input": "otlp", "trace_id": m.trace_id}
-                items.append(
-                    Session(
-                        session_id=m.session_id,
-                        system=self._system,
-                        started_at=sent_at,
-                        labels=labels,
-                    )
-                )
+            if start := self._sessions.start(handled, m.session_id, sent_at, m.trace_id):
+                items.append(start)
                 sources.append(None)
-            self._next_index[m.session_id] = index + 1
             items.append(
-                AgentMessage(
-                    session_id=m.session_id,
-                    index=index,
-                    kind=m.kind,
-                    sender=m.sender,
-                    recipient=m.recipient,
-                    content=m.content,
-                    tool_calls=m.tool_calls,
-                    tool_name=m.tool_name,
-                    sent_at=sent_at,
-                    trace_id=m.trace_id,
-                    span_id=m.span_id,
+                validate_agent_message(
+                    {
+                        "session_id": m.session_id,
+                        "index": self._indexes.take(m.session_id),
+                        "kind": m.kind,
+                        "sender": m.sender,
+                        "recipient": m.recipient,
+                        "content": m.content,
+                        "tool_calls": m.tool_calls,
+                        "tool_name": m.tool_name,
+                        "sent_at": sent_at,
+                        "trace_id": m.trace_id,
+                        "span_id": m.span_id,
+                    }
                 )
             )
             sources.append(m)

@@ -177,3 +177,22 @@ async def test_grpc_throttling_carries_the_retry_delay(daemon: Daemon) -> None:
     assert {r for r in RUNS} and _refusals(daemon, "TraceService.Export", "throttled") == len(
         throttled
     )
+
+
+async def test_a_fault_of_ours_is_answered_500_with_an_id_counted_and_the_daemon_goes_on(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from poirotd.transports.otlp import receiver
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    good = live_export("after-the-fault").SerializeToString()
+    async with httpx.AsyncClient() as client:
+        with monkeypatch.context() as patched:
+            patched.setattr(receiver, "map_export", broken)
+            answer = await client.post(_url(daemon), content=good, headers=PROTOBUF)
+        assert answer.status_code == 500
+        assert Status.FromString(answer.content).message.startswith("internal error ")
+        assert _refusals(daemon, "otlp_http", "internal") == 1
+        assert (await client.post(_url(daemon), content=good, headers=PROTOBUF)).status_code == 200

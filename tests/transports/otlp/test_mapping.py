@@ -144,6 +144,46 @@ def test_malformed_attributes_reject_their_span_only() -> None:
     assert "'first' is not a list index" in mapped.rejections[2].detail
 
 
+def test_a_too_long_session_id_or_a_list_for_a_name_rejects_or_ignores_the_span() -> None:
+    reply = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "ok"}]}])
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.output.messages": reply}
+    long_session = _span(2, {**chat, "gen_ai.agent.name": "doctor", "session.id": "s" * 300})
+    listed = _span(3, {"gen_ai.agent.name": "doctor"})
+    listed.attributes.add(key="gen_ai.operation.name").value.array_value.values.add(
+        string_value="chat"
+    )
+    mapped = map_export(
+        _export(_span(1, {**chat, "gen_ai.agent.name": "chief"}), long_session, listed),
+        AGENTS,
+        session_by="conversation",
+    )
+    assert [m.sender for m in mapped.messages] == ["chief"]
+    assert [(int(r.span_id, 16), r.reason) for r in mapped.rejections] == [(2, "malformed")]
+    assert "session.id is over 256 characters" in mapped.rejections[0].detail
+    assert mapped.spans == 3
+
+
+def test_bytes_values_and_escaped_lone_surrogates_become_storable_text() -> None:
+    surrogate = '{"note": "\\ud800"}'  # JSON that json.loads turns into a lone surrogate
+    span = _span(
+        1,
+        {
+            "openinference.span.kind": "LLM",
+            "gen_ai.agent.name": "doctor",
+            "llm.output_messages.0.message.role": "assistant",
+            "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "note",
+            "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": surrogate,
+        },
+    )
+    span.attributes.add(key="llm.output_messages.0.message.content").value.bytes_value = b"\0\1\2"
+    mapped = map_export(_export(span), AGENTS, session_by="conversation")
+    assert not mapped.rejections
+    [message] = mapped.messages
+    assert message.content == '"AAEC"'  # bytes as OTLP/JSON writes them
+    assert message.tool_calls == (f"note({surrogate})",)
+    assert message.tool_calls[0].encode()  # UTF-8, as the store writes it
+
+
 def test_an_agent_is_found_by_alias_id_or_name_up_the_parents_and_other_spans_are_ignored() -> None:
     reply = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "ok"}]}])
     chat = {"gen_ai.operation.name": "chat", "gen_ai.output.messages": reply}

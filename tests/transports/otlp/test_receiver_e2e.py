@@ -98,3 +98,40 @@ async def _finished_investigation(daemon: Daemon, session_id: str) -> Investigat
             return found[0]
         await asyncio.sleep(0.1)
     raise AssertionError(f"no investigation of {session_id} finished")
+
+
+async def test_a_real_langgraph_run_traced_by_openinference_is_one_session(
+    tmp_path: Path,
+) -> None:
+    """examples/langgraph_openinference.py: LangGraph's graph, OpenInference's LangChain
+    instrumentor and the SDK's OTLP/HTTP exporter, nothing hand-made; the tool's result (which
+    the instrumentor writes as its ToolMessage in JSON) is stored once, as text."""
+    from examples import langgraph_openinference
+
+    backend = ScriptedBackend(schema_answer)
+    async with in_process_daemon(tmp_path, SPEC, backend, otlp_http_port=free_port()) as daemon:
+        store = daemon._store
+        assert store is not None
+        endpoint = f"http://127.0.0.1:{daemon.settings.otlp_http_port}/v1/traces"
+        await asyncio.to_thread(langgraph_openinference.main, endpoint, "graph-1")
+        messages = await store.session_messages("graph-1")
+        assert [(m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in messages] == [
+            (MessageKind.SYSTEM, "system", "doctor", "You diagnose.", ()),
+            (MessageKind.HUMAN, "user", "doctor", langgraph_openinference.TASK, ()),
+            (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',)),
+            (
+                MessageKind.TOOL,
+                "tool:gait_test",
+                "doctor",
+                "ankle_left_deg offset 15 deg: SENSOR FAULT",
+                (),
+            ),
+            (MessageKind.AGENT, "doctor", "", "The offset is noise; proceed.", ()),
+            (MessageKind.SYSTEM, "system", "chief", "You choose the plan.", ()),
+            (MessageKind.HUMAN, "user", "chief", "Doctor: The offset is noise; proceed.", ()),
+            (MessageKind.AGENT, "chief", "", "Plan 4, full assistance.", ()),
+        ]
+        assert len({m.trace_id for m in messages}) == 1
+        investigation = await _finished_investigation(daemon, "graph-1")
+        assert investigation.state is InvestigationState.SUCCEEDED
+        assert daemon.metrics.otlp_rejected_spans.labels("malformed")._value.get() == 0

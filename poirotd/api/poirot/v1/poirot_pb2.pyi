@@ -263,6 +263,7 @@ class AgentMessage(_message.Message):
     SENT_AT_FIELD_NUMBER: _builtins.int
     TRACE_ID_FIELD_NUMBER: _builtins.int
     SPAN_ID_FIELD_NUMBER: _builtins.int
+    ASSIGN_INDEX_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     index: _builtins.int
     """Position of the message in its session, 0-based; (session_id, index) is unique, so a resent
@@ -278,6 +279,11 @@ class AgentMessage(_message.Message):
     receiver so an attribution can link back to the trace; empty otherwise.
     """
     span_id: _builtins.str
+    assign_index: _builtins.bool
+    """The daemon numbers the message after the session's last one, and `index` is ignored: for
+    producers that do not count (the MQTT bridge, the client SDK's `record`). A session is
+    numbered by the daemon or by its producer, not both, or indexes may collide.
+    """
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -296,10 +302,11 @@ class AgentMessage(_message.Message):
         sent_at: _timestamp_pb2.Timestamp | None = ...,
         trace_id: _builtins.str = ...,
         span_id: _builtins.str = ...,
+        assign_index: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sent_at", b"sent_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "index", b"index", "kind", b"kind", "recipient", b"recipient", "sender", b"sender", "sent_at", b"sent_at", "session_id", b"session_id", "span_id", b"span_id", "tool_calls", b"tool_calls", "tool_name", b"tool_name", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assign_index", b"assign_index", "content", b"content", "index", b"index", "kind", b"kind", "recipient", b"recipient", "sender", b"sender", "sent_at", b"sent_at", "session_id", b"session_id", "span_id", b"span_id", "tool_calls", b"tool_calls", "tool_name", b"tool_name", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
