@@ -41,10 +41,13 @@ class WindowedBackend(ScriptedBackend):
         schema: dict[str, Any] | None = None,
         tools: Sequence[Tool] = (),
         max_tokens: int,
+        temperature: float | None = None,
     ) -> Completion:
         if self.count_tokens(messages) + max_tokens > self.context_tokens:
             raise LLMError("prompt over the window", reason="context_exceeded")
-        return await super().complete(messages, schema=schema, tools=tools, max_tokens=max_tokens)
+        return await super().complete(
+            messages, schema=schema, tools=tools, max_tokens=max_tokens, temperature=temperature
+        )
 
 
 # ------------------------------------------------------------------ baseline

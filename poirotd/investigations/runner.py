@@ -24,17 +24,19 @@ from poirotd.model import (
     Investigation,
     InvestigationMethod,
     InvestigationState,
+    Reading,
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol import prompts
 from poirotd.protocol.engine import InvestigationEngine
+from poirotd.protocol.ensemble import method_reliabilities
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.reputation import betas_in_use
 from poirotd.store import Store
 
 log = structlog.get_logger(__name__)
 
-# Telemetry samples summarised into the incident description.
+# Telemetry samples summarised into the incident description (and checked by ErrorProbe).
 _EVIDENCE_SAMPLES = 2000
 
 
@@ -152,13 +154,20 @@ class InvestigationRunner:
             messages = await self._store.session_messages(investigation.session_id)
             betas = betas_in_use(self._spec, await self._store.reputations(investigation.system))
             self._metrics.record_betas(betas)
-            await recorder.update(incident=await self._describe(investigation), betas=betas)
+            readings = await self._store.newest_readings(
+                investigation.session_id, limit=_EVIDENCE_SAMPLES
+            )
+            incident = await self._describe(investigation, readings)
+            await recorder.update(incident=incident, betas=betas)
             outcome = await self._engine.run(
                 messages,
                 recorder.on_event,
-                incident=recorder.record.incident,
+                incident=incident,
                 betas=betas,
                 method=investigation.method,
+                readings=readings,
+                reliabilities=await self._reliabilities(investigation),
+                investigation_id=investigation.investigation_id,
             )
         except ProtocolError as exc:
             await recorder.failed(str(exc))
@@ -171,10 +180,14 @@ class InvestigationRunner:
         else:
             await recorder.succeeded(outcome)
 
-    async def _describe(self, investigation: Investigation) -> str:
-        readings = await self._store.newest_readings(
-            investigation.session_id, limit=_EVIDENCE_SAMPLES
-        )
+    async def _reliabilities(self, investigation: Investigation) -> dict[str, float]:
+        """The methods' reliabilities from confirmed outcomes, which only an ensemble weighs."""
+        if investigation.method != "ensemble":
+            return {}
+        confirmed = await self._store.confirmed_investigations(investigation.system)
+        return method_reliabilities(self._spec.protocol.ensemble.reliability, confirmed)
+
+    async def _describe(self, investigation: Investigation, readings: list[Reading]) -> str:
         # Thousands of readings: summarised off the event loop, which meanwhile keeps evaluating
         # hazard rules on arriving telemetry.
         telemetry = await asyncio.to_thread(summarise_window, readings) if readings else ""

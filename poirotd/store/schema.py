@@ -29,7 +29,8 @@ from poirotd.store.records import (
 #    per-message rows, and their indices are added there when it is opened).
 # 6: a message block's rows end with the message's trace and span id (rows of older blocks,
 #    without them, are read as messages with no trace link).
-SCHEMA_VERSION = 6
+# 7: ErrorProbe's verified diagnosis memory (a new table; an older store gains it empty).
+SCHEMA_VERSION = 7
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """
@@ -129,6 +130,12 @@ CREATE TABLE IF NOT EXISTS reputations (
     agent_id TEXT NOT NULL,
     record   TEXT NOT NULL,
     PRIMARY KEY (system, agent_id)
+);
+CREATE TABLE IF NOT EXISTS diagnosis_memory (
+    system   TEXT NOT NULL,
+    entry_id TEXT NOT NULL,
+    record   TEXT NOT NULL,
+    PRIMARY KEY (system, entry_id)
 );
 CREATE TABLE IF NOT EXISTS audit (
     seq       INTEGER PRIMARY KEY,

@@ -1,0 +1,185 @@
+"""Every prompt of ErrorProbe, in this project's own words: the MAST detector, then the three
+roles of the diagnosis (Strategist, Investigator, Arbiter).
+
+Each request is a system turn (the role and its rules) and one user turn: what the system is,
+then the material of the role (the session or its causal chain, tags, memory, hypotheses,
+checked evidence), then the answer format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from poirotd.config.spec import SystemSpec
+from poirotd.llm.base import ChatMessage
+from poirotd.model import AgentMessage, DiagnosisMemoryEntry, HazardSpace
+from poirotd.protocol import prompts
+from poirotd.protocol.analyst import levels_text, regions_section, system_section
+from poirotd.protocol.errorprobe.mast import mode_named, taxonomy_text
+from poirotd.protocol.errorprobe.schemas import Hypothesis, Tag
+from poirotd.protocol.errorprobe.tools import MIN_QUOTE_CHARS, CheckedClaim
+
+_DETECTOR = """\
+You screen the log of a multi-agent AI system for local symptoms of known failure modes. You do \
+not decide who caused the failure: you point at steps where something looks off, so that the \
+diagnosis that follows knows where to look. Tag only what the log shows; no tags is a valid \
+answer."""
+
+_STRATEGIST = """\
+You are the STRATEGIST of a diagnosis team investigating a failure of a multi-agent AI system. \
+From the causal chain of the failure (the messages that could have influenced it), the failure \
+mode tags a detector put on it, and failure patterns verified in earlier investigations, you \
+propose hypotheses: WHERE the fault originated (a region of the system), at WHICH step it was \
+introduced (not where its symptom showed), and which failure mode it is. An Investigator will \
+have to prove each hypothesis from the log, so make claims that can be checked."""
+
+_INVESTIGATOR = """\
+You are the INVESTIGATOR of a diagnosis team. You test ONE hypothesis about a failure of a \
+multi-agent AI system, and you may not merely assert it: every piece of evidence is a claim \
+that the monitoring system checks itself against the stored log and telemetry. A claim that \
+does not check out counts against the hypothesis, so claim only what the log really says."""
+
+_ARBITER = """\
+You are the ARBITER of a diagnosis team. You receive the hypotheses about a failure of a \
+multi-agent AI system and, for each, the evidence an Investigator claimed with the result of \
+the system's own check of every claim. Uphold the hypothesis the CHECKED evidence supports best; \
+a claim that failed its check is no evidence. Then state a guard: what a future diagnosis of \
+this kind of failure should check first."""
+
+
+def detector_request(
+    spec: SystemSpec, view: Sequence[AgentMessage], incident: str
+) -> list[ChatMessage]:
+    sections = [system_section(spec)]
+    if incident:
+        sections.append(f"# The incident under review\n{incident}")
+    sections += [
+        f"# The session\n\n{prompts.session_log(view)}",
+        f"# Failure modes (MAST)\n\n{taxonomy_text()}",
+        "# Answer format\n\nReply with ONE JSON object and nothing else:\n"
+        '{"tags": [{"step": <N of the message [#N ...]>, "mode": "<MAST id>", '
+        '"note": "<what looks off there>"}, ...]}',
+    ]
+    return [
+        ChatMessage(role="system", content=_DETECTOR),
+        ChatMessage(role="user", content="\n\n".join(sections)),
+    ]
+
+
+def strategist_request(
+    spec: SystemSpec,
+    space: HazardSpace,
+    chain: Sequence[AgentMessage],
+    masked: int,
+    incident: str,
+    tags: Sequence[Tag],
+    recipes: Sequence[DiagnosisMemoryEntry],
+) -> list[ChatMessage]:
+    tagged = "\n".join(f"- #{t.step}: {t.mode} {mode_named(t.mode).name}: {t.note}" for t in tags)
+    remembered = "\n".join(
+        f"- {e.signature.mode} {mode_named(e.signature.mode).name}, blamed on "
+        f"{e.signature.agent}{f' with tool {e.signature.tool}' if e.signature.tool else ''}: "
+        f"{e.recipe}"
+        for e in recipes
+    )
+    sections = [system_section(spec), regions_section(space)]
+    if incident:
+        sections.append(f"# The incident under review\n{incident}")
+    sections += [
+        _chain(chain, masked),
+        f"# Failure mode tags\n\n{tagged or '(the detector tagged nothing)'}",
+        "# Verified patterns from earlier investigations\n\n"
+        f"{remembered or '(none similar enough: reason from first principles)'}",
+        f"# Failure modes (MAST)\n\n{taxonomy_text()}",
+        "# Answer format\n\nReply with ONE JSON object and nothing else:\n"
+        '{"hypotheses": [{"region": "<region id>", "step": <N>, "mode": "<MAST id>", '
+        '"claim": "<what went wrong there, checkably>"}, ...]}',
+    ]
+    return [
+        ChatMessage(role="system", content=_STRATEGIST),
+        ChatMessage(role="user", content="\n\n".join(sections)),
+    ]
+
+
+def investigator_request(
+    spec: SystemSpec,
+    chain: Sequence[AgentMessage],
+    masked: int,
+    hypothesis: Hypothesis,
+    tools: Sequence[str],
+) -> list[ChatMessage]:
+    mode = mode_named(hypothesis.mode)
+    offered = {
+        "quote": (
+            '{"tool": "quote", "step": <N>, "text": "<words copied exactly from message #N, at '
+            f'least {MIN_QUOTE_CHARS} characters>"}}: passes when message #N contains them'
+        ),
+        "tool_result": (
+            '{"tool": "tool_result", "step": <N of a message that called a tool>, "expect": '
+            '"missing" | "error" | "contains", "text": "<for contains>"}: passes when the '
+            "call's result is missing, reports an error, or contains the text"
+        ),
+        "telemetry": (
+            '{"tool": "telemetry", "component": "<id>", "signal": "<name>", "comparison": '
+            '">" | ">=" | "<" | "<=", "threshold": <number>}: passes when some reading of '
+            "the signal in the session meets the condition"
+        ),
+    }
+    sections = [
+        system_section(spec),
+        _chain(chain, masked),
+        "# The hypothesis to test\n\n"
+        f"Region {hypothesis.region}, step #{hypothesis.step}, failure mode {mode.id} "
+        f"{mode.name} ({mode.description})\nClaim: {hypothesis.claim}",
+        "# Your tools (each claim is checked by the system)\n\n"
+        + "\n".join(f"- {offered[tool]}" for tool in tools),
+        "# Answer format\n\nReply with ONE JSON object and nothing else:\n"
+        '{"claims": [<claims, as above>], "assessment": "<does the evidence support the '
+        'hypothesis, and why>"}',
+    ]
+    return [
+        ChatMessage(role="system", content=_INVESTIGATOR),
+        ChatMessage(role="user", content="\n\n".join(sections)),
+    ]
+
+
+def arbiter_request(
+    spec: SystemSpec,
+    space: HazardSpace,
+    hypotheses: Sequence[Hypothesis],
+    checked: Sequence[Sequence[CheckedClaim]],
+    assessments: Sequence[str],
+    choices: Sequence[int],
+) -> list[ChatMessage]:
+    blocks = []
+    for number, (h, claims, assessment) in enumerate(
+        zip(hypotheses, checked, assessments, strict=True), start=1
+    ):
+        mode = mode_named(h.mode)
+        results = "\n".join(
+            f"  - [{'PASSED' if c.passed else 'FAILED'}] {c.claim.model_dump_json()}: {c.detail}"
+            for c in claims
+        )
+        blocks.append(
+            f"## Hypothesis {number}: region {h.region}, step #{h.step}, {mode.id} {mode.name}"
+            f"\nClaim: {h.claim}\nEvidence checked:\n{results or '  (no evidence)'}"
+            f"\nInvestigator's assessment: {assessment or '(none)'}"
+        )
+    sections = [
+        system_section(spec),
+        regions_section(space),
+        "# Hypotheses and their checked evidence\n\n" + "\n\n".join(blocks),
+        "# Answer format\n\nReply with ONE JSON object and nothing else:\n"
+        f'{{"hypothesis": <one of {list(choices)}>, "confidence": <level>, "reasoning": '
+        '"<why this one>", "guard": "<what a future diagnosis should check for this kind of '
+        f'failure>"}}\n{levels_text()}',
+    ]
+    return [
+        ChatMessage(role="system", content=_ARBITER),
+        ChatMessage(role="user", content="\n\n".join(sections)),
+    ]
+
+
+def _chain(chain: Sequence[AgentMessage], masked: int) -> str:
+    note = f" ({masked} messages that could not have influenced it are masked)" if masked else ""
+    return f"# The causal chain of the failure{note}\n\n{prompts.session_log(chain)}"
