@@ -85,9 +85,8 @@ class RunContext:
         await self.end(phase)
 
     def timings(self) -> tuple[PhaseTiming, ...]:
-        return tuple(
-            PhaseTiming(phase=p, seconds=self._seconds[p]) for p in Phase if p in self._seconds
-        )
+        """Each phase's time, in the order the phases ended first."""
+        return tuple(PhaseTiming(phase=p, seconds=s) for p, s in self._seconds.items())
 
     @property
     def usage(self) -> LLMUsage:

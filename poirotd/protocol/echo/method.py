@@ -174,6 +174,7 @@ def _findings(
 ) -> dict[str, Any]:
     layers = list(context.layers.values())
     return {
+        "method": "echo",
         "panel": [{"analyst": a.voter, "temperature": a.temperature} for a in panel],
         "context": {
             "anchors": list(context.anchors),
