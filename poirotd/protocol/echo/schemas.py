@@ -57,12 +57,21 @@ def analysis_format(space: HazardSpace, steps: Collection[int]) -> AnswerFormat[
     ids = [r.id for r in space.regions]
     region = {"enum": ids}
     level = level_schema()
-    conclusion = json_object(
-        kind={"enum": ["single", "multiple"]},
-        regions={"type": "array", "items": region, "minItems": 1, "maxItems": len(ids)},
-        step={"anyOf": [{"enum": sorted(steps)}, {"type": "null"}]} if steps else {"type": "null"},
-        confidence=level,
-        reasoning=bounded_text(REASONING_MAX),
+    step = {"anyOf": [{"enum": sorted(steps)}, {"type": "null"}]} if steps else {"type": "null"}
+
+    def conclusion_of(kind: str, least: int, most: int) -> dict[str, Any]:
+        return json_object(
+            kind={"const": kind},
+            regions={"type": "array", "items": region, "minItems": least, "maxItems": most},
+            step=step,
+            confidence=level,
+            reasoning=bounded_text(REASONING_MAX),
+        )
+
+    # The kind decides how many regions: one, or at least two (constrained, not just checked).
+    single = conclusion_of("single", 1, 1)
+    conclusion = (
+        {"anyOf": [single, conclusion_of("multiple", 2, len(ids))]} if len(ids) > 1 else single
     )
     schema: dict[str, Any] = json_object(
         summary=bounded_text(SUMMARY_MAX),
