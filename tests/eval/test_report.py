@@ -175,3 +175,11 @@ def test_angles_follow_eq_11(n: int) -> None:
     d = np.arange(n)
     theta = 2 * np.pi * d / n - np.pi / 2
     np.testing.assert_allclose(anchors(n), 0.5 * np.column_stack((np.cos(theta), np.sin(theta))))
+
+
+def test_the_report_compares_methods_run_on_the_same_cases(rendered: Path) -> None:
+    text = rendered.read_text()
+    assert "## Agreement between methods" in text
+    # Case 0: both decide excel_expert; case 1: excel_expert against verification_expert.
+    assert "| baseline / poirot | whowhen |  | 50.0% (1/2) |" in text
+    assert "blame-cortex |" not in text.split("## Agreement between methods")[1].split("##")[0]
