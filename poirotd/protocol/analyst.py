@@ -8,16 +8,28 @@ grammar converter enforces no numeric range, and a level is all a consensus or a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import Field
 
 from poirotd.config.spec import SystemSpec
+from poirotd.llm.base import ChatMessage
 from poirotd.model import HazardSpace
 
 LEVELS = tuple(round(x / 10, 1) for x in range(10, -1, -1))  # 1.0, 0.9, ... 0.0
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+def request(system: str, sections: Sequence[str], answer: str) -> list[ChatMessage]:
+    """A judge's request: its role and rules as the system turn; the material in sections, then
+    the answer format (`answer`: the JSON shape), as the user turn."""
+    closing = f"# Answer format\n\nReply with ONE JSON object and nothing else:\n{answer}"
+    return [
+        ChatMessage(role="system", content=system),
+        ChatMessage(role="user", content="\n\n".join([*sections, closing])),
+    ]
 
 
 def level_schema() -> dict[str, Any]:

@@ -17,32 +17,18 @@ from typer.testing import CliRunner
 from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.cli.main import app
-from poirotd.config import SystemSpec
+from poirotd.config.spec import EchoSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
 from tests.inprocess import client_of, in_process_daemon
 from tests.schema_fill import fill
+from tests.test_grpc_api import SPEC as CLINIC
 
-SPEC = SystemSpec.model_validate(
-    {
-        "system": {"name": "clinic", "description": "Three agents plan therapy on an exoskeleton."},
-        "agents": [
-            {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
-            {"id": "chief", "name": "Chief", "system_prompt": "You choose the plan."},
-            {"id": "physio", "name": "Physio", "system_prompt": "You advise on dosing."},
-        ],
-        "components": [
-            {
-                "id": "exo",
-                "name": "Exoskeleton",
-                "type": "hardware",
-                "description": "Error signature: odd readings. Normal behaviour: sane ones.",
-            },
-        ],
-        "protocol": {"max_invocations": 2, "echo": {"analysts": 2}},
-    }
+# test_grpc_api's clinic, with a panel of two analysts.
+SPEC = CLINIC.model_copy(
+    update={"protocol": CLINIC.protocol.model_copy(update={"echo": EchoSpec(analysts=2)})}
 )
 QUOTABLE = "step of the therapy plan"
 
@@ -201,8 +187,9 @@ async def test_verified_evidence_enters_memory_and_an_operator_deletes_it(
     assert verify(daemon.settings.db_path).ok, "a deletion is chained, not a hole"
 
 
-async def test_an_unverified_diagnosis_waits_for_confirm_outcome(
-    daemon: Daemon, client: PoirotClient, filler: Filler
+@pytest.mark.parametrize("right", [True, False])
+async def test_an_unverified_diagnosis_enters_memory_only_once_confirmed(
+    daemon: Daemon, client: PoirotClient, filler: Filler, right: bool
 ) -> None:
     filler.quote_truly = False
     await client.send(session())
@@ -213,19 +200,12 @@ async def test_an_unverified_diagnosis_waits_for_confirm_outcome(
 
     blamed = findings["diagnosis"]["region"]
     other = next(r.id for r in record.hazard_space.regions if r.id != blamed)
-    await client.confirm(record.investigation_id, [other], note="the diagnosis was wrong")
-    assert await remembered(daemon) == [], "a refuted diagnosis never enters memory"
-
-
-async def test_a_confirmed_diagnosis_enters_memory(
-    daemon: Daemon, client: PoirotClient, filler: Filler
-) -> None:
-    filler.quote_truly = False
-    await client.send(session())
-    record = await investigate(client, "errorprobe")
-    blamed = json.loads(record.findings_json)["diagnosis"]["region"]
-    await client.confirm(record.investigation_id, [blamed], note="checked by the therapist")
-    await client.confirm(record.investigation_id, [blamed])  # again: no change
+    confirmed = blamed if right else other
+    await client.confirm(record.investigation_id, [confirmed], note="checked by the therapist")
+    await client.confirm(record.investigation_id, [confirmed])  # again: no change
+    if not right:
+        assert await remembered(daemon) == [], "a refuted diagnosis never enters memory"
+        return
     (entry,) = await remembered(daemon)
     assert (entry["verified_by"], entry["frequency"], entry["confirmed"]) == ("confirmed", 1, 1)
     assert entry["signature"]["agent"] == blamed

@@ -35,36 +35,34 @@ _ERROR_SIGNAL = re.compile(
     r"invalid|not found|timed? ?out)\b",
     re.IGNORECASE,
 )
+
+
+def _compiled(*leads: str) -> tuple[re.Pattern[str], ...]:
+    """Each lead followed by the rest of its sentence, case-insensitive."""
+    return tuple(re.compile(lead + _SENTENCE, re.IGNORECASE) for lead in leads)
+
+
 # What each compressed layer looks for first, in order; the first sentence when none matches.
 _PATTERNS: dict[Layer, tuple[re.Pattern[str], ...]] = {
     # Key decisions: conclusions, choices and the reasons given for them.
-    "local": tuple(
-        re.compile(p, re.IGNORECASE)
-        for p in (
-            rf"\bI (?:conclude|decide|determine|believe|think|will|chose|choose)\b{_SENTENCE}",
-            rf"\b(?:therefore|thus|hence|so),?\s{_SENTENCE}",
-            rf"\bthe (?:answer|result|solution|plan|diagnosis) (?:is|appears to be){_SENTENCE}",
-            rf"\b(?:based on|given|according to)\s{_SENTENCE}",
-        )
+    "local": _compiled(
+        r"\bI (?:conclude|decide|determine|believe|think|will|chose|choose)\b",
+        r"\b(?:therefore|thus|hence|so),?\s",
+        r"\bthe (?:answer|result|solution|plan|diagnosis) (?:is|appears to be)",
+        r"\b(?:based on|given|according to)\s",
     ),
     # Outcomes: errors, state changes and what was handed over.
-    "distant": tuple(
-        re.compile(p, re.IGNORECASE)
-        for p in (
-            rf"\b(?:error|failed|failure|cannot|unable|incorrect|wrong)\b{_SENTENCE}",
-            rf"\b(?:received|obtained|loaded|returned|sent|passing|providing)\b{_SENTENCE}",
-            rf"\b(?:therefore|thus|hence|in conclusion),?\s{_SENTENCE}",
-        )
+    "distant": _compiled(
+        r"\b(?:error|failed|failure|cannot|unable|incorrect|wrong)\b",
+        r"\b(?:received|obtained|loaded|returned|sent|passing|providing)\b",
+        r"\b(?:therefore|thus|hence|in conclusion),?\s",
     ),
     # Milestones: what was completed, produced or switched.
-    "global": tuple(
-        re.compile(p, re.IGNORECASE)
-        for p in (
-            rf"\b(?:completed|finished|done|achieved|produced|created|generated)\b{_SENTENCE}",
-            rf"\b(?:switched|changed|moved on|decided)\b{_SENTENCE}",
-            rf"\b(?:error|failed|failure)\b{_SENTENCE}",
-            rf"\b(?:successfully|finally)\b{_SENTENCE}",
-        )
+    "global": _compiled(
+        r"\b(?:completed|finished|done|achieved|produced|created|generated)\b",
+        r"\b(?:switched|changed|moved on|decided)\b",
+        r"\b(?:error|failed|failure)\b",
+        r"\b(?:successfully|finally)\b",
     ),
 }
 

@@ -14,7 +14,7 @@ from poirotd.config.spec import EchoRole, SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import AgentMessage, HazardSpace
 from poirotd.protocol import prompts
-from poirotd.protocol.analyst import levels_text, regions_section, system_section
+from poirotd.protocol.analyst import levels_text, regions_section, request, system_section
 from poirotd.protocol.echo.context import Layer, LayeredContext
 from poirotd.protocol.echo.schemas import MAX_ALTERNATIVES
 
@@ -99,17 +99,13 @@ def analysis_request(
         shown = context.in_layer(layer, view)
         if shown:
             sections.append(f"## {title}\n\n{prompts.session_log(shown)}")
-    sections.append(
-        "# Answer format\n\n"
-        "Reply with ONE JSON object and nothing else:\n"
+    return request(
+        analyst_system(role),
+        sections,
         '{"summary": "<how you investigated, what you found>", '
         '"evaluations": [{"region": "<id>", "likelihood": <level>, "evidence": "<from the '
         'log>"}, ...one per region], '
         '"conclusion": {"kind": "single" | "multiple", "regions": ["<id>", ...], '
         '"step": <N> | null, "confidence": <level>, "reasoning": "<why>"}, '
-        '"alternatives": [<conclusions in the same shape>]}\n' + levels_text()
+        '"alternatives": [<conclusions in the same shape>]}\n' + levels_text(),
     )
-    return [
-        ChatMessage(role="system", content=analyst_system(role)),
-        ChatMessage(role="user", content="\n\n".join(sections)),
-    ]

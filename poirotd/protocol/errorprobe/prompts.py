@@ -14,7 +14,7 @@ from poirotd.config.spec import SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import AgentMessage, DiagnosisMemoryEntry, HazardSpace
 from poirotd.protocol import prompts
-from poirotd.protocol.analyst import levels_text, regions_section, system_section
+from poirotd.protocol.analyst import levels_text, regions_section, request, system_section
 from poirotd.protocol.errorprobe.mast import mode_named, taxonomy_text
 from poirotd.protocol.errorprobe.schemas import Hypothesis, Tag
 from poirotd.protocol.errorprobe.tools import MIN_QUOTE_CHARS, CheckedClaim
@@ -56,14 +56,13 @@ def detector_request(
     sections += [
         f"# The session\n\n{prompts.session_log(view)}",
         f"# Failure modes (MAST)\n\n{taxonomy_text()}",
-        "# Answer format\n\nReply with ONE JSON object and nothing else:\n"
+    ]
+    return request(
+        _DETECTOR,
+        sections,
         '{"tags": [{"step": <N of the message [#N ...]>, "mode": "<MAST id>", '
         '"note": "<what looks off there>"}, ...]}',
-    ]
-    return [
-        ChatMessage(role="system", content=_DETECTOR),
-        ChatMessage(role="user", content="\n\n".join(sections)),
-    ]
+    )
 
 
 def strategist_request(
@@ -91,14 +90,13 @@ def strategist_request(
         "# Verified patterns from earlier investigations\n\n"
         f"{remembered or '(none similar enough: reason from first principles)'}",
         f"# Failure modes (MAST)\n\n{taxonomy_text()}",
-        "# Answer format\n\nReply with ONE JSON object and nothing else:\n"
+    ]
+    return request(
+        _STRATEGIST,
+        sections,
         '{"hypotheses": [{"region": "<region id>", "step": <N>, "mode": "<MAST id>", '
         '"claim": "<what went wrong there, checkably>"}, ...]}',
-    ]
-    return [
-        ChatMessage(role="system", content=_STRATEGIST),
-        ChatMessage(role="user", content="\n\n".join(sections)),
-    ]
+    )
 
 
 def investigator_request(
@@ -133,14 +131,13 @@ def investigator_request(
         f"{mode.name} ({mode.description})\nClaim: {hypothesis.claim}",
         "# Your tools (each claim is checked by the system)\n\n"
         + "\n".join(f"- {offered[tool]}" for tool in tools),
-        "# Answer format\n\nReply with ONE JSON object and nothing else:\n"
+    ]
+    return request(
+        _INVESTIGATOR,
+        sections,
         '{"claims": [<claims, as above>], "assessment": "<does the evidence support the '
         'hypothesis, and why>"}',
-    ]
-    return [
-        ChatMessage(role="system", content=_INVESTIGATOR),
-        ChatMessage(role="user", content="\n\n".join(sections)),
-    ]
+    )
 
 
 def arbiter_request(
@@ -169,15 +166,14 @@ def arbiter_request(
         system_section(spec),
         regions_section(space),
         "# Hypotheses and their checked evidence\n\n" + "\n\n".join(blocks),
-        "# Answer format\n\nReply with ONE JSON object and nothing else:\n"
+    ]
+    return request(
+        _ARBITER,
+        sections,
         f'{{"hypothesis": <one of {list(choices)}>, "confidence": <level>, "reasoning": '
         '"<why this one>", "guard": "<what a future diagnosis should check for this kind of '
         f'failure>"}}\n{levels_text()}',
-    ]
-    return [
-        ChatMessage(role="system", content=_ARBITER),
-        ChatMessage(role="user", content="\n\n".join(sections)),
-    ]
+    )
 
 
 def _chain(chain: Sequence[AgentMessage], masked: int) -> str:
