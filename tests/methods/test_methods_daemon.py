@@ -209,3 +209,12 @@ async def test_an_unverified_diagnosis_enters_memory_only_once_confirmed(
     (entry,) = await remembered(daemon)
     assert (entry["verified_by"], entry["frequency"], entry["confirmed"]) == ("confirmed", 1, 1)
     assert entry["signature"]["agent"] == blamed
+
+
+def test_memory_on_a_missing_database_exits_2_and_creates_none(tmp_path: Path) -> None:
+    missing = tmp_path / "none.db"
+    for command in (["list"], ["delete", "abc"]):
+        argv = ["memory", *command, "--db", str(missing), "--system", "clinic"]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2 and "no such database file" in result.stderr
+    assert not missing.exists()
