@@ -34,13 +34,15 @@ $(STAMPS)/python-deps: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[embedded,dev,eval]'
 	@mkdir -p $(STAMPS) && touch $@
 
-# Real parts the tests start on loopback ports of their own: Mosquitto, Prometheus and promtool.
+# Real parts the tests start on loopback ports of their own: Mosquitto (and mosquitto_sub for the
+# edge healthcheck), Prometheus and promtool; openssl for deploy/edge/make-certs.sh.
 $(STAMPS)/system-deps:
-	@if ! command -v mosquitto >/dev/null || ! command -v promtool >/dev/null; then \
+	@if ! command -v mosquitto >/dev/null || ! command -v mosquitto_sub >/dev/null \
+	    || ! command -v promtool >/dev/null || ! command -v openssl >/dev/null; then \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	    mosquitto prometheus; \
+	    mosquitto mosquitto-clients prometheus openssl; \
 	fi
 	@mkdir -p $(STAMPS) && touch $@
 

@@ -16,7 +16,7 @@ from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.observability import logs
-from tests.test_grpc_api import _answer
+from tests.support.answers import schema_answer
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     logs.configure("warning", "json")
     spec = SystemSpec.model_validate_json(spec_path.read_text())
     settings = Settings(db_path=db_path, grpc_port=0, metrics_port=0, drain_seconds=5)
-    daemon = Daemon(settings, spec, backend=ScriptedBackend(_answer))
+    daemon = Daemon(settings, spec, backend=ScriptedBackend(schema_answer))
     asyncio.run(daemon.run_until_signalled(ready_path))
 
 

@@ -63,7 +63,8 @@ from poirotd.model import (
 from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.store import SqliteStore
-from tests.test_grpc_api import SPEC, _answer
+from tests.support.answers import schema_answer
+from tests.support.spec import CLINIC
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,8 +129,8 @@ def frame_rules(cooldown_s: float, above: float = SPIKE / 2) -> list[dict[str, A
 
 
 def bench_spec(rules: Sequence[dict[str, Any]], mqtt_port: int | None = None) -> SystemSpec:
-    """The gRPC tests' clinic with these rules and, given a broker, the in-process input."""
-    data = SPEC.model_dump(mode="json")
+    """The tests' clinic with these rules and, given a broker, the in-process input."""
+    data = CLINIC.model_dump(mode="json")
     data["rules"] = [{"severity": "warning", **rule} for rule in rules]
     if mqtt_port is not None:
         data["inputs"] = {
@@ -255,7 +256,7 @@ async def until(check: Callable[[], bool], timeout_s: float, interval_s: float =
 @contextlib.asynccontextmanager
 async def running_daemon(spec: SystemSpec, folder: Path) -> AsyncIterator[Daemon]:
     settings = Settings(db_path=folder / "poirotd.db", grpc_port=0, metrics_port=0)
-    daemon = Daemon(settings, spec, backend=ScriptedBackend(_answer))
+    daemon = Daemon(settings, spec, backend=ScriptedBackend(schema_answer))
     await daemon.start()
     try:
         if spec.inputs is not None:

@@ -45,8 +45,8 @@ from poirotd.config import Settings
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, MessageKind, Session
-from tests.otlp_runs import SPEC, provider
-from tests.test_grpc_api import _answer
+from tests.support.answers import schema_answer
+from tests.support.otlp_runs import SPEC, provider
 
 SECTION = "bench.otlp"
 SPANS_PER_EXPORT = 512
@@ -119,7 +119,7 @@ async def run(messages: int, rounds: int) -> dict[str, list[float]]:
             metrics_port=0,
             otlp_http_port=free_port(),
         )
-        daemon = Daemon(settings, spec, backend=ScriptedBackend(_answer))
+        daemon = Daemon(settings, spec, backend=ScriptedBackend(schema_answer))
         await daemon.start()
         url = f"http://127.0.0.1:{settings.otlp_http_port}/v1/traces"
         try:

@@ -16,7 +16,7 @@ import numpy as np
 
 from poirotd.hazards import RuleEngine, parse_rules
 from poirotd.model import TelemetrySample
-from tests.hazards.helpers import ANKLE, EXO, rule, series
+from tests.support.hazards import ANKLE, EXO, rule, series
 
 KNEE = "knee_torque_nm"
 HIP = "hip_angle_deg"

@@ -49,6 +49,7 @@ from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ProtocolEvent
 from poirotd.protocol.hazard_space import agent_region
+from poirotd.protocol.prompts import Incident
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "whowhen" / "Algorithm-Generated"
@@ -490,7 +491,7 @@ async def run_poirotd(case: Case, base_url: str, max_tokens: int, run: Run) -> N
     started = time.monotonic()
     try:
         async with asyncio.timeout(RUN_TIMEOUT_S):
-            outcome = await engine.run(case.messages, _ignore, incident=INCIDENT)
+            outcome = await engine.run(case.messages, _ignore, incident=Incident(INCIDENT))
     except (ProtocolError, TimeoutError) as exc:
         run.error = str(exc) or "timed out"
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +23,7 @@ from typing import Annotated, Any, TypeVar
 
 import structlog
 import typer
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from hwbridge import exo, market
 from hwbridge.bridge import Bridge
@@ -46,9 +47,20 @@ BrokerOption = Annotated[
     str | None, typer.Option(help="HOST:PORT of the MQTT broker to publish to")
 ]
 UsernameOption = Annotated[str | None, typer.Option(help="MQTT user name")]
-PasswordOption = Annotated[
-    str | None, typer.Option(envvar="HWBRIDGE_MQTT_PASSWORD", help="MQTT password")
+# The password is never an argument (other users see arguments in `ps`).
+PASSWORD_ENV = "HWBRIDGE_MQTT_PASSWORD"
+PasswordFileOption = Annotated[
+    Path | None,
+    typer.Option(help=f"file holding the MQTT password (default: ${PASSWORD_ENV} if set)"),
 ]
+CaFileOption = Annotated[
+    Path | None,
+    typer.Option(help="TLS: the CA the broker's certificate must chain to (turns TLS on)"),
+]
+CertFileOption = Annotated[
+    Path | None, typer.Option(help="TLS: client certificate (PEM), with --key-file")
+]
+KeyFileOption = Annotated[Path | None, typer.Option(help="TLS: the client certificate's key")]
 DurationOption = Annotated[
     float | None, typer.Option(help="simulated seconds to run (default: until stopped)")
 ]
@@ -152,13 +164,18 @@ def simulate_exo(
     duration: DurationOption = None,
     seed: SeedOption = None,
     username: UsernameOption = None,
-    password: PasswordOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    cert_file: CertFileOption = None,
+    key_file: KeyFileOption = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Publish D2W gait telemetry (QoS 1) in the layout hwbridge/bridge.example.yaml decodes."""
     faults = [_spec(exo.FaultSpec, text, ("signal", "kind")) for text in fault or ()]
     sim_config = _validated(exo.ExoSimConfig, rate_hz=rate, faults=faults, seed=seed)
-    target = _broker(broker or "127.0.0.1:1883", username, password)
+    target = _broker(
+        broker or "127.0.0.1:1883", username, password_file, ca_file, cert_file, key_file
+    )
     _configure_logs(log_level, "console")
 
     async def main() -> None:
@@ -194,7 +211,10 @@ def simulate_market(
     duration: DurationOption = None,
     seed: SeedOption = None,
     username: UsernameOption = None,
-    password: PasswordOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    cert_file: CertFileOption = None,
+    key_file: KeyFileOption = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Publish ticks as JSON lines to an MQTT topic, or to stdout without --broker (pipe it
@@ -208,7 +228,11 @@ def simulate_market(
         shocks=shocks,
         seed=seed,
     )
-    target = None if broker is None else _broker(broker, username, password)
+    target = (
+        None
+        if broker is None
+        else _broker(broker, username, password_file, ca_file, cert_file, key_file)
+    )
     _configure_logs(log_level, "console")
 
     async def quotes() -> AsyncIterator[market.Quote]:
@@ -288,14 +312,30 @@ def _symbol(text: str) -> market.SymbolSpec:
     return _validated(market.SymbolSpec, **values)
 
 
-def _broker(address: str, username: str | None, password: str | None) -> BrokerConfig:
+def _broker(
+    address: str,
+    username: str | None,
+    password_file: Path | None,
+    ca_file: Path | None,
+    cert_file: Path | None,
+    key_file: Path | None,
+) -> BrokerConfig:
     host, _, port = address.rpartition(":")
+    password: dict[str, Any] | None = None
+    if password_file is not None:
+        password = {"file": password_file}
+    elif os.environ.get(PASSWORD_ENV):
+        password = {"env": PASSWORD_ENV}
+    tls = None
+    if ca_file is not None or cert_file is not None:
+        tls = {"ca_file": ca_file, "cert_file": cert_file, "key_file": key_file}
     return _validated(
         BrokerConfig,
         host=host or "127.0.0.1",
         port=port,
         username=username,
-        password=None if password is None else SecretStr(password),
+        password=password,
+        tls=tls,
     )
 
 

@@ -73,6 +73,7 @@ class Bridge:
         snapshot["dead_letters"] = asdict(self._dead_letters.stats)
         if self.mqtt is not None:
             snapshot["mqtt"] = asdict(self.mqtt.stats)
+            snapshot["mqtt_failures"] = dict(self.mqtt.failures)
         for feed in self.feeds:
             snapshot[f"tcp.{feed.name}"] = asdict(feed.stats)
         return snapshot

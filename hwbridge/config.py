@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hwbridge.codecs import Codec, DocumentCodec, FrameCodec, TimestampUnit
 from hwbridge.topics import Route, TopicFilter
+from poirotd.api.client_tls import ClientTLS
+from poirotd.api.secrets import SecretRef
 
 
 class _Model(BaseModel):
@@ -108,6 +110,15 @@ class TopicMapping(_Model):
 
 
 class BrokerConfig(_Model):
+    """Where the broker is and how to prove who both sides are.
+
+    With ``tls`` the connection is encrypted and the broker's certificate is verified against
+    ``tls.ca_file`` and ``host`` (Mosquitto's TLS listener is usually port 8883); a client
+    certificate in ``tls`` answers ``require_certificate true``. ``password`` is named, never
+    written: ``{file: /run/secrets/mqtt-password}`` or ``{env: MQTT_PASSWORD}``, read at each
+    connect so that a rotated password is used at the next one.
+    """
+
     host: str = "127.0.0.1"
     port: int = Field(default=1883, ge=1, le=65535)
     # Fixed on purpose: the broker keys the persistent session (subscriptions and queued QoS 1
@@ -115,13 +126,20 @@ class BrokerConfig(_Model):
     client_id: str = Field(default="hwbridge", min_length=1)
     keepalive_s: int = Field(default=30, ge=5)
     username: str | None = None
-    password: SecretStr | None = None
+    password: SecretRef | None = None
+    tls: ClientTLS | None = None
     # Messages the client buffers between the socket and the pipeline; must exceed the broker's
     # in-flight window (Mosquitto `max_inflight_messages`, 20 by default) or QoS 1 messages stall.
     queue_size: int = Field(default=10_000, ge=1)
     # Time an MQTT operation (connect, subscribe, publish ack) may take before it is retried.
     timeout_s: float = Field(default=5.0, gt=0)
     backoff: BackoffConfig = BackoffConfig()
+
+    @model_validator(mode="after")
+    def _password_has_a_user(self) -> BrokerConfig:
+        if self.password is not None and self.username is None:
+            raise ValueError("password needs a username")
+        return self
 
 
 class MqttInputConfig(_Model):
@@ -171,8 +189,29 @@ class DeadLetterConfig(_Model):
     max_payload_bytes: int = Field(default=4096, ge=0)
 
 
+class PoirotdTlsConfig(_Model):
+    """TLS to poirotd's gRPC port: the CA of its certificate (none: the system's CAs), this
+    bridge's certificate and key when poirotd requires client certificates, and the name its
+    certificate carries when the target's host is not that name."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    server_name: str | None = None
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> PoirotdTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
 class PoirotdConfig(_Model):
     target: str = "127.0.0.1:50051"
+    # Set when poirotd's port has TLS (POIROTD_TLS_CERT_FILE).
+    tls: PoirotdTlsConfig | None = None
+    # A file holding the bearer token poirotd's access file grants `ingest` (kept out of here).
+    token_file: Path | None = None
     # Must equal the system name of poirotd's spec; the bridge opens `session_id` under it.
     system: str = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)

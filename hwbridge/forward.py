@@ -26,6 +26,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -33,10 +34,10 @@ import grpc
 import structlog
 
 from hwbridge.backoff import Backoff
-from hwbridge.config import PoirotdConfig
+from hwbridge.config import PoirotdConfig, PoirotdTlsConfig
 from hwbridge.deadletter import DeadLetterStore
 from poirotd.api import convert
-from poirotd.api.client import batched
+from poirotd.api.client import DaemonTls, batched, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.model import TelemetryBatch, TelemetrySample
@@ -123,8 +124,10 @@ class Forwarder:
         self._failure: ForwardError | None = None
         self._task: asyncio.Task[None] | None = None
         ms = int(config.backoff.max_s * 1000)
-        self._channel = grpc.aio.insecure_channel(
+        self._channel = open_channel(
             config.target,
+            tls=_client_tls(config.tls),
+            token=_token(config.token_file),
             # gRPC's own reconnect backoff goes up to 120 s by default; keep it within ours.
             options=[
                 ("grpc.initial_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
@@ -295,3 +298,15 @@ class Forwarder:
         for item in (*self._inflight, *self._unsent):
             item.call.fail(error)
         self._room.set()
+
+
+def _token(path: Path | None) -> str | None:
+    return path.read_text(encoding="utf-8").strip() if path else None
+
+
+def _client_tls(config: PoirotdTlsConfig | None) -> DaemonTls | None:
+    if config is None:
+        return None
+    return DaemonTls.from_files(
+        config.ca_file, config.cert_file, config.key_file, config.server_name
+    )

@@ -1,7 +1,13 @@
-"""MQTT transport: the only module that imports aiomqtt (or touches paho-mqtt).
+"""MQTT transport: with hwbridge.mqtt_failures, the only modules that import aiomqtt (or touch
+paho-mqtt).
 
 Subscribing: a fixed client id with clean_session=False, so the broker keeps the subscriptions
 and queues QoS 1 messages while the bridge is away; reconnects with jittered exponential backoff.
+
+Security: ``BrokerConfig.tls`` and ``password`` are applied here, in ``_client``, for every
+connection the bridge, the daemon's input and the simulators open; both are read again at each
+connect. A failed connect is classified (``hwbridge.mqtt_failures``), logged, counted by reason
+and retried with backoff.
 
 Acknowledgement: a QoS 1 message is PUBACKed only when the pipeline calls its ``Delivery.ack``,
 i.e. after the sink (poirotd) has it durably. aiomqtt 2.x has no option for that (open issue
@@ -16,6 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import ssl
+from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +40,9 @@ from paho.mqtt.reasoncodes import ReasonCode
 from hwbridge.backoff import Backoff
 from hwbridge.config import BrokerConfig
 from hwbridge.ingest import Delivery
+from hwbridge.mqtt_failures import ConnectionFailure, classify
+from poirotd.api.client_tls import ClientTLSError
+from poirotd.api.secrets import SecretError
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +61,11 @@ class MqttStats:
     paused: int = 0
 
 
+# What may go wrong while a connection is set up: aiomqtt's errors, and the client's own TLS
+# files or password that cannot be read.
+_CONNECT_ERRORS = (aiomqtt.MqttError, ClientTLSError, SecretError)
+
+
 def _client(
     broker: BrokerConfig,
     *,
@@ -56,13 +73,16 @@ def _client(
     clean_session: bool,
     queue_type: type[asyncio.Queue[aiomqtt.Message]] | None = None,
 ) -> aiomqtt.Client:
+    """A client with the broker's TLS context and password as their files hold them now."""
+    password = None if broker.password is None else broker.password.read().get_secret_value()
     return aiomqtt.Client(
         broker.host,
         broker.port,
         identifier=identifier,
         clean_session=clean_session,
         username=broker.username,
-        password=None if broker.password is None else broker.password.get_secret_value(),
+        password=password,
+        tls_context=None if broker.tls is None else broker.tls.context(),
         keepalive=broker.keepalive_s,
         timeout=broker.timeout_s,
         queue_type=queue_type,
@@ -94,11 +114,28 @@ class _NoTopicCallbacks(MQTTMatcher):
 
 
 class _Connection:
+    """paho-level settings of one connection: manual acks, no per-topic callbacks, and until
+    ``up()`` the last socket error paho logs (the only trace of a broker that ends the TLS
+    session before CONNACK; see ``hwbridge.mqtt_failures``)."""
+
     def __init__(self, client: aiomqtt.Client) -> None:
         self._paho = _paho(client)
         self._paho.manual_ack_set(True)
         self._paho._on_message_filtered = _NoTopicCallbacks()
+        self._paho.on_log = self._on_log
+        self.socket_error: str | None = None
         self.open = True
+
+    def _on_log(self, client: paho.Client, userdata: object, level: int, message: str) -> None:
+        if level == paho.MQTT_LOG_ERR:
+            self.socket_error = message
+
+    def up(self) -> None:
+        """Stops watching paho's log: at sensor rates it logs a line per message."""
+        self._paho.on_log = None
+
+    def failure(self, exc: BaseException) -> ConnectionFailure:
+        return classify(exc, self.socket_error)
 
     def acker(self, message: aiomqtt.Message) -> Callable[[], None]:
         mid, qos = message.mid, message.qos
@@ -121,9 +158,9 @@ class _Valve:
     aiomqtt registers its own socket reader, which offers no pause and reads one packet per
     event-loop turn (paho's loop_read): every message then costs a turn of its own, and the
     pipeline sees batches of one. Arming replaces it with this valve's reader, which reads up to
-    `_READ_BURST` packets per turn and otherwise does what aiomqtt's does for a plain TCP
-    socket. Armed only once subscribed: before that, nothing takes messages from the buffer, and
-    a pause would also hold back the SUBACK.
+    `_READ_BURST` packets per turn and otherwise does what aiomqtt's does. Armed only once
+    subscribed: before that, nothing takes messages from the buffer, and a pause would also hold
+    back the SUBACK.
     """
 
     def __init__(self, high: int, stats: MqttStats) -> None:
@@ -156,21 +193,37 @@ class _Valve:
         fd, self._paused_fd = self._paused_fd, None
         sock = self._paho.socket()
         if sock is not None and sock.fileno() == fd:  # else the connection is gone: no reader
-            asyncio.get_running_loop().add_reader(fd, self._read)
+            loop = asyncio.get_running_loop()
+            loop.add_reader(fd, self._read)
+            if self._decrypted():
+                loop.call_soon(self._read)
 
     def _read(self) -> None:
         """Reads packets until none completes (a non-PUBLISH packet also ends the burst; the
         next turn reads on), the valve pauses, or `_READ_BURST` is reached."""
         assert self._paho is not None and self.buffer is not None
+        if self._paused_fd is not None:  # paused after this read was scheduled
+            return
         try:
             for _ in range(_READ_BURST):
                 before = self.buffer.qsize()
                 self._paho.loop_read()
-                if self._paused_fd is not None or self.buffer.qsize() == before:
+                if self._paused_fd is not None:
                     return
+                if self.buffer.qsize() == before and not self._decrypted():
+                    return
+            if self._decrypted():
+                asyncio.get_running_loop().call_soon(self._read)
         except Exception as exc:  # aiomqtt's reader ends the connection likewise
             log.warning("mqtt read failed; disconnecting", error=repr(exc))
             self._paho.disconnect()
+
+    def _decrypted(self) -> bool:
+        """Whether TLS holds bytes it decrypted that paho has not read. They no longer make the
+        socket readable, so a reader waiting for that would wait for the broker's next packet
+        (aiomqtt's own reader checks this too: eclipse-paho/paho.mqtt.python#131)."""
+        sock = None if self._paho is None else self._paho.socket()
+        return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
 
 
 class MqttSubscriber:
@@ -180,6 +233,8 @@ class MqttSubscriber:
         self._broker = broker
         self._subscriptions = list(subscriptions)
         self.stats = MqttStats()
+        # Connections that failed or were lost, by reason (hwbridge.mqtt_failures.REASONS).
+        self.failures: Counter[str] = Counter()
 
     def _counting_queue(self, valve: _Valve) -> type[asyncio.Queue[aiomqtt.Message]]:
         """aiomqtt drops a message when its queue is full and only logs it; count it too. The
@@ -211,21 +266,29 @@ class MqttSubscriber:
         while True:
             # Paused a little short of full: a read may deliver a few messages at once.
             valve = _Valve(max(1, self._broker.queue_size - _READ_SLACK), self.stats)
-            client = _client(
-                self._broker,
-                identifier=self._broker.client_id,
-                clean_session=False,
-                queue_type=self._counting_queue(valve),
-            )
+            try:
+                client = _client(
+                    self._broker,
+                    identifier=self._broker.client_id,
+                    clean_session=False,
+                    queue_type=self._counting_queue(valve),
+                )
+            except _CONNECT_ERRORS as exc:
+                self._failed(classify(exc, None))
+                await backoff.sleep()
+                continue
             connection = _Connection(client)
+            subscribed = False
             try:
                 async with client:
+                    connection.up()
                     granted = await client.subscribe(self._subscriptions)
                     self._report_refused(granted)
                     valve.arm(_paho(client))
                     self.stats.connects += 1
+                    subscribed = True
                     backoff.reset()
-                    log.info("mqtt subscribed", broker=f"{self._broker.host}:{self._broker.port}")
+                    log.info("mqtt subscribed", broker=_address(self._broker))
                     buffer = valve.buffer
                     assert buffer is not None, "aiomqtt made its queue on entering"
                     async for message in client.messages:
@@ -235,11 +298,16 @@ class MqttSubscriber:
                         while not buffer.empty():
                             yield _delivery(buffer.get_nowait(), connection)
             except aiomqtt.MqttError as exc:
-                log.warning("mqtt connection lost", error=str(exc))
+                lost = ConnectionFailure("lost", str(exc))
+                self._failed(lost if subscribed else connection.failure(exc))
             finally:
                 connection.open = False
                 _read_disconnection_error(client)
             await backoff.sleep()
+
+    def _failed(self, failure: ConnectionFailure) -> None:
+        self.failures[failure.reason] += 1
+        _log_failure(failure, self._broker)
 
     def _report_refused(self, granted: Sequence[int | ReasonCode]) -> None:
         """A filter the broker refuses (SUBACK 0x80, e.g. its ACL) would otherwise just stay
@@ -247,6 +315,23 @@ class MqttSubscriber:
         for (topic, _), code in zip(self._subscriptions, granted, strict=False):
             if (code.value if isinstance(code, ReasonCode) else code) >= 0x80:
                 log.error("mqtt subscription refused", topic=topic, code=str(code))
+
+
+def _address(broker: BrokerConfig) -> str:
+    return f"{broker.host}:{broker.port}"
+
+
+def _log_failure(failure: ConnectionFailure, broker: BrokerConfig) -> None:
+    """A warning when waiting may help (the broker or the network is down), an error when
+    someone has to change a certificate, a password or the broker's settings."""
+    transient = failure.reason in ("unreachable", "timeout", "lost")
+    log.log(
+        logging.WARNING if transient else logging.ERROR,
+        "mqtt connection lost" if failure.reason == "lost" else "mqtt connect failed",
+        reason=failure.reason,
+        error=failure.detail,
+        broker=_address(broker),
+    )
 
 
 def _read_disconnection_error(client: aiomqtt.Client) -> None:
@@ -304,19 +389,26 @@ class MqttPublisher:
                 await client.publish(topic, payload, qos=qos, timeout=self._broker.timeout_s)
                 return
             except aiomqtt.MqttError as exc:
-                log.warning("mqtt publish failed; reconnecting", error=str(exc))
+                _log_failure(ConnectionFailure("lost", str(exc)), self._broker)
                 await self._disconnect()
                 await self._backoff.sleep()
 
     async def _connected(self) -> aiomqtt.Client:
         while self._client is None:
-            client = _client(self._broker, identifier=None, clean_session=True)
+            try:
+                client = _client(self._broker, identifier=None, clean_session=True)
+            except _CONNECT_ERRORS as exc:
+                _log_failure(classify(exc, None), self._broker)
+                await self._backoff.sleep()
+                continue
+            connection = _Connection(client)
             try:
                 await self._stack.enter_async_context(client)
             except aiomqtt.MqttError as exc:
-                log.warning("mqtt connect failed", error=str(exc))
+                _log_failure(connection.failure(exc), self._broker)
                 await self._backoff.sleep()
                 continue
+            connection.up()
             self._client = client
             self._backoff.reset()
         return self._client

@@ -134,7 +134,12 @@ def load(data_dir: Path, dataset: Dataset, case_id: str) -> EvalCase:
 
 def region_ids(data_dir: Path, dataset: Dataset) -> tuple[str, ...]:
     """The benchmark's dimensions as region ids, index i = dimension i."""
-    return _ids(_spec(data_dir, benchmark(dataset)))
+    return _ids(system_spec(data_dir, dataset))
+
+
+def system_spec(data_dir: Path, dataset: Dataset) -> SystemSpec:
+    """The benchmark's system spec, its hazard space pinned to the dimensions in order."""
+    return _spec(data_dir, benchmark(dataset))
 
 
 def truth_index(data_dir: Path, dataset: Dataset) -> dict[str, GroundTruth]:

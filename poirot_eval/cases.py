@@ -11,7 +11,8 @@ from typing import Literal
 from poirotd.config.spec import SystemSpec
 from poirotd.model import AgentMessage, Frozen
 
-Dataset = Literal["blame-cortex", "blame-trading", "whowhen", "tracertraj"]
+# "whowhen" is Who&When's Algorithm-Generated subset, "whowhen-hand-crafted" its Hand-Crafted one.
+Dataset = Literal["blame-cortex", "blame-trading", "whowhen", "whowhen-hand-crafted", "tracertraj"]
 
 
 class GroundTruth(Frozen):
@@ -32,3 +33,11 @@ class EvalCase(Frozen):
     # The session as the attributor may see it, in session order (indices 0..n-1).
     messages: tuple[AgentMessage, ...]
     truth: GroundTruth
+
+
+# What a one-case JSON file holds (the README's "Case and result formats" has every field).
+CASE_SHAPE = (
+    'a one-case JSON file {"dataset": DATASET, "case_id": str, "spec": SYSTEM SPEC (as its YAML, '
+    'in JSON), "messages": [{"session_id", "index", "kind", "sender", "content", "sent_at", ...}], '
+    '"truth": {"regions": [REGION ID], "step": int | null}} (poirotd eval export writes one)'
+)

@@ -11,8 +11,11 @@ import typer
 import yaml
 from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
+from rich.table import Table
 
 from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.poirot_runs import Reaggregation, ZeroPosition
+from poirot_eval.whowhen import SUBSETS, Subset
 from poirotd.cli.main import DEFAULT_TARGET, TargetOption, refused
 from poirotd.config import LLMSpec, OpenAILLMSpec
 from poirotd.llm import LLMError
@@ -36,7 +39,10 @@ DataDirOption = Annotated[
     ),
 ]
 CaseArgument = Annotated[
-    str, typer.Argument(help="DATASET:CASE_ID (e.g. whowhen:12) or a JSON file holding one case")
+    str,
+    typer.Argument(
+        help="DATASET:CASE_ID (e.g. whowhen:12, whowhen-hand-crafted:3) or a one-case JSON file"
+    ),
 ]
 MethodOption = Annotated[
     InvestigationMethod,
@@ -66,6 +72,13 @@ def run_command(
         Path, typer.Option(help="run directory: results.jsonl and run.json (resumed if present)")
     ],
     data_dir: DataDirOption = Path("data"),
+    subset: Annotated[
+        Subset | None,
+        typer.Option(
+            help="whowhen: algorithm-generated (AG2 CaptainAgent, the default) or hand-crafted "
+            "(Magentic-One), read from whowhen/Algorithm-Generated or whowhen/Hand-Crafted",
+        ),
+    ] = None,
     method: MethodOption = "poirot",
     ids: Annotated[
         str | None, typer.Option(help="comma-separated case ids to keep (default: all)")
@@ -112,6 +125,7 @@ def run_command(
     the same command skips the cases already there, so an interrupted run resumes.
     """
     from poirot_eval.journal import RunJournal, RunMismatch
+    from poirot_eval.loaders import source
     from poirot_eval.progress import RunProgress
     from poirot_eval.runner import run_cases
     from poirot_eval.selection import select_cases
@@ -125,14 +139,19 @@ def run_command(
             err=True,
         )
         raise typer.Exit(2)
+    dataset = _with_subset(dataset, subset)
     chosen = [i.strip() for i in ids.split(",") if i.strip()] if ids else None
     try:
         cases = select_cases(dataset, data_dir, ids=chosen, offset=offset, limit=limit)
-    except (OSError, KeyError, ValueError) as exc:
-        typer.echo(f"cannot load {dataset} from {data_dir}: {exc}", err=True)
+    except KeyError as exc:
+        typer.echo(f"cannot load {dataset}: {exc.args[0]}", err=True)
+        raise typer.Exit(2) from exc
+    except (OSError, ValueError) as exc:
+        typer.echo(f"cannot load {dataset}: {exc}", err=True)
         raise typer.Exit(2) from exc
     if not cases:
-        typer.echo(f"cannot load {dataset} from {data_dir}: no cases selected", err=True)
+        where = source(dataset, data_dir)
+        typer.echo(f"cannot load {dataset}: no cases selected in {where}", err=True)
         raise typer.Exit(2)
     journal = RunJournal(out)
     try:
@@ -204,6 +223,130 @@ def spec_command(
     spec = load_case(case, data_dir).spec
     output.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     typer.echo(f"{output}: spec of system {spec.system.name!r} ({len(spec.agents)} agents)")
+
+
+@app.command("export")
+def export_command(
+    case: CaseArgument,
+    output: Annotated[Path, typer.Option("--output", "-o", help="where to write the case (JSON)")],
+    data_dir: DataDirOption = Path("data"),
+) -> None:
+    """Write a case as a one-case JSON file: the system spec, the session and the truth, which
+    `poirotd replay`, `eval spec` and `eval export` itself read back."""
+    loaded = load_case(case, data_dir)
+    output.write_text(loaded.model_dump_json(indent=1))
+    typer.echo(
+        f"{output}: case {loaded.dataset}:{loaded.case_id}, {len(loaded.messages)} messages, "
+        f"{len(loaded.spec.agents)} agents"
+    )
+
+
+@app.command("import-run")
+def import_run_command(
+    run_file: Annotated[Path, typer.Argument(help="a run recorded by the POIROT web tool (JSON)")],
+    data_dir: DataDirOption = Path("data"),
+    zero_position: Annotated[
+        ZeroPosition,
+        typer.Option(
+            help="an agent the tool recorded at an all-zero position: as-recorded (keep it, "
+            "which reproduces the tool's weights) or own-region (place it at its own region, "
+            "as poirotd does)",
+        ),
+    ] = "as-recorded",
+    case_out: Annotated[
+        Path | None,
+        typer.Option(help="write the run's session as a one-case JSON file (replay, eval spec)"),
+    ] = None,
+    session_end: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="the session is the first N chat-log entries (default: those before the "
+            "tool's own POIROT run)",
+        ),
+    ] = None,
+) -> None:
+    """Re-aggregate a recorded POIROT web-tool run with poirotd's Phase V and compare it with
+    the recorded weights and scores; exit 1 when they differ beyond the recorded rounding."""
+    from poirot_eval.poirot_runs import (
+        SCORE_TOLERANCE,
+        WEIGHT_TOLERANCE,
+        benchmark_spec,
+        read_run,
+        reaggregate,
+        run_case,
+    )
+
+    try:
+        run = read_run(run_file)
+    except ValueError as exc:
+        typer.echo(f"cannot import: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        spec = benchmark_spec(run, data_dir)
+        result = reaggregate(run, spec, zero_position)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"cannot import {run_file}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    console = Console()
+    for table in _comparison_tables(result):
+        console.print(table)
+    verdict = (
+        f"largest differences: weight {result.weight_error:.2g} (tolerance {WEIGHT_TOLERANCE:g}), "
+        f"score {result.score_error:.2g} (tolerance {SCORE_TOLERANCE:g}); "
+        f"winner {list(result.top)} (recorded {list(result.recorded_top)})"
+    )
+    console.print(("reproduced: " if result.agrees else "NOT reproduced: ") + verdict)
+    if case_out is not None:
+        try:
+            case = run_case(run, spec, session_end=session_end, source=str(run_file))
+        except ValueError as exc:
+            typer.echo(f"no case written: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        case_out.write_text(case.model_dump_json(indent=1))
+        console.print(
+            f"{case_out}: case {case.dataset}:{case.case_id}, {len(case.messages)} session "
+            "messages (poirotd replay / eval spec accept it)"
+        )
+    if not result.agrees:
+        raise typer.Exit(1)
+
+
+def _comparison_tables(result: Reaggregation) -> list[Table]:
+    ids = result.region_ids
+
+    def at(index: int | None) -> str:
+        return ids[index] if index is not None else "(all zeros)"
+
+    agents = Table(title=f"Votes re-weighed ({result.convention})")
+    for column in ("agent", "position recorded", "position used", "β", "weight recorded",
+                   "weight", "Δ"):  # fmt: skip
+        agents.add_column(column)
+    for a in result.agents:
+        agents.add_row(
+            a.agent_id,
+            at(a.recorded_position),
+            at(a.position),
+            f"{a.beta:.4f}",
+            f"{a.recorded_weight:.4f}",
+            f"{a.weight:.4f}",
+            f"{a.weight - a.recorded_weight:+.1e}",
+        )
+    regions = Table(title="Scores")
+    for column in ("region", "score recorded", "score", "Δ"):
+        regions.add_column(column)
+    for region, recorded, computed in zip(ids, result.recorded_scores, result.scores, strict=True):
+        regions.add_row(region, f"{recorded:.4f}", f"{computed:.4f}", f"{computed - recorded:+.1e}")
+    return [agents, regions]
+
+
+def _with_subset(dataset: Dataset, subset: Subset | None) -> Dataset:
+    """`--dataset whowhen --subset hand-crafted` is the dataset whowhen-hand-crafted."""
+    if subset is None:
+        return dataset
+    if dataset != "whowhen":
+        raise typer.BadParameter("only --dataset whowhen has subsets", param_hint="--subset")
+    return SUBSETS[subset]
 
 
 def _llm_spec(

@@ -23,19 +23,32 @@ def load_cases(
 
     `data_dir` is the shared data folder (the one holding blame/, whowhen/, tracertraj/).
     """
+    where = source(dataset, data_dir)
     if dataset == "tracertraj":
         by_id = {c.case_id: c for c in tracertraj.load_all(data_dir)}
-        return [by_id[i] for i in _chosen(list(by_id), ids, limit)]
-    if dataset == "whowhen":
-        known = whowhen.case_ids(data_dir)
-        return [whowhen.load(data_dir, i) for i in _chosen(known, ids, limit)]
+        return [by_id[i] for i in _chosen(list(by_id), ids, limit, where)]
+    if dataset in whowhen.FOLDERS:
+        known = whowhen.case_ids(data_dir, dataset)
+        return [whowhen.load(data_dir, dataset, i) for i in _chosen(known, ids, limit, where)]
     known = blame.case_ids(data_dir, dataset)
-    return [blame.load(data_dir, dataset, i) for i in _chosen(known, ids, limit)]
+    return [blame.load(data_dir, dataset, i) for i in _chosen(known, ids, limit, where)]
 
 
-def _chosen(known: list[str], ids: Collection[str] | None, limit: int | None) -> list[str]:
+def source(dataset: Dataset, data_dir: Path) -> Path:
+    """The folder (or file) a dataset's cases are read from, for messages."""
+    if dataset == "tracertraj":
+        return data_dir / tracertraj.FILE
+    if dataset in whowhen.FOLDERS:
+        return data_dir / whowhen.FOLDERS[dataset]
+    return data_dir / blame.FOLDER / blame.benchmark(dataset).folder / "cases"
+
+
+def _chosen(
+    known: list[str], ids: Collection[str] | None, limit: int | None, where: Path
+) -> list[str]:
     unknown = sorted(set(ids or ()) - set(known))
     if unknown:
-        raise KeyError(f"unknown case ids: {unknown}")
+        listed = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "")
+        raise KeyError(f"no case {unknown} in {where} (cases there: {listed or 'none'})")
     chosen = [k for k in known if ids is None or k in ids]
     return chosen if limit is None else chosen[:limit]

@@ -17,7 +17,7 @@ from rich.console import Console
 from poirot_eval.cases import EvalCase
 from poirot_eval.session import session_items
 from poirotd.api import convert
-from poirotd.api.client import PoirotClient
+from poirotd.api.client import DaemonTls, PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.demo.main import attribution_table, describe_event
 from poirotd.model import AgentMessage, IngestItem, Session, SessionEnd
@@ -44,12 +44,14 @@ async def replay(
     watch: bool,
     method: str,
     console: Console,
+    tls: DaemonTls | None = None,
+    token: str | None = None,
 ) -> pb.Investigation | None:
     """Streams the session; with `trigger`, opens an investigation at its end, and with `watch`
     follows it to the end. Returns the investigation (as last read) when one was opened."""
     items = session_items(case, session_id)
     waits = pauses(case, speed=speed, interval=interval)
-    async with PoirotClient(target) as client:
+    async with PoirotClient(target, tls=tls, token=token) as client:
         durable = await client.stream(_paced(items, waits, console))
         console.print(f"session {session_id}: {len(items)} items sent, durable up to {durable}")
         if not trigger:

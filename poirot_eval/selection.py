@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from pathlib import Path
 
-from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.case_files import CaseFileError, read_record
+from poirot_eval.cases import CASE_SHAPE, Dataset, EvalCase
 from poirot_eval.loaders import DATASETS, load_cases
 
 
@@ -32,11 +34,33 @@ def resolve_case(ref: str, data_dir: Path) -> EvalCase:
         try:
             [case] = load_cases(dataset, data_dir, ids=[case_id])
         except KeyError as exc:
-            raise ValueError(f"{ref}: no such case in {data_dir}") from exc
+            raise ValueError(f"{ref}: {exc.args[0]}") from exc
         return case
     path = Path(ref)
     if not path.is_file():
         raise ValueError(
             f"{ref}: neither DATASET:CASE_ID (datasets: {', '.join(DATASETS)}) nor a case file"
         )
-    return EvalCase.model_validate_json(path.read_bytes())
+    return read_case_file(path)
+
+
+def read_case_file(path: Path) -> EvalCase:
+    """A one-case JSON file; raises CaseFileError naming what is wrong, and the command that
+    turns it into a case when it is a run recorded by the POIROT web tool."""
+    try:
+        return read_record(path, EvalCase, CASE_SHAPE)
+    except CaseFileError as exc:
+        if _is_web_tool_run(path):
+            raise CaseFileError(
+                f"{path}: a run recorded by the POIROT web tool, not a case: "
+                f"`poirotd eval import-run {path} --case-out case.json` writes its case"
+            ) from exc
+        raise
+
+
+def _is_web_tool_run(path: Path) -> bool:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and "voting_data" in record

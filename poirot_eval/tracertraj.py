@@ -11,8 +11,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from poirot_eval.case_files import CaseFileError
 from poirot_eval.cases import EvalCase
-from poirot_eval.trajectory import Turn, trajectory_case
+from poirot_eval.trajectory import TruthError, Turn, trajectory_case
 
 FILE = Path("tracertraj") / "tracertraj-code-test.parquet"
 
@@ -24,11 +25,19 @@ def load_all(data_dir: Path) -> list[EvalCase]:
 
 
 def _case(row: dict[str, Any]) -> EvalCase:
+    try:
+        return _trajectory(row)
+    except TruthError as exc:
+        raise CaseFileError(f"{FILE} case {row['question_ID']}: {exc}") from exc
+
+
+def _trajectory(row: dict[str, Any]) -> EvalCase:
     history = row["history"]
     speakers = [h["name"] for h in history]
     return trajectory_case(
         "tracertraj",
         row["question_ID"],
+        system="tracertraj",
         description=(
             "A software team of LLM agents (team leader, product manager, architect, engineer, "
             "data analyst) that writes a Python solution to a programming task. The task: "

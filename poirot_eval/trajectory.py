@@ -19,10 +19,17 @@ from poirotd.model import MessageKind
 _HUMAN_SPEAKERS = frozenset({"user", "human", "admin", "user_proxy"})
 
 
+class TruthError(ValueError):
+    """The dataset's answer does not fit its own log (an agent that is not one, a step past the
+    end)."""
+
+
 @dataclass(frozen=True)
 class Turn:
     name: str
     content: str
+    # Whom the turn was for (a speaker's name); empty: everyone in the chat.
+    recipient: str = ""
 
 
 def _stand_in_prompt(name: str) -> str:
@@ -34,23 +41,30 @@ def trajectory_case(
     dataset: Dataset,
     case_id: str,
     *,
+    system: str,
     description: str,
     prompts: Mapping[str, str],
     turns: Sequence[Turn],
     mistake_agent: str,
     mistake_step: int,
 ) -> EvalCase:
-    """The case: agents = the keys of `prompts`, every other speaker a component, space pinned.
+    """The case: agents = the keys of `prompts`, every other speaker (or recipient) a component,
+    space pinned.
 
     An empty prompt gets a stand-in naming the agent.
     `mistake_step` indexes `turns`, which become the session messages one for one.
     """
-    others = list(dict.fromkeys(t.name for t in turns if t.name not in prompts))
+    named = (n for t in turns for n in (t.name, t.recipient) if n)
+    others = list(dict.fromkeys(n for n in named if n not in prompts))
     ids = region_ids([*prompts, *others])
     if mistake_agent not in prompts:
-        raise ValueError(f"{case_id}: mistake agent {mistake_agent!r} is not one of its agents")
+        raise TruthError(
+            f"mistake_agent {mistake_agent!r} is not one of the agents {sorted(prompts)}"
+        )
     if not 0 <= mistake_step < len(turns):
-        raise ValueError(f"{case_id}: mistake step {mistake_step} outside 0..{len(turns) - 1}")
+        raise TruthError(
+            f"mistake_step {mistake_step} is outside the history (0..{len(turns) - 1})"
+        )
 
     agents = [
         AgentSpec(id=ids[name], name=name, system_prompt=prompt or _stand_in_prompt(name))
@@ -58,7 +72,7 @@ def trajectory_case(
     ]
     components = [_component(ids[name], name) for name in others]
     spec = SystemSpec(
-        system=SystemInfo(name=dataset, description=description),
+        system=SystemInfo(name=system, description=description),
         agents=tuple(agents),
         components=tuple(components),
         hazard_space=pinned_space(agents, [_agent_description(a.name) for a in agents], components),
@@ -70,6 +84,7 @@ def trajectory_case(
             kind := _kind(turn.name, prompts),
             ids[turn.name],
             turn.content,
+            recipient=ids[turn.recipient] if turn.recipient else "",
             tool_name=turn.name if kind is MessageKind.TOOL else "",
         )
         for i, turn in enumerate(turns)

@@ -26,6 +26,7 @@ from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.store import SqliteStore, Store
 from poirotd.store.checkpoints import ChainCheckpoints
+from poirotd.transports.grpc.auth import AuthInterceptor
 from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.server import GrpcServer
 from poirotd.transports.lifecycle import Transport
@@ -34,6 +35,11 @@ from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
 from poirotd.transports.otlp.http import OtlpHttp
 from poirotd.transports.otlp.receiver import OtlpReceiver
 from poirotd.transports.otlp.trace_service import TraceService
+from poirotd.transports.security.access import AccessControl
+from poirotd.transports.security.denials import DenialRecorder
+from poirotd.transports.security.exposure import Exposure, check_exposure, exposures
+from poirotd.transports.security.http import HttpAccess
+from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
 
@@ -97,13 +103,26 @@ class Daemon:
         self._core: Core | None = None
         self._checkpoints: ChainCheckpoints | None = None
         self._transports: list[Transport] = []
+        self._denials: DenialRecorder | None = None
         self._background: list[asyncio.Task[None]] = []
         self.metrics = Metrics(spec.system.name)
         self.grpc_port = 0
         self.metrics_port = 0
 
     async def start(self) -> None:
+        """Raises InsecureBindError, TlsError or AccessFileError before opening anything when
+        the doors' settings cannot be used."""
         s = self.settings
+        self._publish_exposure(check_exposure(s))
+        tls = (
+            ServerTls(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file)
+            if s.tls_cert_file is not None and s.tls_key_file is not None
+            else None
+        )
+        access = None
+        if s.auth_file is not None or s.tls_client_ca_file is not None:
+            reloads = self.metrics.auth_file_reloads
+            access = AccessControl(s.auth_file, lambda outcome: reloads.labels(outcome).inc())
         self._store = await SqliteStore.open(s.db_path)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
@@ -130,6 +149,10 @@ class Daemon:
             session_by=s.otlp_session,
             max_pending=s.otlp_max_pending_messages,
         )
+        denials = None
+        if access is not None:
+            loop = asyncio.get_running_loop()
+            denials = self._denials = DenialRecorder(self._store, self.metrics, loop)
         grpc = GrpcServer(
             core.pipeline,
             core.investigations,
@@ -139,8 +162,18 @@ class Daemon:
             max_message_bytes=s.max_message_bytes,
             batch_max=s.ingest_batch_max,
             extra_services=[TraceService(otlp, self.metrics)],
+            tls=tls,
+            auth=None if access is None or denials is None else AuthInterceptor(access, denials),
+            reflection=s.grpc_reflection,
         )
-        metrics_http = MetricsHttp(self.metrics.registry, host=s.metrics_host, port=s.metrics_port)
+        metrics_http = MetricsHttp(
+            self.metrics.registry,
+            host=s.metrics_host,
+            port=s.metrics_port,
+            tls=tls,
+            access=access,
+            denials=denials,
+        )
         # Last: telemetry flows only once everything that handles it and its metrics is up.
         doors: list[Transport] = [grpc, metrics_http]
         if s.otlp_http_port:
@@ -150,6 +183,10 @@ class Daemon:
                 host=s.otlp_http_host,
                 port=s.otlp_http_port,
                 max_body_bytes=s.otlp_max_body_bytes,
+                tls=tls,
+                access=None
+                if access is None or denials is None
+                else HttpAccess(access, denials, "otlp_http", "POST /v1/traces"),
             )
             doors.append(otlp_http)
         inputs = mqtt_input_spec(self.spec)
@@ -167,7 +204,22 @@ class Daemon:
             metrics_port=self.metrics_port,
             llm_backend=self._backend.name,
             db_path=str(s.db_path),
+            tls=tls is not None,
+            client_certificates=tls is not None and tls.requires_client_certificate,
+            access_file=str(s.auth_file) if s.auth_file else None,
         )
+
+    def _publish_exposure(self, insecure: tuple[Exposure, ...]) -> None:
+        for exposure in exposures(self.settings):
+            self.metrics.insecure_bind.labels(exposure.port).set(exposure in insecure)
+        for exposure in insecure:
+            log.warning(
+                "SERVING WITHOUT PROTECTION: anyone who can reach this address may call every "
+                "RPC (POIROTD_ALLOW_INSECURE_BIND=true)",
+                port=exposure.port,
+                host=exposure.host,
+                problem=exposure.problem(),
+            )
 
     async def stop(self) -> None:
         """Drain order: every transport stops taking work (un-acked telemetry stays with the
@@ -183,6 +235,8 @@ class Daemon:
             await self._core.runner.drain(self.settings.drain_seconds)
         for door in reversed(self._transports):
             await door.stop(_RPC_GRACE_SECONDS)
+        if self._denials is not None:
+            await self._denials.flush()  # refusals the doors saw are chained before the close
         if self._core is not None:
             await self._core.pipeline.drain()
         if self._checkpoints is not None:

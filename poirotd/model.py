@@ -146,15 +146,37 @@ class HazardRegion(Frozen):
     description: str
 
 
+# Why Phase I's proposal of a region was left out of the space: an id the spec does not declare
+# (or a sub-region of something that is not a component), a sub-region slug that is not one, a
+# region proposed twice, a sub-region beyond the spec's bounds.
+DropReason = Literal["not_in_spec", "bad_slug", "duplicate", "over_limit"]
+DROP_REASONS: tuple[DropReason, ...] = ("not_in_spec", "bad_slug", "duplicate", "over_limit")
+
+
+class DroppedRegion(Frozen):
+    """A region Phase I's model proposed that the space does not hold, and why."""
+
+    # What the model wrote as the id (a sub-region: "parent.slug"), cut to 80 characters.
+    proposed: str
+    reason: DropReason
+
+
 class HazardSpace(Frozen):
-    """The N error regions votes are cast over; index i of a vote is regions[i]."""
+    """The N error regions votes are cast over; index i of a vote is regions[i].
+
+    Every region id is the spec's own (an agent or component id) or a sub-region id derived
+    from a component ("d2w_exoskeleton.ankle_sensor"): a model never mints the ids that metric
+    labels, alerts and ConfirmOutcome use.
+    """
 
     system: str
     version: str
     regions: tuple[HazardRegion, ...]
     # llm: built by Phase I; pinned: given in the spec; spec: the spec's declared agents and
-    # components, used when Phase I gave no valid answer.
+    # components, used when Phase I gave no valid answer (cached like the others).
     source: Literal["llm", "pinned", "spec"]
+    # What Phase I proposed and the space left out.
+    dropped: tuple[DroppedRegion, ...] = ()
 
     @property
     def size(self) -> int:
@@ -360,7 +382,8 @@ class Investigation(Frozen):
     method: InvestigationMethod = "poirot"
     # The rule event that opened the investigation (None for a manual trigger).
     trigger: HazardEvent | None = None
-    # What the agents are told about the incident: the reason and the hardware readings.
+    # What the agents are told about the incident: the reason and the hardware readings (as
+    # written; the prompts quote each part as evidence).
     incident: str = ""
     created_at: datetime
     finished_at: datetime | None = None
@@ -374,6 +397,9 @@ class Investigation(Frozen):
     usage: LLMUsage = LLMUsage()
     # What the context-budget policy cut so the prompts fit (empty: nothing was cut).
     context_cuts: tuple[ContextCut, ...] = ()
+    # Signs of a prompt-injection attempt in what the prompts quote ("message #3: role_forgery"):
+    # recorded for review; the text was quoted as evidence all the same.
+    injection_findings: tuple[str, ...] = ()
     # The β each agent's vote was weighed with: the spec's β, or its reputation at the start.
     betas: dict[str, float] = Field(default_factory=dict)
     # Set on a success that lacked something (abstentions, missing reports, the fallback hazard
@@ -385,6 +411,30 @@ class Investigation(Frozen):
     # disagreement report; ErrorProbe's tags, causal chain, hypotheses, checked evidence and
     # verdict; an ensemble's members, each with its own result. Empty for poirot and baseline.
     findings: dict[str, Any] = Field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ access
+
+
+# The transports that check credentials.
+Door = Literal["grpc", "metrics", "otlp_http"]
+
+
+class AccessDenial(Frozen):
+    """A call a transport refused for want of credentials or of a role, kept in the audit chain.
+    Never the credential itself: the name it authenticated as, if any."""
+
+    at: datetime
+    door: Door
+    # The call: "Investigations.Trigger", "GET /metrics".
+    call: str
+    # poirotd.transports.security.access.DenialReason's value.
+    reason: str
+    identity: str = ""
+    # The role that was missing (reason missing_role).
+    role: str = ""
+    # The client's address as the transport reports it.
+    peer: str = ""
 
 
 # ------------------------------------------------------------------ investigation events

@@ -1,6 +1,7 @@
 """The package layout's rules, read from the source: which package may import which, no import
-cycle at module level, nothing loose at the top of poirotd/, and the daemon's own dependencies
-free of the evaluation harness's."""
+cycle at module level, nothing loose at the top of poirotd/, the daemon's own dependencies free
+of the evaluation harness's, and tests that share only through
+tests/support."""
 
 from __future__ import annotations
 
@@ -158,6 +159,18 @@ def test_only_the_mqtt_transport_and_the_demo_import_hwbridge() -> None:
 def test_nothing_loose_at_the_top_of_poirotd() -> None:
     loose = {path.stem for path in (ROOT / "poirotd").glob("*.py")} - TOP_OF_POIROTD
     assert not loose, sorted(loose)
+
+
+def test_no_module_imports_a_test_module_or_a_conftest() -> None:
+    """Shared helpers live in tests/support; a test module is not a library."""
+    wrong = {
+        (module_name(path), name)
+        for package in ("tests", "bench")
+        for path in sources(package)
+        for name in imports(path)
+        if within(name, ("tests",)) and name.rpartition(".")[2].startswith(("test_", "conftest"))
+    }
+    assert not wrong, sorted(wrong)
 
 
 @pytest.mark.parametrize("package", ["poirotd", "hwbridge", "poirot_eval"])

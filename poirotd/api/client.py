@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import grpc
 
@@ -16,10 +27,96 @@ from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 _FRAMING_BYTES = 4
 
 
+@dataclass(frozen=True)
+class DaemonTls:
+    """How to reach a daemon's TLS port: the CA that signed its certificate (None: the system's
+    roots), this client's certificate and key when the daemon requires one, and the name to
+    expect in its certificate when it is not the target's host. PEM bytes, as a gRPC channel
+    takes them (`client_tls.ClientTLS` is the outgoing TLS of MQTT and LLM connections)."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+    server_name: str | None = None
+
+    @classmethod
+    def from_files(
+        cls,
+        ca: Path | None = None,
+        cert: Path | None = None,
+        key: Path | None = None,
+        server_name: str | None = None,
+    ) -> DaemonTls:
+        if (cert is None) != (key is None):
+            raise ValueError("a client certificate and its key go together")
+        return cls(
+            ca.read_bytes() if ca else None,
+            cert.read_bytes() if cert else None,
+            key.read_bytes() if key else None,
+            server_name,
+        )
+
+
+def open_channel(
+    target: str,
+    *,
+    tls: DaemonTls | None = None,
+    token: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.aio.Channel:
+    """A channel to a daemon, over TLS when `tls` is given, sending `authorization: Bearer
+    <token>` with every call when `token` is."""
+    interceptors = [kind(token) for kind in _TOKEN_INTERCEPTORS] if token is not None else []
+    if tls is None:
+        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
+    if tls.server_name is not None:
+        options = [*options, ("grpc.ssl_target_name_override", tls.server_name)]
+    return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
+
+
+class _BearerToken:
+    """Adds the token to a call's metadata. grpc.aio files an interceptor under one kind of
+    call only, hence one subclass per kind."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    async def _call(
+        self, continuation: Callable[..., Awaitable[Any]], details: Any, request: Any
+    ) -> Any:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._header)
+        return await continuation(details._replace(metadata=metadata), request)
+
+
+class _UnaryUnaryToken(_BearerToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    intercept_unary_unary = _BearerToken._call
+
+
+class _UnaryStreamToken(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    intercept_unary_stream = _BearerToken._call
+
+
+class _StreamUnaryToken(_BearerToken, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    intercept_stream_unary = _BearerToken._call
+
+
+class _StreamStreamToken(_BearerToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    intercept_stream_stream = _BearerToken._call
+
+
+_TOKEN_INTERCEPTORS = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)
+
+
 class PoirotClient:
-    def __init__(self, target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(
-            target, options=[("grpc.max_receive_message_length", MAX_REPLY_BYTES)]
+    def __init__(
+        self, target: str, *, tls: DaemonTls | None = None, token: str | None = None
+    ) -> None:
+        self._channel = open_channel(
+            target,
+            tls=tls,
+            token=token,
+            options=[("grpc.max_receive_message_length", MAX_REPLY_BYTES)],
         )
         self.ingest = pb_grpc.IngestStub(self._channel)
         self.investigations = pb_grpc.InvestigationsStub(self._channel)

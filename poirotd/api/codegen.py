@@ -39,7 +39,8 @@ def generate(out_dir: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
-    written = sorted(p for p in (out_dir / "poirot").rglob("*") if p.is_file())
+    # Only what protoc wrote: an in-place run also finds __pycache__ beside it.
+    written = sorted(p for p in (out_dir / "poirot").rglob("*.py*") if p.suffix in (".py", ".pyi"))
     for path in written:
         path.write_text(_IMPORT.sub(rf"from {PACKAGE}.poirot\1 import", path.read_text()))
     for package_dir in {p.parent for p in written} | {out_dir / "poirot"}:

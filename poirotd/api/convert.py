@@ -273,6 +273,7 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
         context_cuts=[context_cut(c) for c in inv.context_cuts],
         betas=inv.betas,
         degraded_reason=inv.degraded_reason,
+        injection_findings=inv.injection_findings,
         findings_json=json.dumps(inv.findings) if inv.findings else "",
     )
     if inv.confirmed is not None:

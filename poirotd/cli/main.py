@@ -12,13 +12,14 @@ from pydantic import ValidationError
 
 from poirotd.cli.audit import app as audit_app
 from poirotd.cli.memory import app as memory_app
+from poirotd.cli.token import app as token_app
 from poirotd.config import Settings
 from poirotd.config.loader import SpecError
 
 if TYPE_CHECKING:
     import grpc
 
-    from poirotd.api.client import PoirotClient
+    from poirotd.api.client import DaemonTls, PoirotClient
     from poirotd.api.poirot.v1 import poirot_pb2 as pb
 
 T = TypeVar("T")
@@ -30,10 +31,31 @@ app = typer.Typer(
 )
 app.add_typer(audit_app, name="audit")
 app.add_typer(memory_app, name="memory")
+app.add_typer(token_app, name="token")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML system spec")]
 TargetOption = Annotated[str, typer.Option(help="the running daemon's gRPC address (host:port)")]
 DEFAULT_TARGET = "127.0.0.1:50051"
+# How the commands that talk to a daemon reach a locked port (README, Security).
+TlsOption = Annotated[
+    bool, typer.Option("--tls", help="use TLS, trusting the system's CAs unless --ca is given")
+]
+CaOption = Annotated[
+    Path | None,
+    typer.Option(envvar="POIROTD_CLIENT_CA_FILE", help="CA of the daemon's certificate (TLS)"),
+]
+CertOption = Annotated[
+    Path | None,
+    typer.Option(envvar="POIROTD_CLIENT_CERT_FILE", help="this client's certificate (mTLS)"),
+]
+KeyOption = Annotated[
+    Path | None,
+    typer.Option(envvar="POIROTD_CLIENT_KEY_FILE", help="this client's private key (mTLS)"),
+]
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option(envvar="POIROTD_CLIENT_TOKEN_FILE", help="a file holding the bearer token"),
+]
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -57,7 +79,11 @@ def run(
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
     from poirotd.daemon import Daemon, load_system_spec
+    from poirotd.llm.base import LLMError
     from poirotd.observability import logs
+    from poirotd.transports.security.access import AccessFileError
+    from poirotd.transports.security.exposure import InsecureBindError
+    from poirotd.transports.security.tls import TlsError
 
     settings = _settings(grpc_port=grpc_port, metrics_port=metrics_port, db_path=db)
     logs.configure(settings.log_level, settings.log_format)
@@ -66,7 +92,14 @@ def run(
     except SpecError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
-    asyncio.run(Daemon(settings, spec).run_until_signalled(ready_file))
+    try:
+        asyncio.run(Daemon(settings, spec).run_until_signalled(ready_file))
+    except (InsecureBindError, TlsError, AccessFileError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    except LLMError as exc:  # the backend could not be built: a key, TLS or model file
+        typer.echo(f"poirotd could not start: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 @app.command("check-config")
@@ -140,35 +173,73 @@ def confirm(
     ],
     note: Annotated[str, typer.Option(help="who confirmed it, and how")] = "",
     target: TargetOption = DEFAULT_TARGET,
+    tls: TlsOption = False,
+    ca: CaOption = None,
+    cert: CertOption = None,
+    key: KeyOption = None,
+    token_file: TokenFileOption = None,
 ) -> None:
     """Report the true cause of an investigated incident (ConfirmOutcome).
 
     The record keeps it; with reputation enabled in the spec, every agent that voted has its β
     moved toward its accuracy. Confirming the same regions again changes nothing.
     """
-    response = _with_client(target, lambda client: client.confirm(investigation_id, regions, note))
+    credentials = _credentials(tls, ca, cert, key, token_file)
+    response = _with_client(
+        target, credentials, lambda client: client.confirm(investigation_id, regions, note)
+    )
     status = "confirmed" if response.newly_confirmed else "already confirmed, unchanged"
     typer.echo(f"{investigation_id}: {', '.join(response.confirmed.region_ids)} ({status})")
     _print_betas(response.betas)
 
 
 @app.command()
-def reputation(target: TargetOption = DEFAULT_TARGET) -> None:
+def reputation(
+    target: TargetOption = DEFAULT_TARGET,
+    tls: TlsOption = False,
+    ca: CaOption = None,
+    cert: CertOption = None,
+    key: KeyOption = None,
+    token_file: TokenFileOption = None,
+) -> None:
     """Show the β each agent's vote is weighed with now (GetReputation)."""
-    response = _with_client(target, lambda client: client.reputation())
+    credentials = _credentials(tls, ca, cert, key, token_file)
+    response = _with_client(target, credentials, lambda client: client.reputation())
     if not response.reputation_enabled:
         typer.echo("reputation is off in the spec: every vote is weighed with the spec's β")
     _print_betas(response.betas)
 
 
-def _with_client(target: str, call: Callable[[PoirotClient], Awaitable[T]]) -> T:
+def _credentials(
+    tls: bool, ca: Path | None, cert: Path | None, key: Path | None, token_file: Path | None
+) -> tuple[DaemonTls | None, str | None]:
+    """The client's TLS (on with --tls, --ca or a certificate) and token; exits 2 naming a file
+    that cannot be read."""
+    from poirotd.api.client import DaemonTls
+
+    try:
+        client_tls = DaemonTls.from_files(ca, cert, key) if tls or ca or cert or key else None
+        token = token_file.read_text(encoding="utf-8").strip() if token_file else None
+    except (OSError, ValueError) as exc:
+        typer.echo(f"cannot use the client's credentials: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    return client_tls, token
+
+
+def _with_client(
+    target: str,
+    credentials: tuple[DaemonTls | None, str | None],
+    call: Callable[[PoirotClient], Awaitable[T]],
+) -> T:
     """One call to the daemon at `target`; a refusal or an unreachable daemon exits 1."""
     import grpc
 
     from poirotd.api.client import PoirotClient
 
+    client_tls, token = credentials
+
     async def once() -> T:
-        async with PoirotClient(target) as client:
+        async with PoirotClient(target, tls=client_tls, token=token) as client:
             return await call(client)
 
     try:

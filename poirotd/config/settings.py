@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from poirotd.observability.gc_tuning import YOUNG_THRESHOLD
@@ -70,5 +70,28 @@ class Settings(BaseSettings):
     # Messages of OTLP exports waiting for their commit at most; an export beyond it is
     # throttled (RESOURCE_EXHAUSTED / HTTP 429 with a retry delay).
     otlp_max_pending_messages: int = Field(default=8192, ge=1)
+    # TLS on the gRPC and metrics ports: the server's certificate chain and key (PEM), re-read
+    # when the files are replaced (no restart for a renewal).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # With it, clients must present a certificate this CA (PEM) signed, on both ports.
+    tls_client_ca_file: Path | None = None
+    # Bearer tokens (by SHA-256) and client-certificate names mapped to roles
+    # (poirotd.transports.security.access); re-read when it changes. Unset with no client CA:
+    # no authentication.
+    auth_file: Path | None = None
+    # gRPC server reflection (lists the API to any client; health stays on regardless).
+    grpc_reflection: bool = True
+    # Serve a non-loopback address without TLS and authentication anyway (logged at WARNING,
+    # poirot_insecure_bind); refused at start-up otherwise.
+    allow_insecure_bind: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("POIROTD_TLS_CERT_FILE and POIROTD_TLS_KEY_FILE go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("POIROTD_TLS_CLIENT_CA_FILE needs POIROTD_TLS_CERT_FILE and _KEY_FILE")
+        return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,10 +21,18 @@ from pydantic import (
     model_validator,
 )
 
+from poirotd.api.client_tls import ClientTLS
+from poirotd.api.secrets import read_secret_file
 from poirotd.hazards.spec import RuleSet, RuleSpec
 from poirotd.model import EnsembleMember, HazardRegion, RegionType
 
-Identifier = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
+# A sub-region's own part of its id ("ankle_sensor" in "d2w_exoskeleton.ankle_sensor"): one to
+# four short words, at most SLUG_MAX characters. Phase I's model proposes it; a run of letters
+# longer than a word (what a small model writes when it loses the thread) is not a slug.
+SLUG_PATTERN = r"^[a-z][a-z0-9]{0,15}(_[a-z0-9]{1,16}){0,3}$"
+SLUG_MAX = 40
 
 
 class SpecModel(BaseModel):
@@ -73,10 +82,15 @@ API_KEY_ENV = "POIROTD_LLM_API_KEY"
 class OpenAILLMSpec(SpecModel):
     """An OpenAI-compatible chat-completions server: vLLM in production, or llama.cpp's server.
 
-    The API key is best kept out of the spec file: leave ``api_key`` unset and put the key in the
-    environment variable ``POIROTD_LLM_API_KEY`` (e.g. from a Kubernetes Secret). A key written in
-    the spec wins over the variable. Either way it is a SecretStr and never appears in reprs, dumps
-    or logs.
+    The API key is best kept out of the spec file: leave ``api_key`` unset and name a file that
+    holds it in ``api_key_file`` (a mounted Kubernetes Secret) or put it in the environment
+    variable ``POIROTD_LLM_API_KEY``. A key written in the spec wins, then the file, then the
+    variable. Either way it is a SecretStr and never appears in reprs, dumps or logs.
+
+    ``tls`` is for https servers behind an internal CA (an on-prem vLLM): the server's
+    certificate is verified against ``tls.ca_file`` (default: the system's trust store), and
+    ``tls.cert_file``/``key_file`` answer a server that asks for a client certificate. The key and
+    the TLS files are read when the daemon starts.
     """
 
     backend: Literal["openai"]
@@ -85,6 +99,8 @@ class OpenAILLMSpec(SpecModel):
     base_urls: tuple[HttpUrl, ...] = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key: SecretStr | None = None
+    api_key_file: Path | None = None
+    tls: ClientTLS | None = None
     context_tokens: int = Field(default=32768, ge=512)
     # Whole request (the server may queue it behind a batch); connecting is bounded separately so
     # that a dead server is failed over quickly.
@@ -115,10 +131,23 @@ class OpenAILLMSpec(SpecModel):
     # server only does "auto", where a text answer is invalid and repaired like a bad one.
     tool_choice: Literal["required", "auto"] = "required"
 
+    @model_validator(mode="after")
+    def _key_and_tls_fit(self) -> OpenAILLMSpec:
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("give api_key or api_key_file, not both")
+        plain = [str(url) for url in self.base_urls if url.scheme != "https"]
+        if self.tls is not None and plain:
+            raise ValueError(f"tls is set but these base_urls are not https: {plain}")
+        return self
+
     def resolved_api_key(self, environ: Mapping[str, str] = os.environ) -> SecretStr | None:
-        """The key to send: the spec's own, else $POIROTD_LLM_API_KEY if non-empty, else none."""
+        """The key to send: the spec's own, else api_key_file's content, else
+        $POIROTD_LLM_API_KEY if non-empty, else none. Raises SecretError if the file cannot be
+        read."""
         if self.api_key is not None:
             return self.api_key
+        if self.api_key_file is not None:
+            return read_secret_file(self.api_key_file)
         from_env = environ.get(API_KEY_ENV, "")
         return SecretStr(from_env) if from_env else None
 
@@ -264,6 +293,10 @@ class EnsembleSpec(SpecModel):
         return members
 
 
+# How prompts quote untrusted text; see poirotd/protocol/spotlight.py.
+SpotlightMode = Literal["lines", "words", "off"]
+
+
 class ProtocolSpec(SpecModel):
     beta: float = Field(default=0.25, ge=0.0, le=0.5)
     reputation: ReputationSpec = ReputationSpec()
@@ -277,13 +310,31 @@ class ProtocolSpec(SpecModel):
     turn_max_tokens: int = Field(default=512, ge=16)
     answer_max_tokens: int = Field(default=256, ge=16)
     hazard_space_max_tokens: int = Field(default=1536, ge=64)
-    # Regions Phase I may add beyond the agents.
-    max_extra_regions: int = Field(default=10, ge=0, le=64)
+    # Sub-regions Phase I may propose under the declared components (an agent is never split:
+    # its tools and actions are its own region), per component and in all; the rest is dropped.
+    max_sub_regions_per_component: int = Field(default=2, ge=0, le=8)
+    max_sub_regions: int = Field(default=16, ge=0, le=64)
     decision: DecisionRuleSpec = DecisionRuleSpec()
     # The other attribution methods a Trigger may choose.
     echo: EchoSpec = EchoSpec()
     errorprobe: ErrorProbeSpec = ErrorProbeSpec()
     ensemble: EnsembleSpec = EnsembleSpec()
+    # How untrusted text (messages, tool outputs, telemetry names, the reason, peers' words) is
+    # quoted in prompts (poirotd/protocol/spotlight.py): "lines" marks each line (the demo
+    # investigation's prompts take 1.16x the tokens of verbatim ones on SmolLM2's tokenizer),
+    # "words" also every space (the paper's datamarking: 1.61x), "off" pastes it verbatim: only
+    # for measuring what spotlighting buys.
+    spotlighting: SpotlightMode = "lines"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_max_extra_regions(cls, data: Any) -> Any:
+        """Specs written before sub-regions bounded Phase I's additions with
+        `max_extra_regions`: read as the bound on sub-regions in all, so they still load."""
+        if isinstance(data, dict) and "max_extra_regions" in data:
+            data = dict(data)
+            data.setdefault("max_sub_regions", data.pop("max_extra_regions"))
+        return data
 
 
 class PinnedHazardSpace(SpecModel):
@@ -336,6 +387,12 @@ class SystemSpec(SpecModel):
                     "hazard_space.regions must start with the agents, in spec order: "
                     f"expected {agent_ids}, got {pinned[: len(agent_ids)]}"
                 )
+            foreign = [i for i in pinned if not self.is_region_id(i)]
+            if foreign:
+                raise ValueError(
+                    f"hazard_space.regions {foreign}: a region id is a declared agent or "
+                    "component id, or COMPONENT.SLUG for a part of a component"
+                )
         return self
 
     def _aliases_name_one_agent(self) -> None:
@@ -381,6 +438,18 @@ class SystemSpec(SpecModel):
         by_alias |= {alias: a.id for a in self.agents for alias in a.aliases}
         return by_alias | {a.id: a.id for a in self.agents}
 
+    @property
+    def region_ids(self) -> tuple[str, ...]:
+        """The declared regions: the agents, then the components, in spec order."""
+        return self.agent_ids + tuple(c.id for c in self.components)
+
+    def is_region_id(self, region_id: str) -> bool:
+        """A declared agent or component, or a sub-region id derived from a component."""
+        parent, dot, slug = region_id.partition(".")
+        if not dot:
+            return region_id in self.region_ids
+        return any(c.id == parent for c in self.components) and is_slug(slug)
+
     def agent(self, agent_id: str) -> AgentSpec:
         for a in self.agents:
             if a.id == agent_id:
@@ -393,6 +462,17 @@ class SystemSpec(SpecModel):
             "system": self.system.model_dump(),
             "agents": [{"id": a.id, "name": a.name} for a in self.agents],
             "components": [c.model_dump() for c in self.components],
+            # The sub-region bounds Phase I is told. Their presence also sets apart the spaces
+            # built before region ids came from the spec, which could hold ids a model made up.
+            "sub_regions": [
+                self.protocol.max_sub_regions_per_component,
+                self.protocol.max_sub_regions,
+            ],
         }
         digest = hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
         return digest[:16]
+
+
+def is_slug(slug: str) -> bool:
+    """Whether `slug` may name a sub-region under its parent (see SLUG_PATTERN)."""
+    return len(slug) <= SLUG_MAX and re.fullmatch(SLUG_PATTERN, slug) is not None

@@ -14,7 +14,16 @@ from typing import IO, Self
 
 
 class DaemonProcess:
-    def __init__(self, config: Path, workdir: Path, *, env: dict[str, str] | None = None) -> None:
+    """`grpc_port` 0 lets the OS choose; a fixed one keeps the address across a restart."""
+
+    def __init__(
+        self,
+        config: Path,
+        workdir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        grpc_port: int = 0,
+    ) -> None:
         self.config = config
         self.workdir = workdir
         self.db_path = workdir / "poirotd.db"
@@ -23,6 +32,7 @@ class DaemonProcess:
         self._env = {**os.environ, **(env or {})}
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._requested_grpc_port = grpc_port
         self.grpc_port = 0
         self.metrics_port = 0
 
@@ -53,7 +63,7 @@ class DaemonProcess:
                 "--db",
                 str(self.db_path),
                 "--grpc-port",
-                "0",
+                str(self._requested_grpc_port),
                 "--metrics-port",
                 "0",
                 "--ready-file",

@@ -8,6 +8,7 @@ history; a record is final before the event that announces its end.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -25,10 +26,13 @@ from poirotd.model import (
     Vote,
 )
 from poirotd.observability.metrics import Metrics
+from poirotd.protocol import injection
 from poirotd.protocol.engine import ProtocolOutcome
 from poirotd.protocol.events import (
     ContextCutsMade,
     ExchangeDone,
+    HazardSpaceBuilt,
+    InjectionFound,
     PhaseBegun,
     PhaseEnded,
     ProtocolEvent,
@@ -162,6 +166,10 @@ class InvestigationRecorder:
             self.log.warning(
                 "LLM-token budget spent: no further call", used=event.used, budget=event.budget
             )
+        elif isinstance(event, HazardSpaceBuilt):
+            self._count_dropped_regions(event.hazard_space)
+        elif isinstance(event, InjectionFound):
+            await self._injection_found(event)
         elif isinstance(event, VoteCast):
             self._metrics.votes.labels(
                 self._system, event.vote.agent_id, "abstained" if event.vote.abstained else "voted"
@@ -169,6 +177,13 @@ class InvestigationRecorder:
             await self.update(votes=(*self.record.votes, event.vote))
             await self._emit(EventKind.VOTE_CAST, vote=event.vote)
         # AttributionReady is announced by succeeded() once the record is final.
+
+    async def _injection_found(self, event: InjectionFound) -> None:
+        kinds = Counter(f.kind for f in event.findings)
+        for kind, count in kinds.items():
+            self._metrics.injection_findings.labels(self._system, kind).inc(count)
+        self.log.warning("signs of prompt injection in the quoted text", kinds=dict(kinds))
+        await self.update(injection_findings=injection.listed(event.findings))
 
     async def update(self, **changes: object) -> None:
         self.record = self.record.model_copy(update=changes)
@@ -184,6 +199,16 @@ class InvestigationRecorder:
             time.monotonic() - self._started
         )
         self._metrics.investigations_in_flight.labels(self._system).dec()
+
+    def _count_dropped_regions(self, space: HazardSpace) -> None:
+        for dropped in space.dropped:
+            self._metrics.hazard_regions_dropped.labels(self._system, dropped.reason).inc()
+        if space.dropped:
+            self.log.warning(
+                "hazard space: proposals of the model dropped",
+                version=space.version,
+                dropped=[d.model_dump() for d in space.dropped],
+            )
 
     def _count_vote_components(self, space: HazardSpace, votes: Sequence[Vote]) -> None:
         for vote in votes:

@@ -158,7 +158,7 @@ class InvestigationRunner:
                 investigation.session_id, limit=_EVIDENCE_SAMPLES
             )
             incident = await self._describe(investigation, readings)
-            await recorder.update(incident=incident, betas=betas)
+            await recorder.update(incident=prompts.incident_section(incident), betas=betas)
             outcome = await self._engine.run(
                 messages,
                 recorder.on_event,
@@ -187,8 +187,10 @@ class InvestigationRunner:
         confirmed = await self._store.confirmed_investigations(investigation.system)
         return method_reliabilities(self._spec.protocol.ensemble.reliability, confirmed)
 
-    async def _describe(self, investigation: Investigation, readings: list[Reading]) -> str:
+    async def _describe(
+        self, investigation: Investigation, readings: list[Reading]
+    ) -> prompts.Incident:
         # Thousands of readings: summarised off the event loop, which meanwhile keeps evaluating
         # hazard rules on arriving telemetry.
         telemetry = await asyncio.to_thread(summarise_window, readings) if readings else ""
-        return prompts.incident_description(investigation.reason, investigation.trigger, telemetry)
+        return prompts.Incident(investigation.reason, investigation.trigger, telemetry)

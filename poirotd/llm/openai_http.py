@@ -3,10 +3,11 @@
 One pooled keep-alive client serves every request, so concurrent interrogations reuse connections
 and the server can batch them. Transient failures (connection refused or reset, timeouts, 429,
 5xx, a malformed 200) are retried with full-jitter exponential backoff, failing over across
-``base_urls``; any other 4xx is the request's fault and is raised at once, as "context_exceeded"
-when the server says the prompt is too long and "bad_request" otherwise. The server that last
-answered stays first for later calls: vLLM's prefix cache lives on one server, and staying there
-keeps the shared session prefix warm.
+``base_urls``; so is a TLS failure (another server may pass), reported as "tls" with what the
+certificate lacked. Any other 4xx is the request's fault and is raised at once, as
+"context_exceeded" when the server says the prompt is too long and "bad_request" otherwise. The
+server that last answered stays first for later calls: vLLM's prefix cache lives on one server,
+and staying there keeps the shared session prefix warm.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import math
 import random
 import re
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -22,6 +24,8 @@ import httpx
 import structlog
 from pydantic import BaseModel, Field, ValidationError
 
+from poirotd.api.client_tls import ClientTLSError
+from poirotd.api.secrets import SecretError
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool, ToolCall
 
@@ -113,6 +117,39 @@ def _display(root: str) -> str:
     return str(url.copy_with(username=None, password=None)) if url.userinfo else root
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it wraps: httpx's error, httpcore's, anyio's, the socket's or ssl's."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return chain
+
+
+def _transport_detail(exc: httpx.TransportError) -> str:
+    """httpx's message, or, when it has none (a ReadError from a reset), the deepest cause's."""
+    return (
+        f"{type(exc).__name__}: {exc}"
+        if str(exc)
+        else f"{type(exc).__name__}: {_causes(exc)[-1]!r}"
+    )
+
+
+def _tls_failure(exc: BaseException) -> str | None:
+    """What went wrong in TLS, if that is why ``exc`` happened: another attempt meets the same
+    certificate, so the message says which."""
+    cause = next((c for c in _causes(exc) if isinstance(c, ssl.SSLError)), None)
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return (
+            f"TLS: the server's certificate was not accepted ({cause.verify_message}); "
+            "is llm.tls.ca_file the CA that signed it, and does it name the host?"
+        )
+    if isinstance(cause, ssl.SSLError):
+        return f"TLS: {cause.reason or cause} (does the server want a client certificate?)"
+    return None
+
+
 def _excerpt(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= _ERROR_EXCERPT_CHARS else text[:_ERROR_EXCERPT_CHARS] + "..."
@@ -162,11 +199,16 @@ class OpenAIBackend:
         self._preferred = 0
         self._slots = asyncio.Semaphore(spec.concurrency)
         headers = {"Accept": "application/json"}
-        api_key = spec.resolved_api_key()
+        try:
+            api_key = spec.resolved_api_key()
+            verify: ssl.SSLContext | bool = True if spec.tls is None else spec.tls.context()
+        except (SecretError, ClientTLSError) as exc:
+            raise LLMError(f"llm: {exc}", reason="config") from None
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key.get_secret_value()}"
         self._client = httpx.AsyncClient(
             headers=headers,
+            verify=verify,
             timeout=httpx.Timeout(spec.timeout_seconds, connect=spec.connect_timeout_seconds),
             # The semaphore bounds inference requests; the pool itself is unbounded so that a
             # readiness probe never queues behind a full batch.
@@ -342,7 +384,10 @@ class OpenAIBackend:
         except httpx.TimeoutException as exc:
             raise _Retryable("timeout", f"timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
-            raise _Retryable("unavailable", f"{type(exc).__name__}: {exc}") from exc
+            tls = _tls_failure(exc)
+            if tls is not None:
+                raise _Retryable("tls", tls) from exc
+            raise _Retryable("unavailable", _transport_detail(exc)) from exc
         status = response.status_code
         if status == 429 or status >= 500:
             raise _Retryable("unavailable", f"HTTP {status}: {_server_message(response)}")

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from poirotd import __version__
+from poirotd.model import DROP_REASONS
+from poirotd.protocol.injection import FINDING_KINDS
 
 _PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -89,12 +91,30 @@ class Metrics:
         )
         # At 0 from the start, so a rate over the first degraded run sees it.
         self.investigations_degraded.labels(system)
+        self.hazard_regions_dropped = Counter(
+            "poirot_hazard_regions_dropped_total",
+            "Regions Phase I's answer proposed that the hazard space left out, by reason",
+            ["system", "reason"],
+            registry=r,
+        )
+        for reason in DROP_REASONS:
+            self.hazard_regions_dropped.labels(system, reason)
         self.last_attribution = Gauge(
             "poirot_last_attribution_timestamp_seconds",
             "Unix time of the latest attribution",
             ["system"],
             registry=r,
         )
+        self.injection_findings = Counter(
+            "poirot_injection_findings_total",
+            "Signs of a prompt-injection attempt in the text investigations quote to the LLM "
+            "(forged boundaries, roles, votes or tool calls; hidden or look-alike characters; "
+            "instruction phrases), by kind",
+            ["system", "kind"],
+            registry=r,
+        )
+        for kind in FINDING_KINDS:  # at 0 from the start, so the first finding shows as a rise
+            self.injection_findings.labels(system, kind)
         self.hazard_events = Counter(
             "poirot_hazard_events_total",
             "Hazard events by rule (manual triggers count under rule=manual)",
@@ -175,6 +195,33 @@ class Metrics:
             "poirot_otlp_rejected_spans_total",
             "Spans of OTLP exports not stored (reported in partial_success), by reason",
             ["reason"],
+            registry=r,
+        )
+        self.auth_denials = Counter(
+            "poirot_auth_denials_total",
+            "Calls refused for want of credentials or of a role, by call and reason",
+            ["rpc", "reason"],
+            registry=r,
+        )
+        self.auth_denials_unrecorded = Counter(
+            "poirot_auth_denials_unrecorded_total",
+            "Refused calls counted and logged but not kept in the audit chain (a flood of them, "
+            "or a store error)",
+            registry=r,
+        )
+        self.auth_file_reloads = Counter(
+            "poirot_auth_file_reloads_total",
+            "Re-reads of the access file after it changed, by outcome (ok, error)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("ok", "error"):  # at 0 from the start, so an increase sees the first
+            self.auth_file_reloads.labels(outcome)
+        self.insecure_bind = Gauge(
+            "poirot_insecure_bind",
+            "1 for a port serving a non-loopback address without TLS and authentication "
+            "(POIROTD_ALLOW_INSECURE_BIND), else 0",
+            ["port"],
             registry=r,
         )
 

@@ -21,8 +21,10 @@ from poirotd.protocol import prompts
 from poirotd.protocol.errors import AnswerFailed
 from poirotd.protocol.events import VoteCast
 from poirotd.protocol.method import Case, MethodResult, argmax_attribution, require_a_vote
+from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.schemas import vote_format
+from poirotd.protocol.spotlight import Spotlight
 
 RULE = "baseline"
 EVALUATOR = ""
@@ -32,14 +34,15 @@ async def baseline_vote(
     spec: SystemSpec,
     space: HazardSpace,
     messages: Sequence[AgentMessage],
-    incident: str,
+    incident: Incident | None,
+    spotlight: Spotlight,
     run: RunContext,
 ) -> Vote:
     """The single evaluator's vote (or abstention), emitted as it lands."""
     limits = spec.protocol
 
     def request(view: Sequence[AgentMessage]) -> list[ChatMessage]:
-        return prompts.baseline_request(spec, space, view, incident)
+        return prompts.baseline_request(spec, space, view, incident, spotlight)
 
     view = await run.fit(EVALUATOR, messages, request, reserve=limits.turn_max_tokens)
     try:
@@ -66,7 +69,9 @@ def attribution(vote: Vote) -> Attribution:
 async def attribute(case: Case, run: RunContext) -> MethodResult:
     """The baseline as a method: its one vote, then that vote as the attribution."""
     async with run.phase(Phase.VOTING):
-        vote = await baseline_vote(case.spec, case.space, case.messages, case.incident, run)
+        vote = await baseline_vote(
+            case.spec, case.space, case.messages, case.incident, case.spotlight, run
+        )
     require_a_vote([vote])
     async with run.phase(Phase.AGGREGATION):
         return MethodResult(attribution=attribution(vote), votes=(vote,))

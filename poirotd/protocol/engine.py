@@ -28,16 +28,18 @@ from poirotd.model import (
     Reading,
     Vote,
 )
-from poirotd.protocol import baseline, echo, ensemble, errorprobe, prompts
+from poirotd.protocol import baseline, echo, ensemble, errorprobe, injection, prompts
 from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.errorprobe.memory import DiagnosisMemory
-from poirotd.protocol.events import AttributionReady, ProtocolEvent
+from poirotd.protocol.events import AttributionReady, InjectionFound, ProtocolEvent
 from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
 from poirotd.protocol.interrogation import closing_request, interrogate, one_more_round
 from poirotd.protocol.method import Case, Method, MethodResult, require_a_vote
 from poirotd.protocol.peer_tools import tools_text
+from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.self_assessment import self_assess
+from poirotd.protocol.spotlight import Spotlight
 
 
 class ProtocolOutcome(Frozen):
@@ -88,7 +90,7 @@ class InvestigationEngine:
         messages: Sequence[AgentMessage],
         on_event: Callable[[ProtocolEvent], Awaitable[None]],
         *,
-        incident: str = "",
+        incident: Incident | None = None,
         betas: Mapping[str, float] | None = None,
         method: InvestigationMethod = "poirot",
         readings: Sequence[Reading] = (),
@@ -105,10 +107,16 @@ class InvestigationEngine:
 
         Once the token budget is spent no further call starts: the agents still waiting for one
         abstain (or file no report), and the votes already cast are aggregated.
-        Raises ProtocolError when no hazard space can be built or every voter abstains;
+        Every untrusted text is quoted under one fresh spotlight for the whole run; signs of
+        an injection attempt in the session or the incident are reported first (InjectionFound).
+        Raises ProtocolError when every voter abstains;
         cancellation propagates and cancels every LLM call in flight.
         """
         spec, run = self._spec, RunContext(self._backend, on_event, token_budget=self._token_budget)
+        spotlight = Spotlight.fresh(spec.protocol.spotlighting)
+        findings = injection.scan(messages, incident.texts() if incident else ())
+        if findings:
+            await run.emit(InjectionFound(findings=findings))
         async with run.phase(Phase.HAZARD_SPACE):
             space = await resolve_hazard_space(spec, self._hazard_spaces, run)
         if betas is None:
@@ -118,6 +126,7 @@ class InvestigationEngine:
             space=space,
             messages=tuple(messages),
             incident=incident,
+            spotlight=spotlight,
             betas=betas,
             readings=tuple(readings),
             reliabilities=reliabilities or {},
@@ -139,13 +148,15 @@ class InvestigationEngine:
 
     async def _poirot(self, case: Case, run: RunContext) -> MethodResult:
         """POIROT's Phases II to V over the case's hazard space."""
-        spec, space, incident = case.spec, case.space, case.incident
-        views = await self._views(space, case.messages, incident, run)
-        prefixes = {a.id: prompts.agent_prefix(a, views[a.id], incident) for a in spec.agents}
+        spec, space, incident, spotlight = case.spec, case.space, case.incident, case.spotlight
+        views = await self._views(space, case.messages, incident, spotlight, run)
+        prefixes = {
+            a.id: prompts.agent_prefix(a, views[a.id], incident, spotlight) for a in spec.agents
+        }
         async with run.phase(Phase.SELF_ASSESSMENT):
             reports = await self_assess(spec, prefixes, run)
         seen = {agent: {m.index for m in view} for agent, view in views.items()}
-        votes = await interrogate(spec, space, prefixes, reports, run, case.betas, seen)
+        votes = await interrogate(spec, space, prefixes, reports, run, case.betas, seen, spotlight)
         require_a_vote(votes)
         async with run.phase(Phase.AGGREGATION):
             attribution = aggregate(space, votes, case.betas, spec.protocol.decision)
@@ -159,7 +170,8 @@ class InvestigationEngine:
         self,
         space: HazardSpace,
         messages: Sequence[AgentMessage],
-        incident: str,
+        incident: Incident | None,
+        spotlight: Spotlight,
         run: RunContext,
     ) -> dict[str, tuple[AgentMessage, ...]]:
         """Each agent's session view, cut by the context budget to leave room for its longest
@@ -174,7 +186,8 @@ class InvestigationEngine:
             task = [ChatMessage(role="user", content=prompts.self_assessment(spec, agent.id))]
             opening = [
                 ChatMessage(
-                    role="user", content=prompts.interrogation_opening(spec, space, {}, agent.id)
+                    role="user",
+                    content=prompts.interrogation_opening(spec, space, {}, agent.id, spotlight),
                 )
             ]
             # Steps the agent's votes may name: at most every session index.
@@ -182,12 +195,12 @@ class InvestigationEngine:
             consultation = closing_request(space, opening, offered)
             reserve = max(
                 run.count_tokens(task) + limits.report_max_tokens,
-                run.count_tokens(consultation) + one_more_round(limits),
+                run.count_tokens(consultation) + one_more_round(limits, spotlight),
             )
             views[agent.id] = await run.fit(
                 agent.id,
                 [m for m in messages if prompts.in_view(agent.id, m)],
-                partial(prompts.agent_prefix, agent, incident=incident),
+                partial(prompts.agent_prefix, agent, incident=incident, spotlight=spotlight),
                 reserve=reserve,
             )
         return views

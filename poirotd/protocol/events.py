@@ -19,6 +19,7 @@ from poirotd.model import (
     Phase,
     Vote,
 )
+from poirotd.protocol.injection import InjectionFinding
 
 
 class PhaseBegun(Frozen):
@@ -70,6 +71,20 @@ class TokenBudgetSpent(Frozen):
     used: int
 
 
+class HazardSpaceBuilt(Frozen):
+    """Phase I built (and cached) a new hazard space, with what it dropped of the answer."""
+
+    kind: Literal["hazard_space_built"] = "hazard_space_built"
+    hazard_space: HazardSpace
+
+
+class InjectionFound(Frozen):
+    """Signs of a prompt-injection attempt in what the run quotes (the session, the incident)."""
+
+    kind: Literal["injection_found"] = "injection_found"
+    findings: tuple[InjectionFinding, ...]
+
+
 class AttributionReady(Frozen):
     kind: Literal["attribution_ready"] = "attribution_ready"
     attribution: Attribution
@@ -84,6 +99,8 @@ ProtocolEvent = Annotated[
     | VoteCast
     | ContextCutsMade
     | TokenBudgetSpent
+    | HazardSpaceBuilt
+    | InjectionFound
     | AttributionReady,
     Field(discriminator="kind"),
 ]

@@ -3,6 +3,13 @@
 Built once per system description, not per incident: an operator-pinned space wins, then the
 cache keyed by `SystemSpec.description_version()`, and only then one LLM call, whose result is
 cached so that every later investigation of the same description votes over the same axes.
+
+The ids come from the spec, never from the model: every declared agent and component is a region
+under its own id, and the model writes their error signatures. It may also propose parts of a
+component as regions of their own, under ids derived from the component's
+("d2w_exoskeleton.ankle_sensor"), within the spec's bounds. Whatever else it writes is dropped,
+counted and noted in the space, so a metric label, an alert or a ConfirmOutcome only ever names a
+region the operator can find in the spec.
 """
 
 from __future__ import annotations
@@ -13,14 +20,17 @@ from typing import Protocol
 
 import structlog
 
-from poirotd.config.spec import SystemSpec
-from poirotd.model import HazardRegion, HazardSpace, Phase
+from poirotd.config.spec import SystemSpec, is_slug
+from poirotd.model import DroppedRegion, DropReason, HazardRegion, HazardSpace, Phase
 from poirotd.protocol import prompts
-from poirotd.protocol.errors import AnswerFailed, ProtocolError
+from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.events import HazardSpaceBuilt
 from poirotd.protocol.run import CallSite, RunContext
-from poirotd.protocol.schemas import hazard_space_format
+from poirotd.protocol.schemas import HazardSpaceAnswer, hazard_space_format
 
 log = structlog.get_logger(__name__)
+
+_PROPOSED_MAX = 80
 
 
 class HazardSpaceCache(Protocol):
@@ -34,9 +44,11 @@ class HazardSpaceCache(Protocol):
 async def resolve_hazard_space(
     spec: SystemSpec, cache: HazardSpaceCache, run: RunContext
 ) -> HazardSpace:
-    """The hazard space for `spec`: pinned, cached, or built by the LLM (then cached).
+    """The hazard space for `spec`: pinned, cached, or built (then cached and announced).
 
-    Raises ProtocolError when the LLM gives no valid space within the retry bound.
+    Built by the LLM, or from the spec alone when the LLM gives no valid answer within the retry
+    bound: either way over the same ids, and cached, so a model that cannot answer is asked once
+    per system description, not once per investigation.
     """
     pinned = pinned_hazard_space(spec)
     if pinned is not None:
@@ -54,29 +66,23 @@ async def resolve_hazard_space(
             retries=spec.protocol.invalid_json_retries,
         )
     except AnswerFailed as exc:
-        return _declared_space(spec, version, reason=str(exc))
-    space = HazardSpace(
-        system=spec.system.name, version=version, regions=answer.error_regions, source="llm"
-    )
+        log.warning(
+            "hazard space from the LLM invalid; using the spec's declared regions",
+            system=spec.system.name,
+            reason=str(exc),
+        )
+        space = declared_space(spec, version)
+    else:
+        space = space_from_answer(spec, version, answer)
     await cache.put_hazard_space(space)
+    await run.emit(HazardSpaceBuilt(hazard_space=space))
     return space
 
 
-def _declared_space(spec: SystemSpec, version: str, *, reason: str) -> HazardSpace:
-    """The regions the operator declared (agents, then components), for when the LLM gives no
-    valid hazard space: an investigation still gets an attribution, over a space recorded as
-    source "spec". It is not cached, so the next investigation asks the LLM again."""
-    if not spec.components:
-        raise ProtocolError(
-            f"could not build the hazard space of system {spec.system.name!r}: {reason}. "
-            "Pin it instead: list the regions under `hazard_space.regions` in the system spec "
-            "(agents first, in spec order), or declare the system's components."
-        )
-    log.warning(
-        "hazard space from the LLM invalid; using the spec's declared regions",
-        system=spec.system.name,
-        reason=reason,
-    )
+def declared_space(spec: SystemSpec, version: str) -> HazardSpace:
+    """The regions the operator declared (agents, then components) with the spec's own words,
+    for when the LLM gives no valid hazard space: an investigation still gets an attribution,
+    over a space recorded as source "spec"."""
     regions = [agent_region(a.id, a.name) for a in spec.agents]
     regions += [
         HazardRegion(id=c.id, name=c.name, type=c.type, description=c.description)
@@ -84,6 +90,62 @@ def _declared_space(spec: SystemSpec, version: str, *, reason: str) -> HazardSpa
     ]
     return HazardSpace(
         system=spec.system.name, version=version, regions=tuple(regions), source="spec"
+    )
+
+
+def space_from_answer(spec: SystemSpec, version: str, answer: HazardSpaceAnswer) -> HazardSpace:
+    """The declared regions in spec order, described as the model described them (the spec's
+    words where it did not), then the sub-regions that pass: a component as parent, a slug, no
+    repeat, within the bounds. Every other proposal is dropped with its reason."""
+    dropped: list[DroppedRegion] = []
+
+    def drop(proposed: str, reason: DropReason) -> None:
+        dropped.append(DroppedRegion(proposed=proposed[:_PROPOSED_MAX], reason=reason))
+
+    declared = declared_space(spec, version).regions
+    descriptions: dict[str, str] = {}
+    for text in (*answer.agent_regions, *answer.component_regions):
+        if text.id not in spec.region_ids:
+            drop(text.id, "not_in_spec")
+        elif text.id in descriptions:
+            drop(text.id, "duplicate")
+        elif text.description.strip():
+            descriptions[text.id] = text.description
+    regions = [
+        r.model_copy(update={"description": descriptions.get(r.id, r.description)})
+        for r in declared
+    ]
+    types = {c.id: c.type for c in spec.components}
+    per_parent = dict.fromkeys(types, 0)
+    for sub in answer.sub_regions:
+        region_id = f"{sub.parent}.{sub.slug}"
+        if sub.parent not in types:
+            drop(region_id, "not_in_spec")
+        elif not is_slug(sub.slug):
+            drop(region_id, "bad_slug")
+        elif any(r.id == region_id for r in regions):
+            drop(region_id, "duplicate")
+        elif (
+            per_parent[sub.parent] >= spec.protocol.max_sub_regions_per_component
+            or len(regions) - len(declared) >= spec.protocol.max_sub_regions
+        ):
+            drop(region_id, "over_limit")
+        else:
+            per_parent[sub.parent] += 1
+            regions.append(
+                HazardRegion(
+                    id=region_id,
+                    name=sub.name.strip() or sub.slug,
+                    type=types[sub.parent],
+                    description=sub.description,
+                )
+            )
+    return HazardSpace(
+        system=spec.system.name,
+        version=version,
+        regions=tuple(regions),
+        source="llm",
+        dropped=tuple(dropped),
     )
 
 

@@ -42,11 +42,12 @@ from poirotd.protocol.schemas import (
     turn_format,
     vote_format,
 )
+from poirotd.protocol.spotlight import Spotlight
 
 log = structlog.get_logger(__name__)
 
 # Room kept for the words around a peer's answer in the asker's transcript (the peer's name and
-# id, or why it gave no answer), on top of the answer's own token limit.
+# id, or why it gave no answer, and the quote's bounds), on top of the answer's own quoted size.
 ANSWER_FRAME_TOKENS = 64
 
 
@@ -58,11 +59,13 @@ async def interrogate(
     run: RunContext,
     betas: Mapping[str, float],
     seen: Mapping[str, Collection[int]],
+    spotlight: Spotlight,
 ) -> list[Vote]:
     """Every agent's vote or abstention, weighted with its β, in spec order; each is emitted
-    as it lands. `seen` holds the session indices in each agent's view (what its step may name).
+    as it lands. `seen` holds the session indices in each agent's view (what its step may name);
+    the reports, questions and answers agents pass each other are quoted under `spotlight`.
     """
-    interrogation = _Interrogation(spec, space, prefixes, reports, run, betas, seen)
+    interrogation = _Interrogation(spec, space, prefixes, reports, run, betas, seen, spotlight)
     await run.begin(Phase.INTERROGATION)
     votes = await concurrently(interrogation.vote_of(a) for a in spec.agent_ids)
     await run.end(Phase.VOTING)
@@ -86,11 +89,13 @@ class _Interrogation:
         run: RunContext,
         betas: Mapping[str, float],
         seen: Mapping[str, Collection[int]],
+        spotlight: Spotlight,
     ) -> None:
         self._spec, self._space, self._prefixes, self._run = spec, space, prefixes, run
         self._reports = reports
         self._betas = betas
         self._seen = seen
+        self._spotlight = spotlight
         self._limits = spec.protocol
         self._left = 0
         self._handover = asyncio.Lock()
@@ -106,7 +111,9 @@ class _Interrogation:
 
     async def _consult(self, agent_id: str) -> Vote | _Pending:
         """Up to M turns; returns the vote cast in a turn, an abstention, or a vote request."""
-        opening = prompts.interrogation_opening(self._spec, self._space, self._reports, agent_id)
+        opening = prompts.interrogation_opening(
+            self._spec, self._space, self._reports, agent_id, self._spotlight
+        )
         transcript = [*self._prefixes[agent_id], _user(opening)]
         peers = [a for a in self._spec.agent_ids if a != agent_id]
         if not peers:  # the opening already ends with the final-vote request
@@ -135,7 +142,7 @@ class _Interrogation:
     def _room_for_another_question(self, transcript: Sequence[ChatMessage], offered: str) -> bool:
         """`offered`: the tool definitions the agent's turns send (see `tools_text`)."""
         ending = closing_request(self._space, transcript, offered)
-        needed = self._run.count_tokens(ending) + one_more_round(self._limits)
+        needed = self._run.count_tokens(ending) + one_more_round(self._limits, self._spotlight)
         return needed <= self._run.context_tokens
 
     async def _turn(
@@ -169,7 +176,7 @@ class _Interrogation:
     async def _answer(self, peer_id: str, asker_id: str, question: str) -> str:
         """The peer's answer on its own prefix, retried while empty; what the asker is shown."""
         peer = self._spec.agent(peer_id)
-        ask = prompts.peer_question(self._spec.agent(asker_id), question)
+        ask = prompts.peer_question(self._spec.agent(asker_id), question, self._spotlight)
         try:
             answer = await self._run.until_valid(
                 CallSite(Phase.INTERROGATION, peer_id, "answer"),
@@ -181,7 +188,7 @@ class _Interrogation:
             )
         except AnswerFailed as exc:
             return prompts.no_answer(peer, str(exc))
-        return prompts.peer_answer(peer, answer)
+        return prompts.peer_answer(peer, answer, self._spotlight)
 
     async def _vote(self, agent_id: str, pending: _Pending) -> Vote:
         try:
@@ -218,10 +225,11 @@ def closing_request(
     return [*ending, ChatMessage(role="system", content=offered)] if offered else ending
 
 
-def one_more_round(limits: ProtocolSpec) -> int:
+def one_more_round(limits: ProtocolSpec, spotlight: Spotlight) -> int:
     """Tokens one more consultation round adds to a transcript, each part at its limit: the
-    question, the peer's answer in its frame, and then the vote."""
-    return 2 * limits.turn_max_tokens + limits.answer_max_tokens + ANSWER_FRAME_TOKENS
+    question, the peer's answer quoted in its frame, and then the vote."""
+    answer = spotlight.quoted_tokens(limits.answer_max_tokens)
+    return 2 * limits.turn_max_tokens + answer + ANSWER_FRAME_TOKENS
 
 
 def _user(text: str) -> ChatMessage:

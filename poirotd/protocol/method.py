@@ -1,10 +1,10 @@
 """What every attribution method is given and gives back, so that the engine (and the ensemble,
 which runs several) call any of them alike: POIROT, the baseline, ECHO, ErrorProbe.
 
-A method gets the case (the spec, the hazard space built for it, the session, the incident and
-what the store knows around it) and the run's `RunContext` for its LLM calls and events; it
-returns its attribution over the hazard space, the votes it cast on the way and what else it
-found. It raises ProtocolError when it can give no attribution at all.
+A method gets the case (the spec, the hazard space built for it, the session, the incident, the
+run's spotlight, and what the store knows around it) and the run's `RunContext` for its LLM
+calls and events; it returns its attribution over the hazard space, the votes it cast on the way
+and what else it found. It raises ProtocolError when it can give no attribution at all.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from poirotd.config.spec import DecisionRuleSpec, SystemSpec
 from poirotd.model import AgentMessage, Attribution, Frozen, HazardSpace, Reading, Vote
 from poirotd.protocol.aggregation import decide
 from poirotd.protocol.errors import ProtocolError
+from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import RunContext
+from poirotd.protocol.spotlight import Spotlight
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,11 @@ class Case:
     space: HazardSpace
     # The session, in index order.
     messages: tuple[AgentMessage, ...]
-    # Why the investigation was opened, and the hardware readings around it (prompt text).
-    incident: str
+    # Why the investigation was opened, and the hardware readings around it (None: unknown).
+    incident: Incident | None
+    # How every untrusted text (messages, tool outputs, the incident, what judges wrote about
+    # them) is quoted in this run's prompts: one spotlight for the whole run.
+    spotlight: Spotlight
     # The β each agent's POIROT vote is weighed with.
     betas: Mapping[str, float]
     # The session's newest telemetry readings, oldest first (ErrorProbe checks claims on them).

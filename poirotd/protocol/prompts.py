@@ -7,36 +7,53 @@ turns — and everything phase-specific follows it, so the LLM server prefills t
 agent and reuses it for the agent's report, turns, answers and vote. The phase texts are
 deterministic for a given investigation (spec order, no clocks), so an agent's successive
 requests differ only by what was appended.
+
+Every text the system under investigation or a model wrote is quoted with the investigation's
+`Spotlight` (spotlight.py), whose bounds are the same in all of its prompts; the headers around
+quotes are the daemon's own. The functions default to `VERBATIM` (no quoting), which is how the
+record keeps the incident; the engine always passes the investigation's spotlight.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from poirotd.config.spec import AgentSpec, SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import AgentMessage, HazardEvent, HazardSpace, MessageKind
 from poirotd.protocol.peer_tools import VOTE_TOOL, uses_tools
 from poirotd.protocol.schemas import SelfReport, peer_tool
+from poirotd.protocol.spotlight import VERBATIM, Spotlight
+
+INCIDENT_HEADING = "# The incident under review"
 
 # ------------------------------------------------------------------ session log → chat turns
 
 
 def agent_prefix(
-    agent: AgentSpec, messages: Sequence[AgentMessage], incident: str = ""
+    agent: AgentSpec,
+    messages: Sequence[AgentMessage],
+    incident: Incident | None = None,
+    spotlight: Spotlight = VERBATIM,
 ) -> list[ChatMessage]:
-    """The identical start of every request `agent` makes: its system prompt, then its log,
-    then what is known about the incident (why it was opened, hardware readings around it)."""
-    turns = [ChatMessage(role="system", content=agent.system_prompt)]
-    turns += session_turns(agent.id, messages)
-    if incident:
-        _append(turns, "user", f"# The incident under review\n{incident}")
+    """The identical start of every request `agent` makes: its system prompt (with what the
+    spotlight's marks mean), then its log, then what is known about the incident (why it was
+    opened, hardware readings around it)."""
+    system = "\n\n".join(part for part in (agent.system_prompt, spotlight.notice) if part)
+    turns = [ChatMessage(role="system", content=system)]
+    turns += session_turns(agent.id, messages, spotlight)
+    if incident is not None:
+        _append(turns, "user", f"{INCIDENT_HEADING}\n{incident_section(incident, spotlight)}")
     return turns
 
 
-def session_turns(agent_id: str, messages: Sequence[AgentMessage]) -> list[ChatMessage]:
-    """The session as `agent_id` lived it: what it wrote as assistant turns, the rest as user.
+def session_turns(
+    agent_id: str, messages: Sequence[AgentMessage], spotlight: Spotlight = VERBATIM
+) -> list[ChatMessage]:
+    """The session as `agent_id` lived it: what it wrote as assistant turns, the rest as user,
+    each message quoted under its header (its own too: a message it wrote may carry injected
+    text, which must not read as the daemon's words, nor as its own commitments).
 
     Only messages `in_view`; consecutive turns of one role are merged because chat templates
     expect user and assistant to alternate.
@@ -46,7 +63,7 @@ def session_turns(agent_id: str, messages: Sequence[AgentMessage]) -> list[ChatM
         if not in_view(agent_id, m):
             continue
         own = m.kind is MessageKind.AGENT and m.sender == agent_id
-        _append(turns, "assistant" if own else "user", f"{_header(m)}\n{_body(m)}")
+        _append(turns, "assistant" if own else "user", _message(m, spotlight))
     return turns
 
 
@@ -55,9 +72,9 @@ def in_view(agent_id: str, m: AgentMessage) -> bool:
     return agent_id in (m.sender, m.recipient) or not m.recipient
 
 
-def session_log(messages: Sequence[AgentMessage]) -> str:
+def session_log(messages: Sequence[AgentMessage], spotlight: Spotlight = VERBATIM) -> str:
     """The whole session as one text, for a reader outside it (the baseline)."""
-    return "\n\n".join(f"{_header(m)}\n{_body(m)}" for m in messages) or "(no messages)"
+    return "\n\n".join(_message(m, spotlight) for m in messages) or "(no messages)"
 
 
 def _append(turns: list[ChatMessage], role: Literal["user", "assistant"], text: str) -> None:
@@ -68,29 +85,60 @@ def _append(turns: list[ChatMessage], role: Literal["user", "assistant"], text: 
         turns.append(ChatMessage(role=role, content=text))
 
 
-def _header(m: AgentMessage) -> str:
-    source = (
-        m.sender if m.kind is MessageKind.AGENT else f"{m.kind.value}:{m.tool_name or m.sender}"
-    )
-    return f"[#{m.index} {source} → {m.recipient or 'all'}]"
+def _message(m: AgentMessage, spotlight: Spotlight) -> str:
+    """A session message: the daemon's header line, then the body quoted as evidence."""
+    return f"{_header(m, spotlight)}\n{_body(m, spotlight)}"
 
 
-def _body(m: AgentMessage) -> str:
+def _header(m: AgentMessage, spotlight: Spotlight) -> str:
+    """`[#N sender → recipient]`. An agent's id is checked against the spec at ingest; any other
+    sender's name is the client's choice and is shown as such (`human "system"`)."""
+    if m.kind is MessageKind.AGENT:
+        source = spotlight.party(m.sender)
+    elif spotlight.mode == "off":
+        source = f"{m.kind.value}:{m.tool_name or m.sender}"
+    else:
+        source = f"{m.kind.value} {spotlight.name(m.tool_name or m.sender)}"
+    recipient = spotlight.party(m.recipient) if m.recipient else "all"
+    return f"[#{m.index} {source} → {recipient}]"
+
+
+def _body(m: AgentMessage, spotlight: Spotlight) -> str:
     calls = f"(called tools: {', '.join(m.tool_calls)})" if m.tool_calls else ""
-    return "\n".join(part for part in (m.content, calls) if part) or "(empty)"
+    body = "\n".join(part for part in (m.content, calls) if part)
+    return spotlight.quote(body) if body else "(empty)"
 
 
-# ------------------------------------------------------------------ Phase I — hazard space
+class Incident(NamedTuple):
+    """What the agents are told about the incident: why the investigation was opened (the
+    Trigger reason, or the rule event that opened it) and, when the session carries telemetry,
+    a summary of its latest readings as hardware evidence. All of it is quoted: a reason, a
+    rule's summary (which may cite a message) and a signal's name are written by clients."""
+
+    reason: str = ""
+    trigger: HazardEvent | None = None
+    telemetry: str = ""
+
+    def texts(self) -> list[tuple[str, str]]:
+        """The client-written texts it quotes, each with where it appears, for the injection
+        scan."""
+        summary = self.trigger.summary if self.trigger else ""
+        parts = [("reason", self.reason), ("rule summary", summary), ("telemetry", self.telemetry)]
+        return [(where, text) for where, text in parts if text]
 
 
-def incident_description(reason: str, trigger: HazardEvent | None, telemetry: str) -> str:
-    """Why the investigation was opened and, when the session carries telemetry (`telemetry`, a
-    summary of the latest readings), the hardware evidence the agents may weigh."""
-    lines = [f"Reported: {reason}"]
+def incident_section(incident: Incident, spotlight: Spotlight = VERBATIM) -> str:
+    """The incident as prompts show it under their "# The incident under review" heading; with
+    `VERBATIM`, as the investigation's record keeps it."""
+    # A quote starts on a line of its own; verbatim, the old one-line layout is kept.
+    then = " " if spotlight.mode == "off" else "\n"
+    lines = [f"Reported:{then}{spotlight.quote(incident.reason)}"]
+    trigger = incident.trigger
     if trigger is not None:
-        lines.append(f"Rule {trigger.rule} ({trigger.severity}): {trigger.summary}")
-    if telemetry:
-        lines.append("Hardware telemetry (latest samples):\n" + telemetry)
+        summary = spotlight.quote(trigger.summary)
+        lines.append(f"Rule {trigger.rule} ({trigger.severity}):{then}{summary}")
+    if incident.telemetry:
+        lines.append(f"Hardware telemetry (latest samples):\n{spotlight.quote(incident.telemetry)}")
     return "\n".join(lines)
 
 
@@ -155,9 +203,10 @@ Output:
 {"system_name": "<name of the system>",
  "agent_regions": [{"id": "<agent id>", "name": "<agent name>", "type": "agent", \
 "description": "Error signature: ... Normal behaviour: ..."}],
- "other_regions": [{"id": "<snake_case_id>", "name": "<location name>", \
-"type": "hardware|software|physical|human|other", \
-"description": "Error signature: ... Normal behaviour: ..."}],
+ "component_regions": [{"id": "<component id>", "name": "<component name>", \
+"type": "<component type>", "description": "Error signature: ... Normal behaviour: ..."}],
+ "sub_regions": [{"parent": "<component id>", "slug": "<short_snake_case_name>", \
+"name": "<part name>", "description": "Error signature: ... Normal behaviour: ..."}],
  "error_vector_example": [1, 0, 1, 0]}"""
 
 
@@ -174,12 +223,18 @@ def hazard_space_request(spec: SystemSpec) -> list[ChatMessage]:
         agents,
     ]
     if spec.components:
+        limits = spec.protocol
         lines += [
             "",
-            "Other components named by the operator (use these ids for the ones you include):",
+            "Components: component_regions lists exactly these, in this order, with these ids:",
             *(f"- {c.id} ({c.type}): {c.name}. {c.description}" for c in spec.components),
+            "",
+            "sub_regions (often none) holds parts of a component that fail on their own, "
+            f"at most {limits.max_sub_regions_per_component} per component and "
+            f"{limits.max_sub_regions} in all.",
         ]
-    lines += ["", f"other_regions holds at most {spec.protocol.max_extra_regions} regions."]
+    else:
+        lines += ["", "component_regions and sub_regions are empty: no components are declared."]
     return [
         ChatMessage(role="system", content=_HAZARD_SPACE_SYSTEM),
         ChatMessage(role="user", content="\n".join(lines)),
@@ -337,11 +392,12 @@ def interrogation_opening(
     space: HazardSpace,
     reports: Mapping[str, SelfReport | None],
     agent_id: str,
+    spotlight: Spotlight = VERBATIM,
 ) -> str:
     """Phase III's first user turn: override, phase rules, legend and step-1 findings (the same
-    for every agent), then the agent-specific part last. With no peer to consult, that last part
-    is the final vote request (variant A). With `llm.peer_questions: tool_calls` the turns are
-    tool calls, and the texts say so."""
+    for every agent; each report quoted as evidence), then the agent-specific part last. With no
+    peer to consult, that last part is the final vote request (variant A). With
+    `llm.peer_questions: tool_calls` the turns are tool calls, and the texts say so."""
     agent = spec.agent(agent_id)
     peers = [a for a in spec.agents if a.id != agent_id]
     tools = uses_tools(spec)
@@ -379,7 +435,7 @@ def interrogation_opening(
                 "{reply}", reply
             ),
             _legend(space),
-            _findings(spec, reports),
+            _findings(spec, reports, spotlight),
             turn,
         ]
     )
@@ -423,7 +479,9 @@ def _location_format(space: HazardSpace) -> str:
     )
 
 
-def _findings(spec: SystemSpec, reports: Mapping[str, SelfReport | None]) -> str:
+def _findings(
+    spec: SystemSpec, reports: Mapping[str, SelfReport | None], spotlight: Spotlight
+) -> str:
     blocks = [
         "# Step 1 findings of all agents\n\n"
         "Each agent assessed itself and its peers independently. Start your consultation from "
@@ -437,7 +495,7 @@ def _findings(spec: SystemSpec, reports: Mapping[str, SelfReport | None]) -> str
             continue
         for suspect in report.suspected_agents:
             flagged_by[suspect].append(a.id)
-        blocks.append(f"-- {a.id} ({a.name}) --\n{_report_lines(report)}")
+        blocks.append(f"-- {a.id} ({a.name}) --\n{spotlight.quote(_report_lines(report))}")
     consensus = [
         f"- {suspect}: flagged by {len(by)} agent(s): {', '.join(by)}"
         for suspect, by in sorted(flagged_by.items(), key=lambda kv: -len(kv[1]))
@@ -467,14 +525,15 @@ def _report_lines(report: SelfReport) -> str:
     return "\n".join(lines)
 
 
-def peer_question(asker: AgentSpec, question: str) -> str:
-    """What a consulted peer sees after its own prefix: answer only, no vote."""
+def peer_question(asker: AgentSpec, question: str, spotlight: Spotlight = VERBATIM) -> str:
+    """What a consulted peer sees after its own prefix: answer only, no vote. The question is
+    the asker's model's words, so it is quoted: a question to answer, not orders to follow."""
     return (
         "# POIROT: a peer is consulting you\n\n"
         "This is NOT a request for your vote: answer the question only. As part of the POIROT "
         f"investigation, {asker.name} (id: {asker.id}) asks you the question below. Answer from "
         "your part in the session above and what you know of the system, in a few plain "
-        f"sentences.\n\nQuestion: {question}"
+        f"sentences.\n\nQuestion:\n{spotlight.quote(question)}"
     )
 
 
@@ -484,9 +543,9 @@ EMPTY_ANSWER_RETRY = (
 )
 
 
-def peer_answer(peer: AgentSpec, answer: str) -> str:
-    """How a peer's answer is handed back to the asker."""
-    return f"Answer from {peer.name} (id: {peer.id}):\n{answer}"
+def peer_answer(peer: AgentSpec, answer: str, spotlight: Spotlight = VERBATIM) -> str:
+    """How a peer's answer is handed back to the asker: quoted, as evidence."""
+    return f"Answer from {peer.name} (id: {peer.id}):\n{spotlight.quote(answer)}"
 
 
 def no_answer(peer: AgentSpec, reason: str) -> str:
@@ -549,7 +608,11 @@ fault came from. Conclude only from what the session log shows; do not speculate
 
 
 def baseline_request(
-    spec: SystemSpec, space: HazardSpace, messages: Sequence[AgentMessage], incident: str
+    spec: SystemSpec,
+    space: HazardSpace,
+    messages: Sequence[AgentMessage],
+    incident: Incident | None = None,
+    spotlight: Spotlight = VERBATIM,
 ) -> list[ChatMessage]:
     """The baseline's one request: the paper's order (system, session log, task, answer format).
     The fixed instructions and the system description come first and the task is the same for
@@ -560,10 +623,10 @@ def baseline_request(
     sections = [
         f"# Part 1 — the system\n\nName: {spec.system.name}\n{spec.system.description}\n\n"
         f"Agents:\n{agents}",
-        f"# Part 2 — the session log\n\n{session_log(messages)}",
+        f"# Part 2 — the session log\n\n{session_log(messages, spotlight)}",
     ]
-    if incident:
-        sections.append(f"# The incident under review\n{incident}")
+    if incident is not None:
+        sections.append(f"{INCIDENT_HEADING}\n{incident_section(incident, spotlight)}")
     shape = _vote_shape(space, "step-by-step reasoning citing the evidence in the log")
     sections.append(
         "# Part 3 — your task\n\n"
@@ -576,7 +639,8 @@ def baseline_request(
         "# Part 4 — answer format\n\n"
         f"Reply with ONE JSON object and nothing else:\n{shape}"
     )
+    system = "\n\n".join(part for part in (_BASELINE_SYSTEM, spotlight.notice) if part)
     return [
-        ChatMessage(role="system", content=_BASELINE_SYSTEM),
+        ChatMessage(role="system", content=system),
         ChatMessage(role="user", content="\n\n".join(sections)),
     ]

@@ -10,7 +10,6 @@ back to the model in a repair prompt.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -18,15 +17,14 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 import structlog
 from pydantic import Field, StrictInt, TypeAdapter, ValidationError
 
-from poirotd.config.spec import SystemSpec
+from poirotd.config.spec import SLUG_MAX, SLUG_PATTERN, SystemSpec
 from poirotd.llm.base import Completion
-from poirotd.model import ForcedBy, Frozen, HazardRegion, Vote
+from poirotd.model import ForcedBy, Frozen, Vote
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 NAME_MAX = 100
 DESCRIPTION_MAX = 400
 EVIDENCE_MAX = 400
@@ -34,7 +32,6 @@ QUESTION_MAX = 300
 HAZARD_VECTOR_MAX = 200
 JUSTIFICATION_MAX = 600
 PEER_TOOL_PREFIX = "talk_to_"
-_NON_AGENT_TYPES = ("hardware", "software", "physical", "human", "other")
 _SHOWN_ERRORS = 3
 
 
@@ -61,19 +58,36 @@ def peer_tool(agent_id: str) -> str:
 # ------------------------------------------------------------------ answer models
 
 
+class RegionText(Frozen):
+    """Phase I's description of one declared region, found by its id (name and type, if written,
+    are the spec's: the model may not rename a region)."""
+
+    id: str
+    description: str
+    name: str = ""
+    type: str = ""
+
+
+class SubRegionText(Frozen):
+    """A part of a declared component the model proposes as a region of its own; its id is
+    derived from `parent` and `slug` once both are checked."""
+
+    parent: str
+    slug: str
+    name: str
+    description: str
+
+
 class HazardSpaceAnswer(Frozen):
-    """The agents' regions and the others are separate fields because llama.cpp's grammar
-    converter drops `prefixItems` when `items` is given: an exact tuple is enforced, a tuple
-    followed by free items is not."""
+    """The agents, the components and the sub-regions are separate fields because llama.cpp's
+    grammar converter drops `prefixItems` when `items` is given: an exact tuple is enforced, a
+    tuple followed by free items is not."""
 
     system_name: str
-    agent_regions: tuple[HazardRegion, ...]
-    other_regions: tuple[HazardRegion, ...]
+    agent_regions: tuple[RegionText, ...]
+    component_regions: tuple[RegionText, ...]
+    sub_regions: tuple[SubRegionText, ...]
     error_vector_example: tuple[StrictInt, ...]
-
-    @property
-    def error_regions(self) -> tuple[HazardRegion, ...]:
-        return self.agent_regions + self.other_regions
 
 
 class SelfEvaluation(Frozen):
@@ -139,69 +153,45 @@ _TURN = TypeAdapter[AskAction | VoteAction](
 
 
 def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
-    """Phase I: the agents first, in spec order, then at most `max_extra_regions` other regions."""
-    agents = spec.agent_ids
-    limit = len(agents) + spec.protocol.max_extra_regions
+    """Phase I: a description for every declared agent and component, under its own id and name,
+    and at most `max_sub_regions` sub-regions of components. Constrained decoding fixes the ids;
+    the parser checks only the shape, since which proposals enter the space is the hazard
+    space's own rule (hazard_space.py), applied whatever the backend enforced."""
+    limits = spec.protocol
 
-    def region(
-        id_schema: dict[str, Any], name_schema: dict[str, Any], type_schema: dict[str, Any]
-    ) -> dict[str, Any]:
+    def declared(region_id: str, name: str, region_type: str) -> dict[str, Any]:
         return _object(
-            id=id_schema,
-            name=name_schema,
-            type=type_schema,
+            id={"const": region_id},
+            name={"const": name},
+            type={"const": region_type},
             description=_text(DESCRIPTION_MAX),
         )
 
+    def exactly(items: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"type": "array", "prefixItems": items, "items": False}
+
+    components = [c.id for c in spec.components]
+    sub_limit = limits.max_sub_regions if components else 0
     schema = _object(
         system_name=_text(NAME_MAX),
-        agent_regions={
+        # The spec names the agents and components; the model writes only their error signatures.
+        agent_regions=exactly([declared(a.id, a.name, "agent") for a in spec.agents]),
+        component_regions=exactly([declared(c.id, c.name, c.type) for c in spec.components]),
+        sub_regions={
             "type": "array",
-            # The spec names the agents; the model writes only their error signatures.
-            "prefixItems": [
-                region({"const": a.id}, {"const": a.name}, {"const": "agent"}) for a in spec.agents
-            ],
-            "items": False,
-        },
-        other_regions={
-            "type": "array",
-            "items": region(
-                {"type": "string", "pattern": ID_PATTERN},
-                _text(NAME_MAX),
-                {"enum": list(_NON_AGENT_TYPES)},
+            "items": _object(
+                parent={"enum": components},
+                slug={"type": "string", "pattern": SLUG_PATTERN, "maxLength": SLUG_MAX},
+                name=_text(NAME_MAX),
+                description=_text(DESCRIPTION_MAX),
             ),
-            "maxItems": spec.protocol.max_extra_regions,
-        },
-        error_vector_example=_bits(max_items=limit),
+            "maxItems": sub_limit,
+        }
+        if components
+        else exactly([]),
+        error_vector_example=_bits(max_items=len(spec.region_ids) + sub_limit),
     )
-
-    def parse(text: str) -> HazardSpaceAnswer:
-        answer = _validate(HazardSpaceAnswer, text)
-        if [(r.id, r.name) for r in answer.agent_regions] != [(a.id, a.name) for a in spec.agents]:
-            expected = [{"id": a.id, "name": a.name} for a in spec.agents]
-            raise InvalidAnswer(f"agent_regions must be exactly the agents, in order: {expected}")
-        extras = answer.other_regions
-        if len(extras) > spec.protocol.max_extra_regions:
-            raise InvalidAnswer(f"at most {spec.protocol.max_extra_regions} non-agent regions")
-        for r in answer.agent_regions:
-            if r.type != "agent":
-                raise InvalidAnswer(f"region {r.id!r} is an agent: its type must be 'agent'")
-        for r in extras:
-            if r.type == "agent" or not re.fullmatch(ID_PATTERN, r.id):
-                raise InvalidAnswer(
-                    f"region {r.id!r}: extra regions need a snake_case id and a non-agent type"
-                )
-        # A region listed twice (or under an agent's id) adds no location to vote on: the first
-        # listing stands, the repeats are dropped rather than failing the whole space.
-        seen = set(agents)
-        unique = []
-        for r in extras:
-            if r.id not in seen:
-                seen.add(r.id)
-                unique.append(r)
-        return answer.model_copy(update={"other_regions": tuple(unique)})
-
-    return AnswerFormat(schema, parse)
+    return AnswerFormat(schema, lambda text: _validate(HazardSpaceAnswer, text))
 
 
 def report_format(agent_ids: Sequence[str]) -> AnswerFormat[SelfReport]:

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Protocol, TypeAlias
 
 from poirotd.model import (
+    AccessDenial,
     AgentMessage,
     AgentReputation,
     CommitItem,
@@ -153,5 +154,8 @@ class Store(Protocol):
     async def exchanges(self, investigation_id: str) -> list[LLMExchange]: ...
 
     # the audit chain
+    async def record_access_denial(self, denial: AccessDenial) -> None:
+        """Keeps a call a transport refused (authentication, roles) in the chain."""
+
     async def chain_head(self) -> tuple[int, str] | None:
         """The seq and hash of the chain's latest entry; None while the chain is empty."""

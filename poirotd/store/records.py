@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from poirotd.model import (
+    AccessDenial,
     AgentMessage,
     AgentReputation,
     DiagnosisMemoryEntry,
@@ -215,6 +216,10 @@ def exchange_row(exchange: LLMExchange, investigation_id: str, exchange_id: int 
     return (exchange_id, investigation_id, encode_record(exchange))
 
 
+def access_denial_row(denial: AccessDenial, denial_id: int | None) -> Row:
+    return (denial_id, encode_record(denial))
+
+
 def event_from_row(row: Row) -> InvestigationEvent:
     return InvestigationEvent.model_validate({**json.loads(row[-1]), "event_id": row[0]})
 
@@ -299,6 +304,13 @@ DIAGNOSIS_MEMORY = AuditedTable(
     ref=lambda row: canonical_json([row[0], row[1]]),
     expect=lambda row, _: memory_row(DiagnosisMemoryEntry.model_validate_json(row[-1])),
 )
+ACCESS_DENIALS = AuditedTable(
+    "access_denial",
+    "access_denials",
+    ("id", "record"),
+    ref=lambda row: str(row[0]),
+    expect=lambda row, _: access_denial_row(AccessDenial.model_validate_json(row[-1]), row[0]),
+)
 AUDITED_TABLES = (
     SESSIONS,
     HAZARD_SPACES,
@@ -311,6 +323,7 @@ AUDITED_TABLES = (
     TELEMETRY_BLOCKS,
     EVENTS,
     EXCHANGES,
+    ACCESS_DENIALS,
 )
 
 

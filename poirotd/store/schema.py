@@ -29,8 +29,11 @@ from poirotd.store.records import (
 #    per-message rows, and their indices are added there when it is opened).
 # 6: a message block's rows end with the message's trace and span id (rows of older blocks,
 #    without them, are read as messages with no trace link).
-# 7: ErrorProbe's verified diagnosis memory (a new table; an older store gains it empty).
-SCHEMA_VERSION = 7
+# 7: calls refused by the transports' authentication (a new table; a schema-6 store gains it
+#    empty when opened).
+# 8: ErrorProbe's verified diagnosis memory (a new table; a schema-7 store gains it empty when
+#    opened).
+SCHEMA_VERSION = 8
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """
@@ -130,6 +133,10 @@ CREATE TABLE IF NOT EXISTS reputations (
     agent_id TEXT NOT NULL,
     record   TEXT NOT NULL,
     PRIMARY KEY (system, agent_id)
+);
+CREATE TABLE IF NOT EXISTS access_denials (
+    id     INTEGER PRIMARY KEY,
+    record TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS diagnosis_memory (
     system   TEXT NOT NULL,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
 
 from poirotd.model import (
+    AccessDenial,
     AgentMessage,
     AgentReputation,
     CommitItem,
@@ -60,6 +61,7 @@ from poirotd.store.port import (
     UnknownSessionError,
 )
 from poirotd.store.records import (
+    ACCESS_DENIALS,
     DIAGNOSIS_MEMORY,
     EVENTS,
     EXCHANGES,
@@ -72,6 +74,7 @@ from poirotd.store.records import (
     AuditedTable,
     MessageBlock,
     TelemetryBlock,
+    access_denial_row,
     event_row,
     exchange_row,
     hazard_space_row,
@@ -118,6 +121,7 @@ ON CONFLICT (system, entry_id) DO UPDATE SET record = excluded.record
 """
 _INSERT_EVENT = "INSERT INTO events (event_id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_EXCHANGE = "INSERT INTO exchanges (id, investigation_id, record) VALUES (?, ?, ?)"
+_INSERT_ACCESS_DENIAL = "INSERT INTO access_denials (id, record) VALUES (?, ?)"
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -384,6 +388,9 @@ class SqliteStore:
         return [LLMExchange.model_validate_json(record) for (record,) in rows]
 
     # ------------------------------------------------------------ the audit chain
+
+    async def record_access_denial(self, denial: AccessDenial) -> None:
+        await self._write(_record_access_denial, denial)
 
     async def chain_head(self) -> tuple[int, str] | None:
         rows = await self._read(_all, "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", ())
@@ -709,6 +716,11 @@ def _record_exchange(
 ) -> None:
     row = exchange_row(exchange, investigation_id, None)
     _insert_for_investigation(conn, EXCHANGES, _INSERT_EXCHANGE, row)
+
+
+def _record_access_denial(conn: sqlite3.Connection, denial: AccessDenial) -> None:
+    with transaction(conn) as chain:
+        _write(conn, chain, ACCESS_DENIALS, _INSERT_ACCESS_DENIAL, access_denial_row(denial, None))
 
 
 def _insert_for_investigation(

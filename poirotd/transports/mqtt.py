@@ -12,10 +12,21 @@ under this system before the first sample (a no-op when the store has it already
     inputs:
       session_id: d2w-session-001
       mqtt:                         # hwbridge's MqttInputConfig: broker and topic mappings
-        broker: {host: 127.0.0.1, port: 1883, client_id: poirotd-d2w}
+        broker:
+          host: mqtt.clinic.internal
+          port: 8883
+          client_id: poirotd-d2w
+          username: poirotd
+          password: {file: /run/secrets/mqtt/password}   # or {env: NAME}; never in clear
+          tls: {ca_file: /etc/poirotd/mqtt/ca.crt,       # hwbridge's BrokerConfig.tls
+                cert_file: /etc/poirotd/mqtt/tls.crt, key_file: /etc/poirotd/mqtt/tls.key}
         mappings: [...]             # as in hwbridge/bridge.example.yaml
       pipeline: {max_batch: 512}    # optional, hwbridge's PipelineConfig
       dead_letter: {path: dead.jsonl}  # optional, hwbridge's DeadLetterConfig
+
+A connection to the broker that fails (a wrong password, an untrusted certificate, the broker
+down) is logged with its reason, counted in ``poirot_mqtt_connection_failures_total{reason}``
+and retried with the broker's backoff; the daemon serves everything else meanwhile.
 
 Samples the daemon refuses (a templated component that is not declared) are dead-lettered like
 undecodable payloads and acked: retrying cannot make them valid. A failed commit (the store
@@ -56,6 +67,7 @@ from hwbridge.config import (
     PoirotdConfig,
 )
 from hwbridge.deadletter import DeadLetterStore
+from hwbridge.mqtt_failures import REASONS
 from poirotd.config import SystemSpec
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.ingest.validation import IngestScope
@@ -106,6 +118,11 @@ _COUNTERS = (
     ),
     ("poirot_mqtt_connects", "connects", "Connections to the broker that subscribed"),
     ("poirot_mqtt_input_restarts", "restarts", "Restarts of the input after a failed commit"),
+)
+_FAILURES = (
+    "poirot_mqtt_connection_failures",
+    "Connections to the broker that failed or were lost, by reason (config, unreachable, "
+    "timeout, tls_server_unverified, tls_handshake, not_authorized, refused, lost)",
 )
 
 
@@ -221,6 +238,7 @@ class MqttInput:
         self._bridge: Bridge | None = None
         # Counts of bridges that have stopped; read by the scrape thread, hence the lock.
         self._retired: Counter[str] = Counter()
+        self._retired_failures: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
         registry.register(_MqttCollector(self))
@@ -248,6 +266,14 @@ class MqttInput:
         counts.update(asdict(self.stats))
         counts.update(asdict(self._dead_letters.stats))
         return dict(counts)
+
+    def failures(self) -> dict[str, int]:
+        """Failed and lost connections since start by reason, every reason present."""
+        with self._lock:
+            counts = self._retired_failures.copy()
+            if self._bridge is not None and self._bridge.mqtt is not None:
+                counts.update(self._bridge.mqtt.failures)
+        return {reason: counts[reason] for reason in REASONS}
 
     async def _run(self) -> None:
         backoff = Backoff(self._config.mqtt.broker.backoff)
@@ -284,6 +310,8 @@ class MqttInput:
         with self._lock:
             if self._bridge is not None:
                 self._retired.update(_bridge_counts(self._bridge))
+                if self._bridge.mqtt is not None:
+                    self._retired_failures.update(self._bridge.mqtt.failures)
                 self._bridge = None
 
 
@@ -304,6 +332,10 @@ class _MqttCollector(Collector):
         totals = self._input.totals()
         for name, key, documentation in _COUNTERS:
             yield CounterMetricFamily(name, documentation, value=totals.get(key, 0))
+        failures = CounterMetricFamily(*_FAILURES, labels=["reason"])
+        for reason, count in self._input.failures().items():
+            failures.add_metric([reason], count)
+        yield failures
 
     def describe(self) -> Iterable[CounterMetricFamily]:
         """Lets the registry refuse a second input registering the same names."""

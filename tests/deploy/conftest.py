@@ -1,149 +1,42 @@
-"""Fixtures for the deployment artefacts in deploy/: paths, external tools, a daemon to scrape."""
+"""Fixtures for the deployment artefacts in deploy/: a daemon that has run an investigation, the
+spec the Kubernetes manifests carry."""
 
 from __future__ import annotations
 
-import asyncio
-import re
-import shutil
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import subprocess
 from pathlib import Path
 from typing import Any
 
-import grpc
-import httpx
 import pytest
-import yaml
-from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
-from poirotd.api.client import PoirotClient
 from poirotd.daemon import Daemon
-from poirotd.llm.scripted import ScriptedBackend
-from poirotd.observability.metrics import Metrics
-from tests.inprocess import in_process_daemon
-from tests.test_grpc_api import SPEC, _answer, session
-
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
-RULES_FILE = DEPLOY / "prometheus" / "poirot-alerts.yaml"
-RULES_TEST_FILE = DEPLOY / "prometheus" / "poirot-alerts.test.yaml"
-DASHBOARD_FILE = DEPLOY / "grafana" / "poirotd-dashboard.json"
-K8S = DEPLOY / "k8s"
-EDGE = DEPLOY / "edge"
-
-# A whole investigation with the scripted backend takes well under a second; this bounds a hang.
-INVESTIGATION_DEADLINE_SECONDS = 30.0
+from tests.support.deploy import (
+    EDGE,
+    K8S,
+    access_file,
+    load_yaml_documents,
+    require_tool,
+    run_one_investigation,
+)
 
 
-def require_tool(name: str) -> str:
-    """Path of an external program, or skip naming the Debian package that provides it."""
-    path = shutil.which(name)
-    if path is None:
-        packages = {"promtool": "prometheus", "prometheus": "prometheus", "kubectl": "kubectl"}
-        hint = packages.get(name, name)
-        pytest.skip(f"{name} is not installed (Debian package {hint!r}; `make test` installs it)")
-    return path
-
-
-def load_yaml_documents(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def alert_rules() -> list[dict[str, Any]]:
-    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
-    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
-
-
-_PROMQL_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
-_POIROT_NAME = re.compile(r"\bpoirot_[A-Za-z0-9_]+")
-
-
-def poirot_identifiers(expr: str) -> set[str]:
-    """Metric names of the form poirot_* in a PromQL expression (string literals ignored)."""
-    return set(_POIROT_NAME.findall(_PROMQL_STRING.sub('""', expr)))
-
-
-def dashboard_expressions(node: Any) -> list[str]:
-    """Every PromQL text in the dashboard: panel targets and template-variable queries."""
-    found: list[str] = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            # A variable's "query" is PromQL only when it calls something; "prometheus" is not.
-            promql = key in ("expr", "definition") or (key == "query" and "(" in str(value))
-            if promql and isinstance(value, str):
-                found.append(value)
-            else:
-                found.extend(dashboard_expressions(value))
-    elif isinstance(node, list):
-        for item in node:
-            found.extend(dashboard_expressions(item))
-    return found
-
-
-@dataclass
-class Exported:
-    """What a daemon exports: its /metrics page as served over HTTP and parsed, plus the family
-    and type of each sample as its registry declares them (the text format loses the Info type
-    and turns `_created` samples into families of their own)."""
-
-    scraped: list[Metric]
-    declared: list[Metric]
-
-    def served_sample_names(self) -> set[str]:
-        return {s.name for f in self.scraped for s in f.samples}
-
-    def declared_sample_families(self) -> dict[str, tuple[str, str]]:
-        """Sample name (what PromQL selects) -> (declared family name, family type)."""
-        return {s.name: (f.name, f.type) for f in self.declared for s in f.samples}
-
-    def declared_families_not_served(self) -> list[str]:
-        served = self.served_sample_names()
-        return sorted(
-            f.name
-            for f in self.declared
-            if not {s.name for s in f.samples if not s.name.endswith("_created")} & served
-        )
-
-
-def exported(daemon: Daemon) -> Exported:
-    text = httpx.get(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=5).text
-    return Exported(
-        scraped=list(text_string_to_metric_families(text)),
-        declared=list(daemon.metrics.registry.collect()),
+@pytest.fixture(scope="module")
+def edge_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What deploy/edge/make-certs.sh makes, made once per module in a temporary folder."""
+    for tool in ("openssl", "mosquitto_passwd"):
+        require_tool(tool)
+    out = tmp_path_factory.mktemp("edge") / "secrets"
+    result = subprocess.run(
+        ["bash", str(EDGE / "make-certs.sh"), str(out)], capture_output=True, text=True, timeout=60
     )
-
-
-def declared_families() -> set[str]:
-    """Family names the daemon declares (metrics.py), independent of any traffic."""
-    return {family.name for family in Metrics("probe").registry.collect()}
+    assert result.returncode == 0, result.stderr
+    return out
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
-    """An in-process daemon like tests/test_grpc_api.py's, on free loopback ports."""
-    async with in_process_daemon(tmp_path, SPEC, ScriptedBackend(_answer)) as d:
-        yield d
-
-
-async def run_one_investigation(daemon: Daemon) -> str:
-    """Ingests a session, refuses one bad trigger (so the rejection counter has a sample) and
-    runs one investigation to the end; returns its id."""
-    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client:
-        await client.send(session(6))
-        with pytest.raises(grpc.aio.AioRpcError):
-            await client.trigger("no-such-session", "exercise the rejection counter")
-        queued = await client.trigger("s1", "operator saw a fall")
-        async for _ in client.watch(queued.investigation_id):
-            pass
-    # The terminal event can precede the outcome counter; wait for the counter itself.
-    deadline = time.monotonic() + INVESTIGATION_DEADLINE_SECONDS
-    labels = {"system": SPEC.system.name, "outcome": "succeeded", "method": "poirot"}
-    while daemon.metrics.registry.get_sample_value("poirot_investigations_total", labels) != 1:
-        assert time.monotonic() < deadline, "the investigation did not succeed in time"
-        await asyncio.sleep(0.05)
-    return queued.investigation_id
+def daemon_settings(tmp_path: Path) -> dict[str, Any]:
+    """The shared daemon with an access file, so that the access metrics are exercised too."""
+    return {"auth_file": access_file(tmp_path)}
 
 
 @pytest.fixture

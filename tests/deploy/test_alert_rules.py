@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DEPLOY,
     K8S,
     RULES_FILE,

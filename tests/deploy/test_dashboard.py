@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client.metrics import MetricWrapperBase
 
 from poirotd.observability.metrics import Metrics
-from tests.deploy.conftest import DASHBOARD_FILE, dashboard_expressions
+from tests.support.deploy import DASHBOARD_FILE, dashboard_expressions
 
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 SYSTEM_MATCHER = 'system=~"$system"'

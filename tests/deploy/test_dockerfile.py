@@ -13,9 +13,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from poirotd.config import Settings
-from tests.deploy.conftest import DEPLOY, REPO
+from tests.support.deploy import DEPLOY, REPO
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 IGNORE_FILE = DEPLOY / "Dockerfile.dockerignore"
@@ -46,9 +47,22 @@ def test_runtime_stage_user_ports_entrypoint_and_no_healthcheck() -> None:
     assert stage["EXPOSE"].split() == [str(defaults.grpc_port), str(defaults.metrics_port)]
     assert stage["ENTRYPOINT"] == '["poirotd", "run", "--config", "/etc/poirotd/system.yaml"]'
     assert stage["HEALTHCHECK"] == "NONE"
-    env = stage["ENV"]
-    for setting in ("POIROTD_GRPC_HOST=0.0.0.0", "POIROTD_METRICS_HOST=0.0.0.0"):
-        assert setting in env
+    env = dict(item.split("=", 1) for item in stage["ENV"].split())
+    assert env["POIROTD_GRPC_HOST"] == env["POIROTD_METRICS_HOST"] == "0.0.0.0"
+
+
+def test_the_image_binds_all_interfaces_only_with_tls_from_the_mounted_secret() -> None:
+    """Beyond loopback only with TLS: the certificate files are where deploy/k8s mounts the
+    cert-manager Secret, and nothing opts out of the daemon's refusal of an unlocked bind."""
+    env = dict(item.split("=", 1) for item in dict(_final_stage())["ENV"].split())
+    assert env["POIROTD_TLS_CERT_FILE"] == "/run/secrets/poirotd/tls/tls.crt"
+    assert env["POIROTD_TLS_KEY_FILE"] == "/run/secrets/poirotd/tls/tls.key"
+    assert "POIROTD_ALLOW_INSECURE_BIND" not in env
+    deployment = yaml.safe_load_all((DEPLOY / "k8s" / "mas-deployment.yaml").read_text())
+    (mas,) = [d for d in deployment if d["kind"] == "Deployment"]
+    (sidecar,) = [c for c in mas["spec"]["template"]["spec"]["initContainers"]]
+    mounts = {m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert str(Path(env["POIROTD_TLS_CERT_FILE"]).parent) in mounts
 
 
 @pytest.mark.parametrize(("extras", "target"), [("", "."), ("embedded", ".[embedded]")])
@@ -100,6 +114,7 @@ def _context_files() -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 0.9 s on a quiet 2-core box; pip has 300 s of its own
 def test_the_build_context_builds_a_wheel_with_the_package_data(tmp_path: Path) -> None:
     context = tmp_path / "context"
     for path in _context_files():

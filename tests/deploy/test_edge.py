@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import configparser
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ from poirotd.config import Settings
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.daemon import Daemon
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,
     EDGE,
@@ -53,12 +55,15 @@ def test_compose_has_every_service_with_a_healthcheck() -> None:
         assert service["restart"] == "unless-stopped", name
 
 
-def test_compose_bind_mounts_exist_and_named_volumes_are_declared() -> None:
+def test_compose_bind_mounts_exist_and_named_volumes_are_declared(edge_secrets: Path) -> None:
+    """Mounts of ./secrets are what make-certs.sh makes (git keeps none of it)."""
     compose = _compose()
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
-            if source.startswith("."):
+            if source.startswith("./secrets/"):
+                assert (edge_secrets / source.removeprefix("./secrets/")).is_dir(), source
+            elif source.startswith("."):
                 assert (EDGE / source).exists(), f"{name}: {source}"
             else:
                 assert source in compose["volumes"], f"{name}: {source}"
@@ -90,11 +95,18 @@ def test_edge_system_spec_is_valid_and_names_the_model_vllm_serves() -> None:
 
 
 def _healthcheck(port: int) -> subprocess.CompletedProcess[str]:
-    """compose.yaml's poirotd healthcheck, run with this venv's Python on another port."""
+    """compose.yaml's poirotd healthcheck, run with this venv's Python on another port, in
+    plaintext as the in-process daemon serves (the probe over mutual TLS: test_probe.py)."""
     test = _compose()["services"]["poirotd"]["healthcheck"]["test"]
-    assert test[:3] == ["CMD", "python", "-c"]
-    code = test[3].replace("127.0.0.1:50051", f"127.0.0.1:{port}")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert test == ["CMD", "python", "-m", "poirotd.cli.probe"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIROTD_")}
+    return subprocess.run(
+        [sys.executable, *test[2:], f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
 
 
 async def test_compose_poirotd_healthcheck_passes_on_a_serving_daemon(daemon: Daemon) -> None:
@@ -107,11 +119,13 @@ def test_compose_poirotd_healthcheck_fails_without_a_daemon() -> None:
     assert _healthcheck(free_port()).returncode != 0
 
 
-def test_edge_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+def test_edge_prometheus_config_passes_promtool(tmp_path: Path, edge_secrets: Path) -> None:
     promtool = require_tool("promtool")
-    # compose.yaml mounts both files side by side in /etc/prometheus.
+    # compose.yaml mounts both files side by side in /etc/prometheus, and Prometheus' client
+    # certificate in /etc/prometheus/tls (promtool checks that the files exist).
     (tmp_path / "prometheus.yml").write_text((EDGE / "prometheus.yml").read_text())
     (tmp_path / "poirot-alerts.yaml").write_text(RULES_FILE.read_text())
+    shutil.copytree(edge_secrets / "prometheus", tmp_path / "tls")
     result = subprocess.run(
         [promtool, "check", "config", str(tmp_path / "prometheus.yml")],
         capture_output=True,

@@ -5,11 +5,11 @@ when kubectl is installed."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -19,49 +19,36 @@ from kubernetes_validate import utils as kv
 from poirotd.config import Settings
 from poirotd.config.loader import load_spec_text
 from poirotd.config.spec import OpenAILLMSpec
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,
     K8S,
     load_yaml_documents,
     require_tool,
 )
+from tests.support.kubernetes import (
+    MANIFESTS,
+    manifest_container,
+    manifest_env,
+    manifest_one,
+    manifest_resources,
+    manifest_selects,
+)
 
-# Custom resources of the Prometheus Operator: kubernetes-validate ships schemas for built-in
-# kinds only. They are checked by the tests below and by test_alert_rules.py instead.
+# Custom resources: kubernetes-validate ships schemas for built-in kinds only and raises
+# SchemaNotFoundError for any other kind (it looks up a schema file per kind and finds none), so
+# these are skipped there and checked field by field instead: the Prometheus Operator's by the
+# tests below and test_alert_rules.py, cert-manager's against the fields of its v1 API.
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
 }
 # Native sidecars (restartPolicy: Always in initContainers) are on by default from 1.29.
 KUBERNETES_VERSIONS = ("1.29.0", kv.latest_version())
 # The daemon's grace for open RPCs after the drain (poirotd/daemon.py _RPC_GRACE_SECONDS).
 RPC_GRACE_SECONDS = 5
-
-MANIFESTS = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
-
-
-def _resources() -> list[dict[str, Any]]:
-    return [doc for path in MANIFESTS for doc in load_yaml_documents(path)]
-
-
-def _one(kind: str, name: str) -> dict[str, Any]:
-    (found,) = [r for r in _resources() if r["kind"] == kind and r["metadata"]["name"] == name]
-    return found
-
-
-def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    every: list[dict[str, Any]] = pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
-    (found,) = [c for c in every if c["name"] == name]
-    return found
-
-
-def _env(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-
-
-def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    return all(labels.get(key) == value for key, value in selector.items())
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -83,8 +70,8 @@ def test_manifest_validates_against_the_kubernetes_schema(path: Path, version: s
 
 def test_strict_validation_catches_a_misspelt_field() -> None:
     """A negative control: the validator really looks inside the pod template."""
-    deployment = copy.deepcopy(_one("Deployment", "mas"))
-    sidecar = _container(deployment["spec"]["template"], "poirotd")
+    deployment = copy.deepcopy(manifest_one("Deployment", "mas"))
+    sidecar = manifest_container(deployment["spec"]["template"], "poirotd")
     sidecar["readinesProbe"] = sidecar.pop("readinessProbe")
     with pytest.raises(kv.ValidationError):
         kv.validate(deployment, kv.latest_version(), strict=True)
@@ -108,7 +95,7 @@ def test_kustomize_renders_every_resource_with_the_dashboard() -> None:
     )
     assert result.returncode == 0, result.stderr
     rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    expected = {(r["kind"], r["metadata"]["name"]) for r in _resources()}
+    expected = {(r["kind"], r["metadata"]["name"]) for r in manifest_resources()}
     names = {(r["kind"], r["metadata"]["name"]) for r in rendered}
     assert expected <= names
     (dashboard,) = [
@@ -126,14 +113,14 @@ def test_kustomize_renders_every_resource_with_the_dashboard() -> None:
 def test_services_select_pods_and_reach_their_ports() -> None:
     pods = {
         d["metadata"]["name"]: d["spec"]["template"]
-        for d in _resources()
+        for d in manifest_resources()
         if d["kind"] == "Deployment"
     }
-    for service in (r for r in _resources() if r["kind"] == "Service"):
+    for service in (r for r in manifest_resources() if r["kind"] == "Service"):
         selected = [
             pod
             for pod in pods.values()
-            if _selects(service["spec"]["selector"], pod["metadata"]["labels"])
+            if manifest_selects(service["spec"]["selector"], pod["metadata"]["labels"])
         ]
         assert len(selected) == 1, service["metadata"]["name"]
         pod = selected[0]
@@ -149,14 +136,14 @@ def test_services_select_pods_and_reach_their_ports() -> None:
 
 
 def test_deployment_selectors_match_their_templates() -> None:
-    for deployment in (r for r in _resources() if r["kind"] == "Deployment"):
+    for deployment in (r for r in manifest_resources() if r["kind"] == "Deployment"):
         selector = deployment["spec"]["selector"]["matchLabels"]
-        assert _selects(selector, deployment["spec"]["template"]["metadata"]["labels"])
+        assert manifest_selects(selector, deployment["spec"]["template"]["metadata"]["labels"])
 
 
 def test_servicemonitors_select_a_service_and_name_its_port() -> None:
-    services = [r for r in _resources() if r["kind"] == "Service"]
-    monitors = [r for r in _resources() if r["kind"] == "ServiceMonitor"]
+    services = [r for r in manifest_resources() if r["kind"] == "Service"]
+    monitors = [r for r in manifest_resources() if r["kind"] == "ServiceMonitor"]
     assert {m["metadata"]["name"] for m in monitors} == {"poirotd", "vllm"}
     for monitor in monitors:
         spec = monitor["spec"]
@@ -164,28 +151,32 @@ def test_servicemonitors_select_a_service_and_name_its_port() -> None:
         (service,) = [
             s
             for s in services
-            if _selects(spec["selector"]["matchLabels"], s["metadata"]["labels"])
+            if manifest_selects(spec["selector"]["matchLabels"], s["metadata"]["labels"])
         ]
         port_names = {p["name"] for p in service["spec"]["ports"]}
         for endpoint in spec["endpoints"]:
-            assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+            assert set(endpoint) <= {
+                *("port", "path", "interval", "scrapeTimeout", "scheme", "tlsConfig")
+            }
             assert endpoint["port"] in port_names
             assert endpoint["path"] == "/metrics"
             assert re.fullmatch(r"\d+s", endpoint["interval"])
-    poirotd = _one("ServiceMonitor", "poirotd")
+    poirotd = manifest_one("ServiceMonitor", "poirotd")
     (service,) = [
         s
         for s in services
-        if _selects(poirotd["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        if manifest_selects(poirotd["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
     ]
     assert service["metadata"]["name"] == "poirotd-metrics"
     assert service["spec"]["ports"][0]["port"] == Settings().metrics_port
 
 
 def test_volumes_refer_to_configmaps_and_claims_that_exist() -> None:
-    configmaps = {r["metadata"]["name"] for r in _resources() if r["kind"] == "ConfigMap"}
-    claims = {r["metadata"]["name"] for r in _resources() if r["kind"] == "PersistentVolumeClaim"}
-    for deployment in (r for r in _resources() if r["kind"] == "Deployment"):
+    configmaps = {r["metadata"]["name"] for r in manifest_resources() if r["kind"] == "ConfigMap"}
+    claims = {
+        r["metadata"]["name"] for r in manifest_resources() if r["kind"] == "PersistentVolumeClaim"
+    }
+    for deployment in (r for r in manifest_resources() if r["kind"] == "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         for container in pod.get("initContainers", []) + pod["containers"]:
@@ -199,20 +190,25 @@ def test_volumes_refer_to_configmaps_and_claims_that_exist() -> None:
 
 
 def test_poirotd_sidecar_probes_drain_and_filesystem() -> None:
-    deployment = _one("Deployment", "mas")
+    deployment = manifest_one("Deployment", "mas")
     pod = deployment["spec"]["template"]
-    sidecar = _container(pod, "poirotd")
-    env = _env(sidecar)
+    sidecar = manifest_container(pod, "poirotd")
+    env = manifest_env(sidecar)
     defaults = Settings()
 
     # A native sidecar: an init container that keeps running.
     assert sidecar in pod["spec"]["initContainers"] and sidecar["restartPolicy"] == "Always"
-    # Native gRPC health probes on the daemon's gRPC port, reachable from the kubelet.
+    # Reachable from Prometheus and the control software (TLS: see the tests further down).
     assert env["POIROTD_GRPC_HOST"] == "0.0.0.0" and env["POIROTD_METRICS_HOST"] == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     assert ports == {"grpc": defaults.grpc_port, "metrics": defaults.metrics_port}
+    # gRPC health over the daemon's own TLS, from inside the container (poirotd.cli.probe asks
+    # localhost on the default gRPC port): the kubelet's grpc probe has no TLS.
+    assert importlib.util.find_spec("poirotd.cli.probe") is not None
+    assert "POIROTD_GRPC_PORT" not in env
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["grpc"] == {"port": defaults.grpc_port}, probe
+        assert sidecar[probe]["exec"]["command"] == ["python", "-m", "poirotd.cli.probe"], probe
+        assert sidecar[probe]["timeoutSeconds"] >= 3, "the probe's own deadline is 3 s"
     # The pod outlives the drain: investigations, then open RPCs.
     drain = float(env.get("POIROTD_DRAIN_SECONDS", defaults.drain_seconds))
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > (
@@ -234,8 +230,8 @@ def test_poirotd_sidecar_probes_drain_and_filesystem() -> None:
 
 
 def test_vllm_probes_args_and_gpu() -> None:
-    deployment = _one("Deployment", "vllm")
-    container = _container(deployment["spec"]["template"], "vllm")
+    deployment = manifest_one("Deployment", "vllm")
+    container = manifest_container(deployment["spec"]["template"], "vllm")
     assert container["command"] == ["vllm", "serve"]
     args = container["args"]
     for flag in (
@@ -257,10 +253,10 @@ def test_system_spec_configmap_is_valid_and_points_at_the_vllm_service(spec_text
     spec = load_spec_text(spec_text, "system-configmap.yaml")
     assert isinstance(spec.llm, OpenAILLMSpec)
     url = urlsplit(str(spec.llm.base_urls[0]))
-    service = _one("Service", "vllm")
+    service = manifest_one("Service", "vllm")
     assert url.hostname == service["metadata"]["name"]
     assert url.port == service["spec"]["ports"][0]["port"]
-    vllm = _container(_one("Deployment", "vllm")["spec"]["template"], "vllm")
+    vllm = manifest_container(manifest_one("Deployment", "vllm")["spec"]["template"], "vllm")
     assert spec.llm.model == vllm["args"][0], "the spec must name the model vLLM serves"
     (max_len,) = [a.split("=", 1)[1] for a in vllm["args"] if a.startswith("--max-model-len=")]
     assert spec.llm.context_tokens <= int(max_len)

@@ -1,4 +1,5 @@
-"""Every metric the alert rules and the dashboard name is one the running daemon really exports.
+"""Every metric the alert rules and the dashboard name is one the running daemon really exports,
+and the names it exports follow Prometheus' conventions.
 
 A daemon runs in process (scripted LLM) through one whole investigation, so that every metric
 family has samples; its /metrics page is scraped over HTTP and parsed like Prometheus would.
@@ -7,9 +8,11 @@ family has samples; its /metrics page is scraped over HTTP and parsed like Prome
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 
 from poirotd.daemon import Daemon
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     Exported,
     alert_rules,
@@ -17,6 +20,8 @@ from tests.deploy.conftest import (
     declared_families,
     exported,
     poirot_identifiers,
+    require_tool,
+    scrape,
 )
 
 # What PromQL may append to a family's name, by family type. `_created` series are left out on
@@ -69,24 +74,47 @@ def test_dashboard_names_only_exported_metrics_and_covers_every_family(
     assert used == declared_families()
 
 
-def test_identifier_extraction_ignores_label_values_and_keeps_suffixes() -> None:
-    expr = 'sum(rate(poirot_llm_calls_total{job="poirot_x"}[5m])) / poirot_llm_up'
-    assert poirot_identifiers(expr) == {"poirot_llm_calls_total", "poirot_llm_up"}
+# Prometheus' naming conventions (prometheus.io/docs/practices/naming) that the names, not the
+# client library, decide: an application prefix and snake_case; base units only, spelled out as a
+# suffix; the suffixes the exposition format adds kept for it; snake_case label names.
+_NAME = re.compile(r"poirot_[a-z][a-z0-9]*(_[a-z0-9]+)*")
+_LABEL = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
+_NOT_BASE_UNITS = re.compile(
+    r"_(ms|milliseconds|microseconds|nanoseconds|minutes|hours|days|kilobytes|megabytes|percent)(_|$)"
+)
+_FORMAT_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_info", "_created")
 
 
-def test_the_name_check_refuses_names_prometheus_would_not_find(
+def test_the_exported_names_follow_the_prometheus_conventions(
     investigated_daemon: Daemon,
 ) -> None:
     metrics = exported(investigated_daemon)
-    for bad in (
-        "poirot_investigations",  # a counter's family name without _total
-        "poirot_llm_up_total",  # a gauge with a counter's suffix
-        "poirot_attribution_score_bucket",  # a gauge is no histogram
-        "poirot_build",  # an Info family without _info
-        "poirot_votes_created",  # served, but not a series the artefacts may rely on
-    ):
-        try:
-            _family_of(bad, metrics)
-        except AssertionError:
-            continue
-        raise AssertionError(f"{bad} was accepted")
+    problems = []
+    for family in metrics.declared:
+        name = family.name
+        if not _NAME.fullmatch(name):
+            problems.append(f"{name}: not poirot_ and snake_case")
+        if _NOT_BASE_UNITS.search(name):
+            problems.append(f"{name}: not in a base unit (seconds, bytes, ratios)")
+        if family.type in ("gauge", "histogram") and name.endswith(_FORMAT_SUFFIXES):
+            problems.append(f"{name}: a {family.type} named with a suffix the format reserves")
+        if family.type == "histogram" and not name.endswith(("_seconds", "_bytes")):
+            problems.append(f"{name}: a histogram without its unit")
+        if ("timestamp" in name or "duration" in name) and not name.endswith("_seconds"):
+            problems.append(f"{name}: a time not in seconds")
+        for sample in family.samples:
+            for label in set(sample.labels) - {"le"}:
+                if not _LABEL.fullmatch(label):
+                    problems.append(f"{name}: label {label!r} is not snake_case")
+    assert problems == []
+
+
+def test_promtool_finds_no_problem_in_the_scraped_page(investigated_daemon: Daemon) -> None:
+    lint = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"],
+        input=scrape(investigated_daemon),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (lint.returncode, lint.stdout + lint.stderr) == (0, "")

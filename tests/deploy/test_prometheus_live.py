@@ -18,15 +18,17 @@ import yaml
 
 from hwbridge.broker import free_port, stop_process
 from poirotd.daemon import Daemon
-from tests.deploy.conftest import (
+from tests.support.deploy import (
     DASHBOARD_FILE,
     RULES_FILE,
+    TOKEN,
     dashboard_expressions,
     require_tool,
     run_one_investigation,
 )
 
-pytestmark = pytest.mark.slow
+# 7.9 s on a quiet 2-core box, most of it Prometheus starting and evaluating the rule.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 ALERT = "PoirotHighAttributionScore"
 DEADLINE_SECONDS = 30.0
@@ -55,6 +57,7 @@ def prometheus(tmp_path: Path, daemon: Daemon) -> Iterator[str]:
         "scrape_configs": [
             {
                 "job_name": "poirotd",
+                "authorization": {"credentials": TOKEN},
                 "static_configs": [{"targets": [f"127.0.0.1:{daemon.metrics_port}"]}],
             }
         ],

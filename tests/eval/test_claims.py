@@ -14,7 +14,8 @@ from poirot_eval.claims import CLAIMS_DIR, CaseClaims
 from poirot_eval.journal import RunJournal
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from tests.eval.test_runner import answer, case, lines, run
+from tests.eval.helpers import case, lines, run
+from tests.support.answers import schema_answer
 
 KEY = ("whowhen", "2", "poirot")
 
@@ -58,10 +59,10 @@ async def test_a_run_skips_cases_held_or_recorded_by_another_process(tmp_path: P
     ) -> str:
         if elsewhere.status("whowhen", "3", "poirot") is None:
             elsewhere.append(three)
-        return answer(messages, schema)
+        return schema_answer(messages, schema)
 
     # What the other process recorded for case 3: a line run earlier in another folder.
-    done = await run([case("3")], tmp_path / "other", ScriptedBackend(answer))
+    done = await run([case("3")], tmp_path / "other", ScriptedBackend(schema_answer))
     three = done.finished[0]
     recorded = await run(
         [case("1"), case("2"), case("3")],

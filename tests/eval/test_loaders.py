@@ -16,7 +16,7 @@ from poirot_eval.session import session_id_of, session_items
 from poirotd.ingest.validation import IngestScope, SignalNames
 from poirotd.model import MessageKind
 from poirotd.store import Store
-from tests.eval.helpers import DATA
+from tests.support.data import DATA
 
 ID = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 import io
 import json
 import sqlite3
-import subprocess
-import sys
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,19 +15,18 @@ from rich.console import Console
 from poirot_eval.replay import pauses, replay
 from poirot_eval.selection import resolve_case
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.config import SystemSpec
 from poirotd.config.loader import load_spec
 from poirotd.daemon import Daemon
 from poirotd.demo.process import DaemonProcess
-from poirotd.llm.scripted import ScriptedBackend
-from tests.eval.helpers import DATA
-from tests.eval.test_runner import answer, case
-from tests.inprocess import in_process_daemon
+from tests.eval.helpers import case
+from tests.support.cli import poirotd
+from tests.support.data import DATA
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
-    async with in_process_daemon(tmp_path, case("1").spec, ScriptedBackend(answer)) as d:
-        yield d
+def daemon_spec() -> SystemSpec:
+    return case("1").spec
 
 
 async def test_replay_streams_the_session_and_follows_the_investigation(daemon: Daemon) -> None:
@@ -102,14 +98,8 @@ def test_a_case_is_named_by_dataset_and_id_or_by_a_case_file(tmp_path: Path) -> 
         pytest.skip(f"no Who&When data under {DATA}")
     whowhen = resolve_case("whowhen:1", DATA)
     assert (whowhen.dataset, whowhen.case_id) == ("whowhen", "1")
-    with pytest.raises(ValueError, match="no such case"):
+    with pytest.raises(ValueError, match=r"whowhen:9999: no case \['9999'\] in .*Algorithm-Gen"):
         resolve_case("whowhen:9999", DATA)
-
-
-def poirotd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "poirotd", *args], capture_output=True, text=True, timeout=600
-    )
 
 
 def test_eval_spec_writes_a_spec_the_daemon_loads(tmp_path: Path) -> None:
@@ -121,6 +111,7 @@ def test_eval_spec_writes_a_spec_the_daemon_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 5.5 s on a quiet 2-core box; the replay has 600 s of its own
 def test_replay_into_a_daemon_process_started_on_the_case_spec(tmp_path: Path) -> None:
     """The operator's path on real parts: the embedded model answers (meaningless, valid)."""
     case_file = tmp_path / "case.json"
@@ -131,6 +122,7 @@ def test_replay_into_a_daemon_process_started_on_the_case_spec(tmp_path: Path) -
         result = poirotd(
             "replay", str(case_file), "--target", process.grpc_target,
             "--interval", "0.05", "--watch", "--method", "baseline", "--session-id", "op-1",
+            timeout=600,
         )  # fmt: skip
         assert result.returncode == 0, result.stdout + result.stderr + process.log_tail()
     assert "attribution ready" in result.stdout

@@ -14,7 +14,8 @@ from poirot_eval.report import percent, render_report
 from poirot_eval.results import CaseResult, TokenUsage
 from poirot_eval.scoring import STEP_TOLERANCES, groups, summarise
 from poirotd.model import Vote
-from tests.eval.helpers import DATA, one_hot, result
+from tests.eval.helpers import one_hot, result
+from tests.support.data import DATA
 
 CORTEX = blame.region_ids(DATA, "blame-cortex")
 EXPERTS = ("excel_expert", "verification_expert", "computer_terminal")
@@ -171,10 +172,24 @@ def test_zero_vector_is_the_origin_and_several_faults_the_mean() -> None:
 
 
 @pytest.mark.parametrize("n", [7, 15])
-def test_angles_follow_eq_11(n: int) -> None:
-    d = np.arange(n)
-    theta = 2 * np.pi * d / n - np.pi / 2
-    np.testing.assert_allclose(anchors(n), 0.5 * np.column_stack((np.cos(theta), np.sin(theta))))
+def test_anchors_are_evenly_spaced_counter_clockwise_from_the_bottom(n: int) -> None:
+    """Eq. 11 by its properties: a point per dimension on the circle, the first at the bottom,
+    each next one the same chord (2R sin(pi/N)) further on, turning counter-clockwise."""
+    points = anchors(n)
+    following = np.roll(points, -1, axis=0)
+    assert points.shape == (n, 2)
+    np.testing.assert_allclose(points[0], [0, -0.5], atol=1e-12)
+    np.testing.assert_allclose(np.hypot(*points.T), 0.5)
+    np.testing.assert_allclose(np.hypot(*(following - points).T), np.sin(np.pi / n))
+    turn = points[:, 0] * following[:, 1] - points[:, 1] * following[:, 0]
+    assert (turn > 0).all(), "counter-clockwise"
+    np.testing.assert_allclose(points.sum(axis=0), [0, 0], atol=1e-12)
+
+
+def test_anchors_of_a_hexagon_scale_with_the_radius() -> None:
+    h = np.sqrt(3) / 2
+    hexagon = [[0, -1], [h, -0.5], [h, 0.5], [0, 1], [-h, 0.5], [-h, -0.5]]
+    np.testing.assert_allclose(anchors(6, radius=2.0), 2 * np.array(hexagon), atol=1e-12)
 
 
 def test_the_report_compares_methods_run_on_the_same_cases(rendered: Path) -> None:

@@ -8,128 +8,29 @@ import json
 import subprocess
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from poirot_eval.cases import EvalCase, GroundTruth
+from poirot_eval.cases import GroundTruth
 from poirot_eval.journal import RunJournal, RunMismatch
 from poirot_eval.provenance import source_commit
 from poirot_eval.results import CaseResult
 from poirot_eval.runner import run_cases
-from poirotd.config import EmbeddedLLMSpec, SystemSpec
+from poirotd.config import EmbeddedLLMSpec
 from poirotd.llm import ChatMessage, LLMError
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import AgentMessage, InvestigationMethod, MessageKind
-from tests.schema_fill import fill
-
-SPEC = SystemSpec.model_validate(
-    {
-        "system": {"name": "clinic", "description": "Two agents plan therapy on an exoskeleton."},
-        "agents": [
-            {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
-            {"id": "physio", "name": "Physio", "system_prompt": "You advise on dosing."},
-        ],
-        "components": [
-            {"id": "exo", "name": "Exoskeleton", "type": "hardware", "description": "Gait robot."}
-        ],
-        "protocol": {"max_invocations": 2},
-        "hazard_space": {
-            "regions": [
-                {"id": "doctor", "name": "Doctor", "type": "agent", "description": "x"},
-                {"id": "physio", "name": "Physio", "type": "agent", "description": "x"},
-                {"id": "exo", "name": "Exoskeleton", "type": "hardware", "description": "x"},
-            ]
-        },
-    }
-)
-LLM = EmbeddedLLMSpec(context_tokens=4096)
-
-
-def case(case_id: str, *, content: str = "Knee angle 270 degrees, continue.") -> EvalCase:
-    t0 = datetime(2025, 1, 1, tzinfo=UTC)
-    turns = [
-        ("doctor", "physio", "Patient fit for gait training."),
-        ("physio", "doctor", content),
-        ("doctor", "", "Agreed."),
-    ]
-    return EvalCase(
-        dataset="whowhen",
-        case_id=case_id,
-        spec=SPEC,
-        messages=tuple(
-            AgentMessage(
-                session_id=f"s-{case_id}",
-                index=i,
-                kind=MessageKind.AGENT,
-                sender=sender,
-                recipient=recipient,
-                content=text,
-                sent_at=t0 + timedelta(seconds=i),
-            )
-            for i, (sender, recipient, text) in enumerate(turns)
-        ),
-        truth=GroundTruth(regions=("doctor",), step=0),
-    )
-
-
-def answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
-    """A schema-valid answer; every vote names region 0 (the doctor)."""
-    return json.dumps(fill(schema)) if schema is not None else "I saw nothing unusual."
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.plan: tuple[int, int] | None = None
-        self.started: list[str] = []
-        self.finished: list[CaseResult] = []
-        self.skipped: list[tuple[str, str]] = []
-
-    def planned(self, total: int, done: int) -> None:
-        self.plan = (total, done)
-
-    def case_started(self, c: EvalCase) -> None:
-        self.started.append(c.case_id)
-
-    def case_finished(self, result: CaseResult) -> None:
-        self.finished.append(result)
-
-    def case_skipped(self, c: EvalCase, why: str) -> None:
-        self.skipped.append((c.case_id, why))
-
-
-async def run(
-    cases: Sequence[EvalCase],
-    out: Path,
-    backend: ScriptedBackend,
-    method: InvestigationMethod = "poirot",
-    **options: Any,
-) -> Recorder:
-    """`options`: the rest of run_cases' keywords (case_timeout, concurrency...)."""
-    recorder = Recorder()
-    await run_cases(
-        cases,
-        RunJournal(out),
-        method=method,
-        llm=LLM,
-        observer=recorder,
-        backend=backend,
-        **options,
-    )
-    return recorder
-
-
-def lines(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+from poirotd.model import InvestigationMethod
+from tests.eval.helpers import LLM, Recorder, case, lines, run
+from tests.support.answers import schema_answer
 
 
 @pytest.mark.parametrize("method", ["poirot", "baseline"])
 async def test_each_case_is_one_line_with_the_investigation_outcome(
     tmp_path: Path, method: InvestigationMethod
 ) -> None:
-    backend = ScriptedBackend(answer)
+    backend = ScriptedBackend(schema_answer)
     recorder = await run([case("1"), case("2")], tmp_path, backend, method)
 
     assert recorder.plan == (2, 0)
@@ -154,24 +55,24 @@ async def test_each_case_is_one_line_with_the_investigation_outcome(
 
 async def test_a_rerun_skips_recorded_cases_and_adds_the_rest(tmp_path: Path) -> None:
     cases = [case("1"), case("2")]
-    await run(cases[:1], tmp_path, ScriptedBackend(answer))  # as if stopped after case 1
-    backend = ScriptedBackend(answer)
+    await run(cases[:1], tmp_path, ScriptedBackend(schema_answer))  # as if stopped after case 1
+    backend = ScriptedBackend(schema_answer)
     recorder = await run(cases, tmp_path, backend)
 
     assert recorder.plan == (2, 1)
     assert recorder.started == ["2"]
     assert [r["case_id"] for r in lines(tmp_path)] == ["1", "2"]
     # Another method is another key: the same cases run again under it.
-    recorder = await run(cases, tmp_path, ScriptedBackend(answer), "baseline")
+    recorder = await run(cases, tmp_path, ScriptedBackend(schema_answer), "baseline")
     assert recorder.started == ["1", "2"]
     assert len(lines(tmp_path)) == 4
 
 
 async def test_a_torn_last_line_is_ignored_and_its_case_rerun(tmp_path: Path) -> None:
-    await run([case("1")], tmp_path, ScriptedBackend(answer))
+    await run([case("1")], tmp_path, ScriptedBackend(schema_answer))
     with (tmp_path / "results.jsonl").open("a") as f:
         f.write('{"case_id": "2", "dataset": "whowhen", "meth')  # a crash mid-write
-    recorder = await run([case("1"), case("2")], tmp_path, ScriptedBackend(answer))
+    recorder = await run([case("1"), case("2")], tmp_path, ScriptedBackend(schema_answer))
 
     assert recorder.started == ["2"]
     assert [r.case_id for r in RunJournal(tmp_path).results()] == ["1", "2"]
@@ -181,7 +82,7 @@ async def test_a_case_that_does_not_fit_the_context_is_recorded(tmp_path: Path) 
     def refuse_long(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
         if any("HUGE" in m.content for m in messages):
             raise LLMError("prompt exceeds the context of 4096 tokens", reason="context_exceeded")
-        return answer(messages, schema)
+        return schema_answer(messages, schema)
 
     cases = [case("big", content="HUGE " * 10), case("small")]
     recorder = await run(cases, tmp_path, ScriptedBackend(refuse_long), "baseline")
@@ -200,14 +101,14 @@ async def test_a_case_the_daemon_refuses_is_a_failed_line(tmp_path: Path) -> Non
     bad = stranger.model_copy(
         update={"messages": (stranger.messages[0].model_copy(update={"sender": "nobody"}),)}
     )
-    recorder = await run([bad], tmp_path, ScriptedBackend(answer))
+    recorder = await run([bad], tmp_path, ScriptedBackend(schema_answer))
 
     [result] = recorder.finished
     assert result.status == "failed"
     assert "nobody" in result.error
 
     # Fixed (say, in the loader), a failed case is run again on request; its new line counts.
-    assert (await run([stranger], tmp_path, ScriptedBackend(answer))).started == []
+    assert (await run([stranger], tmp_path, ScriptedBackend(schema_answer))).started == []
     recorder = Recorder()
     await run_cases(
         [stranger],
@@ -215,7 +116,7 @@ async def test_a_case_the_daemon_refuses_is_a_failed_line(tmp_path: Path) -> Non
         method="poirot",
         llm=LLM,
         observer=recorder,
-        backend=ScriptedBackend(answer),
+        backend=ScriptedBackend(schema_answer),
         retry=("failed", "timeout"),
     )
     assert recorder.started == ["1"]
@@ -258,7 +159,7 @@ def poirotd(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_eval_report_scores_a_run_directory(tmp_path: Path) -> None:
-    await run([case("1"), case("2")], tmp_path, ScriptedBackend(answer))
+    await run([case("1"), case("2")], tmp_path, ScriptedBackend(schema_answer))
     result = poirotd("eval", "report", str(tmp_path))
     assert result.returncode == 0, result.stderr
     report = Path(result.stdout.strip())
@@ -287,7 +188,7 @@ async def test_cancelling_abandons_the_case_in_flight_and_records_nothing_for_it
         if any("the second case" in m.content for m in messages):
             asked.set()
             await asyncio.Event().wait()
-        return answer(messages, schema)
+        return schema_answer(messages, schema)
 
     recorder = Recorder()
     task = asyncio.create_task(
@@ -321,7 +222,7 @@ async def test_cases_run_concurrently_up_to_the_limit_and_each_is_recorded(
         most = max(most, len(in_flight))
         await asyncio.sleep(0.05)
         in_flight.discard(session)
-        return answer(messages, schema)
+        return schema_answer(messages, schema)
 
     cases = [case(str(i), content=f"case-{i}: knee angle 270") for i in range(5)]
     recorder = await run(cases, tmp_path, ScriptedBackend(slow), "baseline", concurrency=2)

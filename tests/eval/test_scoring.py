@@ -20,7 +20,8 @@ from poirot_eval.scoring import (
     truth_vector,
 )
 from poirotd.model import Vote
-from tests.eval.helpers import DATA, one_hot, recorded, recorded_result, result
+from tests.eval.helpers import one_hot, recorded, recorded_result, result
+from tests.support.data import DATA
 
 CORTEX = blame.region_ids(DATA, "blame-cortex")
 EXPERTS = ("dataverification_expert", "verification_expert", "computer_terminal")

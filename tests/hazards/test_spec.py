@@ -9,8 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from poirotd.hazards import RuleEngine, RuleSet, ThresholdRule, parse_rules
-
-from .helpers import rule
+from tests.support.hazards import rule
 
 SPEC = """
 rules:

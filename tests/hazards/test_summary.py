@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from poirotd.hazards import summarise_window
-
-from .helpers import EXO, readings, series
+from tests.support.hazards import EXO, readings, series
 
 SIGNALS = [
     "ankle_angle_deg",

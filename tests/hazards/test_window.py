@@ -11,8 +11,7 @@ import pytest
 from poirotd.hazards.spec import RollingMeanRule
 from poirotd.hazards.window import CHUNK, RingBuffer, SignalWindow
 from poirotd.model import row_of
-
-from .helpers import rule, series
+from tests.support.hazards import rule, series
 
 
 def test_ring_buffer_keeps_the_newest_items() -> None:

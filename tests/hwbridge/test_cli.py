@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from hwbridge.__main__ import app
 from hwbridge.broker import free_port
-from tests.conftest import Mosquitto
-from tests.hwbridge.support import eventually
-from tests.hwbridge.test_forward import start_daemon
+from tests.support.bridge import bridge_config, hwbridge, stop, stored
+from tests.support.daemon import in_process_daemon
+from tests.support.mosquitto import Mosquitto
+from tests.support.spec import BRIDGE_CLINIC
+from tests.support.waiting import eventually
 
 EXAMPLE = Path(__file__).parents[2] / "hwbridge" / "bridge.example.yaml"
 
@@ -43,49 +42,8 @@ def test_simulator_options_are_validated(args: list[str], problem: str) -> None:
     assert result.exit_code == 2 and problem in result.output
 
 
-def bridge_config(folder: Path, mosquitto: Mosquitto, poirotd_port: int) -> Path:
-    """The example config, pointed at the test's broker and poirotd."""
-    config = yaml.safe_load(EXAMPLE.read_text())
-    config["session_id"] = "e2e"
-    config["poirotd"] = {
-        "target": f"127.0.0.1:{poirotd_port}",
-        "system": "clinic",
-        "backoff": {"initial_s": 0.05, "max_s": 0.3},
-    }
-    config["mqtt"]["broker"].update(port=mosquitto.port, timeout_s=1.0)
-    config["dead_letter"] = {"path": str(folder / "dead.jsonl")}
-    path = folder / "bridge.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-async def hwbridge(*args: str, log: Path) -> asyncio.subprocess.Process:
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "hwbridge", *args, stdout=out, stderr=out
-        )
-
-
-async def stop(process: asyncio.subprocess.Process) -> int:
-    """SIGTERM (the bridge logs its final counters), then SIGKILL if it does not exit."""
-    if process.returncode is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        async with asyncio.timeout(15):
-            return await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-
-
-def stored(db: Path) -> int:
-    with sqlite3.connect(db) as conn:
-        (count,) = conn.execute("SELECT COUNT(*) FROM telemetry_samples").fetchone()
-    return int(count)
-
-
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 2.5 s on a quiet 2-core box; its own waits add up to 85 s
 async def test_simulated_gait_reaches_poirotd_even_when_it_was_down(
     mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
@@ -107,15 +65,14 @@ async def test_simulated_gait_reaches_poirotd_even_when_it_was_down(
         assert await simulator.wait() == 0, log.read_text()
     assert await stop(bridge) == 0, log.read_text()  # poirotd never answered
 
-    daemon = await start_daemon(db, port)
-    bridge = await hwbridge("run", "--config", str(config), log=log)
-    try:
-        # 1 s at 1500 samples/s over the frame channels + 1 heart rate + 2 clinical scores.
-        async with asyncio.timeout(30):
-            await eventually(lambda: stored(db) >= 1503)
-    finally:
-        exit_code = await stop(bridge)
-        await daemon.stop()
+    async with in_process_daemon(tmp_path, BRIDGE_CLINIC, grpc_port=port, drain_seconds=0):
+        bridge = await hwbridge("run", "--config", str(config), log=log)
+        try:
+            # 1 s at 1500 samples/s over the frame channels + 1 heart rate + 2 clinical scores.
+            async with asyncio.timeout(30):
+                await eventually(lambda: stored(db) >= 1503)
+        finally:
+            exit_code = await stop(bridge)
     assert exit_code == 0, log.read_text()
     with sqlite3.connect(db) as conn:
         score = conn.execute(

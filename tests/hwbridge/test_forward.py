@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-import subprocess
-import sys
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -23,28 +21,13 @@ from hwbridge.config import BackoffConfig, DeadLetterConfig, PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.forward import Forwarder, ForwardError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
-from poirotd.config import Settings, SystemSpec
+from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.llm.scripted import ScriptedBackend
+from poirotd.demo.process import DaemonProcess
 from poirotd.model import TelemetryBatch
+from tests.support.daemon import in_process_daemon
+from tests.support.spec import BRIDGE_CLINIC
 
-SPEC = {
-    "system": {"name": "clinic", "description": "Three agents plan therapy on an exoskeleton."},
-    "agents": [
-        {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
-        {"id": "physio", "name": "Physio", "system_prompt": "You advise on dosing."},
-    ],
-    "components": [
-        {
-            "id": "d2w_exoskeleton",
-            "name": "Discover2Walk exoskeleton",
-            "type": "hardware",
-            "description": "Error signature: implausible readings. Normal behaviour: gait data.",
-        }
-    ],
-    # Never called here; an OpenAI-compatible backend is built without contacting the server.
-    "llm": {"backend": "openai", "base_urls": ["http://127.0.0.1:9"], "model": "none"},
-}
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -92,20 +75,14 @@ def stored_values(db: Path) -> list[float]:
     return [value for (value,) in rows]
 
 
-async def start_daemon(db: Path, port: int = 0) -> Daemon:
-    settings = Settings(db_path=db, grpc_port=port, metrics_port=0, drain_seconds=0)
-    daemon = Daemon(
-        settings, SystemSpec.model_validate(SPEC), backend=ScriptedBackend(lambda *_: "")
-    )
-    await daemon.start()
-    return daemon
+@pytest.fixture
+def daemon_spec() -> SystemSpec:
+    return BRIDGE_CLINIC
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
-    d = await start_daemon(tmp_path / "poirotd.db")
-    yield d
-    await d.stop()
+def daemon_settings() -> dict[str, Any]:
+    return {"drain_seconds": 0}
 
 
 async def test_sink_call_returns_once_samples_are_durable(daemon: Daemon, tmp_path: Path) -> None:
@@ -122,14 +99,14 @@ async def test_samples_wait_for_poirotd_to_come_up(tmp_path: Path) -> None:
         waiting = asyncio.create_task(sink(samples(50)))
         await asyncio.sleep(0.3)
         assert not waiting.done()  # nothing to ack it yet
-        late = await start_daemon(tmp_path / "poirotd.db", port)
-        try:
-            async with asyncio.timeout(10):
-                await waiting
-            assert len(stored_values(tmp_path / "poirotd.db")) == 50
-        finally:
-            await sink.close()
-            await late.stop()
+        late = in_process_daemon(tmp_path, BRIDGE_CLINIC, grpc_port=port, drain_seconds=0)
+        async with late:
+            try:
+                async with asyncio.timeout(10):
+                    await waiting
+                assert len(stored_values(tmp_path / "poirotd.db")) == 50
+            finally:
+                await sink.close()
 
 
 async def test_a_refused_sample_is_dead_lettered_and_the_rest_flow(
@@ -206,56 +183,22 @@ async def test_a_refused_session_fails_the_forwarder(daemon: Daemon) -> None:
             await sink(samples(1))
 
 
-class PoirotdProcess:
-    """`poirotd run` on a fixed port, so a restarted daemon is found at the same address."""
-
-    def __init__(self, folder: Path) -> None:
-        self.port = free_port()
-        self.db = folder / "poirotd.db"
-        self.spec = folder / "spec.yaml"
-        self.spec.write_text(yaml.safe_dump(SPEC))
-        self.log = folder / "poirotd.log"
-        self._ready = folder / "ready.json"
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self._ready.unlink(missing_ok=True)
-        with self.log.open("ab") as log:
-            self._process = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "poirotd", "run", "--config", str(self.spec)),
-                    *("--db", str(self.db), "--grpc-port", str(self.port)),
-                    *("--metrics-port", "0", "--ready-file", str(self._ready)),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while not self._ready.exists():
-            assert self._process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "poirotd did not get ready"
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.wait()
-
-
 @pytest.fixture
-def poirotd_process(tmp_path: Path) -> Iterator[PoirotdProcess]:
-    process = PoirotdProcess(tmp_path)
-    process.start()
-    yield process
-    process.kill()
+def poirotd_process(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """`poirotd run` on a fixed port, so a restarted daemon is found at the same address."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(BRIDGE_CLINIC.model_dump(mode="json")))
+    with DaemonProcess(spec, tmp_path, grpc_port=free_port()) as process:
+        yield process
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 1.5 s on a quiet 2-core box; two daemon starts of up to 120 s each
 async def test_unacked_samples_are_resent_after_poirotd_crashes(
-    poirotd_process: PoirotdProcess,
+    poirotd_process: DaemonProcess,
 ) -> None:
     total = 3000
-    async with forwarder(poirotd_process.port) as sink:
+    async with forwarder(poirotd_process.grpc_port) as sink:
         sending = asyncio.gather(*(sink(samples(100, offset=k * 100)) for k in range(30)))
         async with asyncio.timeout(10):
             while sink.stats.durable < 500:  # noqa: ASYNC110 - counters have no event
@@ -266,6 +209,6 @@ async def test_unacked_samples_are_resent_after_poirotd_crashes(
         async with asyncio.timeout(30):
             await sending
         assert sink.stats.resent > 0 and sink.stats.streams >= 2
-    values = stored_values(poirotd_process.db)
+    values = stored_values(poirotd_process.db_path)
     # At least once: a sample committed just before the crash may be stored twice, none is lost.
     assert set(values) == {float(i) for i in range(total)} and len(values) >= total

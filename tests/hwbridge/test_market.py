@@ -17,7 +17,7 @@ from hwbridge.config import BackoffConfig, DeadLetterConfig, PipelineConfig, Tcp
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.ingest import TelemetryInput
 from hwbridge.topics import Router
-from tests.hwbridge.support import Collector
+from tests.support.waiting import Collector
 
 ORIGIN = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -30,8 +30,8 @@ from hwbridge.ingest import Sink, TelemetryInput
 from hwbridge.mqtt import MqttPublisher, MqttSubscriber
 from hwbridge.topics import Router
 from poirotd.model import TelemetryBatch, TelemetrySample
-from tests.conftest import Mosquitto
-from tests.hwbridge.support import Collector, eventually
+from tests.support.mosquitto import Mosquitto
+from tests.support.waiting import Collector, eventually
 
 T = 1_767_225_600.0
 FAST = BackoffConfig(initial_s=0.05, max_s=0.2)

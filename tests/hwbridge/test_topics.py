@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from hwbridge.config import BridgeConfig, ConfigError, TopicMapping, load_config
@@ -94,14 +95,26 @@ def test_example_config_loads_and_errors_name_the_field(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ValidationError, match="at least one input"):
         BridgeConfig.model_validate({"session_id": "s", "poirotd": {"system": "x"}})
-    secret = BridgeConfig.model_validate(
-        {
-            "session_id": "s",
-            "poirotd": {"system": "x"},
-            "mqtt": {
-                "broker": {"password": "hunter2"},
-                "mappings": [{"topic": "a", "component": "c"}],
-            },
-        }
-    )
-    assert "hunter2" not in repr(secret)
+
+
+@pytest.mark.parametrize(
+    "broker, problem",
+    [
+        ({"username": "u", "password": "hunter2"}, r"mqtt\.broker\.password: .*not written in"),
+        ({"username": "u", "password": {"file": "a", "env": "B"}}, "exactly one of file or env"),
+        ({"password": {"env": "MQTT_PASSWORD"}}, "password needs a username"),
+        ({"tls": {"cert_file": "client.crt"}}, "cert_file and key_file go together"),
+        ({"tls": {"ciphers": "NOT-A-CIPHER"}}, "selects no cipher"),
+        ({"tls": {"min_version": "1.0"}}, r"tls\.min_version"),
+    ],
+)
+def test_broker_security_settings_are_checked_at_load(
+    tmp_path: Path, broker: dict[str, object], problem: str
+) -> None:
+    """A password is named, never written; TLS settings that cannot work are refused early."""
+    config = tmp_path / "bridge.yaml"
+    mqtt = {"broker": broker, "mappings": [{"topic": "a", "component": "c"}]}
+    config.write_text(yaml.safe_dump({"session_id": "s", "poirotd": {"system": "x"}, "mqtt": mqtt}))
+    with pytest.raises(ConfigError, match=problem) as caught:
+        load_config(config)
+    assert "hunter2" not in str(caught.value)

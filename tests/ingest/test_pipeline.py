@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.model import (
@@ -24,29 +23,20 @@ from poirotd.model import (
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
+from tests.support.spec import clinic
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-SPEC = SystemSpec.model_validate(
-    {
-        "system": {"name": "clinic", "description": "Two agents and an exoskeleton."},
-        "agents": [
-            {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose."},
-            {"id": "chief", "name": "Chief", "system_prompt": "You decide."},
-        ],
-        "components": [
-            {"id": "exo", "name": "Exo", "type": "hardware", "description": "A device."}
-        ],
-        "rules": [
-            {
-                "kind": "threshold",
-                "name": "hot",
-                "severity": "critical",
-                "component": "exo",
-                "signal": "temp",
-                "above": 50,
-            }
-        ],
-    }
+SPEC = clinic(
+    rules=[
+        {
+            "kind": "threshold",
+            "name": "hot",
+            "severity": "critical",
+            "component": "exo",
+            "signal": "temp",
+            "above": 50,
+        }
+    ]
 )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from poirotd.config.spec import DecisionRuleSpec, EchoRole, EchoSpec, SystemSpec
+from poirotd.config.spec import DecisionRuleSpec, EchoRole, EchoSpec
 from poirotd.model import AgentMessage, Attribution, HazardSpace, Phase, Vote
 from poirotd.protocol.aggregation import decide
 from poirotd.protocol.echo.consensus import Ballot, Consensus, consensus
@@ -59,14 +59,16 @@ async def attribute(case: Case, run: RunContext) -> MethodResult:
     seed = case.messages[0].session_id if case.messages else ""
     panel = draw_panel(settings, seed)
     async with run.phase(Phase.ANALYSIS):
-        view = await _fitted(spec, space, context, case.incident, panel, run)
+        view = await _fitted(case, context, panel, run)
         answer = analysis_format(space, {m.index for m in view})
 
         async def analyse(analyst: Analyst) -> tuple[Analysis | None, Vote]:
             try:
                 analysis = await run.until_valid(
                     CallSite(Phase.ANALYSIS, analyst.voter, "analysis"),
-                    analysis_request(spec, space, context, view, case.incident, analyst.role),
+                    analysis_request(
+                        spec, space, context, view, case.incident, case.spotlight, analyst.role
+                    ),
                     answer,
                     max_tokens=settings.analysis_max_tokens,
                     retries=spec.protocol.invalid_json_retries,
@@ -145,24 +147,24 @@ def _vote(space: HazardSpace, analyst: Analyst, analysis: Analysis, delta: float
 
 
 async def _fitted(
-    spec: SystemSpec,
-    space: HazardSpace,
-    context: LayeredContext,
-    incident: str,
-    panel: Sequence[Analyst],
-    run: RunContext,
+    case: Case, context: LayeredContext, panel: Sequence[Analyst], run: RunContext
 ) -> tuple[AgentMessage, ...]:
     """The layered session cut (once, for the whole panel) so the longest analyst request and
     its answer fit the model."""
-    longest = max(
-        panel,
-        key=lambda a: run.count_tokens(
-            analysis_request(spec, space, context, (), incident, a.role)
-        ),
+    render = partial(
+        analysis_request,
+        case.spec,
+        case.space,
+        context,
+        incident=case.incident,
+        spotlight=case.spotlight,
     )
-    render = partial(analysis_request, spec, space, context, incident=incident, role=longest.role)
+    longest = max(panel, key=lambda a: run.count_tokens(render((), role=a.role)))
     return await run.fit(
-        "", context.messages, render, reserve=spec.protocol.echo.analysis_max_tokens
+        "",
+        context.messages,
+        partial(render, role=longest.role),
+        reserve=case.spec.protocol.echo.analysis_max_tokens,
     )
 
 

@@ -2,8 +2,8 @@
 
 An analyst's request: its role and the task (system turn), then one user turn with the system,
 the regions it may blame, the incident, the session as a hierarchical context (layer by layer,
-each message under its [#N sender → recipient] header) and the answer format. The analysts of
-one panel share everything but the system turn.
+each message quoted with the investigation's spotlight under its [#N sender → recipient] header)
+and the answer format. The analysts of one panel share everything but the system turn.
 """
 
 from __future__ import annotations
@@ -14,9 +14,17 @@ from poirotd.config.spec import EchoRole, SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import AgentMessage, HazardSpace
 from poirotd.protocol import prompts
-from poirotd.protocol.analyst import levels_text, regions_section, request, system_section
+from poirotd.protocol.analyst import (
+    incident_sections,
+    levels_text,
+    regions_section,
+    request,
+    system_section,
+)
 from poirotd.protocol.echo.context import Layer, LayeredContext
 from poirotd.protocol.echo.schemas import MAX_ALTERNATIVES
+from poirotd.protocol.prompts import Incident
+from poirotd.protocol.spotlight import Spotlight
 
 ROLE_FOCUS: dict[EchoRole, str] = {
     "conservative": (
@@ -86,19 +94,22 @@ def analysis_request(
     space: HazardSpace,
     context: LayeredContext,
     view: Sequence[AgentMessage],
-    incident: str,
+    incident: Incident | None,
+    spotlight: Spotlight,
     role: EchoRole,
 ) -> list[ChatMessage]:
     """One analyst's request over `view` (the context's messages, maybe cut to fit)."""
-    sections = [system_section(spec), regions_section(space)]
-    if incident:
-        sections.append(f"# The incident under review\n{incident}")
+    sections = [
+        system_section(spec),
+        regions_section(space),
+        *incident_sections(incident, spotlight),
+    ]
     anchors = ", ".join(f"#{i}" for i in context.anchors) or "none"
     sections.append(f"# The session, in layers around its focus (messages {anchors})")
     for layer, title in _LAYER_TITLES.items():
         shown = context.in_layer(layer, view)
         if shown:
-            sections.append(f"## {title}\n\n{prompts.session_log(shown)}")
+            sections.append(f"## {title}\n\n{prompts.session_log(shown, spotlight)}")
     return request(
         analyst_system(role),
         sections,
@@ -108,4 +119,5 @@ def analysis_request(
         '"conclusion": {"kind": "single" | "multiple", "regions": ["<id>", ...], '
         '"step": <N> | null, "confidence": <level>, "reasoning": "<why>"}, '
         '"alternatives": [<conclusions in the same shape>]}\n' + levels_text(),
+        spotlight,
     )

@@ -96,7 +96,7 @@ async def attribute(case: Case, run: RunContext, *, memory: DiagnosisMemory | No
         raise ProtocolError("errorprobe: the session has no message to diagnose")
     lacks: list[str] = []
     async with run.phase(Phase.DETECTION):
-        tags, failed = await detect(spec, case.messages, case.incident, run)
+        tags, failed = await detect(spec, case.messages, case.incident, case.spotlight, run)
     if failed:
         lacks.append(failed)
     async with run.phase(Phase.TRACING):
@@ -184,7 +184,7 @@ async def _strategise(
 
     def request(view: Sequence[AgentMessage]) -> list[ChatMessage]:
         return strategist_request(
-            spec, case.space, view, chain.masked, case.incident, tags, recipes
+            spec, case.space, view, chain.masked, case.incident, case.spotlight, tags, recipes
         )
 
     view = await run.fit(STRATEGIST, chain_messages, request, reserve=settings.role_max_tokens)
@@ -217,7 +217,9 @@ async def _investigate(
     try:
         evidence = await run.until_valid(
             CallSite(Phase.DIAGNOSIS, INVESTIGATOR, "evidence"),
-            investigator_request(spec, chain_messages, chain.masked, hypothesis, tools),
+            investigator_request(
+                spec, chain_messages, chain.masked, hypothesis, tools, case.spotlight
+            ),
             evidence_format(steps, calling, signals, settings.max_evidence),
             max_tokens=settings.role_max_tokens,
             retries=spec.protocol.invalid_json_retries,
@@ -240,6 +242,7 @@ async def _arbitrate(
         [x.checked for x in investigated],
         [x.evidence.assessment if x.evidence else "" for x in investigated],
         choices,
+        case.spotlight,
     )
     try:
         verdict = await run.until_valid(

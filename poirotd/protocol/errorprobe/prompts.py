@@ -3,7 +3,9 @@ roles of the diagnosis (Strategist, Investigator, Arbiter).
 
 Each request is a system turn (the role and its rules) and one user turn: what the system is,
 then the material of the role (the session or its causal chain, tags, memory, hypotheses,
-checked evidence), then the answer format.
+checked evidence), then the answer format. Every text the session or a model wrote (messages,
+the incident, tag notes, remembered guards, claims, assessments) is quoted with the
+investigation's spotlight under a header built outside the quote.
 """
 
 from __future__ import annotations
@@ -14,10 +16,18 @@ from poirotd.config.spec import SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import AgentMessage, DiagnosisMemoryEntry, HazardSpace
 from poirotd.protocol import prompts
-from poirotd.protocol.analyst import levels_text, regions_section, request, system_section
+from poirotd.protocol.analyst import (
+    incident_sections,
+    levels_text,
+    regions_section,
+    request,
+    system_section,
+)
 from poirotd.protocol.errorprobe.mast import mode_named, taxonomy_text
 from poirotd.protocol.errorprobe.schemas import Hypothesis, Tag
 from poirotd.protocol.errorprobe.tools import MIN_QUOTE_CHARS, CheckedClaim
+from poirotd.protocol.prompts import Incident
+from poirotd.protocol.spotlight import Spotlight
 
 _DETECTOR = """\
 You screen the log of a multi-agent AI system for local symptoms of known failure modes. You do \
@@ -48,13 +58,15 @@ this kind of failure should check first."""
 
 
 def detector_request(
-    spec: SystemSpec, view: Sequence[AgentMessage], incident: str
+    spec: SystemSpec,
+    view: Sequence[AgentMessage],
+    incident: Incident | None,
+    spotlight: Spotlight,
 ) -> list[ChatMessage]:
-    sections = [system_section(spec)]
-    if incident:
-        sections.append(f"# The incident under review\n{incident}")
-    sections += [
-        f"# The session\n\n{prompts.session_log(view)}",
+    sections = [
+        system_section(spec),
+        *incident_sections(incident, spotlight),
+        f"# The session\n\n{prompts.session_log(view, spotlight)}",
         f"# Failure modes (MAST)\n\n{taxonomy_text()}",
     ]
     return request(
@@ -62,6 +74,7 @@ def detector_request(
         sections,
         '{"tags": [{"step": <N of the message [#N ...]>, "mode": "<MAST id>", '
         '"note": "<what looks off there>"}, ...]}',
+        spotlight,
     )
 
 
@@ -70,7 +83,8 @@ def strategist_request(
     space: HazardSpace,
     chain: Sequence[AgentMessage],
     masked: int,
-    incident: str,
+    incident: Incident | None,
+    spotlight: Spotlight,
     tags: Sequence[Tag],
     recipes: Sequence[DiagnosisMemoryEntry],
 ) -> list[ChatMessage]:
@@ -81,14 +95,19 @@ def strategist_request(
         f"{e.recipe}"
         for e in recipes
     )
-    sections = [system_section(spec), regions_section(space)]
-    if incident:
-        sections.append(f"# The incident under review\n{incident}")
-    sections += [
-        _chain(chain, masked),
-        f"# Failure mode tags\n\n{tagged or '(the detector tagged nothing)'}",
+    sections = [
+        system_section(spec),
+        regions_section(space),
+        *incident_sections(incident, spotlight),
+        _chain(chain, masked, spotlight),
+        "# Failure mode tags\n\n"
+        f"{spotlight.quote(tagged) if tagged else '(the detector tagged nothing)'}",
         "# Verified patterns from earlier investigations\n\n"
-        f"{remembered or '(none similar enough: reason from first principles)'}",
+        + (
+            spotlight.quote(remembered)
+            if remembered
+            else "(none similar enough: reason from first principles)"
+        ),
         f"# Failure modes (MAST)\n\n{taxonomy_text()}",
     ]
     return request(
@@ -96,6 +115,7 @@ def strategist_request(
         sections,
         '{"hypotheses": [{"region": "<region id>", "step": <N>, "mode": "<MAST id>", '
         '"claim": "<what went wrong there, checkably>"}, ...]}',
+        spotlight,
     )
 
 
@@ -105,6 +125,7 @@ def investigator_request(
     masked: int,
     hypothesis: Hypothesis,
     tools: Sequence[str],
+    spotlight: Spotlight,
 ) -> list[ChatMessage]:
     mode = mode_named(hypothesis.mode)
     offered = {
@@ -125,10 +146,10 @@ def investigator_request(
     }
     sections = [
         system_section(spec),
-        _chain(chain, masked),
+        _chain(chain, masked, spotlight),
         "# The hypothesis to test\n\n"
         f"Region {hypothesis.region}, step #{hypothesis.step}, failure mode {mode.id} "
-        f"{mode.name} ({mode.description})\nClaim: {hypothesis.claim}",
+        f"{mode.name} ({mode.description})\nClaim:\n{spotlight.quote(hypothesis.claim)}",
         "# Your tools (each claim is checked by the system)\n\n"
         + "\n".join(f"- {offered[tool]}" for tool in tools),
     ]
@@ -137,6 +158,7 @@ def investigator_request(
         sections,
         '{"claims": [<claims, as above>], "assessment": "<does the evidence support the '
         'hypothesis, and why>"}',
+        spotlight,
     )
 
 
@@ -147,20 +169,25 @@ def arbiter_request(
     checked: Sequence[Sequence[CheckedClaim]],
     assessments: Sequence[str],
     choices: Sequence[int],
+    spotlight: Spotlight,
 ) -> list[ChatMessage]:
     blocks = []
     for number, (h, claims, assessment) in enumerate(
         zip(hypotheses, checked, assessments, strict=True), start=1
     ):
         mode = mode_named(h.mode)
+        # The claims and the assessment are the Investigator's words and a check's detail may
+        # cite the session: all of it is quoted, under the daemon's own PASSED / FAILED.
         results = "\n".join(
-            f"  - [{'PASSED' if c.passed else 'FAILED'}] {c.claim.model_dump_json()}: {c.detail}"
+            f"- [{'PASSED' if c.passed else 'FAILED'}]\n"
+            + spotlight.quote(f"{c.claim.model_dump_json()}: {c.detail}")
             for c in claims
         )
         blocks.append(
             f"## Hypothesis {number}: region {h.region}, step #{h.step}, {mode.id} {mode.name}"
-            f"\nClaim: {h.claim}\nEvidence checked:\n{results or '  (no evidence)'}"
-            f"\nInvestigator's assessment: {assessment or '(none)'}"
+            f"\nClaim:\n{spotlight.quote(h.claim)}\nEvidence checked:\n"
+            f"{results or '(no evidence)'}\nInvestigator's assessment:\n"
+            f"{spotlight.quote(assessment) if assessment else '(none)'}"
         )
     sections = [
         system_section(spec),
@@ -173,9 +200,11 @@ def arbiter_request(
         f'{{"hypothesis": <one of {list(choices)}>, "confidence": <level>, "reasoning": '
         '"<why this one>", "guard": "<what a future diagnosis should check for this kind of '
         f'failure>"}}\n{levels_text()}',
+        spotlight,
     )
 
 
-def _chain(chain: Sequence[AgentMessage], masked: int) -> str:
+def _chain(chain: Sequence[AgentMessage], masked: int, spotlight: Spotlight) -> str:
     note = f" ({masked} messages that could not have influenced it are masked)" if masked else ""
-    return f"# The causal chain of the failure{note}\n\n{prompts.session_log(chain)}"
+    log = prompts.session_log(chain, spotlight)
+    return f"# The causal chain of the failure{note}\n\n{log}"

@@ -15,7 +15,9 @@ from poirotd.model import AgentMessage, MessageKind, Phase
 from poirotd.protocol.errorprobe.prompts import detector_request
 from poirotd.protocol.errorprobe.schemas import Tag, tags_format
 from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import CallSite, RunContext
+from poirotd.protocol.spotlight import Spotlight
 
 DETECTOR = "errorprobe.detector"
 STEP_REPETITION = "MAST-3"
@@ -41,7 +43,11 @@ def repetitions(messages: Sequence[AgentMessage]) -> list[Tag]:
 
 
 async def detect(
-    spec: SystemSpec, messages: Sequence[AgentMessage], incident: str, run: RunContext
+    spec: SystemSpec,
+    messages: Sequence[AgentMessage],
+    incident: Incident | None,
+    spotlight: Spotlight,
+    run: RunContext,
 ) -> tuple[list[Tag], str]:
     """The session's tags in step order, and why the LLM detector gave none ("" when it
     answered, or `max_tags` is 0 and it was not asked): the deterministic tags stand anyway."""
@@ -51,13 +57,13 @@ async def detect(
         view = await run.fit(
             DETECTOR,
             messages,
-            lambda v: detector_request(spec, v, incident),
+            lambda v: detector_request(spec, v, incident, spotlight),
             reserve=settings.role_max_tokens,
         )
         try:
             answer = await run.until_valid(
                 CallSite(Phase.DETECTION, DETECTOR, "tags"),
-                detector_request(spec, view, incident),
+                detector_request(spec, view, incident, spotlight),
                 tags_format({m.index for m in view}, settings.max_tags),
                 max_tokens=settings.role_max_tokens,
                 retries=spec.protocol.invalid_json_retries,

@@ -18,13 +18,17 @@ import grpc
 
 from poirotd.config import Settings
 from poirotd.errors import ResourceExhausted
+from poirotd.transports.grpc.auth import caller
 from poirotd.transports.token_bucket import Clock, TokenBucket
 
 
 def client_identity(context: grpc.aio.ServicerContext) -> str:
-    """The client every per-client limit counts a call against: for now the peer's host, without
-    the port, so that all of one machine's connections count together. The one place to change
-    when calls carry an authenticated identity."""
+    """The client every per-client limit counts a call against: the authenticated caller's name
+    when authentication is on (whichever host it calls from), else the peer's host without the
+    port, so that all of one machine's connections count together."""
+    identity = caller()
+    if identity is not None:
+        return f"{identity.via}:{identity.name}"
     peer = unquote(context.peer() or "")  # "ipv4:10.0.0.5:41940", "ipv6:%5B::1%5D:47932"
     scheme, _, address = peer.partition(":")
     if scheme in ("ipv4", "ipv6"):

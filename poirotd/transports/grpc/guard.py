@@ -42,7 +42,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        rpc = _rpc_name(handler_call_details.method)
+        rpc = rpc_name(handler_call_details.method)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(rpc, handler.unary_unary),
@@ -112,7 +112,7 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
     return deserialize
 
 
-def _rpc_name(method: str) -> str:
+def rpc_name(method: str) -> str:
     """`/poirot.v1.Investigations/Get` -> `Investigations.Get`, the rejects metric's label."""
     service, _, name = method.rpartition("/")
     return f"{service.rpartition('.')[2]}.{name}"

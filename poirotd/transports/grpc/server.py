@@ -1,4 +1,6 @@
-"""The gRPC server: our two services plus standard health checking and reflection."""
+"""The gRPC server: our two services plus standard health checking and reflection, over TLS
+when the daemon has a certificate, behind the authentication interceptor when it has an access
+policy."""
 
 from __future__ import annotations
 
@@ -7,17 +9,19 @@ from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection as grpc_reflection
 
 from poirotd.api.limits import BATCH_BYTES, MAX_REPLY_BYTES
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.investigations.service import InvestigationService
+from poirotd.transports.grpc.auth import AuthInterceptor
 from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.guard import GuardInterceptor
 from poirotd.transports.grpc.ingest import IngestServicer
 from poirotd.transports.grpc.investigations import InvestigationsServicer
+from poirotd.transports.security.tls import ServerTls, TlsMaterial
 
 SERVICES = tuple(
     pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Ingest", "Investigations")
@@ -47,13 +51,19 @@ class GrpcServer:
         port: int,
         max_message_bytes: int,
         batch_max: int,
+        tls: ServerTls | None = None,
+        auth: AuthInterceptor | None = None,
+        reflection: bool = True,
         extra_services: Sequence[ExtraService] = (),
     ) -> None:
         self._host, self.port = host, port
+        self._tls = tls
         self._served = (*SERVICES, *(service.name for service in extra_services))
         limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR + BATCH_BYTES
+        # The first interceptor runs first: who the caller is before anything of its request.
+        guard = GuardInterceptor(investigations.metrics)
         self._server = grpc.aio.server(
-            interceptors=[GuardInterceptor(investigations.metrics)],
+            interceptors=[guard] if auth is None else [auth, guard],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", MAX_REPLY_BYTES),
@@ -74,12 +84,17 @@ class GrpcServer:
         for service in extra_services:
             service.add_to(self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            (*self._served, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
-        )
+        if reflection:
+            grpc_reflection.enable_server_reflection(
+                (*self._served, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME), self._server
+            )
 
     async def start(self) -> None:
-        port = self._server.add_insecure_port(f"{self._host}:{self.port}")
+        address = f"{self._host}:{self.port}"
+        if self._tls is None:
+            port = self._server.add_insecure_port(address)
+        else:
+            port = self._server.add_secure_port(address, _credentials(self._tls))
         if port == 0:
             raise OSError(f"cannot bind gRPC to {self._host}:{self.port}")
         self.port = port
@@ -93,3 +108,23 @@ class GrpcServer:
 
     async def stop(self, grace: float) -> None:
         await self._server.stop(grace)
+
+
+def _credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    """grpc asks the fetcher on every new connection: replaced files are loaded then, and
+    connections already open keep the certificate they started with."""
+
+    def configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(material.key, material.cert_chain)], root_certificates=material.client_ca
+        )
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        material = tls.refresh()
+        return None if material is None else configuration(material)
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(tls.material),
+        fetch,
+        require_client_authentication=tls.requires_client_certificate,
+    )

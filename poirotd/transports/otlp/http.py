@@ -4,7 +4,8 @@ gzip or not, answered in the request's encoding as the OTLP specification says.
 Served by aiohttp in the daemon's event loop, so a request calls the ingest pipeline directly
 (prometheus-client's threaded server, the metrics port's, would need a hop back into the loop;
 uvicorn installs its own signal handlers). Bodies are decompressed here, not by aiohttp, to
-bound what a small gzip body may expand to.
+bound what a small gzip body may expand to. Locked like the other doors: TLS from the daemon's
+certificate (followed on rotation), and with an access policy the `ingest` role.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from poirotd.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, quote
 from poirotd.observability.metrics import Metrics
 from poirotd.transports.otlp.receiver import RETRY_AFTER_SECONDS, OtlpReceiver, Throttled
+from poirotd.transports.security.http import HttpAccess, certificate_names
+from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
 
@@ -51,8 +54,12 @@ class OtlpHttp:
         host: str,
         port: int,
         max_body_bytes: int,
+        tls: ServerTls | None = None,
+        access: HttpAccess | None = None,
     ) -> None:
         self._receiver = receiver
+        self._tls = tls
+        self._access = access
         self._metrics = metrics
         self._host = host
         self.port = port
@@ -65,7 +72,8 @@ class OtlpHttp:
         app.router.add_post(PATH, self._traces)
         runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self.port)
+        context = None if self._tls is None else self._tls.asyncio_context()
+        site = web.TCPSite(runner, self._host, self.port, ssl_context=context)
         try:
             await site.start()
         except BaseException:
@@ -87,6 +95,18 @@ class OtlpHttp:
 
     async def _traces(self, request: web.Request) -> web.Response:
         answer_as = request.content_type if request.content_type in (PROTOBUF, JSON) else JSON
+        if self._access is not None:
+            transport = request.transport
+            peercert = None if transport is None else transport.get_extra_info("peercert")
+            refusal = self._access.refusal(
+                request.headers.get("Authorization"),
+                certificate_names(peercert),
+                request.remote or "",
+            )
+            if refusal is not None:
+                return web.Response(
+                    status=refusal.status, text=refusal.message, headers=refusal.headers
+                )
         try:
             if self._draining:
                 raise Unavailable("the daemon is draining", reason="draining")

@@ -1024,6 +1024,7 @@ class Investigation(_message.Message):
     BETAS_FIELD_NUMBER: _builtins.int
     DEGRADED_REASON_FIELD_NUMBER: _builtins.int
     CONFIRMED_FIELD_NUMBER: _builtins.int
+    INJECTION_FINDINGS_FIELD_NUMBER: _builtins.int
     FINDINGS_JSON_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
@@ -1080,6 +1081,13 @@ class Investigation(_message.Message):
     def confirmed(self) -> Global___ConfirmedOutcome:
         """The true cause(s), once confirmed (ConfirmOutcome)."""
 
+    @_builtins.property
+    def injection_findings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Signs of a prompt-injection attempt in the text the prompts quoted, each "where: kind"
+        (e.g. "message #3: role_forgery", "reason: instruction_phrase"); at most 100, then a count.
+        The text was quoted as evidence all the same: a finding changes nothing about the run.
+        """
+
     def __init__(
         self,
         *,
@@ -1107,11 +1115,12 @@ class Investigation(_message.Message):
         betas: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         degraded_reason: _builtins.str = ...,
         confirmed: Global___ConfirmedOutcome | None = ...,
+        injection_findings: _abc.Iterable[_builtins.str] | None = ...,
         findings_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

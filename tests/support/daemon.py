@@ -1,0 +1,60 @@
+"""An in-process daemon on OS-chosen loopback ports, and a client for it: what most API tests run
+against (the `daemon` and `client` fixtures are built on these)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from poirotd.api.client import PoirotClient
+from poirotd.config.settings import Settings
+from poirotd.config.spec import SystemSpec
+from poirotd.daemon import Daemon
+from poirotd.llm.base import LLMBackend
+
+
+@asynccontextmanager
+async def in_process_daemon(
+    tmp_path: Path, spec: SystemSpec, backend: LLMBackend | None = None, **settings: Any
+) -> AsyncIterator[Daemon]:
+    """A started daemon with its store in `tmp_path`; without `backend` it builds the spec's."""
+    defaults: dict[str, Any] = {"grpc_port": 0, "metrics_port": 0, "drain_seconds": 5}
+    daemon = Daemon(
+        Settings(db_path=tmp_path / "poirotd.db", **(defaults | settings)), spec, backend=backend
+    )
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
+
+
+@asynccontextmanager
+async def client_of(daemon: Daemon) -> AsyncIterator[PoirotClient]:
+    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client:
+        yield client
+
+
+def stored_messages(daemon: Daemon) -> int:
+    """Agent messages in the daemon's store."""
+    with sqlite3.connect(daemon.settings.db_path) as db:
+        (count,) = db.execute("SELECT count(*) FROM agent_messages").fetchone()
+    return int(count)
+
+
+def rejected(daemon: Daemon, rpc: str, reason: str) -> float:
+    """How many requests to `rpc` the daemon refused for `reason` (its counter's sample)."""
+    value = daemon.metrics.registry.get_sample_value(
+        "poirot_requests_rejected_total", {"rpc": rpc, "reason": reason}
+    )
+    return value or 0.0
+
+
+def limit_rejections(daemon: Daemon, limit: str) -> float:
+    value = daemon.metrics.registry.get_sample_value(
+        "poirot_limit_rejections_total", {"limit": limit}
+    )
+    return value or 0.0

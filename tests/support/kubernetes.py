@@ -1,0 +1,37 @@
+"""Reading the Kubernetes manifests in deploy/k8s: their objects, containers and selectors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.deploy import (
+    K8S,
+    load_yaml_documents,
+)
+
+MANIFESTS = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def manifest_resources() -> list[dict[str, Any]]:
+    return [doc for path in MANIFESTS for doc in load_yaml_documents(path)]
+
+
+def manifest_one(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [
+        r for r in manifest_resources() if r["kind"] == kind and r["metadata"]["name"] == name
+    ]
+    return found
+
+
+def manifest_container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    every: list[dict[str, Any]] = pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
+    (found,) = [c for c in every if c["name"] == name]
+    return found
+
+
+def manifest_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def manifest_selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())

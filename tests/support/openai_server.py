@@ -1,0 +1,125 @@
+"""A scripted OpenAI-compatible HTTP server on loopback, and how the backend tests call it."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from poirotd.config import OpenAILLMSpec
+from poirotd.llm.base import ChatMessage
+from poirotd.llm.openai_http import OpenAIBackend
+from tests.support.answers import chat_body
+
+MESSAGES = [
+    ChatMessage(role="system", content="You are the controller agent."),
+    ChatMessage(role="user", content="Vote now."),
+]
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: dict[str, Any] | bytes = field(default_factory=chat_body)
+    delay: float = 0.0
+
+
+class ScriptedServer:
+    """Answers each request with the next scripted Reply; an empty script answers 599. With
+    `tls`, a server-side context, it speaks https."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.replies: deque[Reply] = deque()
+        self.seen: list[Seen] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn does
+
+            def do_GET(self) -> None:
+                self._answer(None)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                self._answer(json.loads(self.rfile.read(length)))
+
+            def _answer(self, body: Any) -> None:
+                with server._lock:
+                    server.seen.append(Seen(self.command, self.path, dict(self.headers), body))
+                    reply = server.replies.popleft() if server.replies else Reply(599, b"empty")
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    time.sleep(reply.delay)
+                    raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body)
+                    payload = raw if isinstance(raw, bytes) else raw.encode()
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout test)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        if tls is not None:
+            self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)
+        scheme = "http" if tls is None else "https"
+        self.url = f"{scheme}://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    def script(self, *replies: Reply) -> None:
+        self.replies.extend(replies)
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def make_spec(*base_urls: str, **overrides: Any) -> OpenAILLMSpec:
+    fields: dict[str, Any] = {
+        "backend": "openai",
+        "base_urls": base_urls,
+        "model": "qwen-test",
+        "max_retries": 3,
+        "backoff_seconds": 0.01,
+        "backoff_max_seconds": 0.02,
+        "timeout_seconds": 5.0,
+        "connect_timeout_seconds": 1.0,
+    }
+    fields.update(overrides)
+    return OpenAILLMSpec.model_validate(fields)
+
+
+async def complete(spec: OpenAILLMSpec, **kwargs: Any) -> Any:
+    backend = await OpenAIBackend.open(spec)
+    try:
+        return await backend.complete(MESSAGES, max_tokens=64, **kwargs)
+    finally:
+        await backend.aclose()
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any

@@ -1,0 +1,196 @@
+"""Golden tests of the span mapping on exports recorded from the real OpenTelemetry SDK, one per
+convention, each read as protobuf and as OTLP/JSON: the same conversation comes out of all."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from poirotd.model import MessageKind
+from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
+from poirotd.transports.otlp.mapping import MappedExport, map_export
+from tests.support.otlp_runs import (
+    DATA,
+    DIAGNOSIS,
+    DOCTOR_SYSTEM,
+    HANDOFF,
+    MS,
+    PLAN,
+    RECORDED_AT_NS,
+    RESULT,
+    RUNS,
+    SPEC,
+    TASK,
+    recorded_export,
+)
+
+AGENTS = SPEC.agents_by_alias()
+TRACE = f"{0x7ACE:032x}"
+
+# (kind, sender, recipient, content, tool_calls, tool_name, ms after the run's start)
+CONVERSATION = [
+    (MessageKind.SYSTEM, "system", "doctor", DOCTOR_SYSTEM, (), "", 2),
+    (MessageKind.HUMAN, "user", "doctor", TASK, (), "", 2),
+    (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',), "", 10),
+    (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, (), "gait_test", 20),
+    (MessageKind.AGENT, "doctor", "", DIAGNOSIS, (), "", 30),
+    (MessageKind.HUMAN, "user", "chief", HANDOFF, (), "", 52),
+    (MessageKind.AGENT, "chief", "", PLAN, (), "", 60),
+]
+# Per convention: the span each message above comes from, and the spans rejected (span, reason).
+SPANS = {
+    "genai": ([3, 3, 3, 4, 5, 8, 8], [(6, "no_content"), (10, "unknown_agent")]),
+    "genai_events": ([3, 3, 3, 4, 5, 8, 8], [(6, "no_content"), (10, "unknown_agent")]),
+    "openinference": ([3, 3, 3, 5, 7, 10, 10], [(8, "no_content"), (12, "unknown_agent")]),
+}
+
+
+def _read(name: str, encoding: str) -> ExportTraceServiceRequest:
+    if encoding == "protobuf":
+        return _decode((DATA / f"{name}.pb").read_bytes(), PROTOBUF, "identity", 1 << 20)
+    return _decode((DATA / f"{name}.json").read_bytes(), JSON, "identity", 1 << 20)
+
+
+def _conversation(mapped: MappedExport) -> list[tuple[Any, ...]]:
+    start = RECORDED_AT_NS
+    return [
+        (
+            m.kind,
+            m.sender,
+            m.recipient,
+            m.content,
+            m.tool_calls,
+            m.tool_name,
+            (m.at_ns - start) // MS,
+        )
+        for m in mapped.messages
+    ]
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_each_convention_maps_to_the_same_conversation(name: str, encoding: str) -> None:
+    mapped = map_export(_read(name, encoding), AGENTS, session_by="conversation")
+    assert _conversation(mapped) == CONVERSATION
+    spans, rejected = SPANS[name]
+    assert [(m.trace_id, int(m.span_id, 16)) for m in mapped.messages] == [
+        (TRACE, span) for span in spans
+    ]
+    assert {m.session_id for m in mapped.messages} == {"conv-1"}
+    assert [(int(r.span_id, 16), r.reason) for r in mapped.rejections] == rejected
+    assert "pharmacist'" in mapped.rejections[1].detail.lower()
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_recorded_exports_are_what_the_recording_script_writes(name: str) -> None:
+    assert recorded_export(RUNS[name]).SerializeToString() == (DATA / f"{name}.pb").read_bytes()
+
+
+def test_the_session_is_the_trace_when_configured_so() -> None:
+    mapped = map_export(_read("genai", "protobuf"), AGENTS, session_by="trace")
+    assert {m.session_id for m in mapped.messages} == {TRACE}
+
+
+def _export(*spans: Span) -> ExportTraceServiceRequest:
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=list(spans))])]
+    )
+
+
+def _span(span_id: int, attributes: dict[str, str], parent: int = 0) -> Span:
+    return Span(
+        trace_id=(7).to_bytes(16, "big"),
+        span_id=span_id.to_bytes(8, "big"),
+        parent_span_id=parent.to_bytes(8, "big") if parent else b"",
+        start_time_unix_nano=RECORDED_AT_NS + span_id,
+        end_time_unix_nano=RECORDED_AT_NS + span_id + 1,
+        attributes=[KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in attributes.items()],
+    )
+
+
+def test_malformed_attributes_reject_their_span_only() -> None:
+    agent = {"gen_ai.agent.name": "doctor"}
+    good = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.output.messages": json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": "fine"}]}]
+        ),
+        **agent,
+    }
+    not_json = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": "[{oops", **agent}
+    no_list = {"gen_ai.operation.name": "chat", "gen_ai.output.messages": '{"a": 1}', **agent}
+    bad_index = {
+        "openinference.span.kind": "LLM",
+        "llm.output_messages.first.message.content": "x",
+        **agent,
+    }
+    mapped = map_export(
+        _export(_span(1, good), _span(2, not_json), _span(3, no_list), _span(4, bad_index)),
+        AGENTS,
+        session_by="conversation",
+    )
+    assert [m.content for m in mapped.messages] == ["fine"]
+    assert [(int(r.span_id, 16), r.reason) for r in mapped.rejections] == [
+        (2, "malformed"),
+        (3, "malformed"),
+        (4, "malformed"),
+    ]
+    assert "gen_ai.input.messages is not JSON" in mapped.rejections[0].detail
+    assert "'first' is not a list index" in mapped.rejections[2].detail
+
+
+def test_an_agent_is_found_by_alias_id_or_name_up_the_parents_and_other_spans_are_ignored() -> None:
+    reply = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "ok"}]}])
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.output.messages": reply}
+    mapped = map_export(
+        _export(
+            _span(1, {"gen_ai.agent.name": "Doctor Agent"}),  # an alias
+            _span(2, chat, parent=1),
+            _span(3, {"agent.name": "Chief"}),  # the agent's name
+            _span(4, chat, parent=3),
+            _span(5, {"http.method": "GET"}),  # not a GenAI span: structure only
+            _span(6, chat),  # no agent anywhere above it
+        ),
+        AGENTS,
+        session_by="conversation",
+    )
+    assert [(m.sender, int(m.span_id, 16)) for m in mapped.messages] == [
+        ("doctor", 2),
+        ("chief", 4),
+    ]
+    assert [(int(r.span_id, 16), r.reason) for r in mapped.rejections] == [(6, "unknown_agent")]
+    assert mapped.spans == 6
+
+
+def test_a_parent_loop_ends() -> None:
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": "[]"}
+    mapped = map_export(
+        _export(_span(1, chat, parent=2), _span(2, {}, parent=1)), AGENTS, session_by="trace"
+    )
+    assert [r.reason for r in mapped.rejections] == ["no_content"]
+
+
+def test_an_alias_names_one_agent_and_never_another_agents_id() -> None:
+    from pydantic import ValidationError
+
+    from poirotd.config import SystemSpec
+
+    def spec(doctor: list[str], chief: list[str]) -> SystemSpec:
+        agents = [
+            {"id": "doctor", "name": "Doctor", "system_prompt": "p", "aliases": doctor},
+            {"id": "chief", "name": "Chief", "system_prompt": "p", "aliases": chief},
+        ]
+        return SystemSpec.model_validate(
+            {"system": {"name": "s", "description": "d"}, "agents": agents}
+        )
+
+    assert spec(["Dr"], ["boss"]).agents_by_alias()["Dr"] == "doctor"
+    with pytest.raises(ValidationError, match="alias 'x' names two agents"):
+        spec(["x"], ["x"])
+    with pytest.raises(ValidationError, match="has alias 'chief', another agent's id"):
+        spec(["chief"], [])

@@ -1,0 +1,242 @@
+"""What one client may hold open or do per second, over real loopback gRPC.
+
+The daemons here bind "localhost": 127.0.0.1 and ::1 on one port, two clients as
+`client_identity` tells them apart (by host; every channel of one host counts together).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from poirotd.api.client import PoirotClient
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.daemon import Daemon
+from poirotd.errors import ResourceExhausted
+from poirotd.llm.scripted import ScriptedBackend
+from poirotd.transports.grpc.clients import Bound, ClientRates
+from poirotd.transports.token_bucket import TokenBucket
+from tests.support.answers import schema_answer
+from tests.support.daemon import in_process_daemon, limit_rejections, rejected, stored_messages
+from tests.support.ingest import session, start
+from tests.support.spec import CLINIC
+
+V4, V6 = "127.0.0.1", "[::1]"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_token_bucket_refuses_beyond_its_burst_and_refills_at_its_rate() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate=2.0, burst=3.0, clock=clock)
+    assert [bucket.try_take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.try_take() == pytest.approx(0.5), "refused, with the wait until a token"
+    clock.now += 0.5
+    assert bucket.try_take() == 0.0
+    clock.now += 3600
+    assert bucket.full
+    assert [bucket.try_take() for _ in range(4)][3] > 0, "an idle hour still holds only 3"
+
+
+def test_reserving_paces_callers_in_turn_even_beyond_the_burst() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(rate=10.0, burst=5.0, clock=clock)
+    assert bucket.reserve(5) == 0.0
+    assert bucket.reserve(10) == pytest.approx(1.0), "beyond the burst: in debt"
+    assert bucket.reserve(1) == pytest.approx(1.1), "the next one waits behind the debt"
+    clock.now += 1.1
+    assert bucket.reserve(0) == 0.0 and not bucket.full
+    clock.now += 0.5
+    assert bucket.full
+
+
+def test_client_rates_hold_each_client_to_its_own_bucket_and_forget_idle_ones() -> None:
+    clock = FakeClock()
+    rate, burst = Bound(0.5, "trigger_rate_per_client"), Bound(1, "trigger_burst_per_client")
+    rates = ClientRates("trigger", reason="trigger_rate", rate=rate, burst=burst, clock=clock)
+    rates.take("10.0.0.1")
+    with pytest.raises(ResourceExhausted, match=r"POIROTD_TRIGGER_RATE_PER_CLIENT=0.5 .* 2.0 s"):
+        rates.take("10.0.0.1")
+    rates.take("10.0.0.2")
+    clock.now += 2
+    rates.take("10.0.0.3")  # the first two are full again: forgotten
+    assert list(rates._buckets) == ["10.0.0.3"]
+    rates.take("10.0.0.1")
+
+
+def throttled_seconds(daemon: Daemon) -> float:
+    return daemon.metrics.registry.get_sample_value("poirot_ingest_throttled_seconds_total") or 0.0
+
+
+def client_at(daemon: Daemon, host: str) -> PoirotClient:
+    return PoirotClient(f"{host}:{daemon.grpc_port}")
+
+
+def loopback_daemon(tmp_path: Path, **settings: Any) -> AbstractAsyncContextManager[Daemon]:
+    """A daemon on both loopback addresses, with these settings."""
+    backend = ScriptedBackend(schema_answer)
+    return in_process_daemon(tmp_path, CLINIC, backend, grpc_host="localhost", **settings)
+
+
+class HeldStream:
+    """An Ingest stream that stays open, having opened a session, until `close`."""
+
+    def __init__(self, client: PoirotClient, session_id: str) -> None:
+        self._release = asyncio.Event()
+        self._call = client.ingest.Stream(self._requests(session_id))
+
+    async def _requests(self, session_id: str) -> AsyncIterator[pb.IngestRequest]:
+        request = start(session_id)
+        request.seq = 1
+        yield request
+        await self._release.wait()
+
+    async def opened(self) -> int:
+        """The first ack: the daemon holds the stream."""
+        ack = await self._call.read()
+        assert isinstance(ack, pb.IngestAck)
+        return ack.durable_seq
+
+    async def close(self) -> None:
+        self._release.set()
+        while await self._call.read() is not grpc.aio.EOF:
+            pass
+        assert await self._call.code() == grpc.StatusCode.OK
+
+
+async def test_a_client_may_hold_only_so_many_ingest_streams(tmp_path: Path) -> None:
+    async with (
+        loopback_daemon(tmp_path, max_ingest_streams_per_client=2) as daemon,
+        AsyncExitStack() as clients,
+    ):
+        # A channel each: many connections (ports) of one host are one client.
+        ones = [await clients.enter_async_context(client_at(daemon, V4)) for _ in range(3)]
+        held = [HeldStream(ones[i], f"s{i}") for i in range(2)]
+        assert [await stream.opened() for stream in held] == [1, 1]
+
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await ones[2].send(session(2, "s2"))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = refused.value.details() or ""
+        assert "client 127.0.0.1 has 2 Ingest streams open" in details
+        assert "POIROTD_MAX_INGEST_STREAMS_PER_CLIENT=2" in details
+        assert limit_rejections(daemon, "too_many_streams") == 1
+        assert rejected(daemon, "Ingest.Stream", "too_many_streams") == 1
+
+        other = await clients.enter_async_context(client_at(daemon, V6))
+        assert await other.send(session(2, "s3")) == 3, "another client has its own count"
+        await held[0].close()
+        assert await ones[2].send(session(2, "s2")) == 3, "a closed stream frees its slot"
+        await held[1].close()
+        assert stored_messages(daemon) == 4
+
+
+async def test_a_clients_ingest_rate_paces_its_streams_together_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    rate, burst, per_stream = 400, 100, 300
+    async with (
+        loopback_daemon(
+            tmp_path, ingest_rate_per_client=rate, ingest_burst_per_client=burst
+        ) as daemon,
+        client_at(daemon, V4) as one,
+        client_at(daemon, V4) as same_host,
+        client_at(daemon, V6) as other,
+    ):
+        clients = (one, same_host)  # two connections of one host
+        began = time.monotonic()
+        # One batched request of 300 items per stream: 600 items at 400/s after a burst of 100.
+        paced = [client.send(session(per_stream - 1, f"s{i}")) for i, client in enumerate(clients)]
+        assert await asyncio.gather(*paced) == [per_stream, per_stream], "nothing refused"
+        assert time.monotonic() - began >= (2 * per_stream - burst) / rate - 0.05
+        # The first waited (300 - 100) / 400 s, the second behind it (600 - 100) / 400 s (less
+        # what accrued between them); with a bucket per stream both would have waited 0.5 s.
+        owed = throttled_seconds(daemon)
+        assert 1.4 < owed <= 1.75
+
+        assert await other.send(session(burst - 1, "s-other")) == burst
+        assert throttled_seconds(daemon) == owed, "another client has its own bucket"
+        assert stored_messages(daemon) == 2 * (per_stream - 1) + burst - 1
+
+
+async def test_watch_streams_are_bounded_per_client_and_in_all(tmp_path: Path) -> None:
+    async with (
+        loopback_daemon(tmp_path, max_watchers=3, max_watchers_per_client=2) as daemon,
+        client_at(daemon, V4) as one,
+        client_at(daemon, V6) as other,
+    ):
+        await one.send(session(3))
+        done = await one.trigger("s1", "events to watch")
+        assert [e async for e in one.watch(done.investigation_id)], "a watch that ends frees"
+
+        watches: list[grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.InvestigationEvent]] = []
+
+        async def watch_all(client: PoirotClient) -> None:
+            call = client.investigations.Watch(pb.WatchRequest())
+            watches.append(call)
+            assert isinstance(await call.read(), pb.InvestigationEvent)  # held now
+
+        await watch_all(one)
+        await watch_all(one)
+        await expect_refused(
+            watch_all(one),
+            "client 127.0.0.1 has 2 Watch streams open",
+            "POIROTD_MAX_WATCHERS_PER_CLIENT=2",
+        )
+        await watch_all(other)
+        await expect_refused(watch_all(other), "3 Watch streams are open", "POIROTD_MAX_WATCHERS=3")
+        assert limit_rejections(daemon, "too_many_watchers") == 2
+
+        watches[0].cancel()  # the daemon learns of it a moment later
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    await watch_all(one)
+                    break
+                except grpc.aio.AioRpcError as error:
+                    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    await asyncio.sleep(0.05)
+        for call in watches:
+            call.cancel()
+
+
+async def expect_refused(call: Awaitable[None], *fragments: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = refused.value.details() or ""
+    assert all(f in details for f in fragments), details
+
+
+async def test_a_clients_triggers_are_held_to_its_rate(tmp_path: Path) -> None:
+    async with (
+        loopback_daemon(
+            tmp_path, trigger_rate_per_client=0.001, trigger_burst_per_client=2
+        ) as daemon,
+        client_at(daemon, V4) as one,
+        client_at(daemon, V6) as other,
+    ):
+        await one.send(session(3))
+        for n in range(2):
+            await one.trigger("s1", f"burst {n}")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await one.trigger("s1", "one too many")
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = refused.value.details() or ""
+        assert details.startswith("client 127.0.0.1 is over POIROTD_TRIGGER_RATE_PER_CLIENT=0.001")
+        assert "POIROTD_TRIGGER_BURST_PER_CLIENT=2" in details and "retry in " in details
+        assert limit_rejections(daemon, "trigger_rate") == 1
+        assert (await other.trigger("s1", "another client")).investigation_id
