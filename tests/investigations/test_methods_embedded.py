@@ -23,7 +23,8 @@ from poirotd.protocol.errorprobe.memory import Diagnosis
 from poirotd.protocol.errorprobe.schemas import Hypothesis
 from tests.support.daemon import client_of, in_process_daemon
 
-pytestmark = pytest.mark.slow
+# Each on a busy 2-core box: see the timeouts of the tests (the embedded model, loaded per daemon).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SPEC = SystemSpec.model_validate(
     {
@@ -31,6 +32,9 @@ SPEC = SystemSpec.model_validate(
         "agents": [
             {"id": "doctor", "name": "Doctor", "system_prompt": "You diagnose the patient."},
             {"id": "physio", "name": "Physio", "system_prompt": "You set the exercise dose."},
+        ],
+        "components": [
+            {"id": "exo", "name": "Exoskeleton", "type": "hardware", "description": "Gait robot."}
         ],
         "hazard_space": {
             "regions": [
