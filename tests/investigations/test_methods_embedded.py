@@ -23,8 +23,7 @@ from poirotd.protocol.errorprobe.memory import Diagnosis
 from poirotd.protocol.errorprobe.schemas import Hypothesis
 from tests.support.daemon import client_of, in_process_daemon
 
-# Each on a busy 2-core box: see the timeouts of the tests (the embedded model, loaded per daemon).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = pytest.mark.slow
 
 SPEC = SystemSpec.model_validate(
     {
@@ -104,6 +103,7 @@ def succeeded(record: pb.Investigation) -> dict[str, object]:
     return findings
 
 
+@pytest.mark.timeout(600)  # 17 s on a busy 2-core box (embedded model)
 async def test_echo_on_the_embedded_model(client: PoirotClient) -> None:
     findings = succeeded(await investigate(client, "echo"))
     Consensus.model_validate(findings["consensus"])
@@ -114,6 +114,7 @@ async def test_echo_on_the_embedded_model(client: PoirotClient) -> None:
             Analysis.model_validate(analysis)
 
 
+@pytest.mark.timeout(600)  # 25 s on a busy 2-core box (embedded model)
 async def test_errorprobe_on_the_embedded_model(client: PoirotClient) -> None:
     findings = succeeded(await investigate(client, "errorprobe"))
     Diagnosis.model_validate(findings["diagnosis"])
@@ -123,6 +124,7 @@ async def test_errorprobe_on_the_embedded_model(client: PoirotClient) -> None:
         Hypothesis.model_validate({k: h[k] for k in ("region", "step", "mode", "claim")})
 
 
+@pytest.mark.timeout(900)  # 43 s on a busy 2-core box (embedded model)
 async def test_the_ensemble_on_the_embedded_model(client: PoirotClient) -> None:
     findings = succeeded(await investigate(client, "ensemble"))
     members = findings["members"]
