@@ -47,7 +47,9 @@ CaseArgument = Annotated[
 MethodOption = Annotated[
     InvestigationMethod,
     typer.Option(
-        help="poirot: the five-phase protocol; baseline: one all-at-once LLM call",
+        help="poirot: the five-phase protocol; baseline: one all-at-once LLM call; echo: a "
+        "panel of analysts with consensus; errorprobe: MAST tags, backward trace, checked "
+        "diagnosis; ensemble: the spec's members combined",
     ),
 ]
 

@@ -8,7 +8,15 @@ from pathlib import Path
 
 from poirot_eval import plots
 from poirot_eval.results import CaseResult
-from poirot_eval.scoring import STEP_TOLERANCES, Ratio, Summary, groups, per_agent, summarise
+from poirot_eval.scoring import (
+    STEP_TOLERANCES,
+    Ratio,
+    Summary,
+    agreement,
+    groups,
+    per_agent,
+    summarise,
+)
 
 REPORT = "report.md"
 
@@ -65,6 +73,11 @@ consultation filled the context window.
 """
 
 
+_AGREEMENT_NOTES = """\
+Over the cases both methods finished: the share where their decision vectors are equal.
+"""
+
+
 def render_report(results: Sequence[CaseResult], out_dir: Path) -> Path:
     """Write report.md and its PNG figures into `out_dir`; returns the markdown's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -74,6 +87,7 @@ def render_report(results: Sequence[CaseResult], out_dir: Path) -> Path:
     lines += [_row((*key, *_accuracy(s))) for key, s in summaries.items()]
     lines += ["", "## Cost and reliability", "", _COST_NOTES, *_table(_COST)]
     lines += [_row((*key, *_cost(s))) for key, s in summaries.items()]
+    lines += _agreement(results)
     for key, rows in grouped.items():
         lines += _figures(key, rows, out_dir)
     path = out_dir / REPORT
@@ -117,6 +131,20 @@ def _cost(s: Summary) -> tuple[str, ...]:
         str(s.forced_at_limit),
         str(s.forced_by_context),
     )
+
+
+def _agreement(results: Sequence[CaseResult]) -> list[str]:
+    """Pairs of methods run on the same cases: how often they decided alike."""
+    pairs = agreement(results)
+    if not pairs:
+        return []
+    lines = ["", "## Agreement between methods", "", _AGREEMENT_NOTES]
+    lines += _table(("methods", "dataset", "model", "same decision"))
+    for (dataset, model), table in pairs.items():
+        lines += [
+            _row((f"{a} / {b}", dataset, model, percent(ratio))) for (a, b), ratio in table.items()
+        ]
+    return lines
 
 
 def _figures(key: tuple[str, str, str], rows: Sequence[CaseResult], out_dir: Path) -> list[str]:

@@ -191,6 +191,33 @@ def groups(results: Iterable[CaseResult]) -> dict[tuple[str, str, str], list[Cas
     return dict(sorted(grouped.items()))
 
 
+def agreement(
+    results: Iterable[CaseResult],
+) -> dict[tuple[str, str], dict[tuple[str, str], Ratio]]:
+    """For each (dataset, model) run with several methods, each pair of methods: of the cases
+    both finished, how many they decided alike (the same decision vector)."""
+    decided: dict[tuple[str, str], dict[str, dict[str, tuple[int, ...]]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    for r in results:
+        if r.status == "ok":
+            decided[(r.dataset, r.model)][r.method][r.case_id] = tuple(r.decision)
+    pairs: dict[tuple[str, str], dict[tuple[str, str], Ratio]] = {}
+    for key, by_method in sorted(decided.items()):
+        methods = sorted(by_method)
+        table = {
+            (a, b): _ratio(
+                by_method[a][case] == by_method[b][case]
+                for case in sorted(by_method[a].keys() & by_method[b].keys())
+            )
+            for i, a in enumerate(methods)
+            for b in methods[i + 1 :]
+        }
+        if table:
+            pairs[key] = table
+    return pairs
+
+
 def _ratio(hits: Iterable[bool]) -> Ratio:
     flags = list(hits)
     return Ratio(hits=sum(flags), total=len(flags))

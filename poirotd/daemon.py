@@ -59,7 +59,9 @@ class Core:
 def build_core(
     spec: SystemSpec, store: Store, backend: LLMBackend, metrics: Metrics, settings: Settings
 ) -> Core:
-    engine = InvestigationEngine(spec, backend, store, token_budget=settings.llm_token_budget)
+    engine = InvestigationEngine(
+        spec, backend, store, token_budget=settings.llm_token_budget, memory=store
+    )
     bus = EventBus()
     runner = InvestigationRunner(
         spec,

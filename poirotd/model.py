@@ -218,6 +218,12 @@ class Phase(enum.StrEnum):
     INTERROGATION = "interrogation"
     VOTING = "voting"
     AGGREGATION = "aggregation"
+    # ECHO: the panel of analysts reads the session's hierarchical context.
+    ANALYSIS = "analysis"
+    # ErrorProbe: MAST tags, the backward trace to the causal chain, then the three roles.
+    DETECTION = "detection"
+    TRACING = "tracing"
+    DIAGNOSIS = "diagnosis"
 
 
 class Vote(Frozen):
@@ -294,7 +300,13 @@ class ContextCut(Frozen):
     chars_after: int = Field(ge=0)
 
 
-InvestigationMethod = Literal["poirot", "baseline"]
+# poirot: the five-phase protocol; baseline: one LLM call over the full session; echo: ECHO's
+# panel of analysts over a hierarchical context, with confidence-weighted consensus; errorprobe:
+# ErrorProbe's MAST tags, backward trace and checked three-role diagnosis with verified memory;
+# ensemble: several of these over one session, combined.
+InvestigationMethod = Literal["poirot", "baseline", "echo", "errorprobe", "ensemble"]
+# The methods an ensemble may combine.
+EnsembleMember = Literal["poirot", "baseline", "echo", "errorprobe"]
 
 
 class PhaseTiming(Frozen):
@@ -330,14 +342,51 @@ class AgentReputation(Frozen):
     updated_at: datetime
 
 
+class MemorySignature(Frozen):
+    """What an ErrorProbe diagnosis is remembered by: the MAST failure mode, the agent (or
+    component) blamed, and the tool involved at the faulty step ("" when none)."""
+
+    mode: str
+    agent: str
+    tool: str = ""
+
+
+class DiagnosisMemoryEntry(Frozen):
+    """One verified failure pattern in ErrorProbe's memory, with its statistics."""
+
+    entry_id: str
+    system: str
+    signature: MemorySignature
+    # What a later diagnosis should check for this pattern (the Arbiter's guard), and the
+    # latest diagnosis it came from.
+    recipe: str
+    example_claim: str = ""
+    example_step: int | None = None
+    # How the latest diagnosis was verified: its evidence checks all passed, or ConfirmOutcome.
+    verified_by: Literal["evidence", "confirmed"]
+    # Frequency: diagnoses verified into this entry; impact: confirmations that agreed or
+    # disagreed with a diagnosis that used or made it; recency: when it was last verified.
+    frequency: int = Field(ge=1)
+    confirmed: int = Field(default=0, ge=0)
+    refuted: int = Field(default=0, ge=0)
+    retrieved: int = Field(default=0, ge=0)
+    created_at: datetime
+    last_verified_at: datetime
+    # The latest investigations that committed to it, and those whose confirmation was counted
+    # (bounded; they make a repeated confirmation count once).
+    sources: tuple[str, ...] = ()
+    judged: tuple[str, ...] = ()
+    # Set when an operator deleted it: never retrieved again (the audit keeps its history).
+    deleted_at: datetime | None = None
+
+
 class Investigation(Frozen):
     investigation_id: str
     system: str
     session_id: str
     state: InvestigationState
     reason: str
-    # poirot: the five-phase protocol; baseline: one LLM call over the full session, same vote
-    # schema (the paper's all-at-once baseline).
+    # Which attribution method runs it (see InvestigationMethod).
     method: InvestigationMethod = "poirot"
     # The rule event that opened the investigation (None for a manual trigger).
     trigger: HazardEvent | None = None
@@ -366,6 +415,10 @@ class Investigation(Frozen):
     degraded_reason: str = ""
     # The true cause(s), once control software confirmed them (ConfirmOutcome).
     confirmed: ConfirmedOutcome | None = None
+    # What the method found besides votes and scores, as JSON: ECHO's analyses, consensus and
+    # disagreement report; ErrorProbe's tags, causal chain, hypotheses, checked evidence and
+    # verdict; an ensemble's members, each with its own result. Empty for poirot and baseline.
+    findings: dict[str, Any] = Field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ access

@@ -153,7 +153,7 @@ class PoirotClient:
         return durable
 
     async def trigger(self, session_id: str, reason: str, method: str = "") -> pb.Investigation:
-        """`method`: "poirot" (also when empty) or "baseline"."""
+        """`method`: "poirot" (also when empty), "baseline", "echo", "errorprobe" or "ensemble"."""
         investigation: pb.Investigation = await self.investigations.Trigger(
             pb.TriggerRequest(session_id=session_id, reason=reason, method=method)
         )

@@ -280,6 +280,7 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
         betas=inv.betas,
         degraded_reason=inv.degraded_reason,
         injection_findings=inv.injection_findings,
+        findings_json=json.dumps(inv.findings) if inv.findings else "",
     )
     if inv.confirmed is not None:
         message.confirmed.CopyFrom(confirmed_outcome(inv.confirmed))

@@ -11,6 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from poirotd.cli.audit import app as audit_app
+from poirotd.cli.memory import app as memory_app
 from poirotd.cli.token import app as token_app
 from poirotd.config import Settings
 from poirotd.config.loader import SpecError
@@ -29,6 +30,7 @@ app = typer.Typer(
     help="poirotd: POIROT incident attribution beside an LLM multi-agent system.",
 )
 app.add_typer(audit_app, name="audit")
+app.add_typer(memory_app, name="memory")
 app.add_typer(token_app, name="token")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML system spec")]

@@ -24,7 +24,7 @@ from pydantic import (
 from poirotd.api.client_tls import ClientTLS
 from poirotd.api.secrets import read_secret_file
 from poirotd.hazards.spec import RuleSet, RuleSpec
-from poirotd.model import HazardRegion, RegionType
+from poirotd.model import EnsembleMember, HazardRegion, RegionType
 
 ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
@@ -195,6 +195,104 @@ class ReputationSpec(SpecModel):
         return self
 
 
+EchoRole = Literal[
+    "conservative", "liberal", "detail_focused", "pattern_focused", "skeptical", "general"
+]
+
+
+class EchoSpec(SpecModel):
+    """ECHO (`method="echo"`): a panel of analysts with distinct roles reads the session as a
+    four-layer hierarchical context; their conclusions are combined by confidence-weighted
+    consensus. The paper's setting: 3 analysts drawn from the six roles, temperatures 0.3-0.9,
+    delta 0.3."""
+
+    # Analysts on the panel, drawn from `roles` (without repeats) per investigation, seeded by
+    # the session id so a re-run of one session draws the same panel.
+    analysts: int = Field(default=3, ge=1, le=6)
+    roles: tuple[EchoRole, ...] = (
+        "conservative",
+        "liberal",
+        "detail_focused",
+        "pattern_focused",
+        "skeptical",
+        "general",
+    )
+    # Analyst k of the panel samples at temperatures[k % len(temperatures)].
+    temperatures: tuple[Annotated[float, Field(ge=0.0, le=2.0)], ...] = Field(
+        default=(0.3, 0.6, 0.9), min_length=1
+    )
+    # δ: conclusions with a lower confidence do not vote in the consensus.
+    delta: float = Field(default=0.3, ge=0.0, le=1.0)
+    # Room for one analysis (its strings are bounded by the schema).
+    analysis_max_tokens: int = Field(default=1536, ge=64)
+
+    @model_validator(mode="after")
+    def _enough_roles(self) -> EchoSpec:
+        if len(set(self.roles)) != len(self.roles):
+            raise ValueError(f"echo.roles repeats a role: {list(self.roles)}")
+        if self.analysts > len(self.roles):
+            raise ValueError(
+                f"echo.analysts is {self.analysts} but only {len(self.roles)} roles are allowed"
+            )
+        return self
+
+
+class DiagnosisMemorySpec(SpecModel):
+    """ErrorProbe's verified memory: diagnoses confirmed by ConfirmOutcome, or whose evidence
+    checks all passed, kept by signature (MAST tag, agent, tool) and offered to later runs."""
+
+    enabled: bool = True
+    # Entries below this signature similarity are never retrieved (the paper's 0.75: the MAST
+    # tag and the agent must match).
+    similarity_threshold: float = Field(default=0.75, ge=0.0, le=1.0)
+    # Entries shown to the Strategist at most (the paper's k).
+    retrieve: int = Field(default=3, ge=0, le=20)
+    # A diagnosis whose evidence all checked out enters memory only at this Arbiter confidence
+    # (the paper's τ); a confirmed one enters whatever its confidence.
+    commit_confidence: float = Field(default=0.7, ge=0.0, le=1.0)
+    # Recency: an entry last verified this many days ago counts half.
+    half_life_days: float = Field(default=30.0, gt=0.0)
+
+
+class ErrorProbeSpec(SpecModel):
+    """ErrorProbe (`method="errorprobe"`): MAST tags on the session, a backward trace from the
+    symptom to its causal chain, a Strategist / Investigator / Arbiter diagnosis whose evidence
+    the daemon checks against the stored session, and a verified memory."""
+
+    # Messages the backward trace keeps at most (nearest the symptom first).
+    max_chain_messages: int = Field(default=40, ge=2, le=1000)
+    # MAST tags the detector may report.
+    max_tags: int = Field(default=8, ge=0, le=64)
+    # Hypotheses the Strategist may make; each is investigated with one call.
+    max_hypotheses: int = Field(default=3, ge=1, le=10)
+    # Evidence items (tool checks) per hypothesis.
+    max_evidence: int = Field(default=3, ge=1, le=10)
+    # Room for one role's answer.
+    role_max_tokens: int = Field(default=1024, ge=64)
+    memory: DiagnosisMemorySpec = DiagnosisMemorySpec()
+
+
+class EnsembleSpec(SpecModel):
+    """The ensemble (`method="ensemble"`): the member methods run one after the other over the
+    session, and their region scores are combined. Member m weighs
+    w_m = rho_m + ½(1 - |D_m|/N), rho_m its reliability (learned from confirmed outcomes like an
+    agent's β, with `reliability`'s bounds and rate; `initial` for all when disabled) and |D_m|
+    the regions it blamed out of N: a member that blames fewer regions counts more, as a
+    POIROT vote close to its voter's own position does."""
+
+    members: tuple[EnsembleMember, ...] = Field(
+        default=("poirot", "baseline", "echo", "errorprobe"), min_length=1
+    )
+    reliability: ReputationSpec = ReputationSpec(enabled=True)
+
+    @field_validator("members")
+    @classmethod
+    def _no_repeats(cls, members: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(members)) != len(members):
+            raise ValueError(f"ensemble.members repeats a method: {list(members)}")
+        return members
+
+
 # How prompts quote untrusted text; see poirotd/protocol/spotlight.py.
 SpotlightMode = Literal["lines", "words", "off"]
 
@@ -217,6 +315,10 @@ class ProtocolSpec(SpecModel):
     max_sub_regions_per_component: int = Field(default=2, ge=0, le=8)
     max_sub_regions: int = Field(default=16, ge=0, le=64)
     decision: DecisionRuleSpec = DecisionRuleSpec()
+    # The other attribution methods a Trigger may choose.
+    echo: EchoSpec = EchoSpec()
+    errorprobe: ErrorProbeSpec = ErrorProbeSpec()
+    ensemble: EnsembleSpec = EnsembleSpec()
     # How untrusted text (messages, tool outputs, telemetry names, the reason, peers' words) is
     # quoted in prompts (poirotd/protocol/spotlight.py): "lines" marks each line (the demo
     # investigation's prompts take 1.16x the tokens of verbatim ones on SmolLM2's tokenizer),

@@ -110,6 +110,7 @@ class InvestigationRecorder:
             phases=tuple(outcome.phases),
             usage=outcome.usage,
             degraded_reason=degraded_reason(outcome),
+            findings=outcome.findings,
         )
         if self.record.degraded_reason:
             self._metrics.investigations_degraded.labels(self._system).inc()
@@ -245,4 +246,5 @@ def degraded_reason(outcome: ProtocolOutcome) -> str:
     lacks += [f"{agent} filed no valid report" for agent, r in outcome.reports.items() if r is None]
     if outcome.hazard_space.source == "spec":
         lacks.append("Phase I gave no valid hazard space; the spec's declared parts were used")
+    lacks += outcome.lacks
     return "; ".join(lacks)

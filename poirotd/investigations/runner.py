@@ -24,17 +24,19 @@ from poirotd.model import (
     Investigation,
     InvestigationMethod,
     InvestigationState,
+    Reading,
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol import prompts
 from poirotd.protocol.engine import InvestigationEngine
+from poirotd.protocol.ensemble import method_reliabilities
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.reputation import betas_in_use
 from poirotd.store import Store
 
 log = structlog.get_logger(__name__)
 
-# Telemetry samples summarised into the incident description.
+# Telemetry samples summarised into the incident description (and checked by ErrorProbe).
 _EVIDENCE_SAMPLES = 2000
 
 
@@ -152,7 +154,10 @@ class InvestigationRunner:
             messages = await self._store.session_messages(investigation.session_id)
             betas = betas_in_use(self._spec, await self._store.reputations(investigation.system))
             self._metrics.record_betas(betas)
-            incident = await self._describe(investigation)
+            readings = await self._store.newest_readings(
+                investigation.session_id, limit=_EVIDENCE_SAMPLES
+            )
+            incident = await self._describe(investigation, readings)
             await recorder.update(incident=prompts.incident_section(incident), betas=betas)
             outcome = await self._engine.run(
                 messages,
@@ -160,6 +165,9 @@ class InvestigationRunner:
                 incident=incident,
                 betas=betas,
                 method=investigation.method,
+                readings=readings,
+                reliabilities=await self._reliabilities(investigation),
+                investigation_id=investigation.investigation_id,
             )
         except ProtocolError as exc:
             await recorder.failed(str(exc))
@@ -172,10 +180,16 @@ class InvestigationRunner:
         else:
             await recorder.succeeded(outcome)
 
-    async def _describe(self, investigation: Investigation) -> prompts.Incident:
-        readings = await self._store.newest_readings(
-            investigation.session_id, limit=_EVIDENCE_SAMPLES
-        )
+    async def _reliabilities(self, investigation: Investigation) -> dict[str, float]:
+        """The methods' reliabilities from confirmed outcomes, which only an ensemble weighs."""
+        if investigation.method != "ensemble":
+            return {}
+        confirmed = await self._store.confirmed_investigations(investigation.system)
+        return method_reliabilities(self._spec.protocol.ensemble.reliability, confirmed)
+
+    async def _describe(
+        self, investigation: Investigation, readings: list[Reading]
+    ) -> prompts.Incident:
         # Thousands of readings: summarised off the event loop, which meanwhile keeps evaluating
         # hazard rules on arriving telemetry.
         telemetry = await asyncio.to_thread(summarise_window, readings) if readings else ""

@@ -25,6 +25,7 @@ from poirotd.model import (
     LLMExchange,
 )
 from poirotd.observability.metrics import Metrics
+from poirotd.protocol.errorprobe.memory import learn_from_confirmation
 from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.reputation import betas_in_use, reassess
 from poirotd.store import MAX_INTEGER, AlreadyConfirmedError, Store
@@ -54,8 +55,9 @@ class InvestigationService:
     async def trigger(
         self, session_id: str, reason: str, *, method: str = "poirot"
     ) -> Investigation:
-        """Queues an investigation of a stored session by `method`: "poirot" (the protocol) or
-        "baseline" (one LLM call over the full session, the paper's comparator)."""
+        """Queues an investigation of a stored session by `method` (InvestigationMethod):
+        "poirot" (the protocol), "baseline" (one LLM call over the full session, the paper's
+        comparator), "echo", "errorprobe" or "ensemble"."""
         if not session_id:
             raise InvalidArgument("session_id is empty", reason="invalid")
         _check_text("reason", reason)
@@ -155,7 +157,8 @@ class InvestigationService:
         self, investigation_id: str, region_ids: Sequence[str], note: str
     ) -> tuple[Investigation, bool]:
         """Records which region(s) truly caused a succeeded investigation's incident and, with
-        reputation enabled, moves the β_i of the agents that voted. Returns the record and
+        reputation enabled, moves the β_i of the agents that voted; an ErrorProbe diagnosis
+        that blamed a confirmed region enters its memory. Returns the record and
         whether this call confirmed it (False: the same regions were confirmed before, nothing
         changed). Other regions than a first confirmation's are refused: its update stands."""
         _check_text("note", note)
@@ -199,6 +202,9 @@ class InvestigationService:
             )
         except AlreadyConfirmedError as exc:
             raise FailedPrecondition(str(exc), reason="already_confirmed") from exc
+        # Also when it was confirmed before: a confirmation whose memory update a crash cut off
+        # is completed by the client's retry (learning is idempotent per investigation).
+        await learn_from_confirmation(self._store, record)
         self.metrics.record_betas(await self.betas())
         return record, confirmed
 

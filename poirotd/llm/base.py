@@ -99,7 +99,9 @@ class LLMBackend(Protocol):
     `schema`, when given, is a JSON schema the answer must satisfy; backends constrain decoding to
     it where they can. `tools`, when given, are offered and the answer should call one of them
     (in `Completion.tool_calls`); a backend that cannot offer tools refuses the request with
-    reason "bad_request". Implementations must not block the event loop.
+    reason "bad_request". `temperature`, when given, replaces the backend's configured one for
+    this call (ECHO's analysts sample at their own). Implementations must not block the event
+    loop.
     """
 
     name: str
@@ -112,6 +114,7 @@ class LLMBackend(Protocol):
         schema: dict[str, Any] | None = None,
         tools: Sequence[Tool] = (),
         max_tokens: int,
+        temperature: float | None = None,
     ) -> Completion: ...
 
     def count_tokens(self, messages: Sequence[ChatMessage]) -> int:

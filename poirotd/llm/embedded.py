@@ -335,6 +335,7 @@ class _Engine:
         prompt: IntArray,
         schema: dict[str, Any] | None,
         max_tokens: int,
+        temperature: float | None,
         abandoned: threading.Event,
     ) -> Completion:
         if self._closed:
@@ -358,7 +359,7 @@ class _Engine:
                 stop=self._formatter(messages=[m.wire() for m in messages]).stop,
                 grammar=grammar,
                 max_tokens=max_tokens,
-                temperature=self._temperature,
+                temperature=self._temperature if temperature is None else temperature,
                 repeat_penalty=self._repeat_penalty,
                 seed=self._seed,
                 stopping_criteria=self._lib.StoppingCriteriaList(
@@ -477,6 +478,7 @@ class EmbeddedBackend:
         schema: dict[str, Any] | None = None,
         tools: Sequence[Tool] = (),
         max_tokens: int,
+        temperature: float | None = None,
     ) -> Completion:
         if tools:
             raise LLMError("the embedded backend does not offer tools", reason="bad_request")
@@ -495,7 +497,9 @@ class EmbeddedBackend:
             )
         abandoned = threading.Event()
         try:
-            return await self._run(engine.generate, messages, prompt, schema, max_tokens, abandoned)
+            return await self._run(
+                engine.generate, messages, prompt, schema, max_tokens, temperature, abandoned
+            )
         except asyncio.CancelledError:
             abandoned.set()
             raise

@@ -230,12 +230,13 @@ class OpenAIBackend:
         schema: dict[str, Any] | None = None,
         tools: Sequence[Tool] = (),
         max_tokens: int,
+        temperature: float | None = None,
     ) -> Completion:
         body: dict[str, Any] = {
             "model": self._spec.model,
             "messages": [m.wire() for m in messages],
             "max_tokens": max_tokens,
-            "temperature": self._spec.temperature,
+            "temperature": self._spec.temperature if temperature is None else temperature,
             "stream": False,
         }
         if schema is not None:

@@ -28,6 +28,7 @@ class ScriptedCall:
     schema: dict[str, Any] | None
     max_tokens: int
     tools: tuple[Tool, ...] = ()
+    temperature: float | None = None
 
 
 class ScriptedBackend:
@@ -51,8 +52,11 @@ class ScriptedBackend:
         schema: dict[str, Any] | None = None,
         tools: Sequence[Tool] = (),
         max_tokens: int,
+        temperature: float | None = None,
     ) -> Completion:
-        self.calls.append(ScriptedCall(tuple(messages), schema, max_tokens, tuple(tools)))
+        self.calls.append(
+            ScriptedCall(tuple(messages), schema, max_tokens, tuple(tools), temperature)
+        )
         # A real backend always suspends here; so does this one, so agents interleave.
         await asyncio.sleep(0)
         reply: ToolReply | Awaitable[ToolReply]

@@ -112,6 +112,11 @@ def consensus_step(votes: Sequence[Vote]) -> int | None:
     for v in votes:
         if not v.abstained and v.step is not None:
             totals[v.step] = totals.get(v.step, 0.0) + v.weight
+    return heaviest_step(totals)
+
+
+def heaviest_step(totals: Mapping[int, float]) -> int | None:
+    """The step with the highest total weight, the earliest of a tie; None when there is none."""
     if not totals:
         return None
     best = max(totals.values())

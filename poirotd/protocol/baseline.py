@@ -20,6 +20,7 @@ from poirotd.model import AgentMessage, Attribution, HazardSpace, Phase, Vote
 from poirotd.protocol import prompts
 from poirotd.protocol.errors import AnswerFailed
 from poirotd.protocol.events import VoteCast
+from poirotd.protocol.method import Case, MethodResult, argmax_attribution, require_a_vote
 from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.schemas import vote_format
@@ -62,13 +63,15 @@ async def baseline_vote(
 
 def attribution(vote: Vote) -> Attribution:
     """The single vote as the attribution (see the module docstring)."""
-    top = tuple(j for j, bit in enumerate(vote.location) if bit)
-    return Attribution(
-        scores=tuple(float(bit) for bit in vote.location),
-        top=top,
-        tie=len(top) > 1,
-        decision=vote.location,
-        rule=RULE,
-        beta=0.0,
-        step=vote.step,
-    )
+    return argmax_attribution([float(bit) for bit in vote.location], RULE, vote.step)
+
+
+async def attribute(case: Case, run: RunContext) -> MethodResult:
+    """The baseline as a method: its one vote, then that vote as the attribution."""
+    async with run.phase(Phase.VOTING):
+        vote = await baseline_vote(
+            case.spec, case.space, case.messages, case.incident, case.spotlight, run
+        )
+    require_a_vote([vote])
+    async with run.phase(Phase.AGGREGATION):
+        return MethodResult(attribution=attribution(vote), votes=(vote,))

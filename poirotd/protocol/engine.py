@@ -1,5 +1,6 @@
 """The engine: for one system spec, one incident per `run`, by the method the investigation
-chose: POIROT's five phases in order, or the all-at-once baseline (`baseline.py`) after Phase I.
+chose after Phase I: POIROT's Phases II to V, the all-at-once baseline (`baseline.py`), ECHO
+(`echo/`), ErrorProbe (`errorprobe/`) or an ensemble of these (`ensemble.py`).
 
 Everything the run learns is pushed to `on_event` as it happens (each LLM exchange, report and
 vote) and returned as a `ProtocolOutcome` at the end. A run holds no state beyond its own call.
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
+
+from pydantic import Field
 
 from poirotd.config.spec import SystemSpec
 from poirotd.llm.base import ChatMessage, LLMBackend
@@ -22,18 +25,19 @@ from poirotd.model import (
     LLMUsage,
     Phase,
     PhaseTiming,
+    Reading,
     Vote,
 )
-from poirotd.protocol import baseline, injection, prompts
+from poirotd.protocol import baseline, echo, ensemble, errorprobe, injection, prompts
 from poirotd.protocol.aggregation import aggregate
-from poirotd.protocol.errors import ProtocolError
+from poirotd.protocol.errorprobe.memory import DiagnosisMemory
 from poirotd.protocol.events import AttributionReady, InjectionFound, ProtocolEvent
 from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
 from poirotd.protocol.interrogation import closing_request, interrogate, one_more_round
+from poirotd.protocol.method import Case, Method, MethodResult, require_a_vote
 from poirotd.protocol.peer_tools import tools_text
 from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import RunContext
-from poirotd.protocol.schemas import SelfReport
 from poirotd.protocol.self_assessment import self_assess
 from poirotd.protocol.spotlight import Spotlight
 
@@ -49,6 +53,9 @@ class ProtocolOutcome(Frozen):
     # True when the LLM-token budget ran out: later calls were not made (missing answers are
     # abstentions and absent reports saying so).
     budget_spent: bool = False
+    # The method's own findings (Investigation.findings) and what it lacked besides abstentions.
+    findings: dict[str, Any] = Field(default_factory=dict)
+    lacks: tuple[str, ...] = ()
 
 
 class InvestigationEngine:
@@ -59,12 +66,24 @@ class InvestigationEngine:
         hazard_spaces: HazardSpaceCache,
         *,
         token_budget: int = 0,
+        memory: DiagnosisMemory | None = None,
     ) -> None:
-        """`token_budget`: LLM tokens (prompt + completion) each run may spend; 0: no budget."""
+        """`token_budget`: LLM tokens (prompt + completion) each run may spend; 0: no budget.
+        `memory`: where ErrorProbe keeps its verified diagnoses (None: it runs without)."""
         self._spec = spec
         self._backend = backend
         self._hazard_spaces = hazard_spaces
         self._token_budget = token_budget
+        members: dict[str, Method] = {
+            "poirot": self._poirot,
+            "baseline": baseline.attribute,
+            "echo": echo.attribute,
+            "errorprobe": partial(errorprobe.attribute, memory=memory),
+        }
+        self._methods: dict[str, Method] = {
+            **members,
+            "ensemble": partial(ensemble.attribute, members=members),
+        }
 
     async def run(
         self,
@@ -74,11 +93,17 @@ class InvestigationEngine:
         incident: Incident | None = None,
         betas: Mapping[str, float] | None = None,
         method: InvestigationMethod = "poirot",
+        readings: Sequence[Reading] = (),
+        reliabilities: Mapping[str, float] | None = None,
+        investigation_id: str = "",
     ) -> ProtocolOutcome:
         """Investigate the session `messages` (in session order); `incident` tells the agents
         why the investigation was opened and what the hardware reported around it; `betas`
         are the agents' β_i (the reputation variant), the spec's β for all when None;
-        `method` picks POIROT or the baseline (which ignores `betas`: it weighs nothing).
+        `method` picks the attribution method (only POIROT weighs `betas`); `readings` are the
+        session's newest telemetry (ErrorProbe checks claims on them); `reliabilities` are the
+        methods' rho_m from confirmed outcomes (the ensemble's weights); `investigation_id` is
+        what ErrorProbe's memory records a diagnosis under.
 
         Once the token budget is spent no further call starts: the agents still waiting for one
         abstain (or file no report), and the votes already cast are aggregated.
@@ -96,38 +121,49 @@ class InvestigationEngine:
             space = await resolve_hazard_space(spec, self._hazard_spaces, run)
         if betas is None:
             betas = {agent: spec.protocol.beta for agent in spec.agent_ids}
-        reports: dict[str, SelfReport | None] = {}
-        if method == "baseline":
-            async with run.phase(Phase.VOTING):
-                votes = [
-                    await baseline.baseline_vote(spec, space, messages, incident, spotlight, run)
-                ]
-        else:
-            views = await self._views(space, messages, incident, spotlight, run)
-            prefixes = {
-                a.id: prompts.agent_prefix(a, views[a.id], incident, spotlight) for a in spec.agents
-            }
-            async with run.phase(Phase.SELF_ASSESSMENT):
-                reports = await self_assess(spec, prefixes, run)
-            seen = {agent: {m.index for m in view} for agent, view in views.items()}
-            votes = await interrogate(spec, space, prefixes, reports, run, betas, seen, spotlight)
-        if all(v.abstained for v in votes):
-            reasons = "; ".join(f"{v.agent_id or 'baseline'}: {v.abstention_reason}" for v in votes)
-            raise ProtocolError(f"no agent cast a valid vote: {reasons}")
-        async with run.phase(Phase.AGGREGATION):
-            if method == "baseline":
-                attribution = baseline.attribution(votes[0])
-            else:
-                attribution = aggregate(space, votes, betas, spec.protocol.decision)
-            await run.emit(AttributionReady(attribution=attribution, hazard_space=space))
+        case = Case(
+            spec=spec,
+            space=space,
+            messages=tuple(messages),
+            incident=incident,
+            spotlight=spotlight,
+            betas=betas,
+            readings=tuple(readings),
+            reliabilities=reliabilities or {},
+            investigation_id=investigation_id,
+        )
+        result = await self._methods[method](case, run)
+        await run.emit(AttributionReady(attribution=result.attribution, hazard_space=space))
         return ProtocolOutcome(
             hazard_space=space,
-            reports={a: r.model_dump(mode="json") if r else None for a, r in reports.items()},
-            votes=tuple(votes),
-            attribution=attribution,
+            reports=result.reports,
+            votes=result.votes,
+            attribution=result.attribution,
             phases=run.timings(),
             usage=run.usage,
             budget_spent=run.budget_spent,
+            findings=result.findings,
+            lacks=result.lacks,
+        )
+
+    async def _poirot(self, case: Case, run: RunContext) -> MethodResult:
+        """POIROT's Phases II to V over the case's hazard space."""
+        spec, space, incident, spotlight = case.spec, case.space, case.incident, case.spotlight
+        views = await self._views(space, case.messages, incident, spotlight, run)
+        prefixes = {
+            a.id: prompts.agent_prefix(a, views[a.id], incident, spotlight) for a in spec.agents
+        }
+        async with run.phase(Phase.SELF_ASSESSMENT):
+            reports = await self_assess(spec, prefixes, run)
+        seen = {agent: {m.index for m in view} for agent, view in views.items()}
+        votes = await interrogate(spec, space, prefixes, reports, run, case.betas, seen, spotlight)
+        require_a_vote(votes)
+        async with run.phase(Phase.AGGREGATION):
+            attribution = aggregate(space, votes, case.betas, spec.protocol.decision)
+        return MethodResult(
+            attribution=attribution,
+            votes=tuple(votes),
+            reports={a: r.model_dump(mode="json") if r else None for a, r in reports.items()},
         )
 
     async def _views(

@@ -73,7 +73,8 @@ class RunContext:
 
     async def end(self, phase: Phase) -> None:
         seconds = time.monotonic() - self._started[phase]
-        self._seconds[phase] = seconds
+        # A phase run more than once (by several members of an ensemble) adds up.
+        self._seconds[phase] = self._seconds.get(phase, 0.0) + seconds
         await self.emit(PhaseEnded(phase=phase, seconds=seconds))
 
     @asynccontextmanager
@@ -84,9 +85,8 @@ class RunContext:
         await self.end(phase)
 
     def timings(self) -> tuple[PhaseTiming, ...]:
-        return tuple(
-            PhaseTiming(phase=p, seconds=self._seconds[p]) for p in Phase if p in self._seconds
-        )
+        """Each phase's time, in the order the phases ended first."""
+        return tuple(PhaseTiming(phase=p, seconds=s) for p, s in self._seconds.items())
 
     @property
     def usage(self) -> LLMUsage:
@@ -148,14 +148,16 @@ class RunContext:
         schema: dict[str, Any] | None = None,
         tools: Sequence[Tool] = (),
         max_tokens: int,
+        temperature: float | None = None,
     ) -> Completion:
         """One LLM call, recorded (ExchangeDone) and counted whether it succeeds or not; raises
-        LLMError (reason BUDGET_SPENT) without calling once the token budget is spent."""
+        LLMError (reason BUDGET_SPENT) without calling once the token budget is spent.
+        `temperature`: this call's, instead of the backend's configured one."""
         await self._check_budget()
         at, start = datetime.now(UTC), time.monotonic()
         try:
             completion = await self._backend.complete(
-                messages, schema=schema, tools=tools, max_tokens=max_tokens
+                messages, schema=schema, tools=tools, max_tokens=max_tokens, temperature=temperature
             )
         except LLMError as exc:
             await self._record(site, messages, at, start, error=exc)
@@ -172,6 +174,7 @@ class RunContext:
         max_tokens: int,
         retries: int,
         repair: Callable[[str], str] = prompts.invalid_answer,
+        temperature: float | None = None,
     ) -> T:
         """Call until the answer parses: at most 1 + `retries` attempts.
 
@@ -189,7 +192,12 @@ class RunContext:
         for _ in range(retries + 1):
             try:
                 completion = await self.complete(
-                    attempt, request, schema=schema, tools=tools, max_tokens=max_tokens
+                    attempt,
+                    request,
+                    schema=schema,
+                    tools=tools,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
                 )
             except LLMError as exc:
                 reason = f"LLM call failed ({exc.reason}): {exc}"

@@ -358,3 +358,11 @@ def _describe(exc: ValidationError) -> str:
     if len(errors) > _SHOWN_ERRORS:
         parts.append(f"and {len(errors) - _SHOWN_ERRORS} more")
     return "; ".join(parts)
+
+
+# ------------------------------------------------------------------ for the other methods' formats
+
+# The building blocks the formats of ECHO and ErrorProbe are made of (same subset, same bounds).
+json_object = _object
+bounded_text = _text
+validate_answer = _validate

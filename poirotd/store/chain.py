@@ -1,15 +1,15 @@
 """The audit chain (EU AI Act Art. 12): the canonical encoding every record is stored and hashed
 in, entry hashes, and the appends of one write transaction.
 
-Every write of a record (a session started or ended, a block of messages or of telemetry, a
-hazard space, each save of an investigation, an event, an LLM exchange, an agent's reputation)
-also appends, in the same transaction, an entry (seq, kind, ref, payload, prev_hash, hash) to the
-append-only `audit` table. `ref` is the record's key within its kind; `payload` is the record in
-canonical JSON (`encode_record`), byte for byte the text its table stores, so a check needs no
-re-encoding that a future model change could alter; hash = `entry_hash(prev_hash, kind, ref,
-payload)`, starting from `GENESIS_HASH`. `poirotd.store.records.AUDITED_TABLES` says, per kind,
-how a row gives its ref and which columns its record determines; `poirotd.store.audit` verifies and
-exports with it.
+Every write of a record (a session started or ended, a block of messages or of telemetry, a hazard
+space, each save of an investigation, an event, an LLM exchange, an agent's reputation, an entry of
+ErrorProbe's memory) also appends, in the same transaction, an entry (seq, kind, ref, payload,
+prev_hash, hash) to the append-only `audit` table. `ref` is the record's key within its kind;
+`payload` is the record in canonical JSON (`encode_record`), byte for byte the text its table
+stores, so a check needs no re-encoding that a future model change could alter; hash =
+`entry_hash(prev_hash, kind, ref, payload)`, starting from `GENESIS_HASH`.
+`poirotd.store.records.AUDITED_TABLES` says, per kind, how a row gives its ref and which columns
+its record determines; `poirotd.store.audit` verifies and exports with it.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from poirotd.model import (
     AgentReputation,
     CommitItem,
     ConfirmedOutcome,
+    DiagnosisMemoryEntry,
     HazardSpace,
     Investigation,
     InvestigationEvent,
@@ -31,6 +32,8 @@ from poirotd.model import (
 MAX_INTEGER = 2**63 - 1
 # Given an investigation and the stored reputations of its system, the reputations to store.
 Reassess: TypeAlias = Callable[[Investigation, dict[str, AgentReputation]], list[AgentReputation]]
+# Given a memory entry as stored (None: there is none), the entry to store (None: leave it).
+MemoryUpdate: TypeAlias = Callable[[DiagnosisMemoryEntry | None], DiagnosisMemoryEntry | None]
 
 
 class UnknownSessionError(ValueError):
@@ -114,6 +117,29 @@ class Store(Protocol):
         AlreadyConfirmedError for other regions than a first confirmation's."""
 
     async def reputations(self, system: str) -> dict[str, AgentReputation]: ...
+
+    async def confirmed_investigations(
+        self, system: str, *, limit: int = 500
+    ) -> list[Investigation]:
+        """The system's newest `limit` investigations with a confirmed outcome, oldest first."""
+
+    # ErrorProbe's verified memory
+    async def memory_entries(
+        self, system: str, *, include_deleted: bool = False
+    ) -> list[DiagnosisMemoryEntry]:
+        """The system's memory entries, most recently verified first."""
+
+    async def update_memory_entry(
+        self, system: str, entry_id: str, update: MemoryUpdate
+    ) -> DiagnosisMemoryEntry | None:
+        """Stores what `update` makes of the entry as stored, read and written in one
+        transaction (two updates never read the same version); returns what was stored."""
+
+    async def delete_memory_entry(
+        self, system: str, entry_id: str, at: datetime
+    ) -> DiagnosisMemoryEntry | None:
+        """Marks the entry deleted at `at` (it stays in the audit, never retrieved again);
+        returns it, or None when there is no such entry."""
 
     # events and exchanges
     async def append_event(self, event: InvestigationEvent) -> InvestigationEvent:

@@ -29,6 +29,7 @@ from poirotd.model import (
     AccessDenial,
     AgentMessage,
     AgentReputation,
+    DiagnosisMemoryEntry,
     HazardSpace,
     Investigation,
     InvestigationEvent,
@@ -202,6 +203,10 @@ def reputation_row(reputation: AgentReputation) -> Row:
     return (reputation.system, reputation.agent_id, encode_record(reputation))
 
 
+def memory_row(entry: DiagnosisMemoryEntry) -> Row:
+    return (entry.system, entry.entry_id, encode_record(entry))
+
+
 def event_row(event: InvestigationEvent, event_id: int | None) -> Row:
     # The id is the row's key (and the entry's ref), not part of the record.
     return (event_id, event.investigation_id, encode_record(event, exclude={"event_id"}))
@@ -292,6 +297,13 @@ REPUTATIONS = AuditedTable(
     ref=lambda row: canonical_json([row[0], row[1]]),
     expect=lambda row, _: reputation_row(AgentReputation.model_validate_json(row[-1])),
 )
+DIAGNOSIS_MEMORY = AuditedTable(
+    "diagnosis_memory",
+    "diagnosis_memory",
+    ("system", "entry_id", "record"),
+    ref=lambda row: canonical_json([row[0], row[1]]),
+    expect=lambda row, _: memory_row(DiagnosisMemoryEntry.model_validate_json(row[-1])),
+)
 ACCESS_DENIALS = AuditedTable(
     "access_denial",
     "access_denials",
@@ -304,6 +316,7 @@ AUDITED_TABLES = (
     HAZARD_SPACES,
     INVESTIGATIONS,
     REPUTATIONS,
+    DIAGNOSIS_MEMORY,
     MESSAGES,
     MESSAGE_BLOCKS,
     TELEMETRY,

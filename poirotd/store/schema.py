@@ -31,7 +31,9 @@ from poirotd.store.records import (
 #    without them, are read as messages with no trace link).
 # 7: calls refused by the transports' authentication (a new table; a schema-6 store gains it
 #    empty when opened).
-SCHEMA_VERSION = 7
+# 8: ErrorProbe's verified diagnosis memory (a new table; a schema-7 store gains it empty when
+#    opened).
+SCHEMA_VERSION = 8
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """
@@ -135,6 +137,12 @@ CREATE TABLE IF NOT EXISTS reputations (
 CREATE TABLE IF NOT EXISTS access_denials (
     id     INTEGER PRIMARY KEY,
     record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS diagnosis_memory (
+    system   TEXT NOT NULL,
+    entry_id TEXT NOT NULL,
+    record   TEXT NOT NULL,
+    PRIMARY KEY (system, entry_id)
 );
 CREATE TABLE IF NOT EXISTS audit (
     seq       INTEGER PRIMARY KEY,

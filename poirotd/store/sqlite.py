@@ -38,6 +38,7 @@ from poirotd.model import (
     AgentReputation,
     CommitItem,
     ConfirmedOutcome,
+    DiagnosisMemoryEntry,
     HazardSpace,
     Investigation,
     InvestigationEvent,
@@ -54,12 +55,14 @@ from poirotd.store.chain import Chain, Row, transaction
 from poirotd.store.port import (
     MAX_INTEGER,
     AlreadyConfirmedError,
+    MemoryUpdate,
     Reassess,
     UnknownInvestigationError,
     UnknownSessionError,
 )
 from poirotd.store.records import (
     ACCESS_DENIALS,
+    DIAGNOSIS_MEMORY,
     EVENTS,
     EXCHANGES,
     HAZARD_SPACES,
@@ -76,6 +79,7 @@ from poirotd.store.records import (
     exchange_row,
     hazard_space_row,
     investigation_row,
+    memory_row,
     message_block_row,
     message_row_of,
     micros,
@@ -110,6 +114,10 @@ ON CONFLICT (investigation_id) DO UPDATE SET
 _PUT_REPUTATION = """
 INSERT INTO reputations (system, agent_id, record) VALUES (?, ?, ?)
 ON CONFLICT (system, agent_id) DO UPDATE SET record = excluded.record
+"""
+_PUT_MEMORY = """
+INSERT INTO diagnosis_memory (system, entry_id, record) VALUES (?, ?, ?)
+ON CONFLICT (system, entry_id) DO UPDATE SET record = excluded.record
 """
 _INSERT_EVENT = "INSERT INTO events (event_id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_EXCHANGE = "INSERT INTO exchanges (id, investigation_id, record) VALUES (?, ?, ?)"
@@ -294,6 +302,55 @@ class SqliteStore:
         )
         reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
         return {r.agent_id: r for r in reputations}
+
+    async def confirmed_investigations(
+        self, system: str, *, limit: int = 500
+    ) -> list[Investigation]:
+        """The system's newest `limit` investigations with a confirmed outcome, oldest first
+        (by creation)."""
+        _check_limit(limit)
+        rows = await self._read(
+            _all,
+            "SELECT record FROM investigations WHERE system = ?"
+            " AND json_extract(record, '$.confirmed') IS NOT NULL"
+            " ORDER BY created_us DESC, investigation_id DESC LIMIT ?",
+            (system, limit),
+        )
+        return [Investigation.model_validate_json(record) for (record,) in reversed(rows)]
+
+    # ------------------------------------------------------------ ErrorProbe's memory
+
+    async def memory_entries(
+        self, system: str, *, include_deleted: bool = False
+    ) -> list[DiagnosisMemoryEntry]:
+        """The system's entries, most recently verified first (deleted ones only if asked)."""
+        rows = await self._read(
+            _all, "SELECT record FROM diagnosis_memory WHERE system = ?", (system,)
+        )
+        entries = [DiagnosisMemoryEntry.model_validate_json(record) for (record,) in rows]
+        kept = [e for e in entries if include_deleted or e.deleted_at is None]
+        return sorted(kept, key=lambda e: (e.last_verified_at, e.entry_id), reverse=True)
+
+    async def update_memory_entry(
+        self, system: str, entry_id: str, update: MemoryUpdate
+    ) -> DiagnosisMemoryEntry | None:
+        """Reads the entry, stores what `update` makes of it, in one transaction on the writer
+        thread; returns the entry stored (None: `update` left it)."""
+        return await self._write(_update_memory_entry, system, entry_id, update)
+
+    async def delete_memory_entry(
+        self, system: str, entry_id: str, at: datetime
+    ) -> DiagnosisMemoryEntry | None:
+        """A tombstone: the entry marked deleted at `at` (once; a second delete changes
+        nothing), never retrieved again; None when there is no such entry."""
+
+        def deleted(entry: DiagnosisMemoryEntry | None) -> DiagnosisMemoryEntry | None:
+            if entry is None or entry.deleted_at is not None:
+                return None
+            return entry.model_copy(update={"deleted_at": at})
+
+        stored = await self.update_memory_entry(system, entry_id, deleted)
+        return stored or await self._read(_memory_entry, system, entry_id)
 
     # ------------------------------------------------------------ investigation events
 
@@ -604,6 +661,31 @@ def _confirm_outcome(
         for reputation in reassess(inv, current):
             _write(conn, chain, REPUTATIONS, _PUT_REPUTATION, reputation_row(reputation))
     return inv, True
+
+
+def _memory_entry(
+    conn: sqlite3.Connection, system: str, entry_id: str
+) -> DiagnosisMemoryEntry | None:
+    row = conn.execute(
+        "SELECT record FROM diagnosis_memory WHERE system = ? AND entry_id = ?",
+        (system, entry_id),
+    ).fetchone()
+    return DiagnosisMemoryEntry.model_validate_json(row[0]) if row else None
+
+
+def _update_memory_entry(
+    conn: sqlite3.Connection, system: str, entry_id: str, update: MemoryUpdate
+) -> DiagnosisMemoryEntry | None:
+    with transaction(conn) as chain:
+        entry = update(_memory_entry(conn, system, entry_id))
+        if entry is None:
+            return None
+        if (entry.system, entry.entry_id) != (system, entry_id):
+            raise ValueError(
+                f"a memory update for {system}/{entry_id} returned {entry.system}/{entry.entry_id}"
+            )
+        _write(conn, chain, DIAGNOSIS_MEMORY, _PUT_MEMORY, memory_row(entry))
+    return entry
 
 
 def _interrupt_unfinished(conn: sqlite3.Connection, reason: str, at: datetime) -> list[str]:

@@ -190,3 +190,11 @@ def test_anchors_of_a_hexagon_scale_with_the_radius() -> None:
     h = np.sqrt(3) / 2
     hexagon = [[0, -1], [h, -0.5], [h, 0.5], [0, 1], [-h, 0.5], [-h, -0.5]]
     np.testing.assert_allclose(anchors(6, radius=2.0), 2 * np.array(hexagon), atol=1e-12)
+
+
+def test_the_report_compares_methods_run_on_the_same_cases(rendered: Path) -> None:
+    text = rendered.read_text()
+    assert "## Agreement between methods" in text
+    # Case 0: both decide excel_expert; case 1: excel_expert against verification_expert.
+    assert "| baseline / poirot | whowhen |  | 50.0% (1/2) |" in text
+    assert "blame-cortex |" not in text.split("## Agreement between methods")[1].split("##")[0]

@@ -10,6 +10,7 @@ from poirot_eval import blame
 from poirot_eval.results import CaseResult, TokenUsage
 from poirot_eval.scoring import (
     Ratio,
+    agreement,
     attribution_hit,
     confusion,
     exact_match,
@@ -194,3 +195,23 @@ def test_summary_counts_votes_by_how_they_ended_and_the_cached_share() -> None:
     assert s.cached_share == pytest.approx(0.25)
     assert s.cut_cases == 1
     assert (s.region_precision, s.region_recall) == (Ratio(1, 2), Ratio(1, 2))
+
+
+def test_agreement_counts_the_cases_both_methods_finished() -> None:
+    ids = ("a", "b", "c")
+    results = [
+        result(ids, ("a",), ("a",), method="echo", case_id="1"),
+        result(ids, ("a",), ("a",), method="errorprobe", case_id="1"),
+        result(ids, ("a",), ("b",), method="ensemble", case_id="1"),
+        result(ids, ("b",), ("b",), method="echo", case_id="2"),
+        result(ids, ("b",), ("b",), method="errorprobe", case_id="2", status="failed"),
+        result(ids, ("b",), ("b",), method="ensemble", case_id="2"),
+        result(ids, ("b",), ("b",), method="echo", case_id="3", dataset="tracertraj"),
+    ]
+    assert agreement(results) == {
+        ("whowhen", ""): {
+            ("echo", "ensemble"): Ratio(1, 2),
+            ("echo", "errorprobe"): Ratio(1, 1),
+            ("ensemble", "errorprobe"): Ratio(0, 1),
+        }
+    }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,12 +24,8 @@ from tests.support.protocol import (
     agent_message,
     make_spec,
     spotlight_of,
+    stepped_vote,
 )
-
-
-def stepped_vote(step: int | None, location: Sequence[int] = (0, 0, 0, 1), **extra: Any) -> str:
-    vote = {"hazard_vector": "sensor", "location": list(location), "justification": "angles"}
-    return json.dumps(extra | vote | {"step": step})
 
 
 async def baseline(
@@ -50,10 +45,13 @@ class WindowedBackend(ScriptedBackend):
         schema: dict[str, Any] | None = None,
         tools: Sequence[Tool] = (),
         max_tokens: int,
+        temperature: float | None = None,
     ) -> Completion:
         if self.count_tokens(messages) + max_tokens > self.context_tokens:
             raise LLMError("prompt over the window", reason="context_exceeded")
-        return await super().complete(messages, schema=schema, tools=tools, max_tokens=max_tokens)
+        return await super().complete(
+            messages, schema=schema, tools=tools, max_tokens=max_tokens, temperature=temperature
+        )
 
 
 # ------------------------------------------------------------------ baseline

@@ -749,7 +749,10 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
     ("damage", "message"),
     [
         ("DROP TABLE exchanges", "cannot be read: no such table: exchanges"),
-        ("PRAGMA user_version = 8", "schema version 8; this poirotd audits version 7"),
+        (
+            f"PRAGMA user_version = {SCHEMA_VERSION + 1}",
+            f"schema version {SCHEMA_VERSION + 1}; this poirotd audits version {SCHEMA_VERSION}",
+        ),
     ],
 )
 def test_a_database_that_cannot_be_audited_exits_2(db: Path, damage: str, message: str) -> None:

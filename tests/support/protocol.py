@@ -124,6 +124,11 @@ def vote_json(location: Sequence[int] = (0, 0, 0, 1), *, action: bool = False) -
     return json.dumps(vote)
 
 
+def stepped_vote(step: int | None, location: Sequence[int] = (0, 0, 0, 1), **extra: Any) -> str:
+    vote = {"hazard_vector": "sensor", "location": list(location), "justification": "angles"}
+    return json.dumps(extra | vote | {"step": step})
+
+
 def default_hazard_space(agent: str, messages: Sequence[ChatMessage]) -> str:
     return hazard_space_json([r.model_dump() for r in REGIONS])
 

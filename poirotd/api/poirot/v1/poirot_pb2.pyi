@@ -354,8 +354,11 @@ class TriggerRequest(_message.Message):
     session_id: _builtins.str
     reason: _builtins.str
     method: _builtins.str
-    """"poirot" (the five-phase protocol; also when empty) or "baseline" (the paper's comparator:
-    one LLM call over the full session, same vote). Anything else is INVALID_ARGUMENT.
+    """"poirot" (the five-phase protocol; also when empty), "baseline" (the paper's comparator:
+    one LLM call over the full session, same vote), "echo" (a panel of analysts over a
+    hierarchical context, confidence-weighted consensus), "errorprobe" (MAST tags, backward
+    trace, a checked three-role diagnosis with verified memory) or "ensemble" (the spec's member
+    methods, combined). Anything else is INVALID_ARGUMENT.
     """
     def __init__(
         self,
@@ -1029,6 +1032,7 @@ class Investigation(_message.Message):
     DEGRADED_REASON_FIELD_NUMBER: _builtins.int
     CONFIRMED_FIELD_NUMBER: _builtins.int
     INJECTION_FINDINGS_FIELD_NUMBER: _builtins.int
+    FINDINGS_JSON_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -1044,6 +1048,11 @@ class Investigation(_message.Message):
     degraded_reason: _builtins.str
     """Set on a success that lacked something (abstentions, missing reports, the fallback hazard
     space): what was missing and why. Empty for a complete run.
+    """
+    findings_json: _builtins.str
+    """What the method found besides votes and scores, as JSON (empty for poirot and baseline):
+    ECHO's panel, analyses, consensus and disagreement report; ErrorProbe's tags, causal chain,
+    hypotheses with checked evidence, verdict and memory report; an ensemble's members.
     """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
@@ -1114,10 +1123,11 @@ class Investigation(_message.Message):
         degraded_reason: _builtins.str = ...,
         confirmed: Global___ConfirmedOutcome | None = ...,
         injection_findings: _abc.Iterable[_builtins.str] | None = ...,
+        findings_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
