@@ -328,6 +328,9 @@ class Investigation(Frozen):
     degraded_reason: str = ""
     # The true cause(s), once control software confirmed them (ConfirmOutcome).
     confirmed: ConfirmedOutcome | None = None
+    # Earlier confirmed outcomes an operator's correction replaced, oldest first. Left out of the
+    # record while empty, so records stored before corrections existed keep their audited form.
+    superseded: tuple[ConfirmedOutcome, ...] = Field(default=(), exclude_if=lambda v: not v)
 
 
 # ------------------------------------------------------------------ investigation events
