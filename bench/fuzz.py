@@ -52,6 +52,7 @@ from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
+from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.transports.mqtt import mqtt_input_spec
 from tests.test_grpc_api import SPEC, _answer, session
 
@@ -176,10 +177,13 @@ class Harness:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dead: set[str] = set()
+        # The longest the daemon's loop went without running a ready task, since `stalls()`.
+        self._stall = 0.0
         self.channel: grpc.aio.Channel
         self.blocking_channel: grpc.Channel
         self.publisher: MqttPublisher
         self.seeded: Seeded
+        self._watchdog: asyncio.Task[None]
 
     @property
     def db_path(self) -> Path:
@@ -198,6 +202,7 @@ class Harness:
         seeded = await self._seed(target)
         while self.counter("connects") < 1:  # noqa: ASYNC110 - a counter has no event to wait on
             await asyncio.sleep(0.02)
+        self._watchdog = asyncio.create_task(self._watch_loop(), name="fuzz-watchdog")
         # The daemon's long-lived tasks (named; asyncio numbers the others): one that ends is
         # a task that died.
         self._tasks = {
@@ -220,6 +225,18 @@ class Harness:
             page = await client.investigations.List(pb.ListInvestigationsRequest(page_size=1))
             events = [e.event_id async for e in client.watch(ids[-1])]
         return Seeded(tuple(ids), page.next_page_token, max(events))
+
+    async def _watch_loop(self) -> None:
+        """Sleeps a tick at a time: how late it wakes is how long the loop was blocked."""
+        tick = 0.05
+        while True:
+            started = time.monotonic()
+            await asyncio.sleep(tick)
+            self._stall = max(self._stall, time.monotonic() - started - tick)
+
+    def stalls(self) -> float:
+        stall, self._stall = self._stall, 0.0
+        return stall
 
     def counter(self, name: str) -> float:
         """One of the MQTT input's counters (`poirot_mqtt_<name>_total`)."""
@@ -255,6 +272,7 @@ class Harness:
 
     def stop(self) -> None:
         async def stop() -> None:
+            self._watchdog.cancel()
             await self.publisher.__aexit__(None, None, None)
             await self.channel.close()
             self.blocking_channel.close()
@@ -594,6 +612,8 @@ class Tally:
     rss_trimmed_mib: float = 0.0
     seconds: float = 0.0
     slowest: float = 0.0
+    longest_collection: float = 0.0
+    longest_loop_stall: float = 0.0
     statuses: dict[str, int] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
 
@@ -625,6 +645,29 @@ class Tally:
 def _shown(example: Any) -> str:
     text = repr(example)
     return text if len(text) <= 160 else f"{text[:160]}... ({len(text)} characters)"
+
+
+class CollectorPauses:
+    """The cyclic garbage collector's pauses (they stop the daemon's loop and the fuzzer
+    alike): the longest since the last `take`."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self.longest = 0.0
+        gc.callbacks.append(self._on_collect)
+
+    def _on_collect(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.monotonic()
+        else:
+            self.longest = max(self.longest, time.monotonic() - self._started)
+
+    def take(self) -> float:
+        longest, self.longest = self.longest, 0.0
+        return longest
+
+
+PAUSES = CollectorPauses()
 
 
 def rss_mib() -> float:
@@ -667,6 +710,8 @@ def fuzz(harness: Harness, target: Target, n: int, seed: int) -> Tally:
     tally.rss_before_mib = rss_mib()
     restarts = harness.counter("input_restarts")
     started = time.monotonic()
+    PAUSES.take()
+    harness.stalls()
 
     def each(example: Any) -> None:
         try:
@@ -682,6 +727,8 @@ def fuzz(harness: Harness, target: Target, n: int, seed: int) -> Tally:
     if target.settle is not None:
         tally.acked, tally.lost = harness.thread.run(_settled(harness, target.settle))
     tally.seconds = time.monotonic() - started
+    tally.longest_collection = PAUSES.take()
+    tally.longest_loop_stall = harness.stalls()
     if (more := int(harness.counter("input_restarts") - restarts)) > 0:
         tally.crashes += more
         tally.note(f"crash: the MQTT input failed and restarted {more} times")
@@ -745,7 +792,11 @@ def statuses(tallies: list[Tally]) -> str:
     lines = []
     for t in tallies:
         seen = ", ".join(f"{name} {n:,}" for name, n in sorted(t.statuses.items()))
-        lines.append(f"- {t.target}: {seen}")
+        lines.append(
+            f"- {t.target}: {seen}; the daemon's loop stalled at most "
+            f"{t.longest_loop_stall:.2f} s, the collector paused at most "
+            f"{t.longest_collection:.2f} s"
+        )
     return "\n".join(lines)
 
 
@@ -801,7 +852,9 @@ Goals (issue 20): 0 crashes, 0 UNKNOWN, 0 INTERNAL (every bad input gets a speci
   handed back the free heap its arenas keep (each thread that parsed a large request keeps
   megabytes of it): what is still in use. The next target starts from there.
 
-Statuses seen:
+Statuses seen, with the longest stall of the daemon's event loop (a task that sleeps 50 ms
+at a time, woken late) and the longest pause of the cyclic collector during each target (the
+process runs with the daemon's collector settings, `tune_for_daemon`):
 
 {statuses(tallies)}
 
@@ -828,6 +881,8 @@ def run(n: int, seed: int, only: list[str]) -> list[Tally]:
         )
         harness = Harness(folder, stack.enter_context(mosquitto()))
         harness.start()
+        # As `poirotd run` sets the collector once started (bench.ingest does the same).
+        tune_for_daemon()
         stack.callback(harness.stop)
         tallies = []
         for target in targets(harness):
