@@ -420,6 +420,10 @@ class Investigation(Frozen):
     # verdict; an ensemble's members, each with its own result. Empty for poirot and baseline.
     findings: dict[str, Any] = Field(default_factory=dict)
 
+    # Earlier confirmed outcomes an operator's correction replaced, oldest first. Left out of the
+    # record while empty, so records stored before corrections existed keep their audited form.
+    superseded: tuple[ConfirmedOutcome, ...] = Field(default=(), exclude_if=lambda v: not v)
+
 
 # ------------------------------------------------------------------ access
 

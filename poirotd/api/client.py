@@ -166,12 +166,21 @@ class PoirotClient:
         return investigation
 
     async def confirm(
-        self, investigation_id: str, region_ids: Iterable[str], note: str = ""
+        self,
+        investigation_id: str,
+        region_ids: Iterable[str],
+        note: str = "",
+        *,
+        supersede: bool = False,
     ) -> pb.ConfirmOutcomeResponse:
-        """Reports the true cause(s) of a succeeded investigation's incident (ConfirmOutcome)."""
+        """Reports the true cause(s) of a succeeded investigation's incident (ConfirmOutcome);
+        with `supersede`, corrects an outcome confirmed before with other regions."""
         response: pb.ConfirmOutcomeResponse = await self.investigations.ConfirmOutcome(
             pb.ConfirmOutcomeRequest(
-                investigation_id=investigation_id, region_ids=list(region_ids), note=note
+                investigation_id=investigation_id,
+                region_ids=list(region_ids),
+                note=note,
+                supersede=supersede,
             )
         )
         return response

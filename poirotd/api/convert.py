@@ -284,6 +284,7 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
     )
     if inv.confirmed is not None:
         message.confirmed.CopyFrom(confirmed_outcome(inv.confirmed))
+    message.superseded.extend(confirmed_outcome(outcome) for outcome in inv.superseded)
     if inv.trigger is not None:
         message.trigger.CopyFrom(hazard_event(inv.trigger))
     if inv.hazard_space is not None:

@@ -172,6 +172,10 @@ def confirm(
         list[str], typer.Argument(help="id(s) of the hazard region(s) that truly caused it")
     ],
     note: Annotated[str, typer.Option(help="who confirmed it, and how")] = "",
+    supersede: Annotated[
+        bool,
+        typer.Option(help="correct an outcome confirmed before with other regions (needs --note)"),
+    ] = False,
     target: TargetOption = DEFAULT_TARGET,
     tls: TlsOption = False,
     ca: CaOption = None,
@@ -181,14 +185,19 @@ def confirm(
 ) -> None:
     """Report the true cause of an investigated incident (ConfirmOutcome).
 
-    The record keeps it; with reputation enabled in the spec, every agent that voted has its β
-    moved toward its accuracy. Confirming the same regions again changes nothing.
+    The record keeps it; with reputation enabled in the spec, every agent's β is derived anew
+    from all confirmed outcomes. Confirming the same regions again changes nothing; other
+    regions are refused unless --supersede (a correction: the replaced outcome is kept).
     """
     credentials = _credentials(tls, ca, cert, key, token_file)
     response = _with_client(
-        target, credentials, lambda client: client.confirm(investigation_id, regions, note)
+        target,
+        credentials,
+        lambda client: client.confirm(investigation_id, regions, note, supersede=supersede),
     )
     status = "confirmed" if response.newly_confirmed else "already confirmed, unchanged"
+    if response.HasField("superseded"):
+        status = f"confirmed, superseding {', '.join(response.superseded.region_ids)}"
     typer.echo(f"{investigation_id}: {', '.join(response.confirmed.region_ids)} ({status})")
     _print_betas(response.betas)
 

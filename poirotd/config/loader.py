@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
@@ -18,6 +19,36 @@ from pydantic import ValidationError
 from poirotd.config.spec import SystemSpec
 
 Loc = tuple[int | str, ...]
+
+# A spec is a few thousand values at most, a few levels deep. Aliases let a few lines of YAML
+# stand for billions of values (a "billion laughs"), each of which would be built and validated,
+# and nesting past Python's recursion limit breaks the parser: both are refused up front.
+MAX_VALUES = 100_000
+MAX_DEPTH = 64
+
+if TYPE_CHECKING:
+    _SafeLoader = yaml.SafeLoader
+else:
+    # libyaml's parser where PyYAML has it (its wheels do): the pure-Python one spends seconds
+    # on a few thousand nested brackets before it fails; libyaml refuses them at once. Same
+    # safe constructor, hence the same data.
+    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_SafeLoader):
+    """PyYAML's safe loader, but a value its explicit tag does not fit (`!!timestamp hello`,
+    `!!bool maybe`) is a YAML error with its line: PyYAML's scalar constructors trust the tag
+    and fail with whatever Python raises (AttributeError, KeyError, ValueError)."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            kind = str(node.tag).rsplit(":", 1)[-1]
+            text = str(node.value)
+            shown = repr(text if len(text) <= 40 else f"{text[:40]}…")
+            problem = f"{shown} is not a valid {kind}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from exc
 
 
 @dataclass(frozen=True)
@@ -73,11 +104,13 @@ def load_spec_text(
 def _load(stream: str | bytes, source: str, checks: Sequence[SpecCheck]) -> SystemSpec:
     try:
         # Bytes go to PyYAML undecoded so that it detects UTF-8/UTF-16 the way safe_load does.
-        loader = yaml.SafeLoader(stream)
+        loader = _Loader(stream)
         try:
             root = loader.get_single_node()
             if root is None:
                 raise SpecError(source, [SpecProblem("", None, "the spec is empty")])
+            if (too_large := _too_large(root)) is not None:
+                raise SpecError(source, [too_large])
             # Before construction: resolving merge keys (<<) rewrites mapping nodes in place.
             problems = _duplicate_keys(root)
             data = loader.construct_document(root)
@@ -87,6 +120,9 @@ def _load(stream: str | bytes, source: str, checks: Sequence[SpecCheck]) -> Syst
         raise SpecError(source, [_syntax_problem(exc)]) from exc
     except yaml.YAMLError as exc:  # undecodable bytes or forbidden characters: no line mark
         raise SpecError(source, [SpecProblem("", None, " ".join(str(exc).split()))]) from exc
+    except RecursionError as exc:  # the parser recurses per level, past MAX_DEPTH by far
+        message = f"the spec is nested more than {MAX_DEPTH} levels deep"
+        raise SpecError(source, [SpecProblem("", None, message)]) from exc
 
     if data is None:
         raise SpecError(source, [SpecProblem("", _line(root), "the spec is empty")])
@@ -121,6 +157,50 @@ def _syntax_problem(exc: yaml.MarkedYAMLError) -> SpecProblem:
         message = f"{exc.problem} ({exc.context}{started})"
     mark = exc.problem_mark or exc.context_mark
     return SpecProblem("", None if mark is None else mark.line + 1, message)
+
+
+def _too_large(root: yaml.Node) -> SpecProblem | None:
+    """Nesting past MAX_DEPTH, an alias inside the value it names (a cycle), or more than
+    MAX_VALUES values once aliases are expanded. One walk of the node tree, each shared node
+    sized once, so a billion laughs costs its lines, not its expansion."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    # (node, depth, children pushed yet); a node is sized once its children are.
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, expanded = stack.pop()
+        children = _children(node)
+        if expanded:
+            on_path.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[id(node)] > MAX_VALUES:
+                message = (
+                    f"the spec stands for more than {MAX_VALUES:,} values once its aliases "
+                    "are expanded"
+                )
+                return SpecProblem("", _line(node), message)
+            continue
+        if id(node) in sizes:
+            continue
+        if depth > MAX_DEPTH:
+            return SpecProblem(
+                "", _line(node), f"the spec is nested more than {MAX_DEPTH} levels deep"
+            )
+        on_path.add(id(node))
+        stack.append((node, depth, True))
+        for child in children:
+            if id(child) in on_path:
+                return SpecProblem("", _line(child), "an alias refers to a value that contains it")
+            stack.append((child, depth + 1, False))
+    return None
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _duplicate_keys(root: yaml.Node) -> list[SpecProblem]:

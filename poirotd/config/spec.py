@@ -175,8 +175,11 @@ class ReputationSpec(SpecModel):
     β_i <- β_i + learning_rate * (min + (max - min) * a_i - β_i): an exponential moving average
     of the agent's accuracy mapped onto [min, max]. A right vote raises β_i, a wrong one lowers
     it, and it never leaves [min, max]; abstentions leave β_i unchanged. Agents start at
-    `initial`. Disabled (the default), every vote is weighed with `protocol.beta`, as in the
-    paper, and confirmations are recorded without updating any β.
+    `initial`. Each confirmation derives every β_i anew from the whole confirmed history (each
+    investigation's latest outcome, in the order they were first confirmed), so an operator's
+    correction of an outcome gives the β its right outcome would have given. Disabled (the
+    default), every vote is weighed with `protocol.beta`, as in the paper, and confirmations are
+    recorded without updating any β.
     """
 
     enabled: bool = False

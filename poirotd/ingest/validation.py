@@ -23,6 +23,10 @@ _PASSED_STREAMS = 4096
 # cannot even be converted to UTC, and a time far ahead would drag the rules' windows with it.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_AHEAD = timedelta(days=1)
+# The longest session id or signal name. The daemon keeps both in memory for as long as it runs
+# (the sessions it knows, the names each component has had), so their length is bounded like
+# their number: at the item size limit, 1,024 names of one component would hold a gigabyte.
+MAX_NAME_CHARS = 256
 
 
 class SignalNames:
@@ -66,6 +70,7 @@ class IngestScope:
         """Raises a ServiceError saying what is wrong with the item."""
         if not item.session_id:
             raise InvalidArgument("session_id is empty", reason="invalid")
+        _check_name("session_id", item.session_id)
         if isinstance(item, Session):
             self._check_session(item)
             return
@@ -166,6 +171,7 @@ class IngestScope:
             )
         if not signal:
             raise InvalidArgument("telemetry signal is empty", reason="invalid")
+        _check_name("telemetry signal", signal)
         if not self._signals.admit(component, signal):
             raise ResourceExhausted(
                 f"component {quote(component)} has {self._signals.per_component} signals "
@@ -177,3 +183,10 @@ class IngestScope:
                 f"telemetry value {value} is not a finite number", reason="invalid"
             )
         self._check_time("measured_at", at)
+
+
+def _check_name(field: str, name: str) -> None:
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidArgument(
+            f"{field} is {len(name)} characters, the limit is {MAX_NAME_CHARS}", reason="too_long"
+        )

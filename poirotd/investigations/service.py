@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import cast, get_args
 
+import structlog
+
 from poirotd.config import SystemSpec
 from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from poirotd.investigations.bus import EventBus
@@ -30,8 +32,14 @@ from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.reputation import betas_in_use, reassess
 from poirotd.store import MAX_INTEGER, AlreadyConfirmedError, Store
 
+log = structlog.get_logger(__name__)
+
 # The longest free text a caller may give (a Trigger reason, a ConfirmOutcome note).
 MAX_TEXT_CHARS = 4000
+# How often one investigation's confirmed outcome may be corrected: each correction is kept in
+# its record, which is saved whole.
+MAX_CORRECTIONS = 16
+
 _TERMINAL_EVENTS = frozenset({EventKind.ATTRIBUTION_READY, EventKind.FAILED, EventKind.INTERRUPTED})
 # How often an idle Watch re-checks the store without a wake-up (a safety net, not a poll loop).
 _WATCH_IDLE_SECONDS = 5.0
@@ -154,14 +162,26 @@ class InvestigationService:
         return any(e.kind in _TERMINAL_EVENTS and e.event_id <= event_id for e in events)
 
     async def confirm_outcome(
-        self, investigation_id: str, region_ids: Sequence[str], note: str
+        self,
+        investigation_id: str,
+        region_ids: Sequence[str],
+        note: str,
+        *,
+        supersede: bool = False,
     ) -> tuple[Investigation, bool]:
         """Records which region(s) truly caused a succeeded investigation's incident and, with
-        reputation enabled, moves the β_i of the agents that voted; an ErrorProbe diagnosis
-        that blamed a confirmed region enters its memory. Returns the record and
-        whether this call confirmed it (False: the same regions were confirmed before, nothing
-        changed). Other regions than a first confirmation's are refused: its update stands."""
+        reputation enabled, derives every agent's β_i anew from the whole confirmed history;
+        an ErrorProbe diagnosis that blamed a confirmed region enters its memory. Returns the
+        record and whether this call changed it (False: the same regions were confirmed before).
+        Other regions than those confirmed are refused unless `supersede` (an operator's
+        correction, which needs a note saying why): the replaced outcome stays in the record's
+        `superseded` and in the audit chain."""
         _check_text("note", note)
+        if supersede and not note.strip():
+            raise InvalidArgument(
+                "a correction (supersede) needs a note: who corrects it, and why",
+                reason="missing_note",
+            )
         investigation = await self.get(investigation_id)
         space = investigation.hazard_space
         if investigation.state is not InvestigationState.SUCCEEDED or space is None:
@@ -169,6 +189,12 @@ class InvestigationService:
                 f"investigation {investigation_id!r} is {investigation.state.value}; only a "
                 "succeeded one has votes to confirm",
                 reason="not_succeeded",
+            )
+        if supersede and len(investigation.superseded) >= MAX_CORRECTIONS:
+            raise FailedPrecondition(
+                f"investigation {investigation_id!r} was corrected {MAX_CORRECTIONS} times "
+                "already, the limit",
+                reason="too_many_corrections",
             )
         known = [region.id for region in space.regions]
         if not region_ids:
@@ -180,33 +206,35 @@ class InvestigationService:
                 f"regions {named} are not in the investigation's hazard space {known}",
                 reason="unknown_region",
             )
-        truth = tuple(int(region in region_ids) for region in known)
         outcome = ConfirmedOutcome(
             region_ids=tuple(r for r in known if r in region_ids),
-            decision=truth,
+            decision=tuple(int(region in region_ids) for region in known),
             note=note,
             at=datetime.now(UTC),
         )
         try:
-            record, confirmed = await self._store.confirm_outcome(
+            record, changed = await self._store.confirm_outcome(
                 investigation_id,
                 outcome,
-                lambda inv, stored: reassess(
-                    self.spec,
-                    inv.votes,
-                    truth,
-                    stored,
-                    investigation_id=investigation_id,
-                    at=outcome.at,
+                lambda history, stored: reassess(
+                    self.spec, history, stored, investigation_id=investigation_id, at=outcome.at
                 ),
+                supersede=supersede,
             )
         except AlreadyConfirmedError as exc:
             raise FailedPrecondition(str(exc), reason="already_confirmed") from exc
+        if changed and record.superseded:
+            log.info(
+                "confirmed outcome superseded",
+                investigation_id=investigation_id,
+                replaced=list(record.superseded[-1].region_ids),
+                confirmed=list(outcome.region_ids),
+            )
         # Also when it was confirmed before: a confirmation whose memory update a crash cut off
         # is completed by the client's retry (learning is idempotent per investigation).
         await learn_from_confirmation(self._store, record)
         self.metrics.record_betas(await self.betas())
-        return record, confirmed
+        return record, changed
 
     async def reputations(self) -> dict[str, AgentReputation]:
         """The stored reputation of each agent that has one (confirmed outcomes moved it)."""

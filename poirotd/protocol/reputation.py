@@ -1,13 +1,13 @@
-"""The reputation variant of β: which β_i each vote is weighed with, and how a confirmed outcome
-moves them. Pure functions; the rule itself is documented on `ReputationSpec`."""
+"""The reputation variant of β: which β_i each vote is weighed with, and how they derive from the
+confirmed outcomes. Pure functions; the rule itself is documented on `ReputationSpec`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from poirotd.config.spec import ReputationSpec, SystemSpec
-from poirotd.model import AgentReputation, Vote
+from poirotd.model import AgentReputation, Investigation
 
 
 def accuracy(location: Sequence[int], truth: Sequence[int]) -> float:
@@ -46,31 +46,62 @@ def betas_in_use(spec: SystemSpec, stored: Mapping[str, AgentReputation]) -> dic
     }
 
 
+def derived_betas(
+    spec: SystemSpec, history: Iterable[Investigation]
+) -> dict[str, tuple[float, int]]:
+    """Every agent's β_i and how many confirmed outcomes moved it, derived from the whole
+    confirmed history: from `initial`, one `updated_beta` step per valid vote of an agent of the
+    spec, investigations taken in the order they were first confirmed, each with its latest
+    outcome. A correction thus takes the place of the outcome it replaced, as if that had never
+    been confirmed; with no correction this is the step-by-step update each confirmation made."""
+    reputation = spec.protocol.reputation
+    agents = set(spec.agent_ids)
+    derived: dict[str, tuple[float, int]] = {}
+    for inv in sorted(history, key=_place_in_history):
+        assert inv.confirmed is not None, "the confirmed history holds confirmed investigations"
+        for vote in inv.votes:
+            if vote.abstained or vote.agent_id not in agents:
+                continue
+            beta, confirmations = derived.get(vote.agent_id, (reputation.initial, 0))
+            step = accuracy(vote.location, inv.confirmed.decision)
+            derived[vote.agent_id] = (updated_beta(beta, step, reputation), confirmations + 1)
+    return derived
+
+
+def _place_in_history(inv: Investigation) -> tuple[datetime, str]:
+    """When the investigation was first confirmed (a correction keeps that place)."""
+    first = inv.superseded[0] if inv.superseded else inv.confirmed
+    assert first is not None
+    return first.at, inv.investigation_id
+
+
 def reassess(
     spec: SystemSpec,
-    votes: Sequence[Vote],
-    truth: Sequence[int],
+    history: Iterable[Investigation],
     stored: Mapping[str, AgentReputation],
     *,
     investigation_id: str,
     at: datetime,
 ) -> list[AgentReputation]:
-    """The new reputation of every agent of the spec that cast a valid vote; nothing when
-    reputation is off. Abstainers and agents no longer in the spec keep what they had."""
-    reputation = spec.protocol.reputation
-    if not reputation.enabled:
+    """The reputations to store after the confirmation of `investigation_id` changed the confirmed
+    `history`: each agent's derived β_i that differs from its `stored` one, nothing when
+    reputation is off. Agents whose β this left as it was, and agents no longer in the spec,
+    keep what they had."""
+    if not spec.protocol.reputation.enabled:
         return []
-    current = betas_in_use(spec, stored)
-    return [
-        AgentReputation(
-            system=spec.system.name,
-            agent_id=vote.agent_id,
-            beta=updated_beta(current[vote.agent_id], accuracy(vote.location, truth), reputation),
-            confirmations=(stored[vote.agent_id].confirmations if vote.agent_id in stored else 0)
-            + 1,
-            investigation_id=investigation_id,
-            updated_at=at,
+    changed = []
+    for agent, (beta, confirmations) in derived_betas(spec, history).items():
+        before = stored.get(agent)
+        if before is not None and (before.beta, before.confirmations) == (beta, confirmations):
+            continue
+        changed.append(
+            AgentReputation(
+                system=spec.system.name,
+                agent_id=agent,
+                beta=beta,
+                confirmations=confirmations,
+                investigation_id=investigation_id,
+                updated_at=at,
+            )
         )
-        for vote in votes
-        if not vote.abstained and vote.agent_id in current
-    ]
+    return changed

@@ -254,7 +254,8 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
 
     The report is built from the chain, not from the tables: `verify` tells whether both agree.
     `reputation_updates` are the agents' β as its confirmed outcome moved them (none before a
-    confirmation, or with reputation off).
+    confirmation, or with reputation off), then as each correction of it did; the corrected
+    outcomes are in `earlier_versions`.
 
     `messages` are those the investigation could have read: the runner reads the session after
     the investigation's `started` event and before its next write, so the window between those

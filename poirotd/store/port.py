@@ -30,8 +30,11 @@ from poirotd.model import (
 # The largest integer every adapter stores (SQLite's INTEGER, PostgreSQL's bigint): indexes, event
 # ids and the like are checked against it before they reach a store.
 MAX_INTEGER = 2**63 - 1
-# Given an investigation and the stored reputations of its system, the reputations to store.
-Reassess: TypeAlias = Callable[[Investigation, dict[str, AgentReputation]], list[AgentReputation]]
+# Given the confirmed history of a system (every investigation with a confirmed outcome, the one
+# just confirmed included) and its stored reputations, the reputations to store.
+Reassess: TypeAlias = Callable[
+    [Sequence[Investigation], dict[str, AgentReputation]], list[AgentReputation]
+]
 # Given a memory entry as stored (None: there is none), the entry to store (None: leave it).
 MemoryUpdate: TypeAlias = Callable[[DiagnosisMemoryEntry | None], DiagnosisMemoryEntry | None]
 
@@ -54,13 +57,14 @@ class UnknownInvestigationError(ValueError):
 
 
 class AlreadyConfirmedError(ValueError):
-    """The investigation's outcome was confirmed before, with other regions; the first stands
-    (the reputations it moved cannot be moved back)."""
+    """The investigation's outcome was confirmed before, with other regions, and the new one was
+    not marked as superseding it: an accidental second confirmation changes nothing."""
 
     def __init__(self, investigation_id: str, confirmed: ConfirmedOutcome) -> None:
         super().__init__(
             f"investigation {investigation_id!r} was already confirmed with "
-            f"{list(confirmed.region_ids)} at {confirmed.at.isoformat()}"
+            f"{list(confirmed.region_ids)} at {confirmed.at.isoformat()}; to correct it, "
+            "confirm again with supersede set and a note saying why"
         )
         self.confirmed = confirmed
 
@@ -111,10 +115,16 @@ class Store(Protocol):
         """Marks every QUEUED or RUNNING investigation INTERRUPTED; returns their ids."""
 
     async def confirm_outcome(
-        self, investigation_id: str, outcome: ConfirmedOutcome, reassess: Reassess
+        self,
+        investigation_id: str,
+        outcome: ConfirmedOutcome,
+        reassess: Reassess,
+        *,
+        supersede: bool = False,
     ) -> tuple[Investigation, bool]:
-        """Records the true cause and the reputations `reassess` derives, in one transaction;
-        AlreadyConfirmedError for other regions than a first confirmation's."""
+        """Records the true cause and the reputations `reassess` derives, in one transaction.
+        Other regions than the confirmed ones replace them (kept in `superseded`) with
+        `supersede`, else raise AlreadyConfirmedError; the same regions change nothing."""
 
     async def reputations(self, system: str) -> dict[str, AgentReputation]: ...
 

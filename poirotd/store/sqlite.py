@@ -286,14 +286,20 @@ class SqliteStore:
     # ------------------------------------------------------------ confirmed outcomes
 
     async def confirm_outcome(
-        self, investigation_id: str, outcome: ConfirmedOutcome, reassess: Reassess
+        self,
+        investigation_id: str,
+        outcome: ConfirmedOutcome,
+        reassess: Reassess,
+        *,
+        supersede: bool = False,
     ) -> tuple[Investigation, bool]:
-        """Records the investigation's true cause and the reputations `reassess` derives from it,
-        in one transaction on the writer thread, so two confirmations never read the same
-        reputations. Idempotent: confirming the same regions again changes nothing and returns
-        (record, False); other regions raise AlreadyConfirmedError. Returns (record, True) when
-        this call confirmed it."""
-        return await self._write(_confirm_outcome, investigation_id, outcome, reassess)
+        """Records the investigation's true cause and the reputations `reassess` derives from the
+        system's whole confirmed history, in one transaction on the writer thread, so two
+        confirmations never read the same history. Idempotent: confirming the same regions again
+        changes nothing and returns (record, False); other regions raise AlreadyConfirmedError
+        unless `supersede`, which keeps the replaced outcome in the record's `superseded` (and
+        its earlier version in the chain). Returns (record, True) when this call changed it."""
+        return await self._write(_confirm_outcome, investigation_id, outcome, reassess, supersede)
 
     async def reputations(self, system: str) -> dict[str, AgentReputation]:
         """The stored reputation of each agent of `system` that has one, by agent id."""
@@ -640,7 +646,11 @@ def _save_investigation(conn: sqlite3.Connection, inv: Investigation) -> None:
 
 
 def _confirm_outcome(
-    conn: sqlite3.Connection, investigation_id: str, outcome: ConfirmedOutcome, reassess: Reassess
+    conn: sqlite3.Connection,
+    investigation_id: str,
+    outcome: ConfirmedOutcome,
+    reassess: Reassess,
+    supersede: bool,
 ) -> tuple[Investigation, bool]:
     with transaction(conn) as chain:
         row = conn.execute(
@@ -649,16 +659,18 @@ def _confirm_outcome(
         if row is None:
             raise UnknownInvestigationError(investigation_id)
         inv = Investigation.model_validate_json(row[0])
+        superseded = inv.superseded
         if inv.confirmed is not None:
             if inv.confirmed.region_ids == outcome.region_ids:
                 return inv, False
-            raise AlreadyConfirmedError(investigation_id, inv.confirmed)
-        stored = conn.execute("SELECT record FROM reputations WHERE system = ?", (inv.system,))
-        reputations = (AgentReputation.model_validate_json(record) for (record,) in stored)
-        current = {r.agent_id: r for r in reputations}
-        inv = inv.model_copy(update={"confirmed": outcome})
+            if not supersede:
+                raise AlreadyConfirmedError(investigation_id, inv.confirmed)
+            superseded = (*superseded, inv.confirmed)
+        inv = inv.model_copy(update={"confirmed": outcome, "superseded": superseded})
         _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
-        for reputation in reassess(inv, current):
+        for reputation in reassess(
+            [*_confirmed_history(conn, inv), inv], _reputations(conn, inv.system)
+        ):
             _write(conn, chain, REPUTATIONS, _PUT_REPUTATION, reputation_row(reputation))
     return inv, True
 
@@ -686,6 +698,22 @@ def _update_memory_entry(
             )
         _write(conn, chain, DIAGNOSIS_MEMORY, _PUT_MEMORY, memory_row(entry))
     return entry
+
+
+def _confirmed_history(conn: sqlite3.Connection, inv: Investigation) -> list[Investigation]:
+    """The other confirmed investigations of `inv`'s system."""
+    rows = conn.execute(
+        "SELECT record FROM investigations WHERE system = ? AND investigation_id != ?"
+        " AND json_type(record, '$.confirmed') = 'object'",
+        (inv.system, inv.investigation_id),
+    )
+    return [Investigation.model_validate_json(record) for (record,) in rows]
+
+
+def _reputations(conn: sqlite3.Connection, system: str) -> dict[str, AgentReputation]:
+    rows = conn.execute("SELECT record FROM reputations WHERE system = ?", (system,))
+    reputations = (AgentReputation.model_validate_json(record) for (record,) in rows)
+    return {r.agent_id: r for r in reputations}
 
 
 def _interrupt_unfinished(conn: sqlite3.Connection, reason: str, at: datetime) -> list[str]:

@@ -13,6 +13,7 @@ import poirotd
 from poirotd.config.loader import SpecError, SpecProblem, load_spec, load_spec_text
 from poirotd.config.spec import ProtocolSpec
 from poirotd.model import AgentMessage, MessageKind
+from poirotd.transports.mqtt import mqtt_input_spec
 
 DEMO = Path(poirotd.__file__).parent / "demo"
 
@@ -214,3 +215,80 @@ def test_a_spec_from_before_sub_regions_still_loads() -> None:
     assert protocol.max_sub_regions == 5
     with pytest.raises(ValidationError):
         ProtocolSpec.model_validate({"max_extra_regions": 65})
+
+
+# ------------------------------------------------------------------ YAML's own hazards (issue 20)
+
+INPUTS = """\
+inputs:
+  session_id: s1
+  mqtt:
+    broker: {host: 127.0.0.1}
+    mappings: [{topic: lab/x, component: robot}]
+    junk:
+"""
+
+
+def alias_bomb(width: int, depth: int) -> str:
+    """Lines under `junk` that stand for width**depth values once their aliases expand."""
+    lines = [f"      l0: &l0 [{', '.join(['x'] * width)}]"]
+    for level in range(1, depth):
+        lines.append(f"      l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def daemon_problem(text: str) -> SpecProblem:
+    """The only problem the daemon's loader (with the MQTT input's check) finds."""
+    with pytest.raises(SpecError) as caught:
+        load_spec_text(text, "spec.yaml", checks=[mqtt_input_spec])
+    assert len(caught.value.problems) == 1, caught.value.problems
+    return caught.value.problems[0]
+
+
+def test_an_alias_bomb_is_refused_before_it_expands() -> None:
+    """A million values from six lines, in a section that takes any value: built and copied
+    whole before, now refused at the first line that passes the bound."""
+    text = VALID + INPUTS + alias_bomb(10, 6)
+    problem = daemon_problem(text)
+    assert (
+        problem.message
+        == "the spec stands for more than 100,000 values once its aliases are expanded"
+    )
+    assert problem.line == line_of(text, "l4: &l4")  # 111,111 values already
+    # Aliases within the bound are fine.
+    shared = VALID.replace("You plan.", "&prompt You plan.").replace("You execute.", "*prompt")
+    assert load_spec_text(shared).agents[1].system_prompt == "You plan."
+
+
+@pytest.mark.parametrize("depth", [100, 5_000])
+def test_deep_nesting_is_a_spec_error(depth: int) -> None:
+    """5,000 nested brackets raised RecursionError out of the loader (issue 20's fuzzer)."""
+    problem = daemon_problem(VALID + "deep: " + "[" * depth + "]" * depth + "\n")
+    assert "nest" in problem.message
+
+
+def test_an_alias_inside_the_value_it_names_is_a_spec_error() -> None:
+    text = VALID + INPUTS.replace("    junk:\n", "    junk: &a [*a]\n")
+    problem = daemon_problem(text)
+    assert problem.message == "an alias refers to a value that contains it"
+    assert problem.line == line_of(text, "junk: &a")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("!!timestamp hello", "'hello' is not a valid timestamp"),
+        ("!!timestamp 2001-13-45", "'2001-13-45' is not a valid timestamp"),
+        ("!!bool maybe", "'maybe' is not a valid bool"),
+        ("!!int 0x", "'0x' is not a valid int"),
+    ],
+)
+def test_a_value_its_tag_does_not_fit_is_a_spec_error_with_its_line(
+    value: str, message: str
+) -> None:
+    """PyYAML's constructors raised AttributeError, KeyError or ValueError out of the loader
+    (issue 20's fuzzer: `!!timestamp` on a value that is not one)."""
+    text = VALID.replace("  beta: 0.25\n", f"  beta: {value}\n")
+    problem = only_problem(text)
+    assert problem.message == message
+    assert problem.line == line_of(text, value)

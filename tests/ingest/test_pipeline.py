@@ -252,3 +252,22 @@ async def test_a_component_gets_a_bounded_number_of_signal_names(store: GatedSto
     # The bound is the daemon's, not a producer's.
     other = await pipeline.consume([TelemetryBatch("s1", [("exo", "d", 1.0, T0)])], second)
     assert [r.error.reason for r in other.refused] == ["too_many_signals"]
+
+
+async def test_session_ids_and_signal_names_are_bounded_in_length(store: GatedStore) -> None:
+    """Found by fuzzing (issue 20): a 300,000-character session id was stored and kept in the
+    daemon's set of known sessions for good, and 1,024 such signal names would each have been
+    kept too; the daemon's memory grew with every one."""
+    pipeline = pipeline_on(store, signals=2)
+    scope = pipeline.scope()
+    limit = 256  # MAX_NAME_CHARS, as the README gives it
+    long_name = "x" * (limit + 1)
+    refused = await pipeline.consume([session(long_name)], scope)
+    assert [r.error.reason for r in refused.refused] == ["too_long"]
+    assert "session_id is 257 characters, the limit is 256" in str(refused.refused[0].error)
+    assert not store.has_session(long_name)
+    await pipeline.consume([session("x" * limit)], scope)
+    rows = [("exo", long_name, 1.0, T0), ("exo", "a", 1.0, T0), ("exo", "b", 1.0, T0)]
+    admission = await pipeline.consume([TelemetryBatch("x" * limit, rows)], scope)
+    # Refused before it took one of the component's two names.
+    assert [(r.row, r.error.reason) for r in admission.refused] == [(0, "too_long")]

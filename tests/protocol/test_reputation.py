@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import sqlite3
 from collections.abc import Sequence
 from contextlib import closing
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.config.spec import ReputationSpec
 from poirotd.daemon import Daemon
+from poirotd.investigations.service import MAX_CORRECTIONS
 from poirotd.llm import ChatMessage, LLMError
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import (
@@ -32,9 +34,16 @@ from poirotd.model import (
     Vote,
 )
 from poirotd.protocol.aggregation import aggregate
-from poirotd.protocol.reputation import accuracy, betas_in_use, reassess, updated_beta
+from poirotd.protocol.reputation import (
+    accuracy,
+    betas_in_use,
+    derived_betas,
+    reassess,
+    updated_beta,
+)
 from poirotd.store import AlreadyConfirmedError, SqliteStore, UnknownInvestigationError
-from poirotd.store.audit import verify
+from poirotd.store.audit import export_investigation, verify
+from poirotd.store.chain import encode_record
 from poirotd.store.schema import SCHEMA_VERSION
 from tests.support.answers import fill
 from tests.support.cli import poirotd
@@ -132,15 +141,103 @@ VOTES = (
 )
 
 
-def test_reassess_moves_voters_only_and_counts_their_confirmations() -> None:
-    stored = {"chief": _reputation("chief", 0.4, confirmations=3)}
-    updated = reassess(REPUTED, VOTES, (1, 0, 0, 0), stored, investigation_id="i2", at=AT)
-    assert {r.agent_id: r.beta for r in updated} == pytest.approx(
-        {"doctor": 0.3, "chief": 0.4 - 0.2 * 0.4}
+def _confirmed(
+    investigation_id: str,
+    votes: Sequence[Vote],
+    *outcomes: tuple[str, datetime],
+) -> Investigation:
+    """A succeeded investigation whose outcomes (region, when) were confirmed in turn, each
+    correcting the one before."""
+    confirmed = [_outcome(region).model_copy(update={"at": at}) for region, at in outcomes]
+    return _succeeded(investigation_id).model_copy(
+        update={
+            "votes": tuple(votes),
+            "confirmed": confirmed[-1],
+            "superseded": tuple(confirmed[:-1]),
+        }
     )
-    assert {r.agent_id: r.confirmations for r in updated} == {"doctor": 1, "chief": 4}
+
+
+def _step_by_step(
+    spec: SystemSpec, confirmations: Sequence[tuple[Sequence[Vote], Sequence[int]]]
+) -> dict[str, tuple[float, int]]:
+    """The arithmetic each confirmation made before corrections existed: every valid voter's
+    stored β (or `initial`) moved one step, in the order the outcomes were confirmed."""
+    stored: dict[str, AgentReputation] = {}
+    for votes, truth in confirmations:
+        current = betas_in_use(spec, stored)
+        for vote in votes:
+            if vote.abstained or vote.agent_id not in current:
+                continue
+            before = stored.get(vote.agent_id)
+            stored[vote.agent_id] = _reputation(
+                vote.agent_id,
+                updated_beta(current[vote.agent_id], accuracy(vote.location, truth), RATE),
+                confirmations=(before.confirmations if before else 0) + 1,
+            )
+    return {agent: (r.beta, r.confirmations) for agent, r in stored.items()}
+
+
+def _random_votes(rng: random.Random) -> tuple[Vote, ...]:
+    votes = []
+    for agent in (*CLINIC_AGENTS, "retired_agent"):
+        if rng.random() < 0.2:
+            votes.append(Vote(agent_id=agent, abstention_reason="vote: no valid answer"))
+        else:
+            votes.append(
+                Vote(agent_id=agent, location=tuple(rng.randint(0, 1) for _ in CLINIC_REGIONS))
+            )
+    return tuple(votes)
+
+
+def test_derived_betas_are_the_step_by_step_update_for_a_history_without_corrections() -> None:
+    rng = random.Random(20)
+    regions = [r.id for r in CLINIC_REGIONS]
+    history = [
+        _confirmed(f"i{n}", _random_votes(rng), (rng.choice(regions), AT + timedelta(minutes=n)))
+        for n in range(60)
+    ]
+    expected = _step_by_step(
+        REPUTED, [(inv.votes, inv.confirmed.decision) for inv in history if inv.confirmed]
+    )
+    rng.shuffle(history)  # the store reads them in no particular order
+    assert derived_betas(REPUTED, history) == expected  # exactly: the same float operations
+
+
+def test_a_correction_takes_the_place_of_the_outcome_it_replaced() -> None:
+    later = AT + timedelta(days=1)
+    corrected = [
+        _confirmed("i1", VOTES, ("exo", AT), ("chief", later), ("doctor", later)),
+        _confirmed("i2", VOTES[1:], ("chief", AT + timedelta(hours=1))),
+    ]
+    only_the_right_ones = [
+        _confirmed("i1", VOTES, ("doctor", AT)),
+        _confirmed("i2", VOTES[1:], ("chief", AT + timedelta(hours=1))),
+    ]
+    derived = derived_betas(REPUTED, corrected)
+    assert derived == derived_betas(REPUTED, only_the_right_ones)
+    # i1 moved doctor up and chief down first, then i2 moved chief up.
+    assert derived == {
+        "doctor": (updated_beta(0.25, 1.0, RATE), 1),
+        "chief": (updated_beta(updated_beta(0.25, 0.0, RATE), 1.0, RATE), 2),
+    }
+
+
+def test_reassess_stores_the_derived_betas_that_changed() -> None:
+    history = [_confirmed("i2", VOTES, ("doctor", AT))]
+    stored = {"chief": _reputation("chief", 0.2), "retired_agent": _reputation("retired", 0.4)}
+    updated = reassess(REPUTED, history, stored, investigation_id="i2", at=AT)
+    # chief's β and count are already what the history gives; physio abstained.
+    assert [(r.agent_id, r.beta, r.confirmations) for r in updated] == [("doctor", 0.3, 1)]
     assert all(r.investigation_id == "i2" and r.updated_at == AT for r in updated)
-    assert reassess(CLINIC, VOTES, (1, 0, 0, 0), stored, investigation_id="i2", at=AT) == []
+    assert reassess(CLINIC, history, stored, investigation_id="i2", at=AT) == []
+
+
+def test_records_stored_before_corrections_keep_their_audited_form() -> None:
+    plain = _confirmed("i1", VOTES, ("doctor", AT))
+    assert "superseded" not in json.loads(encode_record(plain))
+    corrected = _confirmed("i1", VOTES, ("exo", AT), ("doctor", AT))
+    assert Investigation.model_validate_json(encode_record(corrected)) == corrected
 
 
 def test_aggregation_weighs_each_vote_with_its_agents_beta() -> None:
@@ -183,16 +280,11 @@ class Reassessor:
         self.calls = 0
 
     def __call__(
-        self, inv: Investigation, stored: dict[str, AgentReputation]
+        self, history: Sequence[Investigation], stored: dict[str, AgentReputation]
     ) -> list[AgentReputation]:
         self.calls += 1
         return reassess(
-            REPUTED,
-            inv.votes,
-            _outcome("doctor").decision,
-            stored,
-            investigation_id=inv.investigation_id,
-            at=AT,
+            REPUTED, history, stored, investigation_id=history[-1].investigation_id, at=AT
         )
 
 
@@ -243,7 +335,7 @@ async def test_confirming_twice_updates_once_and_other_regions_are_refused(
 
         assert reassessor.calls == 1
         assert await store.reputations("clinic") == first
-        # A second investigation's confirmation starts from the first one's reputations.
+        # A second investigation's confirmation derives β from both: one more step each.
         await store.save_investigation(_succeeded("i2"))
         await store.confirm_outcome("i2", _outcome("doctor"), reassessor)
         reputations = await store.reputations("clinic")
@@ -251,6 +343,36 @@ async def test_confirming_twice_updates_once_and_other_regions_are_refused(
         assert reputations["doctor"].confirmations == 2
     finally:
         await store.close()
+
+
+async def test_a_superseded_outcome_is_kept_and_beta_is_derived_from_its_correction(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "poirotd.db"
+    store = await SqliteStore.open(db)
+    try:
+        await store.save_investigation(_succeeded())
+        await store.confirm_outcome("i1", _outcome("chief"), Reassessor())
+        record, changed = await store.confirm_outcome(
+            "i1", _outcome("doctor"), Reassessor(), supersede=True
+        )
+        assert changed and record.confirmed == _outcome("doctor")
+        assert record.superseded == (_outcome("chief"),)
+        corrected = await store.reputations("clinic")
+    finally:
+        await store.close()
+
+    only_right = await SqliteStore.open(tmp_path / "only_right.db")
+    try:
+        await only_right.save_investigation(_succeeded())
+        await only_right.confirm_outcome("i1", _outcome("doctor"), Reassessor())
+        expected = await only_right.reputations("clinic")
+    finally:
+        await only_right.close()
+    assert {a: (r.beta, r.confirmations) for a, r in corrected.items()} == {
+        a: (r.beta, r.confirmations) for a, r in expected.items()
+    }
+    assert verify(db).ok
 
 
 # ------------------------------------------------------------------ over gRPC
@@ -370,7 +492,76 @@ async def test_confirm_outcome_refusals_are_counted(
         await client.confirm(done.investigation_id, ["doctor"])
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "already confirmed with ['exo']" in (refused.value.details() or "")
+    assert "supersede" in (refused.value.details() or "")
     assert rejected(daemon, rpc, "already_confirmed") == 1
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.confirm(done.investigation_id, ["doctor"], note="  ", supersede=True)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert rejected(daemon, rpc, "missing_note") == 1
+
+    for n in range(MAX_CORRECTIONS):
+        await client.confirm(
+            done.investigation_id, ["doctor" if n % 2 == 0 else "exo"], "flip", supersede=True
+        )
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.confirm(done.investigation_id, ["chief"], "once more", supersede=True)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert rejected(daemon, rpc, "too_many_corrections") == 1
+    assert len((await client.get(done.investigation_id)).superseded) == MAX_CORRECTIONS
+
+
+async def test_an_operator_supersedes_a_wrong_outcome_and_beta_is_as_if_only_the_right_one(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    """Issue 20: an anonymous caller confirmed a wrong cause, every β moved, and the operator's
+    correction was refused. Now the correction supersedes it, both stay in the audit chain, and
+    every β is what confirming only the right cause would have given."""
+    await client.send(session(6))
+    earlier, wrong = await investigate(client), await investigate(client)
+    await client.confirm(earlier.investigation_id, ["doctor"], note="clinician")
+    mistaken = await client.confirm(wrong.investigation_id, ["exo"], note="anonymous")
+    assert betas_of(mistaken)["doctor"] < updated_beta(0.25, 1.0, RATE)  # moved down
+
+    corrected = await client.confirm(
+        wrong.investigation_id, ["doctor"], note="ward lead: the sensor was fine", supersede=True
+    )
+    assert corrected.newly_confirmed
+    assert list(corrected.superseded.region_ids) == ["exo"]
+    assert corrected.superseded.note == "anonymous"
+    # Every agent but physio voted doctor both times; physio voted "no anomaly" (accuracy 0).
+    right = updated_beta(updated_beta(0.25, 1.0, RATE), 1.0, RATE)
+    wrong_twice = updated_beta(updated_beta(0.25, 0.0, RATE), 0.0, RATE)
+    assert betas_of(corrected) == {"doctor": right, "chief": right, "physio": wrong_twice}
+    assert {b.agent_id: b.confirmations for b in corrected.betas} == dict.fromkeys(CLINIC_AGENTS, 2)
+    assert betas_of(await client.reputation()) == betas_of(corrected)
+
+    record = await client.get(wrong.investigation_id)
+    assert list(record.confirmed.region_ids) == ["doctor"]
+    assert [list(o.region_ids) for o in record.superseded] == [["exo"]]
+    assert record.superseded[0].note == "anonymous"
+
+    # Both outcomes are in the chain, and the chain and every row still verify.
+    report = verify(daemon.settings.db_path)
+    assert report.ok, report.summary()
+    exported = export_investigation(daemon.settings.db_path, wrong.investigation_id)
+    outcomes = [
+        v["record"]["confirmed"]["region_ids"]
+        for v in (*exported["earlier_versions"], exported["investigation"])
+        if v["record"].get("confirmed")
+    ]
+    assert outcomes == [["exo"], ["doctor"]]
+    moved = [(u["record"]["agent_id"], u["record"]["beta"]) for u in exported["reputation_updates"]]
+    # The wrong outcome moved doctor and chief down and physio (no anomaly) too; the correction
+    # moved doctor and chief, and left physio where the wrong outcome had also put it.
+    down = updated_beta(updated_beta(0.25, 1.0, RATE), 0.0, RATE)
+    assert moved == [
+        ("doctor", down),
+        ("chief", down),
+        ("physio", wrong_twice),
+        ("doctor", right),
+        ("chief", right),
+    ]
 
 
 async def test_a_schema_2_store_gains_the_reputations_table_when_opened(tmp_path: Path) -> None:
@@ -407,6 +598,31 @@ async def test_operators_confirm_and_read_reputation_from_the_command_line(
     )
     assert other.returncode == 1
     assert "refused: FAILED_PRECONDITION" in other.stderr
+    corrected = await asyncio.to_thread(
+        poirotd,
+        "confirm",
+        done.investigation_id,
+        "exo",
+        "--supersede",
+        "--note",
+        "recalibrated",
+        "--target",
+        target,
+    )
+    assert corrected.returncode == 0, corrected.stderr
+    assert f"{done.investigation_id}: exo (confirmed, superseding doctor)" in corrected.stdout
+    undone = await asyncio.to_thread(
+        poirotd,
+        "confirm",
+        done.investigation_id,
+        "doctor",
+        "--supersede",
+        "--note",
+        "ward",
+        "--target",
+        target,
+    )
+    assert undone.returncode == 0, undone.stderr
 
     shown = await asyncio.to_thread(poirotd, "reputation", "--target", target)
     assert shown.returncode == 0, shown.stderr

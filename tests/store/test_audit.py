@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Sequence
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -563,7 +564,10 @@ def test_a_reader_can_re_hash_every_exported_record(db: Path, tmp_path: Path) ->
 async def test_export_holds_the_beta_moves_of_the_investigations_confirmation(db: Path) -> None:
     assert export_investigation(db, "i1")["reputation_updates"] == []
 
-    def reassess(inv: Investigation, stored: dict[str, AgentReputation]) -> list[AgentReputation]:
+    def reassess(
+        history: Sequence[Investigation], stored: dict[str, AgentReputation]
+    ) -> list[AgentReputation]:
+        inv = history[-1]
         return [
             AgentReputation(
                 system=inv.system,

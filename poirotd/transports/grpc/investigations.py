@@ -104,16 +104,22 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
     ) -> pb.ConfirmOutcomeResponse:
         try:
             record, newly = await self._service.confirm_outcome(
-                request.investigation_id, list(request.region_ids), request.note
+                request.investigation_id,
+                list(request.region_ids),
+                request.note,
+                supersede=request.supersede,
             )
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.ConfirmOutcome", error)
         assert record.confirmed is not None, "confirm_outcome returns the confirmed record"
-        return pb.ConfirmOutcomeResponse(
+        response = pb.ConfirmOutcomeResponse(
             confirmed=convert.confirmed_outcome(record.confirmed),
             newly_confirmed=newly,
             betas=await self._agent_betas(),
         )
+        if newly and record.superseded:  # this call replaced the latest of them
+            response.superseded.CopyFrom(convert.confirmed_outcome(record.superseded[-1]))
+        return response
 
     async def GetReputation(
         self, request: pb.GetReputationRequest, context: grpc.aio.ServicerContext

@@ -509,8 +509,14 @@ class ConfirmOutcomeRequest(_message.Message):
     INVESTIGATION_ID_FIELD_NUMBER: _builtins.int
     REGION_IDS_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    SUPERSEDE_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     note: _builtins.str
+    """Who confirmed it, and how; required (non-blank) with supersede."""
+    supersede: _builtins.bool
+    """Replace an outcome confirmed earlier with other regions (a correction). Unset, a
+    confirmation with other regions than the confirmed ones is refused.
+    """
     @_builtins.property
     def region_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Ids of the regions (of the investigation's hazard space) that truly caused the incident."""
@@ -521,10 +527,11 @@ class ConfirmOutcomeRequest(_message.Message):
         investigation_id: _builtins.str = ...,
         region_ids: _abc.Iterable[_builtins.str] | None = ...,
         note: _builtins.str = ...,
+        supersede: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["investigation_id", b"investigation_id", "note", b"note", "region_ids", b"region_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["investigation_id", b"investigation_id", "note", b"note", "region_ids", b"region_ids", "supersede", b"supersede"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -537,6 +544,7 @@ class ConfirmOutcomeResponse(_message.Message):
     CONFIRMED_FIELD_NUMBER: _builtins.int
     NEWLY_CONFIRMED_FIELD_NUMBER: _builtins.int
     BETAS_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_FIELD_NUMBER: _builtins.int
     newly_confirmed: _builtins.bool
     """False when these regions had been confirmed before: nothing changed."""
     @_builtins.property
@@ -545,16 +553,21 @@ class ConfirmOutcomeResponse(_message.Message):
     def betas(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentBeta]:
         """Every agent's β after the confirmation."""
 
+    @_builtins.property
+    def superseded(self) -> Global___ConfirmedOutcome:
+        """The outcome this call replaced (set only when it superseded one)."""
+
     def __init__(
         self,
         *,
         confirmed: Global___ConfirmedOutcome | None = ...,
         newly_confirmed: _builtins.bool = ...,
         betas: _abc.Iterable[Global___AgentBeta] | None = ...,
+        superseded: Global___ConfirmedOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["confirmed", b"confirmed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["confirmed", b"confirmed", "superseded", b"superseded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["betas", b"betas", "confirmed", b"confirmed", "newly_confirmed", b"newly_confirmed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["betas", b"betas", "confirmed", b"confirmed", "newly_confirmed", b"newly_confirmed", "superseded", b"superseded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -611,7 +624,9 @@ class AgentBeta(_message.Message):
     agent_id: _builtins.str
     beta: _builtins.float
     confirmations: _builtins.int
-    """Confirmed outcomes that moved it, the latest of them, and when."""
+    """Confirmed outcomes that moved it (one per investigation, corrections included), the
+    latest confirmation that changed it, and when.
+    """
     investigation_id: _builtins.str
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
@@ -1033,6 +1048,7 @@ class Investigation(_message.Message):
     CONFIRMED_FIELD_NUMBER: _builtins.int
     INJECTION_FINDINGS_FIELD_NUMBER: _builtins.int
     FINDINGS_JSON_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -1095,6 +1111,12 @@ class Investigation(_message.Message):
         The text was quoted as evidence all the same: a finding changes nothing about the run.
         """
 
+    @_builtins.property
+    def superseded(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfirmedOutcome]:
+        """Outcomes confirmed earlier and replaced by a correction (ConfirmOutcome with supersede),
+        oldest first; `confirmed` is the one in force.
+        """
+
     def __init__(
         self,
         *,
@@ -1124,10 +1146,11 @@ class Investigation(_message.Message):
         confirmed: Global___ConfirmedOutcome | None = ...,
         injection_findings: _abc.Iterable[_builtins.str] | None = ...,
         findings_json: _builtins.str = ...,
+        superseded: _abc.Iterable[Global___ConfirmedOutcome] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -96,11 +96,16 @@ class InvestigationsStub:
     GetHazardSpace: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.GetHazardSpaceRequest, _poirot_pb2.HazardSpace]
     ConfirmOutcome: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.ConfirmOutcomeRequest, _poirot_pb2.ConfirmOutcomeResponse]
     """Control software confirms which region(s) truly caused a succeeded investigation's incident.
-    The record keeps it; with reputation enabled in the spec, each agent that voted has its
-    β_i moved toward its accuracy. Confirming the same regions again changes nothing; other
-    regions are FAILED_PRECONDITION (the first confirmation's update stands), as is an
-    investigation that did not succeed. NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no
-    region, or one outside the investigation's hazard space.
+    The record keeps it; with reputation enabled in the spec, every agent's β_i is derived anew
+    from the whole confirmed history (each investigation's latest outcome, in the order they
+    were first confirmed), so each vote moves its agent toward its accuracy. Confirming the
+    same regions again changes nothing. Other regions are FAILED_PRECONDITION (an accidental
+    second confirmation changes nothing) unless `supersede` is set: an operator's correction,
+    which replaces the outcome (kept in Investigation.superseded and in the audit chain) and
+    gives every β as if the replaced outcome had never been confirmed. FAILED_PRECONDITION
+    also for an investigation that did not succeed, or corrected 16 times already.
+    NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no region, one outside the
+    investigation's hazard space, or a correction without a note.
     """
     GetReputation: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.GetReputationRequest, _poirot_pb2.GetReputationResponse]
     """The β each agent's vote is weighed with now."""
@@ -121,11 +126,16 @@ class InvestigationsAsyncStub(InvestigationsStub):
     GetHazardSpace: _aio.UnaryUnaryMultiCallable[_poirot_pb2.GetHazardSpaceRequest, _poirot_pb2.HazardSpace]  # type: ignore[assignment]
     ConfirmOutcome: _aio.UnaryUnaryMultiCallable[_poirot_pb2.ConfirmOutcomeRequest, _poirot_pb2.ConfirmOutcomeResponse]  # type: ignore[assignment]
     """Control software confirms which region(s) truly caused a succeeded investigation's incident.
-    The record keeps it; with reputation enabled in the spec, each agent that voted has its
-    β_i moved toward its accuracy. Confirming the same regions again changes nothing; other
-    regions are FAILED_PRECONDITION (the first confirmation's update stands), as is an
-    investigation that did not succeed. NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no
-    region, or one outside the investigation's hazard space.
+    The record keeps it; with reputation enabled in the spec, every agent's β_i is derived anew
+    from the whole confirmed history (each investigation's latest outcome, in the order they
+    were first confirmed), so each vote moves its agent toward its accuracy. Confirming the
+    same regions again changes nothing. Other regions are FAILED_PRECONDITION (an accidental
+    second confirmation changes nothing) unless `supersede` is set: an operator's correction,
+    which replaces the outcome (kept in Investigation.superseded and in the audit chain) and
+    gives every β as if the replaced outcome had never been confirmed. FAILED_PRECONDITION
+    also for an investigation that did not succeed, or corrected 16 times already.
+    NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no region, one outside the
+    investigation's hazard space, or a correction without a note.
     """
     GetReputation: _aio.UnaryUnaryMultiCallable[_poirot_pb2.GetReputationRequest, _poirot_pb2.GetReputationResponse]  # type: ignore[assignment]
     """The β each agent's vote is weighed with now."""
@@ -179,11 +189,16 @@ class InvestigationsServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_poirot_pb2.ConfirmOutcomeResponse, _abc.Awaitable[_poirot_pb2.ConfirmOutcomeResponse]]:
         """Control software confirms which region(s) truly caused a succeeded investigation's incident.
-        The record keeps it; with reputation enabled in the spec, each agent that voted has its
-        β_i moved toward its accuracy. Confirming the same regions again changes nothing; other
-        regions are FAILED_PRECONDITION (the first confirmation's update stands), as is an
-        investigation that did not succeed. NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no
-        region, or one outside the investigation's hazard space.
+        The record keeps it; with reputation enabled in the spec, every agent's β_i is derived anew
+        from the whole confirmed history (each investigation's latest outcome, in the order they
+        were first confirmed), so each vote moves its agent toward its accuracy. Confirming the
+        same regions again changes nothing. Other regions are FAILED_PRECONDITION (an accidental
+        second confirmation changes nothing) unless `supersede` is set: an operator's correction,
+        which replaces the outcome (kept in Investigation.superseded and in the audit chain) and
+        gives every β as if the replaced outcome had never been confirmed. FAILED_PRECONDITION
+        also for an investigation that did not succeed, or corrected 16 times already.
+        NOT_FOUND: unknown investigation; INVALID_ARGUMENT: no region, one outside the
+        investigation's hazard space, or a correction without a note.
         """
 
     @_abc_1.abstractmethod
