@@ -5,7 +5,8 @@ Each stream opens its own session and sends agent messages through ``Ingest.Stre
 generator, so nothing is materialised up front: as fast as acks allow in batched requests, or
 paced, one item per request; the daemon commits them in batches and acks each only once
 committed. Prints ``ready``, starts on a line on stdin, prints one JSON line of results.
-Bounded: a message count per stream, or a rate for a duration.
+Bounded: a message count per stream, or a rate for a duration. With --ca-file it connects over
+TLS (with --cert-file/--key-file, mTLS), with --token-file it sends that bearer token.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
-from poirotd.api.client import PoirotClient, batched
+from poirotd.api.client import DaemonTls, PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 
 SENDERS = ("doctor", "chief", "physio")
@@ -72,9 +74,25 @@ async def main() -> None:
     parser.add_argument("--messages", type=int, help="per stream, as fast as acks allow")
     parser.add_argument("--rate", type=float, help="messages/s per stream, paced")
     parser.add_argument("--seconds", type=float, help="with --rate: for this long")
+    parser.add_argument("--ca-file", type=Path, help="TLS: the CA of the daemon's certificate")
+    parser.add_argument("--cert-file", type=Path, help="mTLS: this client's certificate")
+    parser.add_argument("--key-file", type=Path, help="mTLS: its key")
+    parser.add_argument("--server-name", help="TLS: the name in the daemon's certificate")
+    parser.add_argument("--token-file", type=Path, help="a bearer token with the ingest role")
     args = parser.parse_args()
     count = args.messages if args.messages is not None else int(args.rate * args.seconds)
-    async with PoirotClient(args.target) as client:
+    tls = (
+        DaemonTls(
+            args.ca_file.read_bytes(),
+            args.cert_file and args.cert_file.read_bytes(),
+            args.key_file and args.key_file.read_bytes(),
+            args.server_name,
+        )
+        if args.ca_file
+        else None
+    )
+    token = args.token_file.read_text().strip() if args.token_file else None
+    async with PoirotClient(args.target, tls=tls, token=token) as client:
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         started, cpu_before = time.perf_counter(), time.process_time()

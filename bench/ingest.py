@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiomqtt
 import numpy as np
@@ -67,6 +67,7 @@ from tests.support.answers import schema_answer
 from tests.support.spec import CLINIC
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 # Telemetry load of the latency and memory runs (issue #4), and a tenth of it for contrast.
 LOAD = 10_000.0
@@ -128,8 +129,13 @@ def frame_rules(cooldown_s: float, above: float = SPIKE / 2) -> list[dict[str, A
     ]
 
 
-def bench_spec(rules: Sequence[dict[str, Any]], mqtt_port: int | None = None) -> SystemSpec:
-    """The tests' clinic with these rules and, given a broker, the in-process input."""
+def bench_spec(
+    rules: Sequence[dict[str, Any]],
+    mqtt_port: int | None = None,
+    broker: dict[str, Any] | None = None,
+) -> SystemSpec:
+    """The tests' clinic with these rules and, given a broker, the in-process input (`broker`:
+    further BrokerConfig fields, e.g. TLS and credentials)."""
     data = CLINIC.model_dump(mode="json")
     data["rules"] = [{"severity": "warning", **rule} for rule in rules]
     if mqtt_port is not None:
@@ -140,6 +146,7 @@ def bench_spec(rules: Sequence[dict[str, Any]], mqtt_port: int | None = None) ->
                     "port": mqtt_port,
                     "client_id": "poirotd-bench",
                     "queue_size": CLIENT_BUFFER,
+                    **(broker or {}),
                 },
                 "mappings": [FRAME_MAPPING, SAMPLE_MAPPING],
             },
@@ -254,8 +261,13 @@ async def until(check: Callable[[], bool], timeout_s: float, interval_s: float =
 
 
 @contextlib.asynccontextmanager
-async def running_daemon(spec: SystemSpec, folder: Path) -> AsyncIterator[Daemon]:
-    settings = Settings(db_path=folder / "poirotd.db", grpc_port=0, metrics_port=0)
+async def running_daemon(
+    spec: SystemSpec, folder: Path, security: dict[str, Any] | None = None
+) -> AsyncIterator[Daemon]:
+    """`security`: Settings fields beyond the defaults (TLS files, the access file)."""
+    settings = Settings(
+        db_path=folder / "poirotd.db", grpc_port=0, metrics_port=0, **(security or {})
+    )
     daemon = Daemon(settings, spec, backend=ScriptedBackend(schema_answer))
     await daemon.start()
     try:
@@ -348,12 +360,28 @@ SAMPLE = Layout("sample", SAMPLE_RULES, 1)
 FRAMES = Layout("frames", frame_rules(60.0, above=2 * SPIKE), FRAME_SIGNALS)
 
 
-async def daemon_input(port: int, messages: int, folder: Path, layout: Layout) -> Rate:
+@dataclass(frozen=True)
+class MqttCredentials:
+    """How the input and the publisher reach a locked broker (TLS, a client certificate and a
+    password): the input's BrokerConfig fields and the publisher's options."""
+
+    broker: dict[str, Any]
+    publisher_args: tuple[object, ...]
+
+
+async def daemon_input(
+    port: int,
+    messages: int,
+    folder: Path,
+    layout: Layout,
+    credentials: MqttCredentials | None = None,
+) -> Rate:
     """The daemon's input: decode, validate, durable commit, rules, then PUBACK. Counts
     readings (= messages for the one-reading layout)."""
     meter = Meter()
-    async with running_daemon(bench_spec(layout.rules, port), folder) as daemon:
-        async with _publisher(port, layout, messages) as publisher:
+    broker, extra = (credentials.broker, credentials.publisher_args) if credentials else ({}, ())
+    async with running_daemon(bench_spec(layout.rules, port, broker), folder) as daemon:
+        async with _publisher(port, layout, messages, *extra) as publisher:
             with meter.measure():
                 await publisher.go()
                 await until(
@@ -372,11 +400,11 @@ async def daemon_input(port: int, messages: int, folder: Path, layout: Layout) -
     return Rate(int(committed), meter, published["published"] / published["seconds"])
 
 
-def _publisher(port: int, layout: Layout, messages: int) -> Worker:
+def _publisher(port: int, layout: Layout, messages: int, *extra: object) -> Worker:
     return Worker(
         "bench.publisher",
         *("--port", port, "--layout", layout.name, "--window", MAX_INFLIGHT),
-        *("--messages", messages),
+        *("--messages", messages, *extra),
     )
 
 
@@ -549,14 +577,21 @@ def _count(daemon: Daemon, sql: str) -> int:
 # ------------------------------------------------------------------ gRPC agent messages
 
 
-async def grpc_ingest(p: Plan, folder: Path) -> Rate:
+async def grpc_ingest(
+    p: Plan,
+    folder: Path,
+    security: dict[str, Any] | None = None,
+    client_args: Sequence[object] = (),
+) -> Rate:
+    """bench.agents against the daemon; `security`: its TLS and access settings, `client_args`:
+    the client's matching options (bench.agents --help)."""
     meter = Meter()
     async with (
-        running_daemon(bench_spec([MESSAGE_RULE]), folder) as daemon,
+        running_daemon(bench_spec([MESSAGE_RULE]), folder, security) as daemon,
         Worker(
             "bench.agents",
             *("--target", f"127.0.0.1:{daemon.grpc_port}", "--streams", p.agent_streams),
-            *("--messages", p.agent_messages),
+            *("--messages", p.agent_messages, *client_args),
         ) as agents,
     ):
         with meter.measure():
@@ -885,12 +920,12 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   PUBACK after the commit. Rate = messages / time from the publisher's go to the last message
   counted (a, a') or acked (b). {mqtt["rounds"]} rounds, the order of a, a', b reversed every
   other round, each on a fresh broker; medians. The goal's ratio is b / a' (per round
-  {_listed(mqtt["ratios"])}): aiomqtt's iterator costs a task and an `asyncio.wait` per
-  message, which the transport avoids, so b / a (per round {_listed(mqtt["bare_ratios"])})
+  {listed(mqtt["ratios"])}): aiomqtt's iterator costs a task and an `asyncio.wait` per
+  message, which the transport avoids, so b / a (per round {listed(mqtt["bare_ratios"])})
   would credit the daemon with the transport's own gain. Then, in each round, (c) the same input on
   {mqtt["frame_messages"]:,} frames of {FRAME_SIGNALS} float32 readings (50 threshold rules that
   do not fire) against (d) the store committing as many readings in batches of {COMMIT_BATCH};
-  per-round ratios {_listed(mqtt["frame_ratios"])}.
+  per-round ratios {listed(mqtt["frame_ratios"])}.
 - **Hazard latency.** The publisher sends one frame of {FRAME_SIGNALS} float32 readings per
   message, {lat["offered"] / FRAME_SIGNALS:.0f} messages/s for {lat["seconds"]:g} s, each stamped
   with its send time; every signal spikes once per {SPIKE_PERIOD} frames (staggered) and one
@@ -909,7 +944,7 @@ tests' scripted backend: investigations run the whole protocol, without model ti
   per transaction, evaluates an agent_flag rule, and acks after the commit. Rate on the
   client's clock, first write to last ack. Baseline:
   the same messages committed straight to a `Store` in batches of {COMMIT_BATCH}.
-  {agents["rounds"]} rounds alternating, medians; per-round ratios {_listed(agents["ratios"])}.
+  {agents["rounds"]} rounds alternating, medians; per-round ratios {listed(agents["ratios"])}.
 - **Memory.** The daemon in a child process (`bench/daemon_child.py`) for {rss.minutes:g} min
   under {rss.telemetry / (rss.minutes * 60):,.0f} telemetry samples/s over MQTT (the latency
   load, with investigations once a minute) plus {rss.messages / (rss.minutes * 60):,.0f} agent
@@ -980,7 +1015,7 @@ def _times(n: int) -> str:
     return "once" if n == 1 else f"{n} times"
 
 
-def _listed(values: Sequence[float]) -> str:
+def listed(values: Sequence[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
 
@@ -1130,7 +1165,7 @@ async def run(p: Plan) -> Results:
     return Results(mqtt, latency, light, agents, rss)
 
 
-async def until_signalled(work: Awaitable[Results]) -> Results:
+async def until_signalled(work: Awaitable[T]) -> T:
     """SIGTERM or SIGINT cancels the run, so every broker and process it started is stopped."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()

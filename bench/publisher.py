@@ -7,6 +7,8 @@ busy without letting it queue without bound.
 
 Protocol on stdio: prints ``ready`` once connected, publishes after a line on stdin, prints one
 JSON line of results and exits. Every loop is bounded by a message count or a duration.
+With --ca-file it speaks MQTT over TLS (with --cert-file/--key-file, a client certificate), with
+--username/--password-file it logs in.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import json
 import math
 import random
 import socket
+import ssl
 import struct
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 # Payload builders: (index, send time) -> (topic, payload).
 Layout = Callable[[int, float], tuple[bytes, bytes]]
@@ -70,10 +75,30 @@ def frame_layout(index: int, now: float) -> tuple[bytes, bytes]:
 LAYOUTS: dict[str, Layout] = {"sample": sample_layout, "frames": frame_layout}
 
 
+@dataclass(frozen=True)
+class Login:
+    """A locked broker's demands: TLS (its CA, this client's certificate) and a user."""
+
+    tls: ssl.SSLContext | None = None
+    username: str | None = None
+    password: str | None = None
+
+    def connect_flags(self) -> tuple[int, bytes]:
+        """CONNECT's flag bits for the user and password, and the payload fields after the id."""
+        if self.username is None:
+            return 0, b""
+        flags, fields = 0x80, _string(self.username.encode())
+        if self.password is not None:
+            flags, fields = flags | 0x40, fields + _string(self.password.encode())
+        return flags, fields
+
+
 class Publisher:
-    def __init__(self, port: int, window: int) -> None:
+    def __init__(self, port: int, window: int, login: Login = Login()) -> None:
         self._sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if login.tls is not None:
+            self._sock = login.tls.wrap_socket(self._sock, server_hostname="127.0.0.1")
         self._window = window
         self._pending = bytearray()
         self._packet_id = 0
@@ -81,8 +106,10 @@ class Publisher:
         self.acked = 0
         self._ack_bytes = 0
         # Keepalive 0: no PINGREQ needed however long a paced run lasts.
-        variable = _string(b"MQTT") + bytes([4, 0x02]) + struct.pack("!H", 0)
-        self._sock.sendall(_packet(0x10, variable + _string(b"bench-publisher-%d" % port)))
+        flags, credentials = login.connect_flags()
+        variable = _string(b"MQTT") + bytes([4, 0x02 | flags]) + struct.pack("!H", 0)
+        client_id = _string(b"bench-publisher-%d" % port)
+        self._sock.sendall(_packet(0x10, variable + client_id + credentials))
         connack = self._recv_exactly(4)
         if connack[0] != 0x20 or connack[3] != 0:
             raise RuntimeError(f"broker refused the connection: {connack!r}")
@@ -123,7 +150,7 @@ class Publisher:
     def _read_acks(self) -> None:
         try:
             data = self._sock.recv(65536)
-        except BlockingIOError:
+        except (BlockingIOError, ssl.SSLWantReadError):
             return
         if not data:
             raise RuntimeError("broker closed the connection")
@@ -166,8 +193,13 @@ def main() -> None:
     parser.add_argument("--messages", type=int, help="burst: this many, as fast as possible")
     parser.add_argument("--rate", type=float, help="paced: messages per second")
     parser.add_argument("--seconds", type=float, help="paced: for this long")
+    parser.add_argument("--ca-file", type=Path, help="TLS: the CA of the broker's certificate")
+    parser.add_argument("--cert-file", type=Path, help="TLS: this client's certificate")
+    parser.add_argument("--key-file", type=Path, help="TLS: its key")
+    parser.add_argument("--username")
+    parser.add_argument("--password-file", type=Path)
     args = parser.parse_args()
-    publisher = Publisher(args.port, args.window)
+    publisher = Publisher(args.port, args.window, _login(args))
     print("ready", flush=True)
     sys.stdin.readline()
     started, cpu_before = time.perf_counter(), time.process_time()
@@ -184,6 +216,16 @@ def main() -> None:
         "cpu_s": time.process_time() - cpu_before,
     }
     print(json.dumps(result), flush=True)
+
+
+def _login(args: argparse.Namespace) -> Login:
+    tls = None
+    if args.ca_file is not None:
+        tls = ssl.create_default_context(cafile=args.ca_file)
+        if args.cert_file is not None:
+            tls.load_cert_chain(args.cert_file, args.key_file)
+    password = args.password_file.read_text().strip() if args.password_file else None
+    return Login(tls, args.username, password)
 
 
 if __name__ == "__main__":

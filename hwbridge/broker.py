@@ -24,8 +24,9 @@ MAX_QUEUED = 5_000_000
 
 
 @contextlib.contextmanager
-def mosquitto() -> Iterator[int]:
-    """Yields the port of a running broker; stops it (SIGTERM, then SIGKILL) on exit."""
+def mosquitto(listener_options: str = "") -> Iterator[int]:
+    """Yields the port of a running broker; stops it (SIGTERM, then SIGKILL) on exit.
+    `listener_options`: configuration lines for its one listener (TLS files, a password file)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="mosquitto-") as folder:
         conf = Path(folder) / "mosquitto.conf"
@@ -36,7 +37,7 @@ def mosquitto() -> Iterator[int]:
             f"user {getpass.getuser()}\n"
             f"max_inflight_messages {MAX_INFLIGHT}\n"
             f"max_queued_messages {MAX_QUEUED}\n"
-            "log_dest none\n"
+            "log_dest none\n" + listener_options
         )
         process = subprocess.Popen(
             ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -70,11 +70,11 @@ class Settings(BaseSettings):
     # Messages of OTLP exports waiting for their commit at most; an export beyond it is
     # throttled (RESOURCE_EXHAUSTED / HTTP 429 with a retry delay).
     otlp_max_pending_messages: int = Field(default=8192, ge=1)
-    # TLS on the gRPC and metrics ports: the server's certificate chain and key (PEM), re-read
-    # when the files are replaced (no restart for a renewal).
+    # TLS on the gRPC, metrics and OTLP/HTTP ports: the server's certificate chain and key (PEM),
+    # re-read when the files are replaced (no restart for a renewal).
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
-    # With it, clients must present a certificate this CA (PEM) signed, on both ports.
+    # With it, clients must present a certificate this CA (PEM) signed, on every port.
     tls_client_ca_file: Path | None = None
     # Bearer tokens (by SHA-256) and client-certificate names mapped to roles
     # (poirotd.transports.security.access); re-read when it changes. Unset with no client CA:
