@@ -436,6 +436,8 @@ class IngestStream:
         self._call = harness.blocking_channel.stream_stream("/poirot.v1.Ingest/Stream")
         self.sessions: set[str] = set()
         self.messages: set[tuple[str, int]] = set()
+        # Messages the daemon numbers (assign_index): their index is not the request's.
+        self.assigned: Counter[str] = Counter()
         self.samples: Counter[tuple[str, str, str]] = Counter()
 
     async def send(self, example: tuple[bool, list[bytes]]) -> Outcome:
@@ -477,6 +479,8 @@ class IngestStream:
         kind = item.WhichOneof("item")
         if kind == "session_start":
             self.sessions.add(item.session_start.session_id)
+        elif kind == "agent_message" and item.agent_message.assign_index:
+            self.assigned[item.agent_message.session_id] += 1
         elif kind == "agent_message":
             self.messages.add((item.agent_message.session_id, item.agent_message.index))
         elif kind == "telemetry":
@@ -500,7 +504,14 @@ class IngestStream:
         )
         lost = len(self.sessions - sessions) + len(self.messages - messages)
         lost += sum(max(0, n - stored[key]) for key, n in self.samples.items())
+        # A daemon-numbered message is found by count: the daemon hands each a fresh index (past
+        # every index admitted before it), so its session holds at least that many messages. A
+        # later explicit index equal to an assigned one is, by the wire's rule that (session,
+        # index) is unique, a resend of the assigned message, not a second message.
+        per_session = Counter(session for session, _ in messages)
+        lost += sum(max(0, n - per_session[s]) for s, n in self.assigned.items())
         acked = len(self.sessions) + len(self.messages) + sum(self.samples.values())
+        acked += sum(self.assigned.values())
         return acked, lost
 
 

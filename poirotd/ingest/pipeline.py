@@ -149,6 +149,8 @@ class IngestPipeline:
                         continue
                 else:
                     scope.check(item)
+                    if isinstance(item, AgentMessage):
+                        self.indexes.observe(item.session_id, item.index)
             except ServiceError as error:
                 refused.append(Refusal(index, error))
                 if skip_invalid:

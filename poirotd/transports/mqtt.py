@@ -282,6 +282,8 @@ class _MessageSink:
                 sources.append(None)
             if not received.numbered:
                 message = message.model_copy(update={"index": indexes.take(message.session_id)})
+            else:  # its producer's own index: number past it
+                indexes.observe(message.session_id, message.index)
             items.append(message)
             sources.append(received)
         admission = await self._pipeline.consume(items, self._scope, skip_invalid=True)

@@ -12,7 +12,7 @@ import pytest
 
 from bench.fuzz import QUICK_INPUTS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TARGETS = 10  # Ingest.Stream, the 7 RPCs of Investigations, the MQTT input, the spec loader
 
 

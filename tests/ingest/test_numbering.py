@@ -77,3 +77,28 @@ async def test_the_daemon_numbers_on_from_the_session_across_streams_and_doors(
         (3, "fourth"),
         (4, "fifth"),
     ]
+
+
+async def test_the_daemon_numbers_past_an_index_a_producer_chose_in_the_same_session(
+    tmp_path: Path,
+) -> None:
+    """A producer's own index admitted first (here one still uncommitted in the same request)
+    moves the count: a daemon-numbered message after it never lands on it, which would make it
+    look like a resend and be dropped after its ack (a fuzzing find)."""
+    start = convert.ingest_request(
+        Session(session_id=SESSION, system=SPEC.system.name, started_at=datetime.now(UTC))
+    )
+    chosen = _message("chosen by its producer", 0)
+    chosen.agent_message.assign_index = False
+    async with in_process_daemon(tmp_path, SPEC, ScriptedBackend(schema_answer)) as daemon:
+        async with client_of(daemon) as client:
+            await client.send([start, _message("numbered first")])  # takes index 0
+            chosen.agent_message.index = 5
+            await client.send([chosen, _message("numbered after")])
+        assert daemon._store is not None
+        stored = await daemon._store.session_messages(SESSION)
+    assert [(m.index, m.content) for m in stored] == [
+        (0, "numbered first"),
+        (5, "chosen by its producer"),
+        (6, "numbered after"),
+    ]

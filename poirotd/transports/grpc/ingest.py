@@ -26,7 +26,7 @@ from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import Internal, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
 from poirotd.ingest.pipeline import Admission, IngestPipeline
 from poirotd.ingest.validation import IngestScope
-from poirotd.model import IngestItem
+from poirotd.model import AgentMessage, IngestItem
 from poirotd.observability.metrics import Metrics
 from poirotd.transports.grpc.clients import ClientLimits, client_identity
 from poirotd.transports.grpc.status import abort
@@ -242,9 +242,13 @@ class IngestServicer(pb_grpc.IngestServicer):
     async def _number(self, items: list[IngestItem], positions: Sequence[int]) -> None:
         indexes = self._pipeline.indexes
         await indexes.learn(items[i].session_id for i in positions)
-        for i in positions:
-            item = items[i]
-            items[i] = item.model_copy(update={"index": indexes.take(item.session_id)})
+        numbered = set(positions)
+        for i, item in enumerate(items):
+            if i in numbered:
+                items[i] = item.model_copy(update={"index": indexes.take(item.session_id)})
+            elif isinstance(item, AgentMessage):
+                # A producer's own index earlier in this request: number past it.
+                indexes.observe(item.session_id, item.index)
 
 
 def _unpack(
