@@ -75,6 +75,8 @@ class MappedMessage(NamedTuple):
 
 # A message's place: the time it happened, ties by span id, then its place in its span.
 _ORDER = operator.attrgetter("at_ns", "span_id", "position")
+# The order spans are placed in (model calls and invocations, then tool calls).
+_BY_START = operator.attrgetter("start_ns", "span_id")
 
 
 @dataclass(frozen=True)
@@ -138,14 +140,15 @@ def map_export(
     may give it (SystemSpec.agents_by_alias)."""
     spans = list(_spans(request))
     by_key = {(span.trace_id, span.span_id): span for span in spans}
-    conversations = _conversations(spans) if session_by == "conversation" else {}
+    conversations = _Conversations(spans) if session_by == "conversation" else None
     messages: list[MappedMessage] = []
     rejections: list[Rejection] = []
     callers = _Callers()
     # Model calls and invocations first, in time order: their tool calls name the agents tool
     # results go to.
-    speaking = [span for span in spans if span.role]
-    for span in sorted(speaking, key=lambda s: (s.role == "tool", s.start_ns, s.span_id)):
+    calls = sorted((span for span in spans if span.role and span.role != "tool"), key=_BY_START)
+    tools = sorted((span for span in spans if span.role == "tool"), key=_BY_START)
+    for span in calls + tools:
         try:
             messages += _place(span, by_key, agents, conversations, callers)
         except _Rejected as rejected:
@@ -183,7 +186,7 @@ def _place(
     span: _Span,
     by_key: Mapping[tuple[str, str], _Span],
     agents: Mapping[str, str],
-    conversations: Mapping[str, str],
+    conversations: _Conversations | None,
     callers: _Callers,
 ) -> list[MappedMessage]:
     """The span's messages, or raises _Rejected."""
@@ -237,7 +240,7 @@ def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> li
         )
         position += 1
     for turn in outputs:
-        calls = tuple(call.rendered() for call in turn.calls)
+        calls = tuple([call.rendered() for call in turn.calls]) if turn.calls else ()
         messages.append(
             _message(
                 span, MessageKind.AGENT, span.agent, "", turn.text, calls, "", span.end_ns, position
@@ -265,18 +268,18 @@ def _message(
     at_ns: int,
     position: int,
 ) -> MappedMessage:
-    return MappedMessage(
-        session_id=span.session_id,
-        kind=kind,
-        sender=sender,
-        recipient=recipient,
-        content=content,
-        tool_calls=tool_calls,
-        tool_name=tool_name,
-        at_ns=at_ns,
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        position=position,
+    return MappedMessage(  # positional: the fields' order, cheaper than keywords
+        span.session_id,
+        kind,
+        sender,
+        recipient,
+        content,
+        tool_calls,
+        tool_name,
+        at_ns,
+        span.trace_id,
+        span.span_id,
+        position,
     )
 
 
@@ -304,20 +307,23 @@ def _spans(request: ExportTraceServiceRequest) -> Iterator[_Span]:
 
 def _span(span: Span) -> _Span:
     attrs = _attributes(span.attributes)
-    events = [(event.name, _attributes(event.attributes)) for event in span.events]
+    # Most spans have no events: asking is cheaper than iterating an empty protobuf list.
+    events = [(e.name, _attributes(e.attributes)) for e in span.events] if span.events else []
     start = span.start_time_unix_nano
-    read = _Span(
-        trace_id=span.trace_id.hex(),
-        span_id=span.span_id.hex(),
-        parent_id=span.parent_span_id.hex(),
-        start_ns=start,
-        end_ns=max(span.end_time_unix_nano, start),
-        attrs=attrs,
-        events=events,
+    end = span.end_time_unix_nano
+    conversation, bad_conversation = _conversation(attrs)
+    return _Span(  # positional: the fields' order, cheaper than keywords
+        span.trace_id.hex(),
+        span.span_id.hex(),
+        span.parent_span_id.hex(),
+        start,
+        end if end > start else start,
+        attrs,
+        events,
+        _role(attrs, events),
+        conversation,
+        bad_conversation,
     )
-    read.role = _role(attrs, events)
-    read.conversation, read.bad_conversation = _conversation(attrs)
-    return read
 
 
 def _role(attrs: Mapping[str, Any], events: Sequence[tuple[str, dict[str, Any]]]) -> str:
@@ -358,6 +364,10 @@ def _value(value: AnyValue) -> Any:
 
 def _agent(span: _Span, by_key: Mapping[tuple[str, str], _Span], agents: Mapping[str, str]) -> str:
     """The agent the span or its nearest ancestor names that the spec knows."""
+    for key in _AGENT_KEYS:  # most spans that speak name their agent themselves
+        name = span.attrs.get(key)
+        if isinstance(name, str) and name and name in agents:
+            return agents[name]
     named: list[str] = []
     for node in _lineage(span, by_key):
         for name in _agent_names(node.attrs):
@@ -386,27 +396,35 @@ def _agent_names(attrs: Mapping[str, Any]) -> Iterator[str]:
 
 
 def _session(
-    span: _Span, by_key: Mapping[tuple[str, str], _Span], conversations: Mapping[str, str]
+    span: _Span, by_key: Mapping[tuple[str, str], _Span], conversations: _Conversations | None
 ) -> str:
     """The conversation the span or an ancestor names, else its trace's, else its trace id (all
-    of them only with session_by "conversation")."""
-    if conversations:
-        for node in _lineage(span, by_key):
-            if node.bad_conversation:
-                raise _Rejected("malformed", node.bad_conversation)
-            if node.conversation:
-                return node.conversation
-    return conversations.get(span.trace_id, span.trace_id)
+    of them only with session_by "conversation", which `conversations` is None without)."""
+    if conversations is None:
+        return span.trace_id
+    for node in _lineage(span, by_key):
+        if node.bad_conversation:
+            raise _Rejected("malformed", node.bad_conversation)
+        if node.conversation:
+            return node.conversation
+    return conversations.of(span.trace_id)
 
 
-def _conversations(spans: Sequence[_Span]) -> dict[str, str]:
-    """Each trace's conversation id, from its earliest span that names one; every trace is in
-    the map (its own id when none names one), so that an empty map means session_by "trace"."""
-    found: dict[str, str] = {}
-    for span in sorted(spans, key=lambda s: (s.start_ns, s.span_id)):
-        if span.trace_id not in found and span.conversation:
-            found[span.trace_id] = span.conversation
-    return {span.trace_id: found.get(span.trace_id, span.trace_id) for span in spans}
+class _Conversations:
+    """Each trace's conversation id, from its earliest span that names one, else the trace id;
+    found on first use (most speaking spans name theirs, or an ancestor does)."""
+
+    def __init__(self, spans: Sequence[_Span]) -> None:
+        self._spans = spans
+        self._found: dict[str, str] | None = None
+
+    def of(self, trace_id: str) -> str:
+        if self._found is None:
+            self._found = {}
+            for span in sorted(self._spans, key=_BY_START):
+                if span.conversation:
+                    self._found.setdefault(span.trace_id, span.conversation)
+        return self._found.get(trace_id, trace_id)
 
 
 def _conversation(attrs: Mapping[str, Any]) -> tuple[str, str]:
@@ -474,13 +492,16 @@ def _genai_turns(value: Any, name: str) -> list[_Turn]:
         parts = message.get("parts", [])
         if not isinstance(parts, list):
             raise _Malformed(f"{name}[{i}].parts is not a list of parts")
-        texts, calls, results = [], [], []
+        texts: list[str] = []
+        calls: list[_Call] = []
+        results: list[tuple[str, str, str]] = []
         for part in parts:
             if not isinstance(part, dict):
                 raise _Malformed(f"{name}[{i}].parts is not a list of parts")
             kind = part.get("type")
             if kind == "text":
-                texts.append(_text(part.get("content")))
+                content = part.get("content")
+                texts.append(content if isinstance(content, str) else _text(content))
             elif kind == "tool_call":
                 arguments = part.get("arguments")
                 calls.append(
@@ -488,8 +509,15 @@ def _genai_turns(value: Any, name: str) -> list[_Turn]:
                 )
             elif kind == "tool_call_response":
                 results.append((_text(part.get("id")), "", _text(part.get("response"))))
-        role = _text(message.get("role"))
-        turns.append(_Turn(role, "\n".join(texts), tuple(calls), tuple(results)))
+        role = message.get("role")
+        turns.append(
+            _Turn(
+                role if isinstance(role, str) else _text(role),
+                texts[0] if len(texts) == 1 else "\n".join(texts),
+                tuple(calls) if calls else (),
+                tuple(results) if results else (),
+            )
+        )
     return turns
 
 
