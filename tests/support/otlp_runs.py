@@ -5,11 +5,15 @@ also has two spans the receiver must reject: a model call of an agent the spec d
 and one whose content capture was off.
 
 The tests send the runs through the SDK's own OTLP exporters; `record` writes them once as
-exports into tests/data/otlp (`python -m tests.support.otlp_runs`), the golden tests' inputs.
+exports into tests/data/otlp (`python -m tests.support.otlp_runs`), the golden tests' inputs,
+with one more: examples/agent_framework_genai.py's run as Microsoft Agent Framework traces it
+(GenAI conventions written by a real framework; its spans keep the framework's clock, so that
+recording is read by the tests, not rebuilt).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -520,14 +524,15 @@ def _encoded(
 
 
 def otlp_json(export: ExportTraceServiceRequest) -> bytes:
-    """OTLP/JSON: protobuf's JSON mapping, but trace and span ids in hex."""
+    """OTLP/JSON: protobuf's JSON mapping, but trace and span ids (of spans and links) in hex."""
     document = json_format.MessageToDict(export)
     for resource_spans in document.get("resourceSpans", []):
         for scope_spans in resource_spans.get("scopeSpans", []):
             for span in scope_spans.get("spans", []):
-                for name in ("traceId", "spanId", "parentSpanId"):
-                    if name in span:
-                        span[name] = _base64_to_hex(span[name])
+                for holder in (span, *span.get("links", [])):  # a framework's spans link others
+                    for name in ("traceId", "spanId", "parentSpanId"):
+                        if name in holder:
+                            holder[name] = _base64_to_hex(holder[name])
     return json.dumps(document, indent=1).encode()
 
 
@@ -535,11 +540,25 @@ def _base64_to_hex(value: str) -> str:
     return base64.b64decode(value).hex()
 
 
+def agent_framework_export() -> ExportTraceServiceRequest:
+    """examples/agent_framework_genai.py's workflow run in conversation "conv-1", traced by
+    Microsoft Agent Framework with ids 1, 2, 3...; once per process (the framework traces with
+    the global tracer provider)."""
+    from examples import agent_framework_genai as example
+
+    memory = InMemorySpanExporter()
+    traced = example.traced(SimpleSpanProcessor(memory), CountingIds())
+    asyncio.run(example.run(example.build_workflow(), "conv-1"))
+    traced.shutdown()
+    return encode_spans(memory.get_finished_spans())
+
+
 def record() -> None:
     """Writes each run's export, protobuf and OTLP/JSON, into tests/data/otlp."""
     DATA.mkdir(parents=True, exist_ok=True)
-    for name, run in RUNS.items():
-        export = recorded_export(run)
+    exports = {name: recorded_export(run) for name, run in RUNS.items()}
+    exports["agent_framework"] = agent_framework_export()
+    for name, export in exports.items():
         (DATA / f"{name}.pb").write_bytes(export.SerializeToString())
         (DATA / f"{name}.json").write_bytes(otlp_json(export))
 

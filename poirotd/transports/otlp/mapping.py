@@ -215,7 +215,9 @@ def _place(
 
 
 def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> list[MappedMessage]:
-    """A model call's (or invocation's) messages: its new input, then its output."""
+    """A model call's (or invocation's) messages: its new input, then its output. An
+    invocation's output may hold its whole run, tool results too (Microsoft Agent Framework's
+    does): they are tool messages, as in an input."""
     messages: list[MappedMessage] = []
     last_answer = -1
     names: dict[str, str] = {}
@@ -225,13 +227,14 @@ def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> li
         for call in turn.calls:
             if call.id:
                 names[call.id] = call.name
+    for turn in outputs:
+        for call in turn.calls:
+            if call.id:
+                names[call.id] = call.name
     position = 0
     for turn in inputs[last_answer + 1 :]:
         if turn.results:
-            for call_id, name, result in turn.results:
-                named = (call_id, name or names.get(call_id, "") or "tool", result)
-                messages.append(_tool_message(span, span.agent, named, span.start_ns, position))
-                position += 1
+            position = _tool_results(span, turn, names, span.start_ns, position, messages)
             continue
         kind = MessageKind.SYSTEM if turn.role in ("system", "developer") else MessageKind.HUMAN
         sender = "system" if kind is MessageKind.SYSTEM else turn.role or "user"
@@ -240,6 +243,9 @@ def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> li
         )
         position += 1
     for turn in outputs:
+        if turn.results:
+            position = _tool_results(span, turn, names, span.end_ns, position, messages)
+            continue
         calls = tuple([call.rendered() for call in turn.calls]) if turn.calls else ()
         messages.append(
             _message(
@@ -248,6 +254,22 @@ def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> li
         )
         position += 1
     return messages
+
+
+def _tool_results(
+    span: _Span,
+    turn: _Turn,
+    names: Mapping[str, str],
+    at_ns: int,
+    position: int,
+    messages: list[MappedMessage],
+) -> int:
+    """Appends the turn's tool results as tool messages to the span's agent; the next position."""
+    for call_id, name, result in turn.results:
+        named = (call_id, name or names.get(call_id, "") or "tool", result)
+        messages.append(_tool_message(span, span.agent, named, at_ns, position))
+        position += 1
+    return position
 
 
 def _tool_message(

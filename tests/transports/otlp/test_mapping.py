@@ -91,6 +91,42 @@ def test_the_recorded_exports_are_what_the_recording_script_writes(name: str) ->
     assert recorded_export(RUNS[name]).SerializeToString() == (DATA / f"{name}.pb").read_bytes()
 
 
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_a_microsoft_agent_framework_run_maps_to_its_conversation(encoding: str) -> None:
+    """examples/agent_framework_genai.py as the framework traced it: each message once, though
+    the agents' invocations repeat their model calls' messages and the doctor's holds its whole
+    run, the tool's result too (which once became an empty message of the doctor)."""
+    from examples import agent_framework_genai as example
+
+    export = _read("agent_framework", encoding)
+    mapped = map_export(export, AGENTS, session_by="conversation")
+    assert [(m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in mapped.messages] == [
+        (MessageKind.SYSTEM, "system", "doctor", "You diagnose.", ()),
+        (MessageKind.HUMAN, "user", "doctor", example.TASK, ()),
+        (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',)),
+        (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, ()),
+        (MessageKind.AGENT, "doctor", "", example.DIAGNOSIS, ()),
+        (MessageKind.AGENT, "chief", "", example.PLAN, ()),
+    ]
+    names = {
+        span.span_id.hex(): span.name
+        for resource_spans in export.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    }
+    assert [names[m.span_id] for m in mapped.messages] == [
+        "invoke_agent doctor",
+        "invoke_agent doctor",
+        "chat replay",
+        "execute_tool gait_test",
+        "chat replay",
+        "chat replay",
+    ]
+    assert {m.session_id for m in mapped.messages} == {"conv-1"}
+    assert not mapped.rejections
+    assert mapped.spans == 15
+
+
 def test_the_session_is_the_trace_when_configured_so() -> None:
     mapped = map_export(_read("genai", "protobuf"), AGENTS, session_by="trace")
     assert {m.session_id for m in mapped.messages} == {TRACE}

@@ -6,7 +6,9 @@ the investigation it opens runs over the session (scripted backend)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,11 +26,13 @@ from hwbridge.broker import free_port
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import Investigation, InvestigationState, MessageKind
+from poirotd.transports.otlp.mapping import REJECT_REASONS
 from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
 from tests.support.otlp_runs import DIAGNOSIS, HANDOFF, PLAN, RESULT, RUNS, SPEC, TASK, provider
 
 Exporter = Callable[[Daemon], SpanExporter]
+ROOT = Path(__file__).parents[3]
 
 
 def _grpc(daemon: Daemon) -> SpanExporter:
@@ -135,3 +139,42 @@ async def test_a_real_langgraph_run_traced_by_openinference_is_one_session(
         investigation = await _finished_investigation(daemon, "graph-1")
         assert investigation.state is InvestigationState.SUCCEEDED
         assert daemon.metrics.otlp_rejected_spans.labels("malformed")._value.get() == 0
+
+
+async def test_a_microsoft_agent_framework_workflow_traced_natively_is_one_session(
+    tmp_path: Path,
+) -> None:
+    """examples/agent_framework_genai.py run as a program: Microsoft Agent Framework's workflow
+    of two agents, traced by the framework itself in the GenAI conventions and exported by the
+    SDK's OTLP/HTTP exporter; the run is one session with the right agents, order and the tool's
+    result, nothing is rejected, and the rule on the result opens an investigation that runs."""
+    from examples import agent_framework_genai as example
+
+    backend = ScriptedBackend(schema_answer)
+    async with in_process_daemon(tmp_path, SPEC, backend, otlp_http_port=free_port()) as daemon:
+        store = daemon._store
+        assert store is not None
+        endpoint = f"http://127.0.0.1:{daemon.settings.otlp_http_port}/v1/traces"
+        program = ("-m", "examples.agent_framework_genai", "--endpoint", endpoint)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *program, "--session", "visit-af", cwd=ROOT, stdout=PIPE, stderr=STDOUT
+        )
+        output, _ = await process.communicate()
+        assert process.returncode == 0, output.decode()
+        messages = await store.session_messages("visit-af")
+        assert [(m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in messages] == [
+            (MessageKind.SYSTEM, "system", "doctor", "You diagnose.", ()),
+            (MessageKind.HUMAN, "user", "doctor", example.TASK, ()),
+            (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',)),
+            (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, ()),
+            (MessageKind.AGENT, "doctor", "", example.DIAGNOSIS, ()),
+            (MessageKind.AGENT, "chief", "", example.PLAN, ()),
+        ]
+        assert [m.index for m in messages] == list(range(6))
+        assert len({m.trace_id for m in messages}) == 1
+        investigation = await _finished_investigation(daemon, "visit-af")
+        assert investigation.state is InvestigationState.SUCCEEDED
+        assert investigation.trigger is not None
+        assert investigation.trigger.rule == "sensor_fault_reported"
+        rejected = daemon.metrics.otlp_rejected_spans
+        assert all(rejected.labels(r)._value.get() == 0 for r in REJECT_REASONS)
