@@ -482,8 +482,9 @@ def _turns(span: _Span) -> tuple[list[_Turn], list[_Turn]]:
     if "gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs:
         inputs = _genai_turns(attrs.get("gen_ai.input.messages"), "gen_ai.input.messages")
         outputs = _genai_turns(attrs.get("gen_ai.output.messages"), "gen_ai.output.messages")
-        if instructions := _genai_parts_text(attrs.get("gen_ai.system_instructions")):
-            inputs.insert(0, _Turn("system", instructions))
+        instructions = attrs.get("gen_ai.system_instructions")
+        if instructions is not None and (text := _genai_parts_text(instructions)):
+            inputs.insert(0, _Turn("system", text))
         return inputs, outputs
     if any(key.startswith(("llm.input_messages.", "llm.output_messages.")) for key in attrs):
         return _oi_turns(attrs, "llm.input_messages"), _oi_turns(attrs, "llm.output_messages")
@@ -504,7 +505,7 @@ def _genai_turns(value: Any, name: str) -> list[_Turn]:
     """gen_ai.input.messages / gen_ai.output.messages: [{role, parts: [{type, ...}]}]."""
     if value is None:
         return []
-    messages = _json(value, name)
+    messages = _json(value, name) if isinstance(value, str) else value
     if not isinstance(messages, list):
         raise _Malformed(f"{name} is not a list of messages")
     turns = []
