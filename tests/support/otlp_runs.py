@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Span, Tracer
 
 from poirotd.config import SystemSpec
+from poirotd.model import MessageKind
 
 DATA = Path(__file__).parents[1] / "data" / "otlp"
 MS = 1_000_000
@@ -551,6 +552,21 @@ def agent_framework_export() -> ExportTraceServiceRequest:
     asyncio.run(example.run(example.build_workflow(), "conv-1"))
     traced.shutdown()
     return encode_spans(memory.get_finished_spans())
+
+
+def agent_framework_conversation() -> list[tuple[MessageKind, str, str, str, tuple[str, ...]]]:
+    """examples/agent_framework_genai.py's run as poirotd stores it: (kind, sender, recipient,
+    content, tool calls) of each message, in order."""
+    from examples import agent_framework_genai as example
+
+    return [
+        (MessageKind.SYSTEM, "system", "doctor", "You diagnose.", ()),
+        (MessageKind.HUMAN, "user", "doctor", example.TASK, ()),
+        (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',)),
+        (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, ()),
+        (MessageKind.AGENT, "doctor", "", example.DIAGNOSIS, ()),
+        (MessageKind.AGENT, "chief", "", example.PLAN, ()),
+    ]
 
 
 def record() -> None:

@@ -26,6 +26,7 @@ from tests.support.otlp_runs import (
     RUNS,
     SPEC,
     TASK,
+    agent_framework_conversation,
     recorded_export,
 )
 
@@ -96,18 +97,11 @@ def test_a_microsoft_agent_framework_run_maps_to_its_conversation(encoding: str)
     """examples/agent_framework_genai.py as the framework traced it: each message once, though
     the agents' invocations repeat their model calls' messages and the doctor's holds its whole
     run, the tool's result too (which once became an empty message of the doctor)."""
-    from examples import agent_framework_genai as example
-
     export = _read("agent_framework", encoding)
     mapped = map_export(export, AGENTS, session_by="conversation")
-    assert [(m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in mapped.messages] == [
-        (MessageKind.SYSTEM, "system", "doctor", "You diagnose.", ()),
-        (MessageKind.HUMAN, "user", "doctor", example.TASK, ()),
-        (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',)),
-        (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, ()),
-        (MessageKind.AGENT, "doctor", "", example.DIAGNOSIS, ()),
-        (MessageKind.AGENT, "chief", "", example.PLAN, ()),
-    ]
+    assert [
+        (m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in mapped.messages
+    ] == agent_framework_conversation()
     names = {
         span.span_id.hex(): span.name
         for resource_spans in export.resource_spans

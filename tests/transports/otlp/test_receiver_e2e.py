@@ -29,7 +29,17 @@ from poirotd.model import Investigation, InvestigationState, MessageKind
 from poirotd.transports.otlp.mapping import REJECT_REASONS
 from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
-from tests.support.otlp_runs import DIAGNOSIS, HANDOFF, PLAN, RESULT, RUNS, SPEC, TASK, provider
+from tests.support.otlp_runs import (
+    DIAGNOSIS,
+    HANDOFF,
+    PLAN,
+    RESULT,
+    RUNS,
+    SPEC,
+    TASK,
+    agent_framework_conversation,
+    provider,
+)
 
 Exporter = Callable[[Daemon], SpanExporter]
 ROOT = Path(__file__).parents[3]
@@ -148,8 +158,6 @@ async def test_a_microsoft_agent_framework_workflow_traced_natively_is_one_sessi
     of two agents, traced by the framework itself in the GenAI conventions and exported by the
     SDK's OTLP/HTTP exporter; the run is one session with the right agents, order and the tool's
     result, nothing is rejected, and the rule on the result opens an investigation that runs."""
-    from examples import agent_framework_genai as example
-
     backend = ScriptedBackend(schema_answer)
     async with in_process_daemon(tmp_path, SPEC, backend, otlp_http_port=free_port()) as daemon:
         store = daemon._store
@@ -162,14 +170,9 @@ async def test_a_microsoft_agent_framework_workflow_traced_natively_is_one_sessi
         output, _ = await process.communicate()
         assert process.returncode == 0, output.decode()
         messages = await store.session_messages("visit-af")
-        assert [(m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in messages] == [
-            (MessageKind.SYSTEM, "system", "doctor", "You diagnose.", ()),
-            (MessageKind.HUMAN, "user", "doctor", example.TASK, ()),
-            (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',)),
-            (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, ()),
-            (MessageKind.AGENT, "doctor", "", example.DIAGNOSIS, ()),
-            (MessageKind.AGENT, "chief", "", example.PLAN, ()),
-        ]
+        assert [
+            (m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in messages
+        ] == agent_framework_conversation()
         assert [m.index for m in messages] == list(range(6))
         assert len({m.trace_id for m in messages}) == 1
         investigation = await _finished_investigation(daemon, "visit-af")
