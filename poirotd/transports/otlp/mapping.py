@@ -139,8 +139,7 @@ def map_export(
     """The export's messages and the spans rejected. `agents`: agent id by each name a trace
     may give it (SystemSpec.agents_by_alias)."""
     spans = list(_spans(request))
-    by_key = {(span.trace_id, span.span_id): span for span in spans}
-    conversations = _Conversations(spans) if session_by == "conversation" else None
+    trace = _Traces(spans, session_by)
     messages: list[MappedMessage] = []
     rejections: list[Rejection] = []
     callers = _Callers()
@@ -150,7 +149,7 @@ def map_export(
     tools = sorted((span for span in spans if span.role == "tool"), key=_BY_START)
     for span in calls + tools:
         try:
-            messages += _place(span, by_key, agents, conversations, callers)
+            messages += _place(span, trace, agents, callers)
         except _Rejected as rejected:
             rejections.append(
                 Rejection(span.trace_id, span.span_id, rejected.reason, str(rejected))
@@ -184,17 +183,16 @@ class _Rejected(Exception):
 
 def _place(
     span: _Span,
-    by_key: Mapping[tuple[str, str], _Span],
+    trace: _Traces,
     agents: Mapping[str, str],
-    conversations: _Conversations | None,
     callers: _Callers,
 ) -> list[MappedMessage]:
     """The span's messages, or raises _Rejected."""
-    span.session_id = _session(span, by_key, conversations)
+    span.session_id = _session(span, trace)
     try:
         if span.role == "tool":
             call_id, name, result = _tool_result(span)
-            agent = callers.caller(span, call_id, name) or _agent(span, by_key, agents)
+            agent = callers.caller(span, call_id, name) or _agent(span, trace, agents)
             if result is None:
                 raise _Rejected(
                     "no_content", f"tool {quote(name)} has no result (content capture off?)"
@@ -207,7 +205,7 @@ def _place(
         if span.role == "agent":
             return []  # an invocation without messages: its model calls speak
         raise _Rejected("no_content", "the model call carries no messages (content capture off?)")
-    span.agent = _agent(span, by_key, agents)
+    span.agent = _agent(span, trace, agents)
     for turn in outputs:
         for call in turn.calls:
             callers.called(span, call)
@@ -384,14 +382,14 @@ def _value(value: AnyValue) -> Any:
     return None if which is None else getattr(value, which)
 
 
-def _agent(span: _Span, by_key: Mapping[tuple[str, str], _Span], agents: Mapping[str, str]) -> str:
+def _agent(span: _Span, trace: _Traces, agents: Mapping[str, str]) -> str:
     """The agent the span or its nearest ancestor names that the spec knows."""
     for key in _AGENT_KEYS:  # most spans that speak name their agent themselves
         name = span.attrs.get(key)
         if isinstance(name, str) and name and name in agents:
             return agents[name]
     named: list[str] = []
-    for node in _lineage(span, by_key):
+    for node in trace.lineage(span):
         for name in _agent_names(node.attrs):
             if name in agents:
                 return agents[name]
@@ -417,36 +415,53 @@ def _agent_names(attrs: Mapping[str, Any]) -> Iterator[str]:
             yield node
 
 
-def _session(
-    span: _Span, by_key: Mapping[tuple[str, str], _Span], conversations: _Conversations | None
-) -> str:
+def _session(span: _Span, trace: _Traces) -> str:
     """The conversation the span or an ancestor names, else its trace's, else its trace id (all
-    of them only with session_by "conversation", which `conversations` is None without)."""
-    if conversations is None:
+    of them only with session_by "conversation")."""
+    if not trace.by_conversation:
         return span.trace_id
-    for node in _lineage(span, by_key):
+    if span.bad_conversation:  # most spans that speak name theirs, or none above them does
+        raise _Rejected("malformed", span.bad_conversation)
+    if span.conversation:
+        return span.conversation
+    for node in trace.lineage(span):
         if node.bad_conversation:
             raise _Rejected("malformed", node.bad_conversation)
         if node.conversation:
             return node.conversation
-    return conversations.of(span.trace_id)
+    return trace.conversation(span.trace_id)
 
 
-class _Conversations:
-    """Each trace's conversation id, from its earliest span that names one, else the trace id;
-    found on first use (most speaking spans name theirs, or an ancestor does)."""
+class _Traces:
+    """The export's spans by trace: each span's parent, each trace's conversation id (from its
+    earliest span that names one, else the trace id). Both indexes are built on first use: most
+    spans that speak name their agent and conversation themselves."""
 
-    def __init__(self, spans: Sequence[_Span]) -> None:
+    def __init__(self, spans: Sequence[_Span], session_by: SessionBy) -> None:
         self._spans = spans
-        self._found: dict[str, str] | None = None
+        self.by_conversation = session_by == "conversation"
+        self._by_key: dict[tuple[str, str], _Span] | None = None
+        self._conversations: dict[str, str] | None = None
 
-    def of(self, trace_id: str) -> str:
-        if self._found is None:
-            self._found = {}
+    def lineage(self, span: _Span) -> Iterator[_Span]:
+        """The span, its parent, and so on, as far as the export holds them."""
+        if self._by_key is None:
+            self._by_key = {(s.trace_id, s.span_id): s for s in self._spans}
+        by_key = self._by_key
+        node: _Span | None = span
+        for _ in range(_MAX_DEPTH):
+            if node is None:
+                return
+            yield node
+            node = by_key.get((node.trace_id, node.parent_id)) if node.parent_id else None
+
+    def conversation(self, trace_id: str) -> str:
+        if self._conversations is None:
+            self._conversations = {}
             for span in sorted(self._spans, key=_BY_START):
                 if span.conversation:
-                    self._found.setdefault(span.trace_id, span.conversation)
-        return self._found.get(trace_id, trace_id)
+                    self._conversations.setdefault(span.trace_id, span.conversation)
+        return self._conversations.get(trace_id, trace_id)
 
 
 def _conversation(attrs: Mapping[str, Any]) -> tuple[str, str]:
@@ -461,16 +476,6 @@ def _conversation(attrs: Mapping[str, Any]) -> tuple[str, str]:
                 return "", f"{key} is over {_MAX_SESSION_ID} characters"
             return conversation, ""
     return "", ""
-
-
-def _lineage(span: _Span, by_key: Mapping[tuple[str, str], _Span]) -> Iterator[_Span]:
-    """The span, its parent, and so on, as far as the export holds them."""
-    node: _Span | None = span
-    for _ in range(_MAX_DEPTH):
-        if node is None:
-            return
-        yield node
-        node = by_key.get((node.trace_id, node.parent_id)) if node.parent_id else None
 
 
 # ------------------------------------------------------------------ messages of each convention
