@@ -4,6 +4,7 @@ convention, each read as protobuf and as OTLP/JSON: the same conversation comes 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -119,6 +120,42 @@ def test_a_microsoft_agent_framework_run_maps_to_its_conversation(encoding: str)
     assert {m.session_id for m in mapped.messages} == {"conv-1"}
     assert not mapped.rejections
     assert mapped.spans == 15
+
+
+def _spans_named(export: ExportTraceServiceRequest, keep: Callable[[str], bool]) -> Any:
+    """The export with only the spans whose name `keep` accepts."""
+    part = ExportTraceServiceRequest()
+    part.CopyFrom(export)
+    for resource_spans in part.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            kept = [span for span in scope_spans.spans if keep(span.name)]
+            del scope_spans.spans[:]
+            scope_spans.spans.extend(kept)
+    return part
+
+
+def test_an_invocation_exported_after_its_model_calls_carries_the_run_once() -> None:
+    """The batch processor exports an invocation that outlasts its schedule delay after its
+    model calls. Microsoft Agent Framework names the agent only on the invocation, so the
+    doctor's model calls and tool call, exported first, are rejected `unknown_agent`; the
+    invocation, exported next, carries the doctor's whole run: each message is stored once."""
+    run = _read("agent_framework", "protobuf")
+    doctor = "invoke_agent doctor"
+    first = map_export(
+        _spans_named(run, lambda name: name != doctor), AGENTS, session_by="conversation"
+    )
+    then = map_export(
+        _spans_named(run, lambda name: name == doctor), AGENTS, session_by="conversation"
+    )
+    conversation = agent_framework_conversation()
+    assert [(m.kind, m.sender, m.content) for m in first.messages] == [
+        (MessageKind.AGENT, "chief", conversation[-1][3])
+    ]
+    assert [r.reason for r in first.rejections] == ["unknown_agent"] * 3
+    assert [(m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in then.messages] == (
+        conversation[:5]
+    )
+    assert not then.rejections
 
 
 def test_the_session_is_the_trace_when_configured_so() -> None:
