@@ -4,16 +4,17 @@ in-process daemon, over gRPC and HTTP, and what became of each.
     .venv/bin/python -m bench.otlp_fuzz                        # 10,000 inputs, a few minutes
     .venv/bin/python -m bench.otlp_fuzz --inputs 300 --no-report
 
-Seeds: the three recorded runs of tests/data/otlp (GenAI attributes, GenAI events, OpenInference),
-each given its own trace id and conversation per input, so that what an input stored can be read
-back alone. Half the inputs are protobuf byte mutations (bits flipped, bytes set to edge values,
-ranges deleted, inserted or repeated, truncation, two seeds spliced, an overlong varint), sent in
-turn over gRPC as raw bytes and over HTTP as `application/x-protobuf` (some gzipped, some of
-those with the gzip stream itself mutated). The other half are OTLP/JSON structure mutations
-(a node deleted, replaced by a value of another type, a list item repeated, an attribute's value
-retyped, a string cut or garbled, the JSON inside an attribute mutated the same ways, a parent
-loop, edge timestamps), sent over HTTP as JSON and, when protobuf's JSON mapping still reads
-them, in turn over gRPC as protobuf.
+Seeds: the four recorded runs of tests/data/otlp (GenAI attributes, GenAI events, OpenInference,
+and Microsoft Agent Framework's own spans of examples/agent_framework_genai.py, with workflow spans
+and links), each given its own trace id and conversation per input, so that what an input stored
+can be read back alone. Half the inputs are protobuf byte mutations (bits flipped, bytes set to
+edge values, ranges deleted, inserted or repeated, truncation, two seeds spliced, an overlong
+varint), sent in turn over gRPC as raw bytes and over HTTP as `application/x-protobuf` (some
+gzipped, some of those with the gzip stream itself mutated). The other half are OTLP/JSON structure
+mutations (a node deleted, replaced by a value of another type, a list item repeated, an
+attribute's value retyped, a string cut or garbled, the JSON inside an attribute mutated the same
+ways, a parent loop, edge timestamps), sent over HTTP as JSON and, when protobuf's JSON mapping
+still reads them, in turn over gRPC as protobuf.
 
 Each answer is one of: accepted, partial_success (some spans rejected), a clear error (a 4xx or
 a gRPC status other than INTERNAL / UNKNOWN / UNAVAILABLE, with a message), throttled, or a
@@ -77,7 +78,7 @@ _CRASH_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCo
 def seeds() -> list[ExportTraceServiceRequest]:
     return [
         ExportTraceServiceRequest.FromString((DATA / f"{name}.pb").read_bytes())
-        for name in sorted(RUNS)
+        for name in [*sorted(RUNS), "agent_framework"]
     ]
 
 
@@ -646,13 +647,14 @@ def section(tally: Tally, seed: int, seconds: float) -> str:
 | all | {totals} |
 
 Acknowledged but lost (goal 0): **{tally.lost_spans}** spans; {tally.stored_messages:,} messages
-of acknowledged inputs were read back stored. Inputs are mutations of the three recorded runs of
-`tests/data/otlp`, each with its own trace and conversation: protobuf byte mutations over gRPC
-(raw bytes) and HTTP (some gzipped), OTLP/JSON structure mutations over HTTP and, when they
-still parse, over gRPC as protobuf. A crash is a 500, INTERNAL, UNKNOWN or UNAVAILABLE, no
-answer within {TIMEOUT_SECONDS:.0f} s, or an error without a message; lost is a span of an
-acknowledged input whose messages are not stored and that the answer did not count rejected.
-`tests/transports/otlp/test_fuzz.py` runs 300 inputs and asserts both zeros.{examples}
+of acknowledged inputs were read back stored. Inputs are mutations of the four recorded runs of
+`tests/data/otlp` (one of them Microsoft Agent Framework's own spans), each with its own trace
+and conversation: protobuf byte mutations over gRPC (raw bytes) and HTTP (some gzipped),
+OTLP/JSON structure mutations over HTTP and, when they still parse, over gRPC as protobuf. A
+crash is a 500, INTERNAL, UNKNOWN or UNAVAILABLE, no answer within {TIMEOUT_SECONDS:.0f} s, or
+an error without a message; lost is a span of an acknowledged input whose messages are not
+stored and that the answer did not count rejected. `tests/transports/otlp/test_fuzz.py` runs 300
+inputs and asserts both zeros.{examples}
 {report.end_marker(SECTION)}"""
 
 
