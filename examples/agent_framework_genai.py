@@ -12,7 +12,7 @@ tool call as an `invoke_agent` / `chat` / `execute_tool` span; with sensitive-da
 `gen_ai.input.messages` / `gen_ai.output.messages` and the tool's result in
 `gen_ai.tool.call.result` (the framework's default semantic-convention version; with
 OTEL_SEMCONV_STABILITY_OPT_IN set to anything without `gen_ai_latest_experimental` it writes
-messages as OpenTelemetry log events instead, which a trace receiver never sees).
+messages only as OpenTelemetry log events, if at all, which a trace receiver never sees).
 
 The models are replayed: the framework ships no fake chat client, so `ReplayChatClient` is a
 `BaseChatClient` with the framework's own function-invocation and telemetry layers (its
