@@ -565,6 +565,7 @@ def agent_framework_conversation() -> list[tuple[MessageKind, str, str, str, tup
         (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',)),
         (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, ()),
         (MessageKind.AGENT, "doctor", "", example.DIAGNOSIS, ()),
+        (MessageKind.SYSTEM, "system", "chief", "You choose the plan.", ()),
         (MessageKind.AGENT, "chief", "", example.PLAN, ()),
     ]
 

@@ -6,7 +6,9 @@ Which spans speak (README, "OpenTelemetry traces", has the full table):
 - a model call (`gen_ai.operation.name` chat / text_completion / generate_content, or
   `openinference.span.kind` LLM): its output messages are the agent's turns; of its input, only
   what follows the last assistant turn is new (the user's request, tool results, the system
-  instructions of a first call), the rest is history that was stored when it happened;
+  instructions of a first call), the rest is history that was stored when it happened (an input
+  ending with an assistant turn is another agent's answer handed over with its history: only the
+  agent's own instructions are new);
 - a tool call (`execute_tool`, or TOOL): its result is a tool message to the calling agent;
 - an agent invocation (`invoke_agent`, or AGENT) speaks like a model call when it carries
   messages, and otherwise only names the agent of the spans below it.
@@ -23,6 +25,7 @@ import base64
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import Any, Literal, NamedTuple
 
 import orjson
@@ -39,6 +42,7 @@ SessionBy = Literal["conversation", "trace"]
 REJECT_REASONS = ("unknown_agent", "no_content", "malformed")
 
 _LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+_SYSTEM_ROLES = ("system", "developer")
 # Where a span names its agent, in the order they are asked (the span's own first, then its
 # ancestors'); a LangGraph node's name is in OpenInference's `metadata` as `langgraph_node`.
 _AGENT_KEYS = ("gen_ai.agent.name", "gen_ai.agent.id", "agent.name", "graph.node.id")
@@ -230,11 +234,16 @@ def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> li
             if call.id:
                 names[call.id] = call.name
     position = 0
-    for turn in inputs[last_answer + 1 :]:
+    new = inputs[last_answer + 1 :]
+    if inputs and last_answer == len(inputs) - 1:
+        # The input ends with an answer: another agent's, handed over with its history (a
+        # workflow passing its conversation on); the agent's own instructions are new too.
+        new = list(takewhile(lambda turn: turn.role in _SYSTEM_ROLES, inputs))
+    for turn in new:
         if turn.results:
             position = _tool_results(span, turn, names, span.start_ns, position, messages)
             continue
-        kind = MessageKind.SYSTEM if turn.role in ("system", "developer") else MessageKind.HUMAN
+        kind = MessageKind.SYSTEM if turn.role in _SYSTEM_ROLES else MessageKind.HUMAN
         sender = "system" if kind is MessageKind.SYSTEM else turn.role or "user"
         messages.append(
             _message(span, kind, sender, span.agent, turn.text, (), "", span.start_ns, position)

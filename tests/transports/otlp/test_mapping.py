@@ -97,7 +97,9 @@ def test_the_recorded_exports_are_what_the_recording_script_writes(name: str) ->
 def test_a_microsoft_agent_framework_run_maps_to_its_conversation(encoding: str) -> None:
     """examples/agent_framework_genai.py as the framework traced it: each message once, though
     the agents' invocations repeat their model calls' messages and the doctor's holds its whole
-    run, the tool's result too (which once became an empty message of the doctor)."""
+    run, the tool's result too (which once became an empty message of the doctor); the chief,
+    handed the doctor's history, has its own instructions stored (they came before that
+    history, and were once taken for part of it)."""
     export = _read("agent_framework", encoding)
     mapped = map_export(export, AGENTS, session_by="conversation")
     assert [
@@ -115,6 +117,7 @@ def test_a_microsoft_agent_framework_run_maps_to_its_conversation(encoding: str)
         "chat replay",
         "execute_tool gait_test",
         "chat replay",
+        "invoke_agent chief",
         "chat replay",
     ]
     assert {m.session_id for m in mapped.messages} == {"conv-1"}
@@ -148,9 +151,9 @@ def test_an_invocation_exported_after_its_model_calls_carries_the_run_once() -> 
         _spans_named(run, lambda name: name == doctor), AGENTS, session_by="conversation"
     )
     conversation = agent_framework_conversation()
-    assert [(m.kind, m.sender, m.content) for m in first.messages] == [
-        (MessageKind.AGENT, "chief", conversation[-1][3])
-    ]
+    assert [
+        (m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in first.messages
+    ] == conversation[-2:]
     assert [r.reason for r in first.rejections] == ["unknown_agent"] * 3
     assert [(m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in then.messages] == (
         conversation[:5]

@@ -173,7 +173,7 @@ async def test_a_microsoft_agent_framework_workflow_traced_natively_is_one_sessi
         assert [
             (m.kind, m.sender, m.recipient, m.content, m.tool_calls) for m in messages
         ] == agent_framework_conversation()
-        assert [m.index for m in messages] == list(range(6))
+        assert [m.index for m in messages] == list(range(7))
         assert len({m.trace_id for m in messages}) == 1
         investigation = await _finished_investigation(daemon, "visit-af")
         assert investigation.state is InvestigationState.SUCCEEDED
