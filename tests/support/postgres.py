@@ -102,11 +102,12 @@ class PostgresServer:
     def url(self, database: str) -> str:
         return f"postgresql://{_USER}@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self) -> str:
-        """A new empty database; returns its URL."""
+    def create_database(self, template: str = "template0") -> str:
+        """A new database, a copy of `template` (by default empty; no one may be connected to
+        it while it is copied); returns its URL."""
         name = f"store_{next(self._names)}"
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+            conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}".encode())
         return self.url(name)
 
     def stop(self) -> None:
