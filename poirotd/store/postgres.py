@@ -18,6 +18,10 @@ commit in the order they are assigned, so a Watch that reads "after N" never mis
 commits later. A transaction's statements go in pipeline mode: those whose results are not needed
 yet share a round trip.
 
+A connection the server dropped (a restart, a failover, an idle timeout) is replaced by a new one
+at the next call: the write that met the loss fails (its items are not acknowledged, so their
+producers send them again), a read is tried once more on the new connection.
+
 Sessions: `has_session` answers from memory (the sessions this process committed or found);
 `find_session` asks the database on a miss, and `commit_ingest` looks up in its transaction
 every session its memory lacks, so a session another daemon started is accepted.
@@ -26,7 +30,7 @@ every session its memory lacks, so a session another daemon started is accepted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import cache
@@ -153,7 +157,14 @@ class PostgresStore:
     Commits are as durable as the server's settings make them (synchronous_commit on, the
     default: a commit returned is flushed to its WAL)."""
 
-    def __init__(self, writer: Connection, reader: Connection, sessions: set[str]) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Connection]],
+        writer: Connection,
+        reader: Connection,
+        sessions: set[str],
+    ) -> None:
+        self._connect = connect
         self._writer = writer
         self._reader = reader
         self._sessions = sessions
@@ -168,11 +179,13 @@ class PostgresStore:
         given, is used instead of one in the URL. Raises psycopg.OperationalError when the
         server cannot be reached, pg_schema.NewerSchemaError for a newer database."""
         extra: dict[str, Any] = {"password": password} if password is not None else {}
-        writer: Connection = await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+
+        async def connect() -> Connection:
+            return await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+
+        writer = await connect()
         try:
-            reader: Connection = await psycopg.AsyncConnection.connect(
-                url, autocommit=True, **extra
-            )
+            reader = await connect()
             try:
                 await migrate(writer, where)
                 rows = await (await reader.execute(b"SELECT session_id FROM sessions")).fetchall()
@@ -182,7 +195,7 @@ class PostgresStore:
         except BaseException:
             await writer.close()
             raise
-        return cls(writer, reader, {session_id for (session_id,) in rows})
+        return cls(connect, writer, reader, {session_id for (session_id,) in rows})
 
     async def close(self) -> None:
         """Lets already submitted work finish, then closes both connections; idempotent."""
@@ -207,6 +220,8 @@ class PostgresStore:
         their entries are stored just before it commits."""
         self._check_open()
         async with self._writing:
+            if self._writer.broken:
+                self._writer = await self._connect()
             conn = self._writer
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(_LOCK_CHAIN, (CHAIN_LOCK,))
@@ -218,9 +233,18 @@ class PostgresStore:
                         await cursor.executemany(sql(APPEND_AUDIT.replace("?", "%s")), entries)
 
     async def _all(self, query: bytes, params: Sequence[Any] = ()) -> list[Row]:
+        """One read statement; on a connection found lost, once more on a new one."""
         self._check_open()
         async with self._reading:
-            return await (await self._reader.execute(query, params)).fetchall()
+            for attempt in (1, 2):
+                if self._reader.broken:
+                    self._reader = await self._connect()
+                try:
+                    return await (await self._reader.execute(query, params)).fetchall()
+                except psycopg.OperationalError:
+                    if attempt == 2 or not self._reader.broken:
+                        raise
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------ ingest
 
