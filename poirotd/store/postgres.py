@@ -105,8 +105,10 @@ from poirotd.store.records import (
 )
 
 Connection: TypeAlias = psycopg.AsyncConnection[tuple[Any, ...]]
+Cursor: TypeAlias = psycopg.AsyncCursor[tuple[Any, ...]]
 
 _HEAD = b"SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"
+_APPEND_AUDIT = APPEND_AUDIT.replace("?", "%s").encode()
 _LOCK_CHAIN = b"SELECT pg_advisory_xact_lock(%s)"
 _FIND_SESSIONS = b"SELECT session_id FROM sessions WHERE session_id = ANY(%s)"
 _INSERT_SESSION = (
@@ -215,9 +217,10 @@ class PostgresStore:
             raise RuntimeError("store is closed")
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[tuple[Connection, Links]]:
-        """A write transaction holding the chain's lock, with the chain's links from its head;
-        their entries are stored just before it commits."""
+    async def _head_transaction(self) -> AsyncIterator[tuple[Connection, _Head]]:
+        """A write transaction holding the chain's lock, and the chain's head as it found it,
+        read in the round trip of the first answer the transaction waits for; the entries
+        appended to its links are stored just before it commits."""
         self._check_open()
         async with self._writing:
             if self._writer.broken:
@@ -225,12 +228,17 @@ class PostgresStore:
             conn = self._writer
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(_LOCK_CHAIN, (CHAIN_LOCK,))
-                head = await (await conn.execute(_HEAD)).fetchone()
-                links = Links(head or (0, GENESIS_HASH))
-                yield conn, links
-                if entries := links.take():
+                head = _Head(await conn.execute(_HEAD))
+                yield conn, head
+                if entries := (await head.links()).take():
                     async with conn.cursor() as cursor:
-                        await cursor.executemany(sql(APPEND_AUDIT.replace("?", "%s")), entries)
+                        await cursor.executemany(_APPEND_AUDIT, entries)
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[tuple[Connection, Links]]:
+        """`_head_transaction` with its links at hand."""
+        async with self._head_transaction() as (conn, head):
+            yield conn, await head.links()
 
     async def _all(self, query: bytes, params: Sequence[Any] = ()) -> list[Row]:
         """One read statement; on a connection found lost, once more on a new one."""
@@ -250,26 +258,36 @@ class PostgresStore:
 
     async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
         """Stores the batch in one transaction and returns after COMMIT (the ack point). The
-        sessions this process does not know are looked up first, in the transaction."""
+        sessions this process does not know are looked up in the transaction.
+
+        Three round trips and the commit's flush: the lock, the head, the sessions looked up,
+        the session starts and the batch's message keys (which are new); then the session ends
+        and the blocks (their ids); then the chain's entries and COMMIT. Entries are appended as
+        on SQLite: session starts and ends in order, then message blocks, then telemetry."""
         unknown = unknown_sessions(items, self._sessions.__contains__)
         changes = [item for item in items if isinstance(item, Session | SessionEnd)]
-        messages = list({(m.session_id, m.index): m for m in _first_of_each(items)}.values())
+        messages = _first_of_each(items)
         telemetry = [telemetry_block_row(block) for block in telemetry_blocks(items)]
-        async with self._transaction() as (conn, links):
-            if unknown:
-                found = await (await conn.execute(_FIND_SESSIONS, (unknown,))).fetchall()
-                stored_ids = {session_id for (session_id,) in found}
+        async with self._head_transaction() as (conn, head):
+            found = await conn.execute(_FIND_SESSIONS, (unknown,)) if unknown else None
+            sent = [(change, await _send_session_change(conn, change)) for change in changes]
+            keys = await _send_message_keys(conn, messages)
+            if found is not None:
+                stored_ids = {session_id for (session_id,) in await found.fetchall()}
                 if missing := [s for s in unknown if s not in stored_ids]:
                     raise UnknownSessionError(missing[0])
-            stored: list[tuple[AuditedTable, Row]] = []
-            for change in changes:
-                if (row := await _session_change(conn, change)) is not None:
-                    stored.append((SESSIONS, row))
-            for block in message_blocks(await _new_messages(conn, messages)):
-                row = await _insert_row(conn, MESSAGE_BLOCKS, message_block_row(block))
-                stored.append((MESSAGE_BLOCKS, row))
-            for row in telemetry:
-                stored.append((TELEMETRY_BLOCKS, await _insert_row(conn, TELEMETRY_BLOCKS, row)))
+            stored = [
+                (SESSIONS, row)
+                for change, answer in sent
+                if (row := await _session_row_stored(conn, change, answer)) is not None
+            ]
+            new = await _new_messages(keys, messages)
+            blocks = [(MESSAGE_BLOCKS, message_block_row(block)) for block in message_blocks(new)]
+            blocks += [(TELEMETRY_BLOCKS, row) for row in telemetry]
+            ids = [await conn.execute(_insert_with_id(table), row[1:]) for table, row in blocks]
+            for (table, row), answer in zip(blocks, ids, strict=True):
+                stored.append((table, (await _assigned_id(answer), *row[1:])))
+            links = await head.links()
             for table, row in stored:
                 links.append(table.kind, table.ref(row), row[-1])
         self._sessions.update(unknown, (c.session_id for c in changes))
@@ -560,32 +578,54 @@ def _first_of_each(items: Sequence[CommitItem]) -> list[AgentMessage]:
     return first
 
 
-async def _new_messages(conn: Connection, messages: list[AgentMessage]) -> list[AgentMessage]:
-    """The messages not stored before, as adding their keys to `message_indices` tells."""
+class _Head:
+    """The chain's head as a write transaction found it, read when first needed."""
+
+    def __init__(self, answer: Cursor) -> None:
+        self._answer = answer
+        self._links: Links | None = None
+
+    async def links(self) -> Links:
+        if self._links is None:
+            head = await self._answer.fetchone()
+            self._links = Links(head or (0, GENESIS_HASH))
+        return self._links
+
+
+async def _send_message_keys(conn: Connection, messages: list[AgentMessage]) -> Cursor | None:
+    """Adds the messages' keys to `message_indices`; the answer holds those that were new."""
     if not messages:
+        return None
+    sessions = [m.session_id for m in messages]
+    return await conn.execute(_NEW_MESSAGE_KEYS, (sessions, [m.index for m in messages]))
+
+
+async def _new_messages(answer: Cursor | None, messages: list[AgentMessage]) -> list[AgentMessage]:
+    """The messages not stored before, as `_send_message_keys`' answer tells."""
+    if answer is None:
         return messages
-    keys = await (
-        await conn.execute(
-            _NEW_MESSAGE_KEYS,
-            ([m.session_id for m in messages], [m.index for m in messages]),
-        )
-    ).fetchall()
-    new = set(map(tuple, keys))
+    new = set(map(tuple, await answer.fetchall()))
     return [m for m in messages if (m.session_id, m.index) in new]
 
 
-async def _session_change(conn: Connection, change: Session | SessionEnd) -> Row | None:
-    """Stores a session's start (None when it was stored before) or end (the stored record
-    with its end time); returns the row stored."""
+async def _send_session_change(conn: Connection, change: Session | SessionEnd) -> Cursor:
+    """Inserts a session's start (unless stored), or reads the record a session's end
+    changes."""
     if isinstance(change, Session):
-        row = session_row(change)
-        inserted = await (await conn.execute(_INSERT_SESSION, row)).fetchone()
-        return row if inserted is not None else None
-    found = await (
-        await conn.execute(
-            b"SELECT record FROM sessions WHERE session_id = %s", (change.session_id,)
-        )
-    ).fetchone()
+        return await conn.execute(_INSERT_SESSION, session_row(change))
+    return await conn.execute(
+        b"SELECT record FROM sessions WHERE session_id = %s", (change.session_id,)
+    )
+
+
+async def _session_row_stored(
+    conn: Connection, change: Session | SessionEnd, answer: Cursor
+) -> Row | None:
+    """The row a session's start stored (None: it was stored before), or the row of its end,
+    which this stores: the record read, with its end time."""
+    found = await answer.fetchone()
+    if isinstance(change, Session):
+        return session_row(change) if found is not None else None
     assert found is not None, "commit_ingest checked that the session exists"
     session = Session.model_validate_json(found[0])
     row = session_row(session.model_copy(update={"ended_at": change.ended_at}))
@@ -593,11 +633,16 @@ async def _session_change(conn: Connection, change: Session | SessionEnd) -> Row
     return row
 
 
+async def _assigned_id(answer: Cursor) -> int:
+    assigned = await answer.fetchone()
+    assert assigned is not None, "an insert returns its id"
+    return int(assigned[0])
+
+
 async def _insert_row(conn: Connection, table: AuditedTable, row: Row) -> Row:
     """Inserts `row` (its first column None: the database assigns it); returns it with its id."""
-    assigned = await (await conn.execute(_insert_with_id(table), row[1:])).fetchone()
-    assert assigned is not None, "an insert returns its id"
-    return (assigned[0], *row[1:])
+    answer = await conn.execute(_insert_with_id(table), row[1:])
+    return (await _assigned_id(answer), *row[1:])
 
 
 # The number of leading columns that key each upserted table.
