@@ -49,7 +49,6 @@ from poirotd.model import (
     HazardSpace,
     Investigation,
     InvestigationEvent,
-    InvestigationState,
     LLMExchange,
     Reading,
     Session,
@@ -63,10 +62,7 @@ from poirotd.store.common import (
     checked_memory_update,
     confirmation,
     interrupted,
-    investigations_page,
-    investigations_page_query,
     message_blocks,
-    newest_verified_first,
     telemetry_blocks,
     tombstone,
     unknown_sessions,
@@ -78,6 +74,7 @@ from poirotd.store.port import (
     UnknownInvestigationError,
     UnknownSessionError,
 )
+from poirotd.store.reads import StoreReads
 from poirotd.store.records import (
     ACCESS_DENIALS,
     DIAGNOSIS_MEMORY,
@@ -92,7 +89,6 @@ from poirotd.store.records import (
     AuditedTable,
     MessageBlock,
     access_denial_row,
-    event_from_row,
     event_row,
     exchange_row,
     hazard_space_row,
@@ -131,6 +127,12 @@ def sql(text: str) -> bytes:
 
 
 @cache
+def _placeholders(query: str) -> bytes:
+    """A read of `StoreReads` (`?` placeholders) as psycopg takes it."""
+    return sql(query.replace("?", "%s"))
+
+
+@cache
 def _upsert(table: AuditedTable, keys: int) -> bytes:
     """Inserts a row of `table`, or replaces the one with the same first `keys` columns."""
     columns = table.columns
@@ -152,7 +154,7 @@ def _insert_with_id(table: AuditedTable) -> bytes:
     )
 
 
-class PostgresStore:
+class PostgresStore(StoreReads):
     """The store port (`poirotd.store.port.Store`) on one PostgreSQL database.
 
     Create with `await PostgresStore.open(url)`; every method but `has_session` is a coroutine.
@@ -240,6 +242,11 @@ class PostgresStore:
         async with self._head_transaction() as (conn, head):
             yield conn, await head.links()
 
+    _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
+
+    async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return await self._all(_placeholders(sql), params)
+
     async def _all(self, query: bytes, params: Sequence[Any] = ()) -> list[Row]:
         """One read statement; on a connection found lost, once more on a new one."""
         self._check_open()
@@ -304,10 +311,6 @@ class PostgresStore:
             return True
         return False
 
-    async def get_session(self, session_id: str) -> Session | None:
-        rows = await self._all(b"SELECT record FROM sessions WHERE session_id = %s", (session_id,))
-        return Session.model_validate_json(rows[0][0]) if rows else None
-
     async def session_messages(self, session_id: str) -> list[AgentMessage]:
         """The session's messages in index order."""
         rows = await self._all(
@@ -341,48 +344,16 @@ class PostgresStore:
 
     # ------------------------------------------------------------ hazard spaces
 
-    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None:
-        rows = await self._all(
-            b"SELECT record FROM hazard_spaces WHERE system = %s AND version = %s",
-            (system, version),
-        )
-        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
-
     async def put_hazard_space(self, space: HazardSpace) -> None:
         """Upsert; the space put last (even an older version put again) becomes the latest."""
         async with self._transaction() as (conn, links):
             await _chained(conn, links, HAZARD_SPACES, hazard_space_row(space, links.next_seq))
-
-    async def latest_hazard_space(self, system: str) -> HazardSpace | None:
-        rows = await self._all(
-            b"SELECT record FROM hazard_spaces WHERE system = %s ORDER BY put_seq DESC LIMIT 1",
-            (system,),
-        )
-        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
 
     # ------------------------------------------------------------ investigations
 
     async def save_investigation(self, inv: Investigation) -> None:
         async with self._transaction() as (conn, links):
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
-
-    async def get_investigation(self, investigation_id: str) -> Investigation | None:
-        rows = await self._all(
-            b"SELECT record FROM investigations WHERE investigation_id = %s", (investigation_id,)
-        )
-        return Investigation.model_validate_json(rows[0][0]) if rows else None
-
-    async def list_investigations(
-        self,
-        *,
-        session_id: str | None = None,
-        state: InvestigationState | None = None,
-        limit: int = 50,
-        page_token: str | None = None,
-    ) -> tuple[list[Investigation], str | None]:
-        """Newest first (`investigations_page_query`)."""
-        query, params = investigations_page_query(session_id, state, limit, page_token, "%s")
-        return investigations_page(await self._all(sql(query), params), limit)
 
     async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest
@@ -446,37 +417,7 @@ class PostgresStore:
                 await _chained(conn, links, REPUTATIONS, reputation_row(reputation))
         return inv, True
 
-    async def reputations(self, system: str) -> dict[str, AgentReputation]:
-        """The stored reputation of each agent of `system` that has one, by agent id."""
-        rows = await self._all(
-            b"SELECT record FROM reputations WHERE system = %s ORDER BY agent_id", (system,)
-        )
-        reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
-        return {r.agent_id: r for r in reputations}
-
-    async def confirmed_investigations(
-        self, system: str, *, limit: int = 500
-    ) -> list[Investigation]:
-        """The system's newest `limit` investigations with a confirmed outcome, oldest first
-        (by creation)."""
-        check_limit(limit)
-        rows = await self._all(
-            b"SELECT record FROM investigations WHERE system = %s"
-            b" AND (record::jsonb ->> 'confirmed') IS NOT NULL"
-            b" ORDER BY created_us DESC, investigation_id DESC LIMIT %s",
-            (system, limit),
-        )
-        return [Investigation.model_validate_json(record) for (record,) in reversed(rows)]
-
     # ------------------------------------------------------------ ErrorProbe's memory
-
-    async def memory_entries(
-        self, system: str, *, include_deleted: bool = False
-    ) -> list[DiagnosisMemoryEntry]:
-        """The system's entries, most recently verified first (deleted ones only if asked)."""
-        rows = await self._all(b"SELECT record FROM diagnosis_memory WHERE system = %s", (system,))
-        entries = (DiagnosisMemoryEntry.model_validate_json(record) for (record,) in rows)
-        return newest_verified_first(entries, include_deleted)
 
     async def update_memory_entry(
         self, system: str, entry_id: str, update: MemoryUpdate
@@ -501,13 +442,8 @@ class PostgresStore:
     ) -> DiagnosisMemoryEntry | None:
         """A tombstone: the entry marked deleted at `at` (once; a second delete changes
         nothing), never retrieved again; None when there is no such entry."""
-        if (stored := await self.update_memory_entry(system, entry_id, tombstone(at))) is not None:
-            return stored
-        rows = await self._all(
-            b"SELECT record FROM diagnosis_memory WHERE system = %s AND entry_id = %s",
-            (system, entry_id),
-        )
-        return DiagnosisMemoryEntry.model_validate_json(rows[0][0]) if rows else None
+        stored = await self.update_memory_entry(system, entry_id, tombstone(at))
+        return stored or await self._memory_entry(system, entry_id)
 
     # ------------------------------------------------------------ investigation events
 
@@ -516,31 +452,12 @@ class PostgresStore:
         row = await self._insert_for_investigation(EVENTS, event_row(event, None))
         return event.model_copy(update={"event_id": row[0]})
 
-    async def events_after(
-        self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
-    ) -> list[InvestigationEvent]:
-        check_limit(limit)
-        query = "SELECT event_id, investigation_id, record FROM events WHERE event_id > %s"
-        params: list[Any] = [after_event_id]
-        if investigation_id is not None:
-            query += " AND investigation_id = %s"
-            params.append(investigation_id)
-        rows = await self._all(sql(query + " ORDER BY event_id LIMIT %s"), (*params, limit))
-        return [event_from_row(row) for row in rows]
-
     # ------------------------------------------------------------ LLM exchange audit
 
     async def record_exchange(self, investigation_id: str, exchange: LLMExchange) -> None:
         await self._insert_for_investigation(
             EXCHANGES, exchange_row(exchange, investigation_id, None)
         )
-
-    async def exchanges(self, investigation_id: str) -> list[LLMExchange]:
-        rows = await self._all(
-            b"SELECT record FROM exchanges WHERE investigation_id = %s ORDER BY id",
-            (investigation_id,),
-        )
-        return [LLMExchange.model_validate_json(record) for (record,) in rows]
 
     async def _insert_for_investigation(self, table: AuditedTable, row: Row) -> Row:
         try:
@@ -557,10 +474,6 @@ class PostgresStore:
         async with self._transaction() as (conn, links):
             stored = await _insert_row(conn, ACCESS_DENIALS, access_denial_row(denial, None))
             links.append(ACCESS_DENIALS.kind, ACCESS_DENIALS.ref(stored), stored[-1])
-
-    async def chain_head(self) -> tuple[int, str] | None:
-        rows = await self._all(_HEAD)
-        return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
 
 # ------------------------------------------------------------ statements (write transaction)
