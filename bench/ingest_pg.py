@@ -113,9 +113,10 @@ other tenants: the daemon used {r["sqlite_cpu"]:.0%} of a core on SQLite and {r[
 on PostgreSQL, and the server {r["server_us"]:.0f} µs per message on top, on the same two cores.
 Were the run bound by CPU alone, PostgreSQL would reach {cpu_ratio:.2f} of SQLite's rate
 (SQLite's daemon CPU per message over PostgreSQL's daemon and server CPU per message). A commit on
-PostgreSQL is several round trips on one connection (the chain's advisory lock and head, the
-batch's new message keys, its blocks, its chain entries, COMMIT: pipelined where no answer is
-needed) and a WAL flush; SQLite's is a function call and an fsync. One write connection per daemon
+PostgreSQL is three round trips on one connection (the chain's advisory lock and head, the
+sessions looked up and the batch's new message keys; then the blocks' ids; then the chain's
+entries and COMMIT, pipelined) and a WAL flush, the server's work on the same cores; SQLite's is
+function calls and an fsync on a thread of the daemon. One write connection per daemon
 serialises the commits, as SQLite's one writer does; a shared store's throughput grows with
 replicas only while the server has cores to spare, and every replica's commits queue on the
 chain's advisory lock. On a database server of its own (not sharing the daemon's cores) over a
