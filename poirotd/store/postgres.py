@@ -162,6 +162,8 @@ class PostgresStore(StoreReads):
     Commits are as durable as the server's settings make them (synchronous_commit on, the
     default: a commit returned is flushed to its WAL)."""
 
+    _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
+
     def __init__(
         self,
         connect: Callable[[], Awaitable[Connection]],
@@ -247,8 +249,6 @@ class PostgresStore(StoreReads):
         """`_head_transaction` with its links at hand."""
         async with self._head_transaction() as (conn, head):
             yield conn, await head.links()
-
-    _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
 
     async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         return await self._all(_placeholders(sql), params)
