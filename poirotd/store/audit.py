@@ -3,8 +3,9 @@ either adapter's database: a SQLite file, or a PostgreSQL database named by its 
 
 Both read through a read-only connection inside one read transaction (on PostgreSQL, REPEATABLE
 READ): they see one committed state even while daemons write, and cannot change what they check.
-Verify streams every table and finds each row's entry through the `audit (kind, ref, seq)` index:
-memory stays flat and time grows with the rows; export holds one investigation's records. The
+Verify streams every table (on PostgreSQL through server-side cursors) and finds each row's entry
+through the `audit (kind, ref, seq)` index, a thousand rows' at a time on PostgreSQL: memory stays
+flat and time grows with the rows; export holds one investigation's records. The
 queries are the same on both (`?` placeholders, translated for psycopg); `_Snapshot` holds the
 few differences.
 """
