@@ -1,8 +1,21 @@
-"""Wakes Watch streams when an investigation event is stored; the store stays the truth."""
+"""Wakes Watch streams when an investigation event is stored; the store stays the truth.
+
+Alone on its store, the daemon's own writes are every event there is. With replicas, `follow`
+also polls the store for the events the others stored (no notification crosses processes), so a
+Watch on any replica sees every replica's events within a poll interval.
+"""
 
 from __future__ import annotations
 
 import asyncio
+
+import structlog
+
+from poirotd.store import Store
+
+log = structlog.get_logger(__name__)
+
+_FOLLOW_BATCH = 500
 
 
 class EventBus:
@@ -20,3 +33,16 @@ class EventBus:
         """Returns once an event newer than event_id exists."""
         async with self._condition:
             await self._condition.wait_for(lambda: self._latest > event_id)
+
+    async def follow(self, store: Store, interval: float) -> None:
+        """Every `interval` seconds, announces the newest event in the store (whichever replica
+        stored it); runs until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                while events := await store.events_after(self._latest, limit=_FOLLOW_BATCH):
+                    await self.published(events[-1].event_id)
+                    if len(events) < _FOLLOW_BATCH:
+                        break
+            except Exception:  # the store is unreachable: the next poll tries again
+                log.exception("following the store's events failed")

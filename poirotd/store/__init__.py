@@ -6,6 +6,8 @@ from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.port import (
     MAX_INTEGER,
     AlreadyConfirmedError,
+    Lease,
+    LeaseLostError,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
@@ -16,6 +18,8 @@ __all__ = [
     "GENESIS_HASH",
     "MAX_INTEGER",
     "AlreadyConfirmedError",
+    "Lease",
+    "LeaseLostError",
     "SqliteStore",
     "Store",
     "UnknownInvestigationError",
