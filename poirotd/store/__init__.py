@@ -1,6 +1,7 @@
 """Durable storage behind one port (`Store`): sessions, investigations, events and the audit of
 every LLM exchange, every write chained into a tamper-evident log (`poirotd.store.audit` checks and
-exports it). SQLite (`SqliteStore`) is the embedded default."""
+exports it). SQLite (`SqliteStore`) is the embedded default; PostgreSQL (`PostgresStore`) is
+for several daemons over one database."""
 
 from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.port import (
@@ -12,6 +13,7 @@ from poirotd.store.port import (
     UnknownInvestigationError,
     UnknownSessionError,
 )
+from poirotd.store.postgres import PostgresStore
 from poirotd.store.sqlite import SqliteStore
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "AlreadyConfirmedError",
     "Lease",
     "LeaseLostError",
+    "PostgresStore",
     "SqliteStore",
     "Store",
     "UnknownInvestigationError",

@@ -21,7 +21,6 @@ tables and the migrations from older schemas, `poirotd.store.schema`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import sqlite3
 import time
@@ -29,9 +28,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from functools import partial
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from poirotd.model import (
     AccessDenial,
@@ -48,15 +47,26 @@ from poirotd.model import (
     Reading,
     Session,
     SessionEnd,
-    TelemetryBatch,
-    TelemetrySample,
-    row_of,
 )
 from poirotd.store.chain import Chain, Row, transaction
+from poirotd.store.common import (
+    UNFINISHED,
+    NewestReadings,
+    SampleKey,
+    check_limit,
+    checked_memory_update,
+    confirmation,
+    interrupted,
+    investigations_page,
+    investigations_page_query,
+    message_blocks,
+    newest_verified_first,
+    telemetry_blocks,
+    tombstone,
+    unknown_sessions,
+)
 from poirotd.store.leases import claimed
 from poirotd.store.port import (
-    MAX_INTEGER,
-    AlreadyConfirmedError,
     Lease,
     LeaseLostError,
     MemoryUpdate,
@@ -77,7 +87,6 @@ from poirotd.store.records import (
     TELEMETRY_BLOCKS,
     AuditedTable,
     MessageBlock,
-    TelemetryBlock,
     access_denial_row,
     event_row,
     exchange_row,
@@ -85,7 +94,6 @@ from poirotd.store.records import (
     investigation_row,
     memory_row,
     message_block_row,
-    message_row_of,
     micros,
     reputation_row,
     session_row,
@@ -210,6 +218,10 @@ class SqliteStore:
         self._check_open()
         return session_id in self._sessions
 
+    async def find_session(self, session_id: str) -> bool:
+        """`has_session`: one daemon writes the file, so its memory has every session."""
+        return self.has_session(session_id)
+
     async def get_session(self, session_id: str) -> Session | None:
         return await self._read(_get_session, session_id)
 
@@ -229,7 +241,7 @@ class SqliteStore:
 
     async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]:
         """The session's newest `limit` samples, oldest first (ties in time keep arrival order)."""
-        _check_limit(limit)
+        check_limit(limit)
         return await self._read(_newest_readings, session_id, limit)
 
     # ------------------------------------------------------------ hazard spaces
@@ -294,30 +306,9 @@ class SqliteStore:
         limit: int = 50,
         page_token: str | None = None,
     ) -> tuple[list[Investigation], str | None]:
-        """Newest first (created_at, then id, descending). Keyset pagination: the opaque token is
-        the last row's key, so pages neither skip nor repeat rows when new ones arrive."""
-        _check_limit(limit)
-        where: list[str] = ["1"]
-        params: list[Any] = []
-        if session_id is not None:
-            where.append("session_id = ?")
-            params.append(session_id)
-        if state is not None:
-            where.append("state = ?")
-            params.append(state.value)
-        if page_token:
-            where.append("(created_us, investigation_id) < (?, ?)")
-            params.extend(_decode_page_token(page_token))
-        rows = await self._read(
-            _all,
-            f"SELECT created_us, investigation_id, record FROM investigations"
-            f" WHERE {' AND '.join(where)}"
-            f" ORDER BY created_us DESC, investigation_id DESC LIMIT ?",
-            (*params, limit + 1),
-        )
-        page = [Investigation.model_validate_json(record) for _, _, record in rows[:limit]]
-        token = _encode_page_token(*rows[limit - 1][:2]) if len(rows) > limit else None
-        return page, token
+        """Newest first (`investigations_page_query`)."""
+        sql, params = investigations_page_query(session_id, state, limit, page_token, "?")
+        return investigations_page(await self._read(_all, sql, params), limit)
 
     async def interrupt_unfinished(
         self, reason: str, at: datetime, *, owner: str | None = None
@@ -357,7 +348,7 @@ class SqliteStore:
     ) -> list[Investigation]:
         """The system's newest `limit` investigations with a confirmed outcome, oldest first
         (by creation)."""
-        _check_limit(limit)
+        check_limit(limit)
         rows = await self._read(
             _all,
             "SELECT record FROM investigations WHERE system = ?"
@@ -376,9 +367,8 @@ class SqliteStore:
         rows = await self._read(
             _all, "SELECT record FROM diagnosis_memory WHERE system = ?", (system,)
         )
-        entries = [DiagnosisMemoryEntry.model_validate_json(record) for (record,) in rows]
-        kept = [e for e in entries if include_deleted or e.deleted_at is None]
-        return sorted(kept, key=lambda e: (e.last_verified_at, e.entry_id), reverse=True)
+        entries = (DiagnosisMemoryEntry.model_validate_json(record) for (record,) in rows)
+        return newest_verified_first(entries, include_deleted)
 
     async def update_memory_entry(
         self, system: str, entry_id: str, update: MemoryUpdate
@@ -392,13 +382,7 @@ class SqliteStore:
     ) -> DiagnosisMemoryEntry | None:
         """A tombstone: the entry marked deleted at `at` (once; a second delete changes
         nothing), never retrieved again; None when there is no such entry."""
-
-        def deleted(entry: DiagnosisMemoryEntry | None) -> DiagnosisMemoryEntry | None:
-            if entry is None or entry.deleted_at is not None:
-                return None
-            return entry.model_copy(update={"deleted_at": at})
-
-        stored = await self.update_memory_entry(system, entry_id, deleted)
+        stored = await self.update_memory_entry(system, entry_id, tombstone(at))
         return stored or await self._read(_memory_entry, system, entry_id)
 
     # ------------------------------------------------------------ investigation events
@@ -413,7 +397,7 @@ class SqliteStore:
     async def events_after(
         self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
     ) -> list[InvestigationEvent]:
-        _check_limit(limit)
+        check_limit(limit)
         sql = "SELECT event_id, record FROM events WHERE event_id > ?"
         params: list[Any] = [after_event_id]
         if investigation_id is not None:
@@ -514,19 +498,16 @@ def _write(
 def _commit_ingest(
     conn: sqlite3.Connection, items: Sequence[CommitItem], sessions: set[str]
 ) -> None:
-    started: set[str] = set()
-    for item in items:
-        if isinstance(item, Session):
-            started.add(item.session_id)
-        elif item.session_id not in sessions and item.session_id not in started:
-            raise UnknownSessionError(item.session_id)
+    if unknown := unknown_sessions(items, sessions.__contains__):
+        raise UnknownSessionError(unknown[0])
+    started = {item.session_id for item in items if isinstance(item, Session)}
     # Encoded before the transaction where possible, and stored, then chained, in passes: item
     # by item, the three evict each other from the CPU caches (measured 1.5 times slower).
     # Session starts and ends go first, in their order: messages and samples need their session.
     records = [item for item in items if isinstance(item, Session | SessionEnd)]
     planned = [_session_change(item) for item in records]
     messages = [item for item in items if isinstance(item, AgentMessage)]
-    telemetry = [telemetry_block_row(block) for block in _telemetry_blocks(items)]
+    telemetry = [telemetry_block_row(block) for block in telemetry_blocks(items)]
     with transaction(conn) as chain:
         stored: list[tuple[AuditedTable, Row]] = []
         for item, (sql, row) in zip(records, planned, strict=True):
@@ -535,7 +516,7 @@ def _commit_ingest(
             if (written := _store_row(conn, sql, row)) is not None:
                 stored.append((SESSIONS, written))
         # A resent message is left out; which ones are new is known only here.
-        for block in _message_blocks(_new_messages(conn, messages)):
+        for block in message_blocks(_new_messages(conn, messages)):
             written = _store_row(conn, _INSERT_MESSAGE_BLOCK, message_block_row(block))
             assert written is not None, "a message block is never ignored"
             stored.append((MESSAGE_BLOCKS, written))
@@ -579,59 +560,15 @@ def _new_messages(
     return messages
 
 
-def _message_blocks(messages: Sequence[AgentMessage]) -> list[MessageBlock]:
-    """The messages as one block per session, each in arrival order."""
-    # Built from validated messages: constructed, not validated again.
-    return [
-        MessageBlock.model_construct(session_id=session_id, messages=rows)
-        for session_id, rows in _rows_by_session(messages, message_row_of).items()
-    ]
-
-
-def _telemetry_blocks(items: Sequence[CommitItem]) -> list[TelemetryBlock]:
-    """The samples as one block per session, each in arrival order; a telemetry batch is a
-    block of its own (its rows are the block's)."""
-    samples = [item for item in items if isinstance(item, TelemetrySample)]
-    # Built from validated samples and rows: constructed, not validated again.
-    blocks = [
-        TelemetryBlock.model_construct(session_id=session_id, samples=rows)
-        for session_id, rows in _rows_by_session(samples, row_of).items()
-    ]
-    blocks += [
-        TelemetryBlock.model_construct(session_id=item.session_id, samples=item.rows)
-        for item in items
-        if isinstance(item, TelemetryBatch) and item.rows
-    ]
-    return blocks
-
-
-_Item = TypeVar("_Item", AgentMessage, TelemetrySample)
-
-
-def _rows_by_session(items: Sequence[_Item], row_of: Callable[[_Item], _T]) -> dict[str, list[_T]]:
-    """Each item's row in a block, grouped by session, in arrival order."""
-    by_session: dict[str, list[_T]] = {}
-    for item in items:
-        by_session.setdefault(item.session_id, []).append(row_of(item))
-    return by_session
-
-
 def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:
     session = _get_session(conn, end.session_id)
     assert session is not None, "_commit_ingest checked that the session exists"
     return session_row(session.model_copy(update={"ended_at": end.ended_at}))
 
 
-# A sample's place in time, then in arrival order: (measured_us, 0, row id, 0) for a schema-3
-# row, which came before every block, and (measured_us, 1, block id, position) in a block.
-_SampleKey: TypeAlias = tuple[int, int, int, int]
-
-
 def _newest_readings(conn: sqlite3.Connection, session_id: str, limit: int) -> list[Reading]:
-    """Reads blocks newest first and stops at the first one that holds nothing newer than the
-    `limit` newest samples read so far. Records are decoded by `json.loads`, not validated:
-    the store wrote them from validated samples, and `verify` checks they were not altered."""
-    newest: list[tuple[_SampleKey, Reading]] = []
+    """The rows a schema-3 store kept, then the blocks newest first."""
+    older: list[tuple[SampleKey, Reading]] = []
     for row_id, us, record in conn.execute(
         "SELECT id, measured_us, record FROM telemetry WHERE session_id = ?"
         " ORDER BY measured_us DESC, id DESC LIMIT ?",
@@ -640,24 +577,17 @@ def _newest_readings(conn: sqlite3.Connection, session_id: str, limit: int) -> l
         sample = json.loads(record)
         at = datetime.fromisoformat(sample["measured_at"])
         reading = Reading(sample["component"], sample["signal"], sample["value"], at)
-        newest.append(((us, 0, row_id, 0), reading))
-    blocks = conn.execute(
+        older.append(((us, 0, row_id, 0), reading))
+    newest = NewestReadings(limit, older)
+    for block_id, last_us, record in conn.execute(
         "SELECT id, last_us, record FROM telemetry_blocks WHERE session_id = ?"
         " ORDER BY last_us DESC, id DESC",
         (session_id,),
-    )
-    for block_id, last_us, record in blocks:
-        if len(newest) >= limit:
-            newest.sort(key=itemgetter(0))
-            del newest[:-limit]
-            if (last_us, 1, block_id) < newest[0][0][:3]:
-                break
-        for position, (component, signal, value, text) in enumerate(json.loads(record)["samples"]):
-            at = datetime.fromisoformat(text)
-            key = (micros(at), 1, block_id, position)
-            newest.append((key, Reading(component, signal, value, at)))
-    newest.sort(key=itemgetter(0))
-    return [reading for _, reading in newest[-limit:]]
+    ):
+        if not newest.wants(block_id, last_us):
+            break
+        newest.add(block_id, record)
+    return newest.oldest_first()
 
 
 def _session_messages(conn: sqlite3.Connection, session_id: str) -> list[AgentMessage]:
@@ -772,15 +702,9 @@ def _confirm_outcome(
         ).fetchone()
         if row is None:
             raise UnknownInvestigationError(investigation_id)
-        inv = Investigation.model_validate_json(row[0])
-        superseded = inv.superseded
-        if inv.confirmed is not None:
-            if inv.confirmed.region_ids == outcome.region_ids:
-                return inv, False
-            if not supersede:
-                raise AlreadyConfirmedError(investigation_id, inv.confirmed)
-            superseded = (*superseded, inv.confirmed)
-        inv = inv.model_copy(update={"confirmed": outcome, "superseded": superseded})
+        stored = Investigation.model_validate_json(row[0])
+        if (inv := confirmation(stored, outcome, supersede)) is None:
+            return stored, False
         _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
         for reputation in reassess(
             [*_confirmed_history(conn, inv), inv], _reputations(conn, inv.system)
@@ -804,12 +728,9 @@ def _update_memory_entry(
 ) -> DiagnosisMemoryEntry | None:
     with transaction(conn) as chain:
         entry = update(_memory_entry(conn, system, entry_id))
+        entry = checked_memory_update(system, entry_id, entry)
         if entry is None:
             return None
-        if (entry.system, entry.entry_id) != (system, entry_id):
-            raise ValueError(
-                f"a memory update for {system}/{entry_id} returned {entry.system}/{entry.entry_id}"
-            )
         _write(conn, chain, DIAGNOSIS_MEMORY, _PUT_MEMORY, memory_row(entry))
     return entry
 
@@ -837,17 +758,14 @@ def _interrupt_unfinished(
         rows = conn.execute(
             "SELECT record FROM investigations WHERE state IN (?, ?)"
             " AND (? IS NULL OR lease_owner = ?) ORDER BY created_us, investigation_id",
-            (_QUEUED, _RUNNING, owner, owner),
+            (*UNFINISHED, owner, owner),
         ).fetchall()
-        interrupted = [
-            Investigation.model_validate_json(record).model_copy(
-                update={"state": InvestigationState.INTERRUPTED, "error": reason, "finished_at": at}
-            )
-            for (record,) in rows
+        done = [
+            interrupted(Investigation.model_validate_json(record), reason, at) for (record,) in rows
         ]
-        for inv in interrupted:
+        for inv in done:
             _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
-    return [inv.investigation_id for inv in interrupted]
+    return [inv.investigation_id for inv in done]
 
 
 def _append_event(conn: sqlite3.Connection, event: InvestigationEvent, lease: Lease | None) -> int:
@@ -902,36 +820,3 @@ def _next_stored_index(conn: sqlite3.Connection, session_id: str) -> int:
         "SELECT max(idx) FROM message_indices WHERE session_id = ?", (session_id,)
     ).fetchone()
     return 0 if row[0] is None else int(row[0]) + 1
-
-
-# Our tokens: base64 of [micros, 32-hex id], about 70 characters.
-_PAGE_TOKEN_CHARS = 256
-
-
-def _check_limit(limit: int) -> None:
-    # SQLite reads a negative LIMIT as "no limit": refuse it rather than return everything.
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, not {limit}")
-
-
-def _encode_page_token(created_us: int, investigation_id: str) -> str:
-    raw = json.dumps([created_us, investigation_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def _decode_page_token(token: str) -> tuple[int, str]:
-    """Bounded before it is parsed: a token is ours, a few dozen characters."""
-    if len(token) > _PAGE_TOKEN_CHARS:
-        raise ValueError("invalid page token")
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        key = json.loads(raw)
-    except ValueError:  # covers binascii, unicode and JSON errors
-        raise ValueError("invalid page token") from None
-    match key:
-        case [int() as created_us, str() as investigation_id] if (
-            not isinstance(created_us, bool) and abs(created_us) <= MAX_INTEGER
-        ):
-            return created_us, investigation_id
-        case _:
-            raise ValueError("invalid page token")

@@ -1,0 +1,84 @@
+"""One store database as a test sees it, whichever adapter holds it: open the store on it, query
+it and tamper with it the way someone with direct access would, name it to `poirotd audit`.
+
+`store_db` (tests/support/fixtures.py) gives a `SqliteDb` and a `PostgresDb` in turn, so a test
+written against `StoreDb` runs on both adapters. Queries use `?` placeholders on both.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+
+from poirotd.store import PostgresStore, SqliteStore, Store
+
+
+class StoreDb(Protocol):
+    name: str
+    # What `verify` and `export_investigation` take: a file path or a postgresql:// URL.
+    target: str
+
+    async def open(self) -> Store: ...
+
+    def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]: ...
+
+    def tamper(self, sql: str, *params: object) -> None:
+        """Runs `sql` with write access to the database: the append-only guards go first."""
+
+    def cli_args(self) -> list[str]:
+        """How `poirotd audit` is told this database."""
+
+
+class SqliteDb:
+    name = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.target = str(path)
+
+    async def open(self) -> Store:
+        return await SqliteStore.open(self.path)
+
+    def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
+        with closing(sqlite3.connect(self.path)) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def tamper(self, sql: str, *params: object) -> None:
+        with closing(sqlite3.connect(self.path)) as conn, conn:
+            conn.execute("DROP TRIGGER IF EXISTS audit_no_update")
+            conn.execute("DROP TRIGGER IF EXISTS audit_no_delete")
+            conn.execute(sql, params)
+
+    def cli_args(self) -> list[str]:
+        return ["--db", self.target]
+
+
+class PostgresDb:
+    name = "postgres"
+
+    def __init__(self, url: str) -> None:
+        self.target = url
+
+    async def open(self) -> Store:
+        return await PostgresStore.open(self.target, where=self.target)
+
+    def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.target, autocommit=True) as conn:
+            return conn.execute(_pg(sql), params).fetchall()
+
+    def tamper(self, sql: str, *params: object) -> None:
+        with psycopg.connect(self.target) as conn:
+            conn.execute(b"DROP TRIGGER IF EXISTS audit_no_update ON audit")
+            conn.execute(b"DROP TRIGGER IF EXISTS audit_no_delete ON audit")
+            conn.execute(_pg(sql), params)
+
+    def cli_args(self) -> list[str]:
+        return ["--db-url", self.target]
+
+
+def _pg(sql: str) -> bytes:
+    return sql.replace("%", "%%").replace("?", "%s").encode()
