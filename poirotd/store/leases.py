@@ -14,6 +14,13 @@ from poirotd.model import Investigation, InvestigationState
 from poirotd.store.port import Lease
 
 
+def lease_micros(lease_seconds: float) -> int:
+    """A lease's length in the stores' time unit; a lease must last."""
+    if not lease_seconds > 0:
+        raise ValueError(f"lease_seconds must be positive, not {lease_seconds}")
+    return round(lease_seconds * 1e6)
+
+
 def claimed(
     inv: Investigation, owner: str, held_by: str | None, token: int
 ) -> tuple[Investigation, Lease]:

@@ -65,7 +65,7 @@ from poirotd.store.common import (
     tombstone,
     unknown_sessions,
 )
-from poirotd.store.leases import claimed
+from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.port import (
     Lease,
     LeaseLostError,
@@ -810,9 +810,7 @@ def _clock_us() -> int:
 
 
 def _lease_end(lease_seconds: float) -> int:
-    if not lease_seconds > 0:
-        raise ValueError(f"lease_seconds must be positive, not {lease_seconds}")
-    return _clock_us() + round(lease_seconds * 1e6)
+    return _clock_us() + lease_micros(lease_seconds)
 
 
 def _next_stored_index(conn: sqlite3.Connection, session_id: str) -> int:
