@@ -7,6 +7,7 @@ written against `StoreDb` runs on both adapters. Queries use `?` placeholders on
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -14,7 +15,9 @@ from typing import Any, Protocol
 
 import psycopg
 
+from poirotd.model import LLMExchange, Phase
 from poirotd.store import PostgresStore, SqliteStore, Store
+from tests.support.store import T0, event, investigation, message, session
 
 
 class StoreDb(Protocol):
@@ -68,7 +71,8 @@ class PostgresDb:
 
     def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.target, autocommit=True) as conn:
-            return conn.execute(_pg(sql), params).fetchall()
+            cursor = conn.execute(_pg(sql), params)
+            return cursor.fetchall() if cursor.description else []
 
     def tamper(self, sql: str, *params: object) -> None:
         with psycopg.connect(self.target) as conn:
@@ -82,3 +86,29 @@ class PostgresDb:
 
 def _pg(sql: str) -> bytes:
     return sql.replace("%", "%%").replace("?", "%s").encode()
+
+
+def write_as_a_daemon(url: str, name: str, rounds: int) -> None:
+    """What one daemon process writes over a shared database, as fast as it can: a session, then
+    per round a batch of messages, an investigation, an event and an exchange (run in a process
+    of its own by the concurrent writers test)."""
+    asyncio.run(_write_as_a_daemon(url, name, rounds))
+
+
+async def _write_as_a_daemon(url: str, name: str, rounds: int) -> None:
+    store = await PostgresStore.open(url, where=url)
+    try:
+        await store.commit_ingest([session(name)])
+        for n in range(rounds):
+            await store.commit_ingest([message(n * 3 + i, sid=name) for i in range(3)])
+            inv = investigation(f"{name}-{n}", sid=name)
+            await store.save_investigation(inv)
+            await store.append_event(event(inv.investigation_id))
+            await store.record_exchange(
+                inv.investigation_id,
+                LLMExchange(
+                    phase=Phase.VOTING, agent_id="planner", purpose="vote", messages=(), at=T0
+                ),
+            )
+    finally:
+        await store.close()
