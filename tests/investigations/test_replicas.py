@@ -1,0 +1,199 @@
+"""Replicas over one PostgreSQL store, in process (two daemons, real gRPC): a Watch on one sees
+the other's investigation; a rule over a session whose data reaches both opens one investigation;
+a replica that loses its lease stops writing; a draining replica leaves queued work to the others.
+The fault test with processes and SIGKILL is tests/test_replicas_fault.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.daemon import Daemon
+from poirotd.llm.base import ChatMessage
+from poirotd.llm.scripted import ScriptedBackend
+from poirotd.store.audit import verify
+from tests.support.answers import schema_answer
+from tests.support.daemon import client_of, in_process_daemon
+from tests.support.ingest import session, start
+from tests.support.spec import CLINIC_REGIONS, clinic
+from tests.support.stores import PostgresDb
+from tests.support.waiting import eventually
+
+HOT = {
+    "kind": "threshold",
+    "name": "exo_overheat",
+    "severity": "critical",
+    "component": "exo",
+    "signal": "motor_temp_c",
+    "above": 70.0,
+    "cooldown_seconds": 600,
+}
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+PINNED = {"regions": [r.model_dump() for r in CLINIC_REGIONS]}
+
+
+def _sample(seconds: float, value: float) -> pb.IngestRequest:
+    at = Timestamp()
+    at.FromDatetime(T0 + timedelta(seconds=seconds))
+    return pb.IngestRequest(
+        telemetry=pb.TelemetrySample(
+            session_id="s1", component="exo", signal="motor_temp_c", value=value, measured_at=at
+        )
+    )
+
+
+def _slow(seconds: float) -> ScriptedBackend:
+    async def answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
+        await asyncio.sleep(seconds)
+        return schema_answer(messages, schema)
+
+    return ScriptedBackend(answer)
+
+
+@asynccontextmanager
+async def _replicas(
+    tmp_path: Path, url: str, backends: Sequence[ScriptedBackend], **settings: Any
+) -> AsyncIterator[list[Daemon]]:
+    spec = clinic(rules=[HOT], hazard_space=PINNED)
+    common = {"db_url": url, "shared_poll_seconds": 0.1} | settings
+    async with (
+        in_process_daemon(
+            _folder(tmp_path, "a"), spec, backends[0], replica_id="a", **common
+        ) as first,
+        in_process_daemon(
+            _folder(tmp_path, "b"), spec, backends[1], replica_id="b", **common
+        ) as second,
+    ):
+        yield [first, second]
+
+
+async def _running(db: PostgresDb, investigation_id: str) -> None:
+    query = "SELECT state FROM investigations WHERE investigation_id = ?"
+    async with asyncio.timeout(30):
+        await eventually(lambda: db.query(query, investigation_id) == [("running",)])
+
+
+def _folder(tmp_path: Path, name: str) -> Path:
+    (tmp_path / name).mkdir(exist_ok=True)
+    return tmp_path / name
+
+
+async def test_a_watch_on_one_replica_sees_the_others_investigation(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    backends = [ScriptedBackend(schema_answer), ScriptedBackend(schema_answer)]
+    async with (
+        _replicas(tmp_path, postgres_url, backends) as (a, b),
+        client_of(a) as to_a,
+        client_of(b) as to_b,
+    ):
+        assert await to_a.send(session(3)) == 4
+        watch_all = to_b.investigations.Watch(pb.WatchRequest())
+        queued = await to_a.trigger("s1", "asked of a")
+        events = [e async for e in to_b.watch(queued.investigation_id)]
+        assert events[0].HasField("started") and events[-1].HasField("attribution_ready")
+        seen = []
+        async for event in watch_all:  # the unfiltered stream gets the same ids, in order
+            seen.append(event.event_id)
+            if event.event_id == events[-1].event_id:
+                break
+        watch_all.cancel()
+        assert seen == [e.event_id for e in events]
+    ran_by = sum(len(backend.calls) > 0 for backend in backends)
+    assert ran_by == 1  # one replica ran it
+
+
+async def test_a_rule_over_data_reaching_both_replicas_opens_one_investigation(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    backends = [ScriptedBackend(schema_answer), ScriptedBackend(schema_answer)]
+    async with (
+        _replicas(tmp_path, postgres_url, backends) as (a, b),
+        client_of(a) as to_a,
+        client_of(b) as to_b,
+    ):
+        assert await to_a.send([start()]) == 1
+        # Each replica sees half the samples, both over the threshold within the cooldown.
+        hot_a = [_sample(i * 0.2, 75.0) for i in range(5)]
+        hot_b = [_sample(i * 0.2 + 0.1, 80.0) for i in range(5)]
+        sent = await asyncio.gather(to_a.send(hot_a), to_b.send(hot_b))
+        assert list(sent) == [5, 5]
+        hazards = [
+            d.metrics.registry.get_sample_value(
+                "poirot_hazard_events_total",
+                {"system": "clinic", "rule": "exo_overheat", "severity": "critical"},
+            )
+            for d in (a, b)
+        ]
+        assert hazards == [1.0, 1.0]  # each replica's rules fired on its own data
+        listed = await to_b.investigations.List(pb.ListInvestigationsRequest(session_id="s1"))
+        assert len(listed.investigations) == 1
+
+
+async def test_a_replica_that_lost_its_lease_stops_and_writes_nothing_more(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    backends = [_slow(0.3), _slow(0.3)]
+    db = PostgresDb(postgres_url)
+    async with (
+        _replicas(tmp_path, postgres_url, backends, lease_seconds=0.6) as (a, b),
+        client_of(a) as to_a,
+    ):
+        assert await to_a.send(session(3)) == 4
+        queued = await to_a.trigger("s1", "stolen")
+        iid = queued.investigation_id
+        await _running(db, iid)
+        (holder,) = db.query(
+            "SELECT lease_owner FROM investigations WHERE investigation_id = ?", iid
+        )
+        # As if the holder had stalled past its lease: another replica claims the investigation.
+        db.query(
+            "UPDATE investigations SET lease_until_us = 0 WHERE investigation_id = ? RETURNING 1",
+            iid,
+        )
+        events = [e async for e in to_a.watch(iid)]
+        assert events[-1].HasField("attribution_ready")
+        stalled, other = (a, b) if holder == ("a",) else (b, a)
+        lost = stalled.metrics.registry.get_sample_value(
+            "poirot_investigation_leases_lost_total", {"system": "clinic"}
+        )
+        taken = other.metrics.registry.get_sample_value(
+            "poirot_investigations_taken_over_total", {"system": "clinic"}
+        )
+        assert (lost, taken) == (1.0, 1.0)
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds.count("attribution_ready") == 1 and "failed" not in kinds
+    assert verify(postgres_url).ok
+
+
+async def test_a_draining_replica_leaves_queued_work_to_the_others(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    spec = clinic(hazard_space=PINNED)
+    db = PostgresDb(postgres_url)
+    common = {"db_url": postgres_url, "shared_poll_seconds": 0.1, "drain_seconds": 0.2}
+    async with (
+        in_process_daemon(_folder(tmp_path, "a"), spec, _slow(5), replica_id="a", **common) as a,
+        client_of(a) as to_a,
+    ):
+        assert await to_a.send(session(3)) == 4
+        running = await to_a.trigger("s1", "runs on a")
+        await _running(db, running.investigation_id)
+        waiting = await to_a.trigger("s1", "still queued")
+    states = dict(db.query("SELECT investigation_id, state FROM investigations"))
+    assert states == {running.investigation_id: "interrupted", waiting.investigation_id: "queued"}
+    async with (
+        in_process_daemon(
+            _folder(tmp_path, "b"), spec, ScriptedBackend(schema_answer), replica_id="b", **common
+        ) as b,
+        client_of(b) as to_b,
+    ):
+        events = [e async for e in to_b.watch(waiting.investigation_id)]
+        assert events[-1].HasField("attribution_ready")
