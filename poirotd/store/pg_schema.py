@@ -183,10 +183,11 @@ CREATE TABLE message_counters (
 );
 """
 
-# Version 2 is the idempotency keys' (branch `edges`); until it is merged, 3 follows 1 here (the
-# list's position, not the number, decides which migrations a database still needs).
 MIGRATIONS = (
     Migration(1, "the tables of SQLite schema 8 and the audit chain", _V1),
+    # Version 2 is the idempotency keys' (branch `edges`): a placeholder until that merge puts
+    # its migration here, so that versions stay consecutive.
+    Migration(2, "reserved for the idempotency keys", ""),
     Migration(3, "replicas: investigation leases, hazard openings, message counters", _V3),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
