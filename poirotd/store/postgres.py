@@ -26,6 +26,10 @@ take no lock. Leases are timed by the server's clock (`clock_timestamp()`), one 
 replica. Message indexes are reserved by one upsert of `message_counters` (its row lock
 serialises two replicas' reservations).
 
+A connection the server dropped (a restart, a failover, an idle timeout) is replaced by a new one
+at the next call: the write that met the loss fails (its items are not acknowledged, so their
+producers send them again), a read is tried once more on the new connection.
+
 Sessions: `has_session` answers from memory (the sessions this process committed or found);
 `find_session` asks the database on a miss, and `commit_ingest` looks up in its transaction
 every session its memory lacks, so a session another daemon started is accepted.
@@ -34,7 +38,7 @@ every session its memory lacks, so a session another daemon started is accepted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from functools import cache
@@ -178,7 +182,14 @@ class PostgresStore:
     Commits are as durable as the server's settings make them (synchronous_commit on, the
     default: a commit returned is flushed to its WAL)."""
 
-    def __init__(self, writer: Connection, reader: Connection, sessions: set[str]) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Connection]],
+        writer: Connection,
+        reader: Connection,
+        sessions: set[str],
+    ) -> None:
+        self._connect = connect
         self._writer = writer
         self._reader = reader
         self._sessions = sessions
@@ -194,11 +205,13 @@ class PostgresStore:
         given, is used instead of one in the URL. Raises psycopg.OperationalError when the
         server cannot be reached, pg_schema.NewerSchemaError for a newer database."""
         extra: dict[str, Any] = {"password": password} if password is not None else {}
-        writer: Connection = await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+
+        async def connect() -> Connection:
+            return await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+
+        writer = await connect()
         try:
-            reader: Connection = await psycopg.AsyncConnection.connect(
-                url, autocommit=True, **extra
-            )
+            reader = await connect()
             try:
                 await migrate(writer, where)
                 rows = await (await reader.execute(b"SELECT session_id FROM sessions")).fetchall()
@@ -208,7 +221,7 @@ class PostgresStore:
         except BaseException:
             await writer.close()
             raise
-        return cls(writer, reader, {session_id for (session_id,) in rows})
+        return cls(connect, writer, reader, {session_id for (session_id,) in rows})
 
     async def close(self) -> None:
         """Lets already submitted work finish, then closes both connections; idempotent."""
@@ -233,7 +246,7 @@ class PostgresStore:
         their entries are stored just before it commits."""
         self._check_open()
         async with self._writing:
-            conn = self._writer
+            conn = await self._write_connection()
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(_LOCK_CHAIN, (CHAIN_LOCK,))
                 head = await (await conn.execute(_HEAD)).fetchone()
@@ -243,10 +256,25 @@ class PostgresStore:
                     async with conn.cursor() as cursor:
                         await cursor.executemany(sql(APPEND_AUDIT.replace("?", "%s")), entries)
 
+    async def _write_connection(self) -> Connection:
+        """The write connection, replaced if the server dropped it; hold `_writing`."""
+        if self._writer.broken:
+            self._writer = await self._connect()
+        return self._writer
+
     async def _all(self, query: bytes, params: Sequence[Any] = ()) -> list[Row]:
+        """One read statement; on a connection found lost, once more on a new one."""
         self._check_open()
         async with self._reading:
-            return await (await self._reader.execute(query, params)).fetchall()
+            for attempt in (1, 2):
+                if self._reader.broken:
+                    self._reader = await self._connect()
+                try:
+                    return await (await self._reader.execute(query, params)).fetchall()
+                except psycopg.OperationalError:
+                    if attempt == 2 or not self._reader.broken:
+                        raise
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------ ingest
 
@@ -306,7 +334,8 @@ class PostgresStore:
             raise ValueError(f"count must be at least 1, not {count}")
         self._check_open()
         async with self._writing:
-            cursor = await self._writer.execute(
+            conn = await self._write_connection()
+            cursor = await conn.execute(
                 _RESERVE_INDEXES, {"s": session_id, "n": count, "floor": floor}
             )
             row = await cursor.fetchone()

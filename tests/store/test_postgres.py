@@ -8,6 +8,7 @@ import itertools
 import multiprocessing
 from pathlib import Path
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
@@ -151,3 +152,22 @@ async def test_a_session_another_daemon_started_can_be_ended(postgres_url: str) 
         ("session", "s1"),
         ("session", "s1"),
     ]
+
+
+async def test_a_lost_connection_fails_its_write_and_the_next_call_reconnects(
+    postgres_url: str,
+) -> None:
+    store = await PostgresStore.open(postgres_url, where="db")
+    try:
+        await store.commit_ingest([session("s1")])
+        PostgresDb(postgres_url).query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        with pytest.raises(psycopg.OperationalError):
+            await store.commit_ingest([message(0)])  # not acknowledged: its producer resends
+        await store.commit_ingest([message(0)])
+        assert await store.session_messages("s1") == [message(0)]  # the read retried once
+    finally:
+        await store.close()
+    assert verify(postgres_url).ok

@@ -99,6 +99,13 @@ class PostgresServer:
                 time.sleep(0.05)
         raise RuntimeError(f"postgres did not accept connections: {self.log_tail()}")
 
+    def version(self) -> str:
+        """As `postgres --version` says it: "PostgreSQL 15.8 (Debian 15.8-0+deb12u1)"."""
+        done = subprocess.run(
+            [str(self._bin / "postgres"), "--version"], capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip().removeprefix("postgres (PostgreSQL) ").join(("PostgreSQL ", ""))
+
     def url(self, database: str) -> str:
         return f"postgresql://{_USER}@127.0.0.1:{self.port}/{database}"
 
@@ -109,6 +116,22 @@ class PostgresServer:
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}".encode())
         return self.url(name)
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server has used so far: the postmaster, the backends it reaped and the
+        processes it still runs (backends, WAL writer, checkpointer...)."""
+        postmaster = int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = sum(_stat(postmaster)[11:15])
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = _stat(int(entry.name))
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # it exited meanwhile: its time is in the postmaster's children
+                if fields[1] == postmaster:
+                    total += fields[11] + fields[12]
+        return total / ticks
 
     def stop(self) -> None:
         if self._process is not None:
@@ -121,3 +144,11 @@ class PostgresServer:
         if not log.exists():
             return "(no log)"
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _stat(pid: int) -> list[int]:
+    """/proc/PID/stat's numeric fields after the command: [state, ppid, ...] (state as 0), so
+    utime, stime, cutime, cstime are [11:15]."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    rest = text[text.rindex(")") + 2 :].split()
+    return [0, *map(int, rest[1:])]
