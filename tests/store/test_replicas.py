@@ -156,7 +156,7 @@ async def test_a_hazard_within_the_cooldown_of_any_replica_opens_nothing(
     a, b = pair
     await a.commit_ingest([session()])
     cooldown = timedelta(seconds=30)
-    first, near, far = (_triggered("h1", 0), _triggered("h2", 29, "other"), _triggered("h3", 31))
+    first, near, far = (_triggered("h1", 0), _triggered("h2", 29, "other"), _triggered("h3", 61))
     results = await asyncio.gather(
         a.queue_investigation(first, cooldown=cooldown),
         b.queue_investigation(near, cooldown=cooldown),

@@ -1,0 +1,202 @@
+"""Durable gRPC ingest through 1 and through 2 poirotd replicas on one PostgreSQL store (issue 23),
+side by side.
+
+    nice -n 10 .venv/bin/python -m bench.replicas            # 5 rounds, about 4 minutes
+    nice -n 10 .venv/bin/python -m bench.replicas --quick    # 3 shorter rounds
+
+Each side starts its replicas as `poirotd run` processes (POIROTD_DB_URL to a database created for
+the side, on a PostgreSQL server started for the run: fsync and synchronous_commit on) and
+bench.agents processes streaming agent messages, acked once committed: the same streams and
+messages on both sides, all to the one replica, or half to each of the two. The rate is the
+messages acknowledged over the time from the first write to the last ack (the slowest client's).
+Rounds alternate the sides, the order reversed every other round; the ratio is taken within a
+round. The CPU of the replicas and of the server is read from /proc. The results replace this
+bench's section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import ingest, report
+from bench.ingest import MESSAGE_RULE, Worker, bench_spec, median
+from poirotd.demo.process import DaemonProcess
+from tests.support.postgres import PostgresServer, server_binaries
+
+_STREAMS = 4  # client streams per side, split evenly over its replicas
+_MODES = {"full": (5, 25_000), "quick": (3, 8_000)}  # rounds, messages per stream
+
+
+@dataclass
+class Side:
+    rate: float  # messages acknowledged per second
+    replica_cpu: float  # the replicas' CPU, in cores, over the side
+    server_us: float  # the server's CPU per message
+
+
+def _spec_file(folder: Path) -> Path:
+    """The benches' clinic with an agent-message rule; its LLM is never called (the backend is
+    built without contacting the server), so `poirotd run` starts without a model."""
+    spec = bench_spec([MESSAGE_RULE]).model_dump(mode="json", exclude_defaults=True)
+    spec["llm"] = {"backend": "openai", "base_urls": ["http://127.0.0.1:9/v1"], "model": "none"}
+    path = folder / "clinic.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(
+    server: PostgresServer, spec: Path, folder: Path, replicas: int, messages: int
+) -> Side:
+    url = server.create_database()
+    daemons = []
+    for i in range(replicas):
+        (folder / f"r{i}").mkdir(parents=True)
+        env = {"POIROTD_DB_URL": url, "POIROTD_REPLICA_ID": f"r{i}", "POIROTD_LOG_LEVEL": "warning"}
+        daemons.append(DaemonProcess(spec, folder / f"r{i}", env=env))
+    try:
+        for daemon in daemons:
+            await asyncio.to_thread(daemon.start)
+        clients = [
+            Worker(
+                "bench.agents",
+                *("--target", daemon.grpc_target, "--streams", _STREAMS // replicas),
+                *("--messages", messages),
+            )
+            for daemon in daemons
+        ]
+        for client in clients:
+            await client.__aenter__()
+        try:
+            cpu_before = [_cpu_seconds(d.pid) for d in daemons]
+            server_before = server.cpu_seconds()
+            for client in clients:
+                await client.go()
+            results = [await client.result(900) for client in clients]
+            replica_cpu = sum(_cpu_seconds(d.pid) for d in daemons) - sum(cpu_before)
+            server_cpu = server.cpu_seconds() - server_before
+        finally:
+            for client in clients:
+                await client.__aexit__(None, None, None)
+    finally:
+        for daemon in daemons:
+            await asyncio.to_thread(daemon.terminate)
+    acked = sum(r["acked"] for r in results)
+    if acked != _STREAMS * messages:
+        raise RuntimeError(f"{acked} messages acked of {_STREAMS * messages}")
+    seconds = max(r["seconds"] for r in results)
+    return Side(acked / seconds, replica_cpu / seconds, 1e6 * server_cpu / acked)
+
+
+async def run(server: PostgresServer, folder: Path, rounds: int, messages: int) -> dict[str, Any]:
+    spec = _spec_file(folder)
+    one: list[Side] = []
+    two: list[Side] = []
+    for r in range(rounds):
+        sides = [(1, one), (2, two)]
+        for replicas, results in sides if r % 2 == 0 else sides[::-1]:
+            results.append(
+                await measure(server, spec, folder / f"{r}-{replicas}", replicas, messages)
+            )
+            print(f"[bench] round {r} {replicas} replica(s): {results[-1]}", flush=True)
+    return {
+        "one": one,
+        "two": two,
+        "ratios": [b.rate / a.rate for a, b in zip(one, two, strict=True)],
+        "server_version": server.version(),
+    }
+
+
+def _section(mode: str) -> str:
+    return f"bench.replicas {mode}"
+
+
+def section(mode: str, rounds: int, messages: int, r: dict[str, Any]) -> str:
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python -m bench.replicas" + ("" if mode == "full" else f" --{mode}")
+    rows = []
+    for name, sides in (("1 replica", r["one"]), ("2 replicas", r["two"])):
+        rate = median([s.rate for s in sides])
+        cpu = median([s.replica_cpu for s in sides])
+        server_us = median([s.server_us for s in sides])
+        rows.append(f"| {name} | {rate:,.0f} msg/s | {cpu:.2f} | {server_us:.0f} µs |")
+    ratio = statistics.median(r["ratios"])
+    table = "\n".join(rows)
+    return f"""{report.begin_marker(_section(mode))}
+## Replicas: durable gRPC ingest through 1 vs 2 poirotd replicas on one PostgreSQL ({mode}, \
+`{command}`)
+
+Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
+{platform.python_version()}, {platform.machine()}, a shared 2-core machine; {r["server_version"]}
+on loopback (fsync on, synchronous_commit on).
+
+| Side | Durable gRPC ingest | Replicas' CPU (cores) | Server CPU per message |
+| --- | ---: | ---: | ---: |
+{table}
+
+2 replicas / 1 replica: **{ratio:.2f}** (median; per round {ingest.listed(r["ratios"])}).
+
+### How it is measured
+
+- Each side: its replicas as `poirotd run` processes on a database of its own, {_STREAMS}
+  `Ingest.Stream`s of {messages:,} agent messages each from bench.agents processes (all to the one
+  replica, or two to each of the two), batched, acked once committed; the rate is all messages
+  over the slowest client's time from its first write to its last ack. {rounds} rounds, the sides
+  alternating, the order reversed every other round.
+- CPU from /proc: the replicas' processes, and the PostgreSQL server's (postmaster, backends,
+  WAL writer, checkpointer) per message.
+
+### What limits it
+
+Two things, both visible here. The machine has 2 cores for everything: the clients, the
+replicas and the server. One replica already keeps most of them busy with the server and its
+clients, so a second replica mostly shares the same cores. And every write transaction on the
+shared store takes the chain's advisory lock (poirotd.store.postgres: the audit chain is one
+total order) and holds it until its COMMIT has flushed the WAL: the replicas' commits run one at
+a time, so the server cannot group them into one flush either. More replicas help where the
+replicas' own work (decoding, validation, rules, numbering) is the bound and the database has
+cores and a fast WAL device; the chain lock bounds the store's commits per second whatever the
+number of replicas. Replicas are for availability first (a dead replica's investigations are
+taken over, ingest goes on through the others), throughput second.
+
+{report.end_marker(_section(mode))}"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="3 shorter rounds")
+    args = parser.parse_args()
+    bin_dir = server_binaries()
+    if bin_dir is None:
+        raise SystemExit("PostgreSQL is not installed (Debian package `postgresql`)")
+    mode = "quick" if args.quick else "full"
+    rounds, messages = _MODES[mode]
+    server = PostgresServer(bin_dir)
+    server.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:
+            results = asyncio.run(run(server, Path(tmp), rounds, messages))
+    finally:
+        server.stop()
+    text = ingest.reflow(section(mode, rounds, messages, results))
+    report.write_section(_section(mode), text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
