@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import yaml
 
 from bench import ingest, report
@@ -42,7 +43,14 @@ _MODES = {"full": (5, 25_000), "quick": (3, 8_000)}  # rounds, messages per stre
 class Side:
     rate: float  # messages acknowledged per second
     replica_cpu: float  # the replicas' CPU, in cores, over the side
+    client_cpu: float  # the clients' (bench.agents) CPU, in cores
+    server_cpu: float  # the server's CPU, in cores
     server_us: float  # the server's CPU per message
+    transactions: float  # transactions committed per second (pg_stat_database: reads included)
+
+    @property
+    def cores(self) -> float:
+        return self.replica_cpu + self.client_cpu + self.server_cpu
 
 
 def _spec_file(folder: Path) -> Path:
@@ -85,11 +93,13 @@ async def measure(
         try:
             cpu_before = [_cpu_seconds(d.pid) for d in daemons]
             server_before = server.cpu_seconds()
+            commits_before = await asyncio.to_thread(_commits, url)
             for client in clients:
                 await client.go()
             results = [await client.result(900) for client in clients]
             replica_cpu = sum(_cpu_seconds(d.pid) for d in daemons) - sum(cpu_before)
             server_cpu = server.cpu_seconds() - server_before
+            commits = await asyncio.to_thread(_commits, url) - commits_before
         finally:
             for client in clients:
                 await client.__aexit__(None, None, None)
@@ -100,7 +110,24 @@ async def measure(
     if acked != _STREAMS * messages:
         raise RuntimeError(f"{acked} messages acked of {_STREAMS * messages}")
     seconds = max(r["seconds"] for r in results)
-    return Side(acked / seconds, replica_cpu / seconds, 1e6 * server_cpu / acked)
+    return Side(
+        rate=acked / seconds,
+        replica_cpu=replica_cpu / seconds,
+        client_cpu=sum(r["cpu_s"] for r in results) / seconds,
+        server_cpu=server_cpu / seconds,
+        server_us=1e6 * server_cpu / acked,
+        transactions=commits / seconds,
+    )
+
+
+def _commits(url: str) -> int:
+    """The database's committed transactions so far (the statistics lag by up to a second)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 async def run(server: PostgresServer, folder: Path, rounds: int, messages: int) -> dict[str, Any]:
@@ -131,11 +158,18 @@ def section(mode: str, rounds: int, messages: int, r: dict[str, Any]) -> str:
     command = "python -m bench.replicas" + ("" if mode == "full" else f" --{mode}")
     rows = []
     for name, sides in (("1 replica", r["one"]), ("2 replicas", r["two"])):
-        rate = median([s.rate for s in sides])
-        cpu = median([s.replica_cpu for s in sides])
-        server_us = median([s.server_us for s in sides])
-        rows.append(f"| {name} | {rate:,.0f} msg/s | {cpu:.2f} | {server_us:.0f} µs |")
+        figures = [
+            f"{median([s.rate for s in sides]):,.0f} msg/s",
+            f"{median([s.transactions for s in sides]):,.0f}",
+            *(
+                f"{median([getattr(s, field) for s in sides]):.2f}"
+                for field in ("replica_cpu", "client_cpu", "server_cpu", "cores")
+            ),
+            f"{median([s.server_us for s in sides]):.0f} µs",
+        ]
+        rows.append(f"| {name} | {' | '.join(figures)} |")
     ratio = statistics.median(r["ratios"])
+    two_cores = median([s.cores for s in r["two"]])
     table = "\n".join(rows)
     return f"""{report.begin_marker(_section(mode))}
 ## Replicas: durable gRPC ingest through 1 vs 2 poirotd replicas on one PostgreSQL ({mode}, \
@@ -145,8 +179,9 @@ Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
 {platform.python_version()}, {platform.machine()}, a shared 2-core machine; {r["server_version"]}
 on loopback (fsync on, synchronous_commit on).
 
-| Side | Durable gRPC ingest | Replicas' CPU (cores) | Server CPU per message |
-| --- | ---: | ---: | ---: |
+| Side | Durable gRPC ingest | Commits/s | CPU (cores): replicas | clients | server | all | \
+Server CPU per message |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
 {table}
 
 2 replicas / 1 replica: **{ratio:.2f}** (median; per round {ingest.listed(r["ratios"])}).
@@ -158,21 +193,24 @@ on loopback (fsync on, synchronous_commit on).
   replica, or two to each of the two), batched, acked once committed; the rate is all messages
   over the slowest client's time from its first write to its last ack. {rounds} rounds, the sides
   alternating, the order reversed every other round.
-- CPU from /proc: the replicas' processes, and the PostgreSQL server's (postmaster, backends,
-  WAL writer, checkpointer) per message.
+- CPU from /proc: the replicas' processes, the clients' own count, and the PostgreSQL server's
+  (postmaster, backends, WAL writer, checkpointer); "all" is their sum, of the machine's 2 cores
+  (which other work on this shared machine also used). Commits/s: the database's committed
+  transactions (pg_stat_database, reads included) over the side's time.
 
 ### What limits it
 
-Two things, both visible here. The machine has 2 cores for everything: the clients, the
-replicas and the server. One replica already keeps most of them busy with the server and its
-clients, so a second replica mostly shares the same cores. And every write transaction on the
-shared store takes the chain's advisory lock (poirotd.store.postgres: the audit chain is one
-total order) and holds it until its COMMIT has flushed the WAL: the replicas' commits run one at
-a time, so the server cannot group them into one flush either. More replicas help where the
-replicas' own work (decoding, validation, rules, numbering) is the bound and the database has
-cores and a fast WAL device; the chain lock bounds the store's commits per second whatever the
-number of replicas. Replicas are for availability first (a dead replica's investigations are
-taken over, ingest goes on through the others), throughput second.
+With 2 replicas the processes measured used {two_cores:.2f} of the 2 cores, the rest of the
+machine's load on top: the cores are the first bound here, and what a second replica adds is
+mostly the overlap of its own work (gRPC, decoding, validation, rules) with the other's commits.
+The second bound is the store's: every write transaction on the shared store takes the chain's
+advisory lock (poirotd.store.postgres: the audit chain is one total order) and holds it until its
+COMMIT has flushed the WAL, so the replicas' commits run one at a time and the server cannot
+group them into one flush. The commits/s column is that serial rate; a batch carries more
+messages when commits queue, which is how two replicas still ingest more. On a database server
+with cores of its own and a fast WAL device the chain lock, not the daemons, bounds the store's
+commits per second whatever the number of replicas. Replicas are for availability first (a dead
+replica's investigations are taken over, ingest goes on through the others), throughput second.
 
 {report.end_marker(_section(mode))}"""
 
