@@ -6,8 +6,11 @@ connections) on one database; SQLite has one process, so both are the same store
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import closing
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +22,8 @@ from poirotd.model import (
     LLMExchange,
     Phase,
 )
-from poirotd.store import Lease, LeaseLostError, Store
+from poirotd.store import Lease, LeaseLostError, SqliteStore, Store
+from poirotd.store import schema as store_schema
 from poirotd.store.audit import verify
 from tests.support.store import T0, event, investigation, message, session
 from tests.support.stores import StoreDb
@@ -187,3 +191,28 @@ async def test_reserved_indexes_follow_the_stored_ones_and_never_overlap(
     assert min(taken) == 42
     with pytest.raises(ValueError, match="count"):
         await a.reserve_message_indexes("s1", 0)
+
+
+async def test_a_schema_8_sqlite_store_gains_the_lease_columns(tmp_path: Path) -> None:
+    """A store from before replicas: its investigations table without lease columns, no
+    hazard_openings; opened, its unfinished investigation is claimable and fenced as a new one."""
+    db = tmp_path / "poirotd.db"
+    store = await SqliteStore.open(db)
+    await store.save_investigation(investigation("old"))
+    await store.close()
+    with closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        for column in ("lease_owner", "lease_until_us", "lease_token"):
+            conn.execute(f"ALTER TABLE investigations DROP COLUMN {column}")
+        conn.execute("DROP TABLE hazard_openings")
+        conn.execute("PRAGMA user_version = 8")
+    store = await SqliteStore.open(db)
+    try:
+        claim = await store.claim_investigation("a", _LEASE)
+        assert claim is not None and claim[1] == Lease("old", "a", 1)
+        assert await store.renew_lease(claim[1], _LEASE)
+        assert await store.queue_investigation(_triggered("h1", 0), cooldown=timedelta(1)) is None
+    finally:
+        await store.close()
+    with closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (store_schema.SCHEMA_VERSION,)
+    assert verify(db).ok
