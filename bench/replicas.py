@@ -49,6 +49,7 @@ class Side:
     transactions: float  # transactions committed per second (pg_stat_database: reads included)
     wal_syncs: float  # WAL flushes per second (pg_stat_wal)
     wal_sync_share: float  # the share of the side's time the server spent flushing the WAL
+    machine_busy: float  # the share of the machine's CPU time in use, by any process
 
     @property
     def cores(self) -> float:
@@ -97,6 +98,7 @@ async def measure(
             server_before = server.cpu_seconds()
             commits_before = await asyncio.to_thread(_commits, url)
             wal_before = await asyncio.to_thread(_wal, url)
+            machine_before = _machine_ticks()
             for client in clients:
                 await client.go()
             results = [await client.result(900) for client in clients]
@@ -104,6 +106,7 @@ async def measure(
             server_cpu = server.cpu_seconds() - server_before
             commits = await asyncio.to_thread(_commits, url) - commits_before
             wal_after = await asyncio.to_thread(_wal, url)
+            machine_after = _machine_ticks()
         finally:
             for client in clients:
                 await client.__aexit__(None, None, None)
@@ -123,7 +126,16 @@ async def measure(
         transactions=commits / seconds,
         wal_syncs=(wal_after[0] - wal_before[0]) / seconds,
         wal_sync_share=(wal_after[1] - wal_before[1]) / 1000 / seconds,
+        machine_busy=(machine_after[0] - machine_before[0])
+        / max(1, machine_after[1] - machine_before[1]),
     )
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far, from /proc/stat."""
+    user, nice, system, idle, iowait, *rest = map(int, Path("/proc/stat").read_text().split()[1:9])
+    busy = user + nice + system + sum(rest)
+    return busy, busy + idle + iowait
 
 
 def _wal(url: str) -> tuple[int, float]:
@@ -189,6 +201,7 @@ def section(mode: str, rounds: int, messages: int, r: dict[str, Any]) -> str:
                 f"{median([getattr(s, field) for s in sides]):.2f}"
                 for field in ("replica_cpu", "client_cpu", "server_cpu", "cores")
             ),
+            f"{median([s.machine_busy for s in sides]):.0%}",
             f"{median([s.server_us for s in sides]):.0f} µs",
         ]
         rows.append(f"| {name} | {' | '.join(figures)} |")
@@ -203,8 +216,8 @@ Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
 on loopback (fsync on, synchronous_commit on).
 
 | Side | Durable gRPC ingest | Commits/s | WAL flushes/s | time flushing | CPU (cores): \
-replicas | clients | server | all | Server CPU per message |
-| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+replicas | clients | server | all | Machine busy | Server CPU per message |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
 {table}
 
 2 replicas / 1 replica: **{ratio:.2f}** (median; per round {ingest.listed(r["ratios"])}).
@@ -221,6 +234,8 @@ replicas | clients | server | all | Server CPU per message |
   (which other work on this shared machine also used). Commits/s: the database's committed
   transactions (pg_stat_database, reads included) over the side's time. WAL flushes and the time
   they took: pg_stat_wal with track_wal_io_timing on (set by the bench), over the side's time.
+  Machine busy: the share of both cores' time in use by any process (/proc/stat), this run's
+  and whatever else the shared machine ran.
 
 ### What limits it
 
@@ -233,6 +248,7 @@ def _limits(r: dict[str, Any]) -> str:
     """What bounds the 2-replica side, from its figures."""
     two = r["two"]
     cores = median([s.cores for s in two])
+    busy = median([s.machine_busy for s in two])
     flushing = median([s.wal_sync_share for s in two])
     flush_ms = median([1000 * s.wal_sync_share / s.wal_syncs for s in two if s.wal_syncs])
     lock = (
@@ -241,7 +257,17 @@ def _limits(r: dict[str, Any]) -> str:
         "COMMIT has flushed the WAL, so the replicas' commits run one after the other and the "
         "server cannot group them into one flush."
     )
-    if flushing >= 0.5:
+    if busy >= 0.9:
+        bound = (
+            f"The 2 cores, in this run: the machine was {busy:.0%} busy during a 2-replica side, "
+            f"of which the processes measured (clients, replicas, server) used {cores:.2f} cores "
+            "and other work on this shared machine the rest. Each process waited for a core as "
+            "much as it ran, so a second replica adds little that the first could not do with "
+            f"the same cores. The WAL flushes took {flushing:.0%} of the time ({flush_ms:.1f} ms "
+            f"each). {lock} On a machine of its own the next bound is that lock: commits run one "
+            "at a time, whatever the number of replicas."
+        )
+    elif flushing >= 0.5:
         bound = (
             f"The WAL flush, in this run: the server spent {flushing:.0%} of a 2-replica side's "
             f"time flushing it, {flush_ms:.1f} ms a flush on this machine's disk, while the "

@@ -16,7 +16,12 @@ from kubernetes_validate import utils as kv
 
 from poirotd.config import Settings
 from tests.support.deploy import K8S, load_yaml_documents, require_tool
-from tests.support.kubernetes import manifest_container, manifest_env, manifest_selects
+from tests.support.kubernetes import (
+    manifest_container,
+    manifest_env,
+    manifest_selects,
+    validate_strictly,
+)
 
 SHARED = K8S / "shared"
 SHARED_MANIFESTS = sorted(p for p in SHARED.glob("*.yaml") if p.name != "kustomization.yaml")
@@ -47,15 +52,7 @@ def _poirotd() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("path", SHARED_MANIFESTS, ids=lambda p: p.name)
 def test_manifest_validates_against_the_kubernetes_schema(path: Path, version: str) -> None:
-    for resource in load_yaml_documents(path):
-        key = (resource["apiVersion"], resource["kind"])
-        try:
-            kv.validate(resource, version, strict=True)
-        except kv.SchemaNotFoundError:
-            assert key in CRD_KINDS, f"{path.name}: no schema for {key}"
-        except kv.ValidationError as error:
-            where = ".".join(str(p) for p in error.path)
-            pytest.fail(f"{path.name}: {resource['kind']}: {where}: {error.message}")
+    validate_strictly(path, version, CRD_KINDS)
 
 
 def test_kustomization_lists_every_manifest_and_the_shared_pieces_of_the_sidecar_mode() -> None:

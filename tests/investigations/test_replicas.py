@@ -22,19 +22,10 @@ from poirotd.store.audit import verify
 from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon
 from tests.support.ingest import session, start
-from tests.support.spec import CLINIC_REGIONS, clinic
+from tests.support.spec import CLINIC_REGIONS, OVERHEAT_RULE, clinic
 from tests.support.stores import PostgresDb
 from tests.support.waiting import eventually
 
-HOT = {
-    "kind": "threshold",
-    "name": "exo_overheat",
-    "severity": "critical",
-    "component": "exo",
-    "signal": "motor_temp_c",
-    "above": 70.0,
-    "cooldown_seconds": 600,
-}
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 PINNED = {"regions": [r.model_dump() for r in CLINIC_REGIONS]}
 
@@ -61,7 +52,7 @@ def _slow(seconds: float) -> ScriptedBackend:
 async def _replicas(
     tmp_path: Path, url: str, backends: Sequence[ScriptedBackend], **settings: Any
 ) -> AsyncIterator[list[Daemon]]:
-    spec = clinic(rules=[HOT], hazard_space=PINNED)
+    spec = clinic(rules=[OVERHEAT_RULE], hazard_space=PINNED)
     common = {"db_url": url, "shared_poll_seconds": 0.1} | settings
     async with (
         in_process_daemon(
