@@ -195,6 +195,8 @@ class InvestigationRunner:
                 await asyncio.sleep(replica.poll_seconds)
                 continue
             if claim is None:
+                # Nothing claimable: nothing waits that a worker could start.
+                self._metrics.queue_depth.labels(self._spec.system.name).set(0)
                 if self._draining:
                     return
                 with contextlib.suppress(TimeoutError):
@@ -202,6 +204,14 @@ class InvestigationRunner:
                         await self._wake.wait()
                 continue
             await self._run_leased(*claim)
+            await self._count_queued()
+
+    async def _count_queued(self) -> None:
+        """The queue-depth gauge: the store's queue, every replica's submissions included."""
+        with contextlib.suppress(Exception):  # a gauge is not worth a failed worker
+            self._metrics.queue_depth.labels(self._spec.system.name).set(
+                await self._store.count_investigations(InvestigationState.QUEUED)
+            )
 
     async def _run_leased(self, investigation: Investigation, lease: Lease) -> None:
         """Runs the investigation while a heartbeat renews its lease; a lease lost (renewal
@@ -227,10 +237,6 @@ class InvestigationRunner:
             self._lost_leases.discard(lease)
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
-        with contextlib.suppress(Exception):  # a gauge is not worth a failed worker
-            self._metrics.queue_depth.labels(self._spec.system.name).set(
-                await self._store.count_investigations(InvestigationState.QUEUED)
-            )
 
     async def _heartbeat(self, lease: Lease, run: asyncio.Task[None]) -> None:
         interval = self.replica.lease_seconds / 3
