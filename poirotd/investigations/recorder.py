@@ -2,7 +2,7 @@
 the Prometheus view of both.
 
 Every event is stored before it is announced, so Watch streams and the audit see the same
-history; a record is final before the event that announces its end.
+history; a record becomes final in the transaction that stores the event announcing its end.
 """
 
 from __future__ import annotations
@@ -64,12 +64,25 @@ class EventLog:
         lease: Lease | None = None,
         **fields: object,
     ) -> None:
-        event = InvestigationEvent.model_validate(
-            {"event_id": 0, "investigation_id": investigation_id, "at": now(), "kind": kind}
-            | fields
-        )
-        stored = await self._store.append_event(event, lease=lease)
+        announced = _new_event(investigation_id, kind, fields)
+        stored = await self._store.append_event(announced, lease=lease)
         await self._bus.published(stored.event_id)
+
+    async def finish(
+        self, record: Investigation, kind: EventKind, *, lease: Lease | None, **fields: object
+    ) -> None:
+        """Stores the final record with the event that announces its end, in one transaction."""
+        announced = _new_event(record.investigation_id, kind, fields)
+        stored = await self._store.finish_investigation(record, announced, lease=lease)
+        await self._bus.published(stored.event_id)
+
+
+def _new_event(
+    investigation_id: str, kind: EventKind, fields: dict[str, object]
+) -> InvestigationEvent:
+    return InvestigationEvent.model_validate(
+        {"event_id": 0, "investigation_id": investigation_id, "at": now(), "kind": kind} | fields
+    )
 
 
 class InvestigationRecorder:
@@ -110,33 +123,38 @@ class InvestigationRecorder:
         self.log.info("investigation started")
 
     async def succeeded(self, outcome: ProtocolOutcome) -> None:
-        # The record is final before the event announces it, so a client that reacts to the
-        # event with Get sees the finished investigation.
-        await self.update(
-            state=InvestigationState.SUCCEEDED,
-            finished_at=now(),
-            hazard_space=outcome.hazard_space,
-            reports=dict(outcome.reports),
-            votes=tuple(outcome.votes),
-            attribution=outcome.attribution,
-            phases=tuple(outcome.phases),
-            usage=outcome.usage,
-            degraded_reason=degraded_reason(outcome),
-            findings=outcome.findings,
+        # The record is final when the event announces it (one transaction), so a client that
+        # reacts to the event with Get sees the finished investigation.
+        final = self.record.model_copy(
+            update={
+                "state": InvestigationState.SUCCEEDED,
+                "finished_at": now(),
+                "hazard_space": outcome.hazard_space,
+                "reports": dict(outcome.reports),
+                "votes": tuple(outcome.votes),
+                "attribution": outcome.attribution,
+                "phases": tuple(outcome.phases),
+                "usage": outcome.usage,
+                "degraded_reason": degraded_reason(outcome),
+                "findings": outcome.findings,
+            }
         )
-        if self.record.degraded_reason:
-            self._metrics.investigations_degraded.labels(self._system).inc()
-        self._count_vote_components(outcome.hazard_space, outcome.votes)
         regions = outcome.hazard_space.regions
         region_ids = [region.id for region in regions]
-        self._metrics.record_attribution(
-            region_ids, outcome.attribution.scores, outcome.attribution.top
-        )
-        await self._emit(
+        await self._events.finish(
+            final,
             EventKind.ATTRIBUTION_READY,
+            lease=self._lease,
             attribution=outcome.attribution,
             region_ids=tuple(region_ids),
             region_names=tuple(region.name for region in regions),
+        )
+        self.record = final
+        if self.record.degraded_reason:
+            self._metrics.investigations_degraded.labels(self._system).inc()
+        self._count_vote_components(outcome.hazard_space, outcome.votes)
+        self._metrics.record_attribution(
+            region_ids, outcome.attribution.scores, outcome.attribution.top
         )
         self.log.info(
             "investigation succeeded",
@@ -146,8 +164,11 @@ class InvestigationRecorder:
         self._count_finished(InvestigationState.SUCCEEDED)
 
     async def failed(self, error: str) -> None:
-        await self.update(state=InvestigationState.FAILED, error=error, finished_at=now())
-        await self._emit(EventKind.FAILED, reason=error)
+        final = self.record.model_copy(
+            update={"state": InvestigationState.FAILED, "error": error, "finished_at": now()}
+        )
+        await self._events.finish(final, EventKind.FAILED, lease=self._lease, reason=error)
+        self.record = final
         self.log.warning("investigation failed", error=error)
         self._count_finished(InvestigationState.FAILED)
 

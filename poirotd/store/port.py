@@ -158,6 +158,13 @@ class Store(Protocol):
         """Upserts the record. Under a lease, only while the lease is the investigation's
         current one, else LeaseLostError (the completion write of a replica that lost it)."""
 
+    async def finish_investigation(
+        self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
+        """Saves the final record and appends the event announcing its end (returned with its
+        id) in one transaction, fenced like `save_investigation`: a run that stops between the
+        two never leaves a finished record that no event announces."""
+
     async def queue_investigation(
         self, inv: Investigation, *, cooldown: timedelta | None = None
     ) -> str | None:

@@ -393,6 +393,16 @@ class PostgresStore:
             await _check_lease(conn, lease)
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
 
+    async def finish_investigation(
+        self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
+        async with self._transaction() as (conn, links):
+            await _check_lease(conn, lease)
+            await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+            stored = await _insert_row(conn, EVENTS, event_row(event, None))
+            links.append(EVENTS.kind, EVENTS.ref(stored), stored[-1])
+        return event.model_copy(update={"event_id": stored[0]})
+
     async def queue_investigation(
         self, inv: Investigation, *, cooldown: timedelta | None = None
     ) -> str | None:

@@ -271,6 +271,12 @@ class SqliteStore:
     async def save_investigation(self, inv: Investigation, *, lease: Lease | None = None) -> None:
         await self._write(_save_investigation, inv, lease)
 
+    async def finish_investigation(
+        self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
+        event_id = await self._write(_finish_investigation, inv, event, lease)
+        return event.model_copy(update={"event_id": event_id})
+
     async def queue_investigation(
         self, inv: Investigation, *, cooldown: timedelta | None = None
     ) -> str | None:
@@ -623,6 +629,17 @@ def _save_investigation(
     with transaction(conn) as chain:
         _check_lease(conn, lease)
         _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
+
+
+def _finish_investigation(
+    conn: sqlite3.Connection, inv: Investigation, event: InvestigationEvent, lease: Lease | None
+) -> int:
+    with transaction(conn) as chain:
+        _check_lease(conn, lease)
+        _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
+        stored = _write(conn, chain, EVENTS, _INSERT_EVENT, event_row(event, None))
+    assert stored is not None, "a plain insert is never ignored"
+    return int(stored[0])
 
 
 def _check_lease(conn: sqlite3.Connection, lease: Lease | None) -> None:

@@ -122,6 +122,26 @@ async def test_an_expired_lease_on_a_run_is_taken_over_and_the_run_reset(
     assert verify(store_db.target).ok
 
 
+async def test_the_final_record_and_its_event_are_stored_together_under_the_lease(
+    pair: tuple[Store, Store],
+) -> None:
+    a, b = pair
+    await a.save_investigation(investigation("i1"))
+    claim = await a.claim_investigation("a", _LEASE)
+    assert claim is not None
+    inv, lease = claim
+    done = inv.model_copy(update={"state": InvestigationState.SUCCEEDED, "finished_at": T0})
+    stale = Lease("i1", "a", lease.token - 1)
+    with pytest.raises(LeaseLostError):
+        await b.finish_investigation(done, event("i1", EventKind.ATTRIBUTION_READY), lease=stale)
+    assert await b.events_after(0) == []
+    stored = await b.finish_investigation(
+        done, event("i1", EventKind.ATTRIBUTION_READY), lease=lease
+    )
+    assert await a.events_after(0) == [stored]
+    assert await a.get_investigation("i1") == done
+
+
 async def test_a_renewed_lease_is_not_taken_over(pair: tuple[Store, Store]) -> None:
     a, b = pair
     await a.save_investigation(investigation("i1", state=InvestigationState.RUNNING))
