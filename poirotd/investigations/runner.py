@@ -7,9 +7,10 @@ the investigation runs and writes under it (fenced: a replica that lost its leas
 nothing more of that investigation, its completion least of all). A replica that dies leaves its
 lease to expire; another then claims the investigation and re-runs it from the start
 (`poirotd.store.leases`). The queue is bounded (a full queue refuses new triggers). On shutdown,
-what this daemon was running and could not finish in time is kept as INTERRUPTED with whatever it
-had produced; alone on its store it also interrupts what was still queued, and at start-up what a
-crash left, while with replicas it leaves queued work to the others.
+alone on its store, the daemon keeps what it could not finish in time (queued or running) as
+INTERRUPTED with whatever it had produced, and at start-up what a crash left; a replica of a
+shared store leaves its queued work to the others and hands its unfinished runs back (their
+leases end at once): another replica re-runs them.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ from poirotd.store import Lease, LeaseLostError, Store
 
 log = structlog.get_logger(__name__)
 
+# A draining replica's lease on a run it stops: ended at once (the store's clock passes it), so
+# that another replica claims the investigation without waiting out the lease.
+_HANDED_BACK_SECONDS = 1e-6
 # Telemetry samples summarised into the incident description (and checked by ErrorProbe).
 _EVIDENCE_SAMPLES = 2000
 
@@ -77,7 +81,9 @@ class InvestigationRunner:
         self._submitting = asyncio.Lock()
         # Set when this daemon queued something (or drains), so idle workers claim at once.
         self._wake = asyncio.Event()
-        # The leases of runs stopped because another replica took their investigation over.
+        # The leases of the runs in progress, and of those stopped because another replica took
+        # their investigation over.
+        self._running: set[Lease] = set()
         self._lost_leases: set[Lease] = set()
 
     def start(self) -> None:
@@ -152,16 +158,24 @@ class InvestigationRunner:
 
     async def drain(self, seconds: float) -> None:
         """Refuses new work and lets running investigations (alone on the store: the queued
-        ones too) finish for up to `seconds`, then cancels the rest; whatever this daemon did
-        not finish is stored as INTERRUPTED."""
+        ones too) finish for up to `seconds`, then cancels the rest. Alone on the store, what
+        did not finish is stored as INTERRUPTED; with replicas, its leases end at once, so that
+        another replica takes those investigations over and runs them again."""
         self._draining = True
         self._wake.set()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=seconds)
+        unfinished = set(self._running)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.interrupt_unfinished("daemon stopped before the investigation finished")
+        if not self.replica.shared:
+            await self.interrupt_unfinished("daemon stopped before the investigation finished")
+            return
+        for lease in unfinished:
+            with contextlib.suppress(Exception):  # unreachable store: the lease expires anyway
+                await self._store.renew_lease(lease, _HANDED_BACK_SECONDS)
+                log.info("investigation handed back", investigation_id=lease.investigation_id)
 
     async def recover(self) -> None:
         """At start-up, alone on the store: what a crash left queued or running is kept as
@@ -171,10 +185,9 @@ class InvestigationRunner:
             await self.interrupt_unfinished("daemon restarted before the investigation finished")
 
     async def interrupt_unfinished(self, reason: str) -> None:
-        """Marks this daemon's unfinished investigations INTERRUPTED (alone on the store: every
-        QUEUED or RUNNING one), keeping what they had produced."""
-        owner = self.replica.replica_id if self.replica.shared else None
-        for investigation_id in await self._store.interrupt_unfinished(reason, now(), owner=owner):
+        """Marks every QUEUED or RUNNING investigation INTERRUPTED (alone on the store),
+        keeping what they had produced."""
+        for investigation_id in await self._store.interrupt_unfinished(reason, now()):
             await self._events.emit(investigation_id, EventKind.INTERRUPTED, reason=reason)
             record = await self._store.get_investigation(investigation_id)
             method = record.method if record is not None else "poirot"
@@ -223,6 +236,7 @@ class InvestigationRunner:
                 investigation_id=investigation.investigation_id,
                 previous_owner=lease.taken_over_from,
             )
+        self._running.add(lease)
         run = asyncio.create_task(self._run(investigation, lease))
         heartbeat = asyncio.create_task(self._heartbeat(lease, run))
         try:
@@ -234,6 +248,7 @@ class InvestigationRunner:
             if not (run.cancelled() and lease in self._lost_leases):
                 raise
         finally:
+            self._running.discard(lease)
             self._lost_leases.discard(lease)
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)

@@ -199,11 +199,8 @@ class Store(Protocol):
     ) -> tuple[list[Investigation], str | None]:
         """Newest first, keyset-paginated by an opaque token; ValueError for a bad token."""
 
-    async def interrupt_unfinished(
-        self, reason: str, at: datetime, *, owner: str | None = None
-    ) -> list[str]:
-        """Marks every QUEUED or RUNNING investigation INTERRUPTED, or with `owner` only those
-        whose lease that replica holds; returns their ids."""
+    async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
+        """Marks every QUEUED or RUNNING investigation INTERRUPTED; returns their ids."""
 
     async def confirm_outcome(
         self,

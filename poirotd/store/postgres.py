@@ -493,18 +493,15 @@ class PostgresStore:
         query, params = investigations_page_query(session_id, state, limit, page_token, "%s")
         return investigations_page(await self._all(sql(query), params), limit)
 
-    async def interrupt_unfinished(
-        self, reason: str, at: datetime, *, owner: str | None = None
-    ) -> list[str]:
+    async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest
-        first, or only those `owner` holds; emitting the matching events is the caller's job."""
+        first; emitting the matching events is the caller's job."""
         async with self._transaction() as (conn, links):
             rows = await (
                 await conn.execute(
                     b"SELECT record FROM investigations WHERE state = ANY(%s)"
-                    b" AND (%s::text IS NULL OR lease_owner = %s)"
                     b" ORDER BY created_us, investigation_id",
-                    (list(UNFINISHED), owner, owner),
+                    (list(UNFINISHED),),
                 )
             ).fetchall()
             done = [

@@ -316,12 +316,10 @@ class SqliteStore:
         sql, params = investigations_page_query(session_id, state, limit, page_token, "?")
         return investigations_page(await self._read(_all, sql, params), limit)
 
-    async def interrupt_unfinished(
-        self, reason: str, at: datetime, *, owner: str | None = None
-    ) -> list[str]:
-        """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest first,
-        or only those `owner` holds; emitting the matching events is the caller's job."""
-        return await self._write(_interrupt_unfinished, reason, at, owner)
+    async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
+        """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest first;
+        emitting the matching events is the caller's job."""
+        return await self._write(_interrupt_unfinished, reason, at)
 
     # ------------------------------------------------------------ confirmed outcomes
 
@@ -768,14 +766,12 @@ def _reputations(conn: sqlite3.Connection, system: str) -> dict[str, AgentReputa
     return {r.agent_id: r for r in reputations}
 
 
-def _interrupt_unfinished(
-    conn: sqlite3.Connection, reason: str, at: datetime, owner: str | None
-) -> list[str]:
+def _interrupt_unfinished(conn: sqlite3.Connection, reason: str, at: datetime) -> list[str]:
     with transaction(conn) as chain:
         rows = conn.execute(
             "SELECT record FROM investigations WHERE state IN (?, ?)"
-            " AND (? IS NULL OR lease_owner = ?) ORDER BY created_us, investigation_id",
-            (*UNFINISHED, owner, owner),
+            " ORDER BY created_us, investigation_id",
+            UNFINISHED,
         ).fetchall()
         done = [
             interrupted(Investigation.model_validate_json(record), reason, at) for (record,) in rows

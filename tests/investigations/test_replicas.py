@@ -1,6 +1,6 @@
 """Replicas over one PostgreSQL store, in process (two daemons, real gRPC): a Watch on one sees
 the other's investigation; a rule over a session whose data reaches both opens one investigation;
-a replica that loses its lease stops writing; a draining replica leaves queued work to the others.
+a replica that loses its lease stops writing; a draining replica hands its work to the others.
 The fault test with processes and SIGKILL is tests/test_replicas_fault.py."""
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ async def test_a_replica_that_lost_its_lease_stops_and_writes_nothing_more(
     assert verify(postgres_url).ok
 
 
-async def test_a_draining_replica_leaves_queued_work_to_the_others(
+async def test_a_draining_replica_hands_its_work_to_the_others(
     tmp_path: Path, postgres_url: str
 ) -> None:
     spec = clinic(hazard_space=PINNED)
@@ -178,13 +178,24 @@ async def test_a_draining_replica_leaves_queued_work_to_the_others(
         running = await to_a.trigger("s1", "runs on a")
         await _running(db, running.investigation_id)
         waiting = await to_a.trigger("s1", "still queued")
+    # Neither was interrupted: the run's lease ended at once, the queued one was left queued.
     states = dict(db.query("SELECT investigation_id, state FROM investigations"))
-    assert states == {running.investigation_id: "interrupted", waiting.investigation_id: "queued"}
+    assert states == {running.investigation_id: "running", waiting.investigation_id: "queued"}
     async with (
         in_process_daemon(
             _folder(tmp_path, "b"), spec, ScriptedBackend(schema_answer), replica_id="b", **common
         ) as b,
         client_of(b) as to_b,
     ):
-        events = [e async for e in to_b.watch(waiting.investigation_id)]
-        assert events[-1].HasField("attribution_ready")
+        kinds = {}
+        for queued in (running, waiting):
+            events = [e async for e in to_b.watch(queued.investigation_id)]
+            kinds[queued.investigation_id] = [e.WhichOneof("event") for e in events]
+        taken = b.metrics.registry.get_sample_value(
+            "poirot_investigations_taken_over_total", {"system": "clinic"}
+        )
+        assert taken == 1.0  # the handed-back run, at once: the lease had ended
+    rerun = kinds[running.investigation_id]
+    assert rerun.count("started") == 2 and rerun[-1] == "attribution_ready"
+    assert "interrupted" not in rerun
+    assert kinds[waiting.investigation_id].count("started") == 1

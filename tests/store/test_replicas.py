@@ -153,27 +153,6 @@ async def test_a_renewed_lease_is_not_taken_over(pair: tuple[Store, Store]) -> N
         assert await b.claim_investigation("b", _LEASE) is None
 
 
-async def test_interrupt_unfinished_of_one_owner_leaves_the_others(
-    pair: tuple[Store, Store],
-) -> None:
-    a, b = pair
-    for iid in ("mine", "theirs", "queued"):
-        await a.save_investigation(investigation(iid))
-    assert (claim := await a.claim_investigation("a", _LEASE)) and claim[0].investigation_id
-    assert (other := await b.claim_investigation("b", _LEASE)) and other[0].investigation_id
-    assert await a.interrupt_unfinished("stopping", T0, owner="a") == ["mine"]
-    assert await b.get_investigation("mine") is not None
-    states = {
-        iid: (await b.get_investigation(iid)).state  # type: ignore[union-attr]
-        for iid in ("mine", "theirs", "queued")
-    }
-    assert states == {
-        "mine": InvestigationState.INTERRUPTED,
-        "theirs": InvestigationState.QUEUED,
-        "queued": InvestigationState.QUEUED,
-    }
-
-
 async def test_a_hazard_within_the_cooldown_of_any_replica_opens_nothing(
     pair: tuple[Store, Store],
 ) -> None:
