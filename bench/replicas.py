@@ -261,10 +261,10 @@ def _limits(r: dict[str, Any]) -> str:
         bound = (
             f"The 2 cores, in this run: the machine was {busy:.0%} busy during a 2-replica side, "
             f"of which the processes measured (clients, replicas, server) used {cores:.2f} cores "
-            "and other work on this shared machine the rest. Each process waited for a core as "
-            "much as it ran, so a second replica adds little that the first could not do with "
-            f"the same cores. The WAL flushes took {flushing:.0%} of the time ({flush_ms:.1f} ms "
-            f"each). {lock} On a machine of its own the next bound is that lock: commits run one "
+            "and other work on this shared machine the rest: a second replica competes for the "
+            "same small share of the cores as the first, and the rounds vary with the other "
+            "load more than with the replicas. The WAL flushes took "
+            f"{flushing:.0%} of the time ({flush_ms:.1f} ms each). {lock} On a machine of its own the next bound is that lock: commits run one "
             "at a time, whatever the number of replicas."
         )
     elif flushing >= 0.5:
