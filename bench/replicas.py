@@ -264,8 +264,9 @@ def _limits(r: dict[str, Any]) -> str:
             "and other work on this shared machine the rest: a second replica competes for the "
             "same small share of the cores as the first, and the rounds vary with the other "
             "load more than with the replicas. The WAL flushes took "
-            f"{flushing:.0%} of the time ({flush_ms:.1f} ms each). {lock} On a machine of its own the next bound is that lock: commits run one "
-            "at a time, whatever the number of replicas."
+            f"{flushing:.0%} of the time ({flush_ms:.1f} ms each). {lock} On a machine of its "
+            "own the next bound is that lock: commits run one at a time, whatever the number of "
+            "replicas."
         )
     elif flushing >= 0.5:
         bound = (
