@@ -250,7 +250,8 @@ def _limits(r: dict[str, Any]) -> str:
     cores = median([s.cores for s in two])
     busy = median([s.machine_busy for s in two])
     flushing = median([s.wal_sync_share for s in two])
-    flush_ms = median([1000 * s.wal_sync_share / s.wal_syncs for s in two if s.wal_syncs])
+    flush_times = [1000 * s.wal_sync_share / s.wal_syncs for s in two if s.wal_syncs]
+    flush_ms = median(flush_times) if flush_times else 0.0  # none with fsync off
     lock = (
         "Every write transaction on the shared store takes the chain's advisory lock "
         "(poirotd.store.postgres: the audit chain is one total order) and holds it until its "
