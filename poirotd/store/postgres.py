@@ -38,6 +38,7 @@ every session its memory lacks, so a session another daemon started is accepted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
@@ -71,10 +72,7 @@ from poirotd.store.common import (
     checked_memory_update,
     confirmation,
     interrupted,
-    investigations_page,
-    investigations_page_query,
     message_blocks,
-    newest_verified_first,
     telemetry_blocks,
     tombstone,
     unknown_sessions,
@@ -89,6 +87,7 @@ from poirotd.store.port import (
     UnknownInvestigationError,
     UnknownSessionError,
 )
+from poirotd.store.reads import StoreReads
 from poirotd.store.records import (
     ACCESS_DENIALS,
     DIAGNOSIS_MEMORY,
@@ -103,7 +102,6 @@ from poirotd.store.records import (
     AuditedTable,
     MessageBlock,
     access_denial_row,
-    event_from_row,
     event_row,
     exchange_row,
     hazard_space_row,
@@ -117,8 +115,10 @@ from poirotd.store.records import (
 )
 
 Connection: TypeAlias = psycopg.AsyncConnection[tuple[Any, ...]]
+Cursor: TypeAlias = psycopg.AsyncCursor[tuple[Any, ...]]
 
 _HEAD = b"SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"
+_APPEND_AUDIT = APPEND_AUDIT.replace("?", "%s").encode()
 _LOCK_CHAIN = b"SELECT pg_advisory_xact_lock(%s)"
 _FIND_SESSIONS = b"SELECT session_id FROM sessions WHERE session_id = ANY(%s)"
 _INSERT_SESSION = (
@@ -154,6 +154,12 @@ def sql(text: str) -> bytes:
 
 
 @cache
+def _placeholders(query: str) -> bytes:
+    """A read of `StoreReads` (`?` placeholders) as psycopg takes it."""
+    return sql(query.replace("?", "%s"))
+
+
+@cache
 def _upsert(table: AuditedTable, keys: int) -> bytes:
     """Inserts a row of `table`, or replaces the one with the same first `keys` columns."""
     columns = table.columns
@@ -175,12 +181,14 @@ def _insert_with_id(table: AuditedTable) -> bytes:
     )
 
 
-class PostgresStore:
+class PostgresStore(StoreReads):
     """The store port (`poirotd.store.port.Store`) on one PostgreSQL database.
 
     Create with `await PostgresStore.open(url)`; every method but `has_session` is a coroutine.
     Commits are as durable as the server's settings make them (synchronous_commit on, the
     default: a commit returned is flushed to its WAL)."""
+
+    _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
 
     def __init__(
         self,
@@ -207,7 +215,12 @@ class PostgresStore:
         extra: dict[str, Any] = {"password": password} if password is not None else {}
 
         async def connect() -> Connection:
-            return await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+            conn = await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+            # Records are long texts: lz4 compresses them at a fraction of pglz's CPU. A server
+            # built without lz4, or older than PostgreSQL 14, keeps pglz.
+            with contextlib.suppress(pg_errors.InvalidParameterValue, pg_errors.UndefinedObject):
+                await conn.execute(b"SET default_toast_compression = 'lz4'")
+            return conn
 
         writer = await connect()
         try:
@@ -241,20 +254,29 @@ class PostgresStore:
             raise RuntimeError("store is closed")
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[tuple[Connection, Links]]:
-        """A write transaction holding the chain's lock, with the chain's links from its head;
-        their entries are stored just before it commits."""
+    async def _head_transaction(self) -> AsyncIterator[tuple[Connection, _Head]]:
+        """A write transaction holding the chain's lock, and the chain's head as it found it,
+        read in the round trip of the first answer the transaction waits for; the entries
+        appended to its links are stored just before it commits."""
         self._check_open()
         async with self._writing:
             conn = await self._write_connection()
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(_LOCK_CHAIN, (CHAIN_LOCK,))
-                head = await (await conn.execute(_HEAD)).fetchone()
-                links = Links(head or (0, GENESIS_HASH))
-                yield conn, links
-                if entries := links.take():
+                head = _Head(await conn.execute(_HEAD))
+                yield conn, head
+                if entries := (await head.links()).take():
                     async with conn.cursor() as cursor:
-                        await cursor.executemany(sql(APPEND_AUDIT.replace("?", "%s")), entries)
+                        await cursor.executemany(_APPEND_AUDIT, entries)
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[tuple[Connection, Links]]:
+        """`_head_transaction` with its links at hand."""
+        async with self._head_transaction() as (conn, head):
+            yield conn, await head.links()
+
+    async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return await self._all(_placeholders(sql), params)
 
     async def _write_connection(self) -> Connection:
         """The write connection, replaced if the server dropped it; hold `_writing`."""
@@ -280,26 +302,36 @@ class PostgresStore:
 
     async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
         """Stores the batch in one transaction and returns after COMMIT (the ack point). The
-        sessions this process does not know are looked up first, in the transaction."""
+        sessions this process does not know are looked up in the transaction.
+
+        Three round trips and the commit's flush: the lock, the head, the sessions looked up,
+        the session starts and the batch's message keys (which are new); then the session ends
+        and the blocks (their ids); then the chain's entries and COMMIT. Entries are appended as
+        on SQLite: session starts and ends in order, then message blocks, then telemetry."""
         unknown = unknown_sessions(items, self._sessions.__contains__)
         changes = [item for item in items if isinstance(item, Session | SessionEnd)]
-        messages = list({(m.session_id, m.index): m for m in _first_of_each(items)}.values())
+        messages = _first_of_each(items)
         telemetry = [telemetry_block_row(block) for block in telemetry_blocks(items)]
-        async with self._transaction() as (conn, links):
-            if unknown:
-                found = await (await conn.execute(_FIND_SESSIONS, (unknown,))).fetchall()
-                stored_ids = {session_id for (session_id,) in found}
+        async with self._head_transaction() as (conn, head):
+            found = await conn.execute(_FIND_SESSIONS, (unknown,)) if unknown else None
+            sent = [(change, await _send_session_change(conn, change)) for change in changes]
+            keys = await _send_message_keys(conn, messages)
+            if found is not None:
+                stored_ids = {session_id for (session_id,) in await found.fetchall()}
                 if missing := [s for s in unknown if s not in stored_ids]:
                     raise UnknownSessionError(missing[0])
-            stored: list[tuple[AuditedTable, Row]] = []
-            for change in changes:
-                if (row := await _session_change(conn, change)) is not None:
-                    stored.append((SESSIONS, row))
-            for block in message_blocks(await _new_messages(conn, messages)):
-                row = await _insert_row(conn, MESSAGE_BLOCKS, message_block_row(block))
-                stored.append((MESSAGE_BLOCKS, row))
-            for row in telemetry:
-                stored.append((TELEMETRY_BLOCKS, await _insert_row(conn, TELEMETRY_BLOCKS, row)))
+            stored = [
+                (SESSIONS, row)
+                for change, answer in sent
+                if (row := await _session_row_stored(conn, change, answer)) is not None
+            ]
+            new = await _new_messages(keys, messages)
+            blocks = [(MESSAGE_BLOCKS, message_block_row(block)) for block in message_blocks(new)]
+            blocks += [(TELEMETRY_BLOCKS, row) for row in telemetry]
+            ids = [await conn.execute(_insert_with_id(table), row[1:]) for table, row in blocks]
+            for (table, row), answer in zip(blocks, ids, strict=True):
+                stored.append((table, (await _assigned_id(answer), *row[1:])))
+            links = await head.links()
             for table, row in stored:
                 links.append(table.kind, table.ref(row), row[-1])
         self._sessions.update(unknown, (c.session_id for c in changes))
@@ -315,10 +347,6 @@ class PostgresStore:
             self._sessions.add(session_id)
             return True
         return False
-
-    async def get_session(self, session_id: str) -> Session | None:
-        rows = await self._all(b"SELECT record FROM sessions WHERE session_id = %s", (session_id,))
-        return Session.model_validate_json(rows[0][0]) if rows else None
 
     async def session_messages(self, session_id: str) -> list[AgentMessage]:
         """The session's messages in index order."""
@@ -367,24 +395,10 @@ class PostgresStore:
 
     # ------------------------------------------------------------ hazard spaces
 
-    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None:
-        rows = await self._all(
-            b"SELECT record FROM hazard_spaces WHERE system = %s AND version = %s",
-            (system, version),
-        )
-        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
-
     async def put_hazard_space(self, space: HazardSpace) -> None:
         """Upsert; the space put last (even an older version put again) becomes the latest."""
         async with self._transaction() as (conn, links):
             await _chained(conn, links, HAZARD_SPACES, hazard_space_row(space, links.next_seq))
-
-    async def latest_hazard_space(self, system: str) -> HazardSpace | None:
-        rows = await self._all(
-            b"SELECT record FROM hazard_spaces WHERE system = %s ORDER BY put_seq DESC LIMIT 1",
-            (system,),
-        )
-        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
 
     # ------------------------------------------------------------ investigations
 
@@ -424,12 +438,6 @@ class PostgresStore:
                 )
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
         return None
-
-    async def count_investigations(self, state: InvestigationState) -> int:
-        rows = await self._all(
-            b"SELECT count(*) FROM investigations WHERE state = %s", (state.value,)
-        )
-        return int(rows[0][0])
 
     async def claim_investigation(
         self, owner: str, lease_seconds: float
@@ -474,24 +482,6 @@ class PostgresStore:
                 (span, lease.investigation_id, lease.owner, lease.token),
             )
             return await cursor.fetchone() is not None
-
-    async def get_investigation(self, investigation_id: str) -> Investigation | None:
-        rows = await self._all(
-            b"SELECT record FROM investigations WHERE investigation_id = %s", (investigation_id,)
-        )
-        return Investigation.model_validate_json(rows[0][0]) if rows else None
-
-    async def list_investigations(
-        self,
-        *,
-        session_id: str | None = None,
-        state: InvestigationState | None = None,
-        limit: int = 50,
-        page_token: str | None = None,
-    ) -> tuple[list[Investigation], str | None]:
-        """Newest first (`investigations_page_query`)."""
-        query, params = investigations_page_query(session_id, state, limit, page_token, "%s")
-        return investigations_page(await self._all(sql(query), params), limit)
 
     async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest
@@ -555,37 +545,7 @@ class PostgresStore:
                 await _chained(conn, links, REPUTATIONS, reputation_row(reputation))
         return inv, True
 
-    async def reputations(self, system: str) -> dict[str, AgentReputation]:
-        """The stored reputation of each agent of `system` that has one, by agent id."""
-        rows = await self._all(
-            b"SELECT record FROM reputations WHERE system = %s ORDER BY agent_id", (system,)
-        )
-        reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
-        return {r.agent_id: r for r in reputations}
-
-    async def confirmed_investigations(
-        self, system: str, *, limit: int = 500
-    ) -> list[Investigation]:
-        """The system's newest `limit` investigations with a confirmed outcome, oldest first
-        (by creation)."""
-        check_limit(limit)
-        rows = await self._all(
-            b"SELECT record FROM investigations WHERE system = %s"
-            b" AND (record::jsonb ->> 'confirmed') IS NOT NULL"
-            b" ORDER BY created_us DESC, investigation_id DESC LIMIT %s",
-            (system, limit),
-        )
-        return [Investigation.model_validate_json(record) for (record,) in reversed(rows)]
-
     # ------------------------------------------------------------ ErrorProbe's memory
-
-    async def memory_entries(
-        self, system: str, *, include_deleted: bool = False
-    ) -> list[DiagnosisMemoryEntry]:
-        """The system's entries, most recently verified first (deleted ones only if asked)."""
-        rows = await self._all(b"SELECT record FROM diagnosis_memory WHERE system = %s", (system,))
-        entries = (DiagnosisMemoryEntry.model_validate_json(record) for (record,) in rows)
-        return newest_verified_first(entries, include_deleted)
 
     async def update_memory_entry(
         self, system: str, entry_id: str, update: MemoryUpdate
@@ -610,13 +570,8 @@ class PostgresStore:
     ) -> DiagnosisMemoryEntry | None:
         """A tombstone: the entry marked deleted at `at` (once; a second delete changes
         nothing), never retrieved again; None when there is no such entry."""
-        if (stored := await self.update_memory_entry(system, entry_id, tombstone(at))) is not None:
-            return stored
-        rows = await self._all(
-            b"SELECT record FROM diagnosis_memory WHERE system = %s AND entry_id = %s",
-            (system, entry_id),
-        )
-        return DiagnosisMemoryEntry.model_validate_json(rows[0][0]) if rows else None
+        stored = await self.update_memory_entry(system, entry_id, tombstone(at))
+        return stored or await self._memory_entry(system, entry_id)
 
     # ------------------------------------------------------------ investigation events
 
@@ -627,18 +582,6 @@ class PostgresStore:
         row = await self._insert_for_investigation(EVENTS, event_row(event, None), lease)
         return event.model_copy(update={"event_id": row[0]})
 
-    async def events_after(
-        self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
-    ) -> list[InvestigationEvent]:
-        check_limit(limit)
-        query = "SELECT event_id, investigation_id, record FROM events WHERE event_id > %s"
-        params: list[Any] = [after_event_id]
-        if investigation_id is not None:
-            query += " AND investigation_id = %s"
-            params.append(investigation_id)
-        rows = await self._all(sql(query + " ORDER BY event_id LIMIT %s"), (*params, limit))
-        return [event_from_row(row) for row in rows]
-
     # ------------------------------------------------------------ LLM exchange audit
 
     async def record_exchange(
@@ -647,13 +590,6 @@ class PostgresStore:
         await self._insert_for_investigation(
             EXCHANGES, exchange_row(exchange, investigation_id, None), lease
         )
-
-    async def exchanges(self, investigation_id: str) -> list[LLMExchange]:
-        rows = await self._all(
-            b"SELECT record FROM exchanges WHERE investigation_id = %s ORDER BY id",
-            (investigation_id,),
-        )
-        return [LLMExchange.model_validate_json(record) for (record,) in rows]
 
     async def _insert_for_investigation(
         self, table: AuditedTable, row: Row, lease: Lease | None
@@ -674,10 +610,6 @@ class PostgresStore:
             stored = await _insert_row(conn, ACCESS_DENIALS, access_denial_row(denial, None))
             links.append(ACCESS_DENIALS.kind, ACCESS_DENIALS.ref(stored), stored[-1])
 
-    async def chain_head(self) -> tuple[int, str] | None:
-        rows = await self._all(_HEAD)
-        return (int(rows[0][0]), str(rows[0][1])) if rows else None
-
 
 # ------------------------------------------------------------ statements (write transaction)
 
@@ -694,32 +626,54 @@ def _first_of_each(items: Sequence[CommitItem]) -> list[AgentMessage]:
     return first
 
 
-async def _new_messages(conn: Connection, messages: list[AgentMessage]) -> list[AgentMessage]:
-    """The messages not stored before, as adding their keys to `message_indices` tells."""
+class _Head:
+    """The chain's head as a write transaction found it, read when first needed."""
+
+    def __init__(self, answer: Cursor) -> None:
+        self._answer = answer
+        self._links: Links | None = None
+
+    async def links(self) -> Links:
+        if self._links is None:
+            head = await self._answer.fetchone()
+            self._links = Links(head or (0, GENESIS_HASH))
+        return self._links
+
+
+async def _send_message_keys(conn: Connection, messages: list[AgentMessage]) -> Cursor | None:
+    """Adds the messages' keys to `message_indices`; the answer holds those that were new."""
     if not messages:
+        return None
+    sessions = [m.session_id for m in messages]
+    return await conn.execute(_NEW_MESSAGE_KEYS, (sessions, [m.index for m in messages]))
+
+
+async def _new_messages(answer: Cursor | None, messages: list[AgentMessage]) -> list[AgentMessage]:
+    """The messages not stored before, as `_send_message_keys`' answer tells."""
+    if answer is None:
         return messages
-    keys = await (
-        await conn.execute(
-            _NEW_MESSAGE_KEYS,
-            ([m.session_id for m in messages], [m.index for m in messages]),
-        )
-    ).fetchall()
-    new = set(map(tuple, keys))
+    new = set(map(tuple, await answer.fetchall()))
     return [m for m in messages if (m.session_id, m.index) in new]
 
 
-async def _session_change(conn: Connection, change: Session | SessionEnd) -> Row | None:
-    """Stores a session's start (None when it was stored before) or end (the stored record
-    with its end time); returns the row stored."""
+async def _send_session_change(conn: Connection, change: Session | SessionEnd) -> Cursor:
+    """Inserts a session's start (unless stored), or reads the record a session's end
+    changes."""
     if isinstance(change, Session):
-        row = session_row(change)
-        inserted = await (await conn.execute(_INSERT_SESSION, row)).fetchone()
-        return row if inserted is not None else None
-    found = await (
-        await conn.execute(
-            b"SELECT record FROM sessions WHERE session_id = %s", (change.session_id,)
-        )
-    ).fetchone()
+        return await conn.execute(_INSERT_SESSION, session_row(change))
+    return await conn.execute(
+        b"SELECT record FROM sessions WHERE session_id = %s", (change.session_id,)
+    )
+
+
+async def _session_row_stored(
+    conn: Connection, change: Session | SessionEnd, answer: Cursor
+) -> Row | None:
+    """The row a session's start stored (None: it was stored before), or the row of its end,
+    which this stores: the record read, with its end time."""
+    found = await answer.fetchone()
+    if isinstance(change, Session):
+        return session_row(change) if found is not None else None
     assert found is not None, "commit_ingest checked that the session exists"
     session = Session.model_validate_json(found[0])
     row = session_row(session.model_copy(update={"ended_at": change.ended_at}))
@@ -727,11 +681,16 @@ async def _session_change(conn: Connection, change: Session | SessionEnd) -> Row
     return row
 
 
+async def _assigned_id(answer: Cursor) -> int:
+    assigned = await answer.fetchone()
+    assert assigned is not None, "an insert returns its id"
+    return int(assigned[0])
+
+
 async def _insert_row(conn: Connection, table: AuditedTable, row: Row) -> Row:
     """Inserts `row` (its first column None: the database assigns it); returns it with its id."""
-    assigned = await (await conn.execute(_insert_with_id(table), row[1:])).fetchone()
-    assert assigned is not None, "an insert returns its id"
-    return (assigned[0], *row[1:])
+    answer = await conn.execute(_insert_with_id(table), row[1:])
+    return (await _assigned_id(answer), *row[1:])
 
 
 async def _check_lease(conn: Connection, lease: Lease | None) -> None:

@@ -57,10 +57,7 @@ from poirotd.store.common import (
     checked_memory_update,
     confirmation,
     interrupted,
-    investigations_page,
-    investigations_page_query,
     message_blocks,
-    newest_verified_first,
     telemetry_blocks,
     tombstone,
     unknown_sessions,
@@ -74,6 +71,7 @@ from poirotd.store.port import (
     UnknownInvestigationError,
     UnknownSessionError,
 )
+from poirotd.store.reads import StoreReads
 from poirotd.store.records import (
     ACCESS_DENIALS,
     DIAGNOSIS_MEMORY,
@@ -142,7 +140,7 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-class SqliteStore:
+class SqliteStore(StoreReads):
     """The store port (`poirotd.store.port.Store`) on one SQLite file.
 
     Create with `await SqliteStore.open(path)`; every method but `has_session` is a coroutine.
@@ -202,6 +200,9 @@ class SqliteStore:
         self._check_open()
         return await self._writer.run(lambda conn: fn(conn, *a, **k))
 
+    async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return await self._read(_all, sql, params)
+
     async def _read(
         self, fn: Callable[Concatenate[sqlite3.Connection, _P], _T], *a: _P.args, **k: _P.kwargs
     ) -> _T:
@@ -221,9 +222,6 @@ class SqliteStore:
     async def find_session(self, session_id: str) -> bool:
         """`has_session`: one daemon writes the file, so its memory has every session."""
         return self.has_session(session_id)
-
-    async def get_session(self, session_id: str) -> Session | None:
-        return await self._read(_get_session, session_id)
 
     async def session_messages(self, session_id: str) -> list[AgentMessage]:
         """The session's messages in index order."""
@@ -246,25 +244,9 @@ class SqliteStore:
 
     # ------------------------------------------------------------ hazard spaces
 
-    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None:
-        rows = await self._read(
-            _all,
-            "SELECT record FROM hazard_spaces WHERE system = ? AND version = ?",
-            (system, version),
-        )
-        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
-
     async def put_hazard_space(self, space: HazardSpace) -> None:
         """Upsert; the space put last (even an older version put again) becomes the latest."""
         await self._write(_put_hazard_space, space)
-
-    async def latest_hazard_space(self, system: str) -> HazardSpace | None:
-        rows = await self._read(
-            _all,
-            "SELECT record FROM hazard_spaces WHERE system = ? ORDER BY put_seq DESC LIMIT 1",
-            (system,),
-        )
-        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
 
     # ------------------------------------------------------------ investigations
 
@@ -282,12 +264,6 @@ class SqliteStore:
     ) -> str | None:
         return await self._write(_queue_investigation, inv, cooldown)
 
-    async def count_investigations(self, state: InvestigationState) -> int:
-        rows = await self._read(
-            _all, "SELECT count(*) FROM investigations WHERE state = ?", (state.value,)
-        )
-        return int(rows[0][0])
-
     async def claim_investigation(
         self, owner: str, lease_seconds: float
     ) -> tuple[Investigation, Lease] | None:
@@ -295,26 +271,6 @@ class SqliteStore:
 
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
         return await self._write(_renew_lease, lease, _lease_end(lease_seconds))
-
-    async def get_investigation(self, investigation_id: str) -> Investigation | None:
-        rows = await self._read(
-            _all,
-            "SELECT record FROM investigations WHERE investigation_id = ?",
-            (investigation_id,),
-        )
-        return Investigation.model_validate_json(rows[0][0]) if rows else None
-
-    async def list_investigations(
-        self,
-        *,
-        session_id: str | None = None,
-        state: InvestigationState | None = None,
-        limit: int = 50,
-        page_token: str | None = None,
-    ) -> tuple[list[Investigation], str | None]:
-        """Newest first (`investigations_page_query`)."""
-        sql, params = investigations_page_query(session_id, state, limit, page_token, "?")
-        return investigations_page(await self._read(_all, sql, params), limit)
 
     async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest first;
@@ -339,40 +295,7 @@ class SqliteStore:
         its earlier version in the chain). Returns (record, True) when this call changed it."""
         return await self._write(_confirm_outcome, investigation_id, outcome, reassess, supersede)
 
-    async def reputations(self, system: str) -> dict[str, AgentReputation]:
-        """The stored reputation of each agent of `system` that has one, by agent id."""
-        rows = await self._read(
-            _all, "SELECT record FROM reputations WHERE system = ? ORDER BY agent_id", (system,)
-        )
-        reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
-        return {r.agent_id: r for r in reputations}
-
-    async def confirmed_investigations(
-        self, system: str, *, limit: int = 500
-    ) -> list[Investigation]:
-        """The system's newest `limit` investigations with a confirmed outcome, oldest first
-        (by creation)."""
-        check_limit(limit)
-        rows = await self._read(
-            _all,
-            "SELECT record FROM investigations WHERE system = ?"
-            " AND json_extract(record, '$.confirmed') IS NOT NULL"
-            " ORDER BY created_us DESC, investigation_id DESC LIMIT ?",
-            (system, limit),
-        )
-        return [Investigation.model_validate_json(record) for (record,) in reversed(rows)]
-
     # ------------------------------------------------------------ ErrorProbe's memory
-
-    async def memory_entries(
-        self, system: str, *, include_deleted: bool = False
-    ) -> list[DiagnosisMemoryEntry]:
-        """The system's entries, most recently verified first (deleted ones only if asked)."""
-        rows = await self._read(
-            _all, "SELECT record FROM diagnosis_memory WHERE system = ?", (system,)
-        )
-        entries = (DiagnosisMemoryEntry.model_validate_json(record) for (record,) in rows)
-        return newest_verified_first(entries, include_deleted)
 
     async def update_memory_entry(
         self, system: str, entry_id: str, update: MemoryUpdate
@@ -387,7 +310,7 @@ class SqliteStore:
         """A tombstone: the entry marked deleted at `at` (once; a second delete changes
         nothing), never retrieved again; None when there is no such entry."""
         stored = await self.update_memory_entry(system, entry_id, tombstone(at))
-        return stored or await self._read(_memory_entry, system, entry_id)
+        return stored or await self._memory_entry(system, entry_id)
 
     # ------------------------------------------------------------ investigation events
 
@@ -398,21 +321,6 @@ class SqliteStore:
         event_id = await self._write(_append_event, event, lease)
         return event.model_copy(update={"event_id": event_id})
 
-    async def events_after(
-        self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
-    ) -> list[InvestigationEvent]:
-        check_limit(limit)
-        sql = "SELECT event_id, record FROM events WHERE event_id > ?"
-        params: list[Any] = [after_event_id]
-        if investigation_id is not None:
-            sql += " AND investigation_id = ?"
-            params.append(investigation_id)
-        rows = await self._read(_all, sql + " ORDER BY event_id LIMIT ?", (*params, limit))
-        return [
-            InvestigationEvent.model_validate({**json.loads(record), "event_id": event_id})
-            for event_id, record in rows
-        ]
-
     # ------------------------------------------------------------ LLM exchange audit
 
     async def record_exchange(
@@ -420,22 +328,10 @@ class SqliteStore:
     ) -> None:
         await self._write(_record_exchange, investigation_id, exchange, lease)
 
-    async def exchanges(self, investigation_id: str) -> list[LLMExchange]:
-        rows = await self._read(
-            _all,
-            "SELECT record FROM exchanges WHERE investigation_id = ? ORDER BY id",
-            (investigation_id,),
-        )
-        return [LLMExchange.model_validate_json(record) for (record,) in rows]
-
     # ------------------------------------------------------------ the audit chain
 
     async def record_access_denial(self, denial: AccessDenial) -> None:
         await self._write(_record_access_denial, denial)
-
-    async def chain_head(self) -> tuple[int, str] | None:
-        rows = await self._read(_all, "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", ())
-        return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
 
 class _Worker:

@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
@@ -21,23 +18,12 @@ from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
 from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.ingest import session, start
-from tests.support.spec import CLINIC_REGIONS, OVERHEAT_RULE, clinic
+from tests.support.ingest import OVERHEAT, motor_temp, session, start
+from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.stores import PostgresDb
 from tests.support.waiting import eventually
 
-T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 PINNED = {"regions": [r.model_dump() for r in CLINIC_REGIONS]}
-
-
-def _sample(seconds: float, value: float) -> pb.IngestRequest:
-    at = Timestamp()
-    at.FromDatetime(T0 + timedelta(seconds=seconds))
-    return pb.IngestRequest(
-        telemetry=pb.TelemetrySample(
-            session_id="s1", component="exo", signal="motor_temp_c", value=value, measured_at=at
-        )
-    )
 
 
 def _slow(seconds: float) -> ScriptedBackend:
@@ -52,7 +38,7 @@ def _slow(seconds: float) -> ScriptedBackend:
 async def _replicas(
     tmp_path: Path, url: str, backends: Sequence[ScriptedBackend], **settings: Any
 ) -> AsyncIterator[list[Daemon]]:
-    spec = clinic(rules=[OVERHEAT_RULE], hazard_space=PINNED)
+    spec = clinic(rules=[OVERHEAT], hazard_space=PINNED)
     common = {"db_url": url, "shared_poll_seconds": 0.1} | settings
     async with (
         in_process_daemon(
@@ -112,8 +98,8 @@ async def test_a_rule_over_data_reaching_both_replicas_opens_one_investigation(
     ):
         assert await to_a.send([start()]) == 1
         # Each replica sees half the samples, both over the threshold within the cooldown.
-        hot_a = [_sample(i * 0.2, 75.0) for i in range(5)]
-        hot_b = [_sample(i * 0.2 + 0.1, 80.0) for i in range(5)]
+        hot_a = [motor_temp(i * 0.2, 75.0) for i in range(5)]
+        hot_b = [motor_temp(i * 0.2 + 0.1, 80.0) for i in range(5)]
         sent = await asyncio.gather(to_a.send(hot_a), to_b.send(hot_b))
         assert list(sent) == [5, 5]
         hazards = [

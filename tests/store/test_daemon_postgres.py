@@ -3,11 +3,9 @@ two daemons sharing it, and a clear refusal when the database cannot be used."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.demo.main import demo_file
@@ -16,42 +14,21 @@ from poirotd.store.audit import verify
 from tests.support.answers import schema_answer
 from tests.support.cli import poirotd
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.ingest import message, session, start
+from tests.support.ingest import OVERHEAT, message, motor_temp, session, start
 from tests.support.spec import clinic
 from tests.support.stores import PostgresDb
-
-HOT = {
-    "kind": "threshold",
-    "name": "exo_overheat",
-    "severity": "critical",
-    "component": "exo",
-    "signal": "motor_temp_c",
-    "above": 70.0,
-    "cooldown_seconds": 600,
-}
-T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
-
-
-def sample(seconds: float, value: float) -> pb.IngestRequest:
-    at = Timestamp()
-    at.FromDatetime(T0 + timedelta(seconds=seconds))
-    return pb.IngestRequest(
-        telemetry=pb.TelemetrySample(
-            session_id="s1", component="exo", signal="motor_temp_c", value=value, measured_at=at
-        )
-    )
 
 
 async def test_a_rule_fires_and_its_investigation_is_stored_and_served(
     tmp_path: Path, postgres_url: str
 ) -> None:
-    spec = clinic(rules=[HOT])
+    spec = clinic(rules=[OVERHEAT])
     backend = ScriptedBackend(schema_answer)
     async with (
         in_process_daemon(tmp_path, spec, backend, db_url=postgres_url) as daemon,
         client_of(daemon) as client,
     ):
-        readings = [sample(i * 0.1, 40.0 + 3 * i) for i in range(20)]  # over 70 from i = 11
+        readings = [motor_temp(i * 0.1, 40.0 + 3 * i) for i in range(20)]  # over 70 from i = 11
         assert await client.send([*session(3), *readings]) == 4 + 20
         listed = await client.investigations.List(pb.ListInvestigationsRequest(session_id="s1"))
         (opened,) = listed.investigations

@@ -34,18 +34,6 @@ CLINIC_REGIONS = tuple(
 )
 
 
-# A threshold rule on the exoskeleton's motor temperature, with a cooldown of 10 minutes.
-OVERHEAT_RULE = {
-    "kind": "threshold",
-    "name": "exo_overheat",
-    "severity": "critical",
-    "component": "exo",
-    "signal": "motor_temp_c",
-    "above": 70.0,
-    "cooldown_seconds": 600,
-}
-
-
 def clinic(**fields: Any) -> SystemSpec:
     """The clinic with these top-level fields of the spec replaced (rules, protocol, llm...)."""
     return SystemSpec.model_validate({**CLINIC.model_dump(mode="json"), **fields})
