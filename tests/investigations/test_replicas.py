@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
 from poirotd.llm.base import ChatMessage
@@ -34,10 +36,17 @@ def _slow(seconds: float) -> ScriptedBackend:
     return ScriptedBackend(answer)
 
 
+@dataclass
+class _Replica:
+    daemon: Daemon
+    client: PoirotClient
+
+
 @asynccontextmanager
 async def _replicas(
     tmp_path: Path, url: str, backends: Sequence[ScriptedBackend], **settings: Any
-) -> AsyncIterator[list[Daemon]]:
+) -> AsyncIterator[tuple[_Replica, _Replica]]:
+    """Replicas a and b on one database, each with a client; the scripted backends in turn."""
     spec = clinic(rules=[OVERHEAT], hazard_space=PINNED)
     common = {"db_url": url, "shared_poll_seconds": 0.1} | settings
     async with (
@@ -47,8 +56,10 @@ async def _replicas(
         in_process_daemon(
             _folder(tmp_path, "b"), spec, backends[1], replica_id="b", **common
         ) as second,
+        client_of(first) as to_first,
+        client_of(second) as to_second,
     ):
-        yield [first, second]
+        yield _Replica(first, to_first), _Replica(second, to_second)
 
 
 async def _running(db: PostgresDb, investigation_id: str) -> None:
@@ -66,11 +77,8 @@ async def test_a_watch_on_one_replica_sees_the_others_investigation(
     tmp_path: Path, postgres_url: str
 ) -> None:
     backends = [ScriptedBackend(schema_answer), ScriptedBackend(schema_answer)]
-    async with (
-        _replicas(tmp_path, postgres_url, backends) as (a, b),
-        client_of(a) as to_a,
-        client_of(b) as to_b,
-    ):
+    async with _replicas(tmp_path, postgres_url, backends) as (a, b):
+        to_a, to_b = a.client, b.client
         assert await to_a.send(session(3)) == 4
         watch_all = to_b.investigations.Watch(pb.WatchRequest())
         queued = await to_a.trigger("s1", "asked of a")
@@ -91,11 +99,8 @@ async def test_a_rule_over_data_reaching_both_replicas_opens_one_investigation(
     tmp_path: Path, postgres_url: str
 ) -> None:
     backends = [ScriptedBackend(schema_answer), ScriptedBackend(schema_answer)]
-    async with (
-        _replicas(tmp_path, postgres_url, backends) as (a, b),
-        client_of(a) as to_a,
-        client_of(b) as to_b,
-    ):
+    async with _replicas(tmp_path, postgres_url, backends) as (a, b):
+        to_a, to_b = a.client, b.client
         assert await to_a.send([start()]) == 1
         # Each replica sees half the samples, both over the threshold within the cooldown.
         hot_a = [motor_temp(i * 0.2, 75.0) for i in range(5)]
@@ -107,7 +112,7 @@ async def test_a_rule_over_data_reaching_both_replicas_opens_one_investigation(
                 "poirot_hazard_events_total",
                 {"system": "clinic", "rule": "exo_overheat", "severity": "critical"},
             )
-            for d in (a, b)
+            for d in (a.daemon, b.daemon)
         ]
         assert hazards == [1.0, 1.0]  # each replica's rules fired on its own data
         listed = await to_b.investigations.List(pb.ListInvestigationsRequest(session_id="s1"))
@@ -119,10 +124,8 @@ async def test_a_replica_that_lost_its_lease_stops_and_writes_nothing_more(
 ) -> None:
     backends = [_slow(0.3), _slow(0.3)]
     db = PostgresDb(postgres_url)
-    async with (
-        _replicas(tmp_path, postgres_url, backends, lease_seconds=0.6) as (a, b),
-        client_of(a) as to_a,
-    ):
+    async with _replicas(tmp_path, postgres_url, backends, lease_seconds=0.6) as (a, b):
+        to_a = a.client
         assert await to_a.send(session(3)) == 4
         queued = await to_a.trigger("s1", "stolen")
         iid = queued.investigation_id
@@ -138,10 +141,10 @@ async def test_a_replica_that_lost_its_lease_stops_and_writes_nothing_more(
         events = [e async for e in to_a.watch(iid)]
         assert events[-1].HasField("attribution_ready")
         stalled, other = (a, b) if holder == ("a",) else (b, a)
-        lost = stalled.metrics.registry.get_sample_value(
+        lost = stalled.daemon.metrics.registry.get_sample_value(
             "poirot_investigation_leases_lost_total", {"system": "clinic"}
         )
-        taken = other.metrics.registry.get_sample_value(
+        taken = other.daemon.metrics.registry.get_sample_value(
             "poirot_investigations_taken_over_total", {"system": "clinic"}
         )
         assert (lost, taken) == (1.0, 1.0)
