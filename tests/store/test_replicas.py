@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from poirotd.model import (
+    AgentReputation,
+    ConfirmedOutcome,
     EventKind,
     HazardEvent,
     Investigation,
@@ -30,6 +32,7 @@ from tests.support.stores import StoreDb
 
 _LEASE = 30.0
 _SHORT = 0.05  # a lease that expires while the test waits
+_SUCCEEDED = InvestigationState.SUCCEEDED
 _EXCHANGE = LLMExchange(
     phase=Phase.HAZARD_SPACE, agent_id="a1", purpose="report", messages=(), at=T0, seconds=0.1
 )
@@ -169,6 +172,41 @@ async def test_a_hazard_within_the_cooldown_of_any_replica_opens_nothing(
     # A manual trigger (no hazard event) is never held off.
     assert await a.queue_investigation(investigation("m1"), cooldown=cooldown) is None
     assert await a.count_investigations(InvestigationState.QUEUED) == 3
+
+
+async def test_confirmations_through_two_replicas_each_see_the_other(
+    pair: tuple[Store, Store],
+) -> None:
+    """Reputations are derived from the whole confirmed history in one transaction: of two
+    confirmations at once, through two replicas, the later one's history holds the earlier."""
+    a, b = pair
+    for iid in ("i1", "i2"):
+        await a.save_investigation(investigation(iid).model_copy(update={"state": _SUCCEEDED}))
+    seen: list[int] = []
+
+    def reassess(
+        history: Sequence[Investigation], stored: dict[str, AgentReputation]
+    ) -> list[AgentReputation]:
+        seen.append(len(history))
+        before = stored["doctor"].confirmations if "doctor" in stored else 0
+        latest = history[-1].investigation_id
+        return [
+            AgentReputation(
+                system="cortex",
+                agent_id="doctor",
+                beta=0.25,
+                confirmations=before + 1,
+                investigation_id=latest,
+                updated_at=T0,
+            )
+        ]
+
+    outcome = ConfirmedOutcome(region_ids=("exo",), decision=(1,), at=T0)
+    await asyncio.gather(
+        a.confirm_outcome("i1", outcome, reassess), b.confirm_outcome("i2", outcome, reassess)
+    )
+    assert sorted(seen) == [1, 2]
+    assert (await a.reputations("cortex"))["doctor"].confirmations == 2
 
 
 async def test_reserved_indexes_follow_the_stored_ones_and_never_overlap(
