@@ -163,3 +163,14 @@ def test_the_certificate_names_every_service_and_the_probes_address() -> None:
         assert {name, f"{name}.mas.svc"} <= names
     assert "localhost" in names and "client auth" in certificate["spec"]["usages"]
     assert certificate["spec"]["issuerRef"]["name"] == "poirotd-ca"
+
+
+def test_the_network_policy_admits_the_sidecar_modes_peers_to_the_replicas() -> None:
+    _, pod, poirotd = _poirotd()
+    policy = _one("NetworkPolicy", "poirotd-replicas")
+    assert manifest_selects(policy["spec"]["podSelector"]["matchLabels"], pod["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (sidecar,) = load_yaml_documents(K8S / "networkpolicy.yaml")
+    assert policy["spec"]["ingress"] == sidecar["spec"]["ingress"]
+    admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert admitted == {p["containerPort"] for p in poirotd["ports"]}
