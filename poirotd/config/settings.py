@@ -63,8 +63,9 @@ class Settings(BaseSettings):
     # How long a running investigation's lease lasts without renewal (renewed every third of
     # it): after a replica dies, another takes its investigations over once their lease expired.
     lease_seconds: float = Field(default=30.0, gt=0)
-    # With a shared store, how often idle workers look for investigations another replica
-    # queued or left, and Watch streams for events other replicas stored.
+    # With a shared store, how often at least idle workers look for investigations another
+    # replica queued or left, and Watch streams for events other replicas stored (they also
+    # look at once when the database notifies them of another replica's write).
     shared_poll_seconds: float = Field(default=0.5, gt=0, le=60)
     # Net allocations between young collections of CPython's cyclic collector
     # (poirotd.observability.gc_tuning).

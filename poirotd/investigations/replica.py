@@ -16,10 +16,11 @@ class Replica:
     replica_id: str
     # Other daemons write the same store: at start-up this one leaves unfinished investigations
     # to their leases (a live replica's keep running; a dead one's are taken over once expired)
-    # instead of interrupting them, and idle workers and Watch streams poll the store.
+    # instead of interrupting them, and idle workers and Watch streams follow the store.
     shared: bool = False
     lease_seconds: float = 30.0
-    # How often an idle worker or a Watch stream looks at the store without a local wake-up.
+    # How often at least an idle worker or a Watch stream looks at the store (also at once on
+    # a change the store notifies).
     poll_seconds: float = 0.5
 
     @classmethod

@@ -199,6 +199,7 @@ class InvestigationRunner:
         replica = self.replica
         while not (self._draining and replica.shared):
             self._wake.clear()
+            mark = self._store.change_mark()
             try:
                 claim = await self._store.claim_investigation(
                     replica.replica_id, replica.lease_seconds
@@ -212,12 +213,24 @@ class InvestigationRunner:
                 self._metrics.queue_depth.labels(self._spec.system.name).set(0)
                 if self._draining:
                     return
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(replica.poll_seconds if replica.shared else None):
-                        await self._wake.wait()
+                await self._idle(mark)
                 continue
             await self._run_leased(*claim)
             await self._count_queued()
+
+    async def _idle(self, mark: int) -> None:
+        """Until this daemon queues something or drains; with replicas, also until the store
+        tells of another's write after `mark`, and at most a poll interval."""
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._wake.wait())]
+        if self.replica.shared:
+            waits.append(asyncio.ensure_future(self._store.wait_for_change(mark)))
+        timeout = self.replica.poll_seconds if self.replica.shared else None
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def _count_queued(self) -> None:
         """The queue-depth gauge: the store's queue, every replica's submissions included."""

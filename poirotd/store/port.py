@@ -187,6 +187,17 @@ class Store(Protocol):
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
         """Extends the lease to the store's clock + lease_seconds; False when it was lost."""
 
+    # other replicas' writes
+    def change_mark(self) -> int:
+        """A mark of the writes other processes made known so far (events stored, investigations
+        queued, leases moved): take it before reading the store, then `wait_for_change`."""
+
+    async def wait_for_change(self, since: int) -> None:
+        """Returns once another process made a write known after `since` (a `change_mark`): a
+        hint to read the store again, never the only one. Callers bound the wait
+        (asyncio.timeout): a store that cannot tell never returns, a lost notice costs the
+        bound."""
+
     async def get_investigation(self, investigation_id: str) -> Investigation | None: ...
 
     async def list_investigations(

@@ -78,6 +78,7 @@ from poirotd.store.common import (
     unknown_sessions,
 )
 from poirotd.store.leases import claimed, lease_micros
+from poirotd.store.pg_changes import NOTIFY, ChangeListener
 from poirotd.store.pg_schema import CHAIN_LOCK, migrate
 from poirotd.store.port import (
     Lease,
@@ -205,6 +206,7 @@ class PostgresStore(StoreReads):
         self._reading = asyncio.Lock()
         self._closing: asyncio.Task[None] | None = None
         self.shared = True
+        self._changes = ChangeListener(connect)
 
     @classmethod
     async def open(cls, url: str, *, where: str, password: str | None = None) -> PostgresStore:
@@ -243,6 +245,7 @@ class PostgresStore(StoreReads):
         await asyncio.shield(self._closing)
 
     async def _shutdown(self) -> None:
+        await self._changes.close()
         async with self._writing, self._reading:
             try:
                 await self._reader.close()
@@ -415,6 +418,7 @@ class PostgresStore(StoreReads):
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
             stored = await _insert_row(conn, EVENTS, event_row(event, None))
             links.append(EVENTS.kind, EVENTS.ref(stored), stored[-1])
+            await conn.execute(NOTIFY)
         return event.model_copy(update={"event_id": stored[0]})
 
     async def queue_investigation(
@@ -437,6 +441,7 @@ class PostgresStore(StoreReads):
                     (inv.session_id, at, inv.investigation_id),
                 )
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+            await conn.execute(NOTIFY)
         return None
 
     async def claim_investigation(
@@ -470,9 +475,16 @@ class PostgresStore(StoreReads):
                 await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
         return inv, lease
 
+    def change_mark(self) -> int:
+        return self._changes.mark()
+
+    async def wait_for_change(self, since: int) -> None:
+        await self._changes.wait(since)
+
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
         span = lease_micros(lease_seconds)
         async with self._transaction() as (conn, _):
+            await conn.execute(NOTIFY)  # a lease handed back is claimable at once
             cursor = await conn.execute(
                 sql(
                     f"UPDATE investigations SET lease_until_us = {_NOW_US} + %s"
@@ -599,6 +611,8 @@ class PostgresStore(StoreReads):
                 await _check_lease(conn, lease)
                 stored = await _insert_row(conn, table, row)
                 links.append(table.kind, table.ref(stored), stored[-1])
+                if table is EVENTS:
+                    await conn.execute(NOTIFY)
         except pg_errors.ForeignKeyViolation as exc:  # the only constraint: the investigation
             raise UnknownInvestigationError(row[1]) from exc
         return stored

@@ -272,6 +272,12 @@ class SqliteStore(StoreReads):
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
         return await self._write(_renew_lease, lease, _lease_end(lease_seconds))
 
+    def change_mark(self) -> int:
+        return 0  # one process: no other writes to be told of
+
+    async def wait_for_change(self, since: int) -> None:
+        await asyncio.Event().wait()  # never: no other process writes this store
+
     async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest first;
         emitting the matching events is the caller's job."""

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tests.support.stores import PostgresDb
 from tests.support.waiting import eventually
 
 PINNED = {"regions": [r.model_dump() for r in CLINIC_REGIONS]}
+_RARE = 30.0  # a poll interval longer than these tests wait
 
 
 def _slow(seconds: float) -> ScriptedBackend:
@@ -76,13 +78,20 @@ def _folder(tmp_path: Path, name: str) -> Path:
 async def test_a_watch_on_one_replica_sees_the_others_investigation(
     tmp_path: Path, postgres_url: str
 ) -> None:
-    backends = [ScriptedBackend(schema_answer), ScriptedBackend(schema_answer)]
-    async with _replicas(tmp_path, postgres_url, backends) as (a, b):
+    backends = [_slow(0.2), _slow(0.2)]  # a run of a few seconds, its events spread over them
+    # Polls too rare to matter: the database's notifications wake the other replica.
+    async with _replicas(tmp_path, postgres_url, backends, shared_poll_seconds=_RARE) as (a, b):
         to_a, to_b = a.client, b.client
         assert await to_a.send(session(3)) == 4
         watch_all = to_b.investigations.Watch(pb.WatchRequest())
         queued = await to_a.trigger("s1", "asked of a")
-        events = [e async for e in to_b.watch(queued.investigation_id)]
+        events, lags = [], []
+        async with asyncio.timeout(_RARE / 3):
+            async for e in to_b.watch(queued.investigation_id):
+                events.append(e)
+                lags.append(datetime.now(UTC) - e.at.ToDatetime(tzinfo=UTC))
+        # Each event reached the other replica's Watch at once, not at its idle re-read (5 s).
+        assert max(lags) < timedelta(seconds=2.5), lags
         assert events[0].HasField("started") and events[-1].HasField("attribution_ready")
         seen = []
         async for event in watch_all:  # the unfiltered stream gets the same ids, in order
@@ -91,8 +100,24 @@ async def test_a_watch_on_one_replica_sees_the_others_investigation(
                 break
         watch_all.cancel()
         assert seen == [e.event_id for e in events]
-    ran_by = sum(len(backend.calls) > 0 for backend in backends)
-    assert ran_by == 1  # one replica ran it
+    assert sum(len(backend.calls) > 0 for backend in backends) == 1  # one replica ran it
+
+
+async def test_an_idle_replica_claims_what_a_busy_one_queued_at_once(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    backends = [_slow(0.5), _slow(0.5)]  # a run is several calls: seconds
+    async with _replicas(tmp_path, postgres_url, backends, shared_poll_seconds=_RARE) as (a, b):
+        assert await a.client.send(session(3)) == 4
+        first = await a.client.trigger("s1", "one")
+        second = await a.client.trigger("s1", "two")
+        async with asyncio.timeout(_RARE / 3):
+            for queued in (first, second):
+                events = [e async for e in b.client.watch(queued.investigation_id)]
+                assert events[-1].HasField("attribution_ready")
+    # Each replica ran one, side by side: the one not woken by its own trigger was woken by the
+    # database's notification (its poll would have come after the test's bound).
+    assert all(backend.calls for backend in backends)
 
 
 async def test_a_rule_over_data_reaching_both_replicas_opens_one_investigation(
