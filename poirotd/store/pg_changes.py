@@ -66,6 +66,6 @@ class ChangeListener:
                             self._changed.notify_all()
                 finally:
                     await conn.close()
-            except psycopg.OperationalError as exc:  # the server went away: listen again
+            except psycopg.Error as exc:  # the connection or the server went away: listen again
                 log.warning("store change listener lost its connection", error=str(exc))
             await asyncio.sleep(_RETRY_SECONDS)
