@@ -58,6 +58,9 @@ class Metrics:
             ["system"],
             registry=r,
         )
+        # At 0 from the start, like the degraded count: a replica's first takeover is a rise.
+        self.investigations_taken_over.labels(system)
+        self.leases_lost.labels(system)
         self.queue_depth = Gauge(
             "poirot_investigation_queue_depth",
             "Investigations waiting to run",
