@@ -18,6 +18,7 @@ from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import load_spec
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.investigations.bus import EventBus
+from poirotd.investigations.replica import Replica
 from poirotd.investigations.runner import InvestigationRunner
 from poirotd.investigations.service import InvestigationService
 from poirotd.investigations.triggers import HazardTriggers
@@ -61,12 +62,17 @@ class Core:
 
 
 def build_core(
-    spec: SystemSpec, store: Store, backend: LLMBackend, metrics: Metrics, settings: Settings
+    spec: SystemSpec,
+    store: Store,
+    backend: LLMBackend,
+    metrics: Metrics,
+    settings: Settings,
+    bus: EventBus | None = None,
 ) -> Core:
     engine = InvestigationEngine(
         spec, backend, store, token_budget=settings.llm_token_budget, memory=store
     )
-    bus = EventBus()
+    bus = bus or EventBus()
     runner = InvestigationRunner(
         spec,
         store,
@@ -76,6 +82,7 @@ def build_core(
         backend_name=backend.name,
         capacity=settings.queue_capacity,
         workers=settings.concurrent_investigations,
+        replica=Replica.from_settings(settings, shared=store.shared),
     )
     triggers = HazardTriggers(spec, runner, metrics)
     pipeline = IngestPipeline(
@@ -172,9 +179,13 @@ class Daemon:
         self._store = await open_store(s)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
-        core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s)
-        await core.runner.interrupt_unfinished("daemon restarted before the investigation finished")
+        bus = EventBus()
+        core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s, bus)
+        await core.runner.recover()
         core.runner.start()
+        if self._store.shared:
+            follow = bus.follow(self._store, s.shared_poll_seconds)
+            self._background.append(asyncio.create_task(follow, name="events-follow"))
         checkpoints = self._checkpoints = ChainCheckpoints(
             self._store,
             s.audit_checkpoint_path or s.db_path.with_name(s.db_path.name + ".checkpoints.jsonl"),
@@ -248,6 +259,7 @@ class Daemon:
             grpc_port=self.grpc_port,
             metrics_port=self.metrics_port,
             llm_backend=self._backend.name,
+            replica_id=core.runner.replica.replica_id,
             store=store_name(s),
             tls=tls is not None,
             client_certificates=tls is not None and tls.requires_client_certificate,

@@ -57,6 +57,16 @@ class Settings(BaseSettings):
     concurrent_investigations: int = Field(default=1, ge=1)
     # On SIGTERM, how long running investigations may take before they are kept as interrupted.
     drain_seconds: float = Field(default=30.0, ge=0.0)
+    # This daemon among the replicas of one shared store (empty: hostname-pid), the owner named
+    # in the leases of the investigations it runs.
+    replica_id: str = Field(default="", max_length=200)
+    # How long a running investigation's lease lasts without renewal (renewed every third of
+    # it): after a replica dies, another takes its investigations over once their lease expired.
+    lease_seconds: float = Field(default=30.0, gt=0)
+    # With a shared store, how often at least idle workers look for investigations another
+    # replica queued or left, and Watch streams for events other replicas stored (they also
+    # look at once when the database notifies them of another replica's write).
+    shared_poll_seconds: float = Field(default=0.5, gt=0, le=60)
     # Net allocations between young collections of CPython's cyclic collector
     # (poirotd.observability.gc_tuning).
     gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=700)

@@ -1,8 +1,23 @@
-"""Wakes Watch streams when an investigation event is stored; the store stays the truth."""
+"""Wakes Watch streams when an investigation event is stored; the store stays the truth.
+
+Alone on its store, the daemon's own writes are every event there is. With replicas, `follow`
+also reads the events the others stored, when the store tells of another process's write
+(PostgreSQL's LISTEN/NOTIFY) and at least every poll interval, so a Watch on any replica sees
+every replica's events at once, or within the interval should a notice be lost.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+
+import structlog
+
+from poirotd.store import Store
+
+log = structlog.get_logger(__name__)
+
+_FOLLOW_BATCH = 500
 
 
 class EventBus:
@@ -20,3 +35,20 @@ class EventBus:
         """Returns once an event newer than event_id exists."""
         async with self._condition:
             await self._condition.wait_for(lambda: self._latest > event_id)
+
+    async def follow(self, store: Store, interval: float) -> None:
+        """Announces the newest event in the store (whichever replica stored it) whenever the
+        store says another process wrote, and at least every `interval` seconds; runs until
+        cancelled."""
+        while True:
+            mark = store.change_mark()
+            try:
+                while events := await store.events_after(self._latest, limit=_FOLLOW_BATCH):
+                    await self.published(events[-1].event_id)
+                    if len(events) < _FOLLOW_BATCH:
+                        break
+            except Exception:  # the store is unreachable: the next round tries again
+                log.exception("following the store's events failed")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await store.wait_for_change(mark)

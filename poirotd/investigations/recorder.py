@@ -2,7 +2,7 @@
 the Prometheus view of both.
 
 Every event is stored before it is announced, so Watch streams and the audit see the same
-history; a record is final before the event that announces its end.
+history; a record becomes final in the transaction that stores the event announcing its end.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from poirotd.protocol.events import (
     TokenBudgetSpent,
     VoteCast,
 )
-from poirotd.store import Store
+from poirotd.store import Lease, Store
 
 log = structlog.get_logger(__name__)
 
@@ -56,17 +56,38 @@ class EventLog:
         self._store = store
         self._bus = bus
 
-    async def emit(self, investigation_id: str, kind: EventKind, **fields: object) -> None:
-        event = InvestigationEvent.model_validate(
-            {"event_id": 0, "investigation_id": investigation_id, "at": now(), "kind": kind}
-            | fields
-        )
-        stored = await self._store.append_event(event)
+    async def emit(
+        self,
+        investigation_id: str,
+        kind: EventKind,
+        *,
+        lease: Lease | None = None,
+        **fields: object,
+    ) -> None:
+        announced = _new_event(investigation_id, kind, fields)
+        stored = await self._store.append_event(announced, lease=lease)
+        await self._bus.published(stored.event_id)
+
+    async def finish(
+        self, record: Investigation, kind: EventKind, *, lease: Lease | None, **fields: object
+    ) -> None:
+        """Stores the final record with the event that announces its end, in one transaction."""
+        announced = _new_event(record.investigation_id, kind, fields)
+        stored = await self._store.finish_investigation(record, announced, lease=lease)
         await self._bus.published(stored.event_id)
 
 
+def _new_event(
+    investigation_id: str, kind: EventKind, fields: dict[str, object]
+) -> InvestigationEvent:
+    return InvestigationEvent.model_validate(
+        {"event_id": 0, "investigation_id": investigation_id, "at": now(), "kind": kind} | fields
+    )
+
+
 class InvestigationRecorder:
-    """One investigation's record, from RUNNING to its end, as protocol events arrive."""
+    """One investigation's record, from RUNNING to its end, as protocol events arrive; every
+    write is made under the run's lease (LeaseLostError once another replica took it over)."""
 
     def __init__(
         self,
@@ -76,8 +97,11 @@ class InvestigationRecorder:
         metrics: Metrics,
         *,
         backend_name: str,
+        lease: Lease | None = None,
     ) -> None:
         self.record = investigation
+        self._lease = lease
+        self._in_flight = False
         self._store = store
         self._events = events
         self._metrics = metrics
@@ -95,36 +119,42 @@ class InvestigationRecorder:
             EventKind.STARTED, session_id=self.record.session_id, reason=self.record.reason
         )
         self._metrics.investigations_in_flight.labels(self._system).inc()
+        self._in_flight = True
         self.log.info("investigation started")
 
     async def succeeded(self, outcome: ProtocolOutcome) -> None:
-        # The record is final before the event announces it, so a client that reacts to the
-        # event with Get sees the finished investigation.
-        await self.update(
-            state=InvestigationState.SUCCEEDED,
-            finished_at=now(),
-            hazard_space=outcome.hazard_space,
-            reports=dict(outcome.reports),
-            votes=tuple(outcome.votes),
-            attribution=outcome.attribution,
-            phases=tuple(outcome.phases),
-            usage=outcome.usage,
-            degraded_reason=degraded_reason(outcome),
-            findings=outcome.findings,
+        # The record is final when the event announces it (one transaction), so a client that
+        # reacts to the event with Get sees the finished investigation.
+        final = self.record.model_copy(
+            update={
+                "state": InvestigationState.SUCCEEDED,
+                "finished_at": now(),
+                "hazard_space": outcome.hazard_space,
+                "reports": dict(outcome.reports),
+                "votes": tuple(outcome.votes),
+                "attribution": outcome.attribution,
+                "phases": tuple(outcome.phases),
+                "usage": outcome.usage,
+                "degraded_reason": degraded_reason(outcome),
+                "findings": outcome.findings,
+            }
         )
-        if self.record.degraded_reason:
-            self._metrics.investigations_degraded.labels(self._system).inc()
-        self._count_vote_components(outcome.hazard_space, outcome.votes)
         regions = outcome.hazard_space.regions
         region_ids = [region.id for region in regions]
-        self._metrics.record_attribution(
-            region_ids, outcome.attribution.scores, outcome.attribution.top
-        )
-        await self._emit(
+        await self._events.finish(
+            final,
             EventKind.ATTRIBUTION_READY,
+            lease=self._lease,
             attribution=outcome.attribution,
             region_ids=tuple(region_ids),
             region_names=tuple(region.name for region in regions),
+        )
+        self.record = final
+        if self.record.degraded_reason:
+            self._metrics.investigations_degraded.labels(self._system).inc()
+        self._count_vote_components(outcome.hazard_space, outcome.votes)
+        self._metrics.record_attribution(
+            region_ids, outcome.attribution.scores, outcome.attribution.top
         )
         self.log.info(
             "investigation succeeded",
@@ -134,14 +164,23 @@ class InvestigationRecorder:
         self._count_finished(InvestigationState.SUCCEEDED)
 
     async def failed(self, error: str) -> None:
-        await self.update(state=InvestigationState.FAILED, error=error, finished_at=now())
-        await self._emit(EventKind.FAILED, reason=error)
+        final = self.record.model_copy(
+            update={"state": InvestigationState.FAILED, "error": error, "finished_at": now()}
+        )
+        await self._events.finish(final, EventKind.FAILED, lease=self._lease, reason=error)
+        self.record = final
         self.log.warning("investigation failed", error=error)
         self._count_finished(InvestigationState.FAILED)
 
     def cancelled(self) -> None:
-        """The runner stores the record as INTERRUPTED and emits that event itself."""
-        self._metrics.investigations_in_flight.labels(self._system).dec()
+        """The run stopped: the runner stores the record as INTERRUPTED and emits that event
+        itself, or the replica that took the investigation over owns it now."""
+        self._leave_flight()
+
+    def _leave_flight(self) -> None:
+        if self._in_flight:
+            self._in_flight = False
+            self._metrics.investigations_in_flight.labels(self._system).dec()
 
     async def on_event(self, event: ProtocolEvent) -> None:
         """The protocol engine's callback: each event lands in the record as it happens."""
@@ -155,7 +194,9 @@ class InvestigationRecorder:
             await self.update(phases=tuple(self._phases))
             await self._emit(EventKind.PHASE_ENDED, phase=event.phase, seconds=event.seconds)
         elif isinstance(event, ExchangeDone):
-            await self._store.record_exchange(self.record.investigation_id, event.exchange)
+            await self._store.record_exchange(
+                self.record.investigation_id, event.exchange, lease=self._lease
+            )
             self._count_llm_call(event.exchange)
         elif isinstance(event, ReportFiled):
             await self.update(reports={**self.record.reports, event.agent_id: event.report})
@@ -187,10 +228,10 @@ class InvestigationRecorder:
 
     async def update(self, **changes: object) -> None:
         self.record = self.record.model_copy(update=changes)
-        await self._store.save_investigation(self.record)
+        await self._store.save_investigation(self.record, lease=self._lease)
 
     async def _emit(self, kind: EventKind, **fields: object) -> None:
-        await self._events.emit(self.record.investigation_id, kind, **fields)
+        await self._events.emit(self.record.investigation_id, kind, lease=self._lease, **fields)
 
     def _count_finished(self, state: InvestigationState) -> None:
         outcome = state.value
@@ -198,7 +239,7 @@ class InvestigationRecorder:
         self._metrics.investigation_duration.labels(self._system, outcome).observe(
             time.monotonic() - self._started
         )
-        self._metrics.investigations_in_flight.labels(self._system).dec()
+        self._leave_flight()
 
     def _count_dropped_regions(self, space: HazardSpace) -> None:
         for dropped in space.dropped:

@@ -1,8 +1,16 @@
 """The investigation queue and its workers: each queued investigation runs through the protocol
 engine while a recorder keeps its record, events and metrics.
 
-The queue is bounded (a full queue refuses new triggers); on shutdown, unfinished investigations
-are kept as INTERRUPTED with whatever they had produced.
+The queue is the store's QUEUED investigations, so that any replica of a shared store runs what
+any other queued: a worker claims one with a lease (`Store.claim_investigation`), renews it while
+the investigation runs and writes under it (fenced: a replica that lost its lease can store
+nothing more of that investigation, its completion least of all). A replica that dies leaves its
+lease to expire; another then claims the investigation and re-runs it from the start
+(`poirotd.store.leases`). The queue is bounded (a full queue refuses new triggers). On shutdown,
+alone on its store, the daemon keeps what it could not finish in time (queued or running) as
+INTERRUPTED with whatever it had produced, and at start-up what a crash left; a replica of a
+shared store leaves its queued work to the others and hands its unfinished runs back (their
+leases end at once): another replica re-runs them.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from datetime import timedelta
 
 import structlog
 
@@ -18,6 +27,7 @@ from poirotd.errors import ResourceExhausted, Unavailable
 from poirotd.hazards import summarise_window
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.recorder import EventLog, InvestigationRecorder, now
+from poirotd.investigations.replica import Replica
 from poirotd.model import (
     EventKind,
     HazardEvent,
@@ -28,14 +38,17 @@ from poirotd.model import (
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol import prompts
-from poirotd.protocol.engine import InvestigationEngine
+from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.ensemble import method_reliabilities
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.reputation import betas_in_use
-from poirotd.store import Store
+from poirotd.store import Lease, LeaseLostError, Store
 
 log = structlog.get_logger(__name__)
 
+# A draining replica's lease on a run it stops: ended at once (the store's clock passes it), so
+# that another replica claims the investigation without waiting out the lease.
+_HANDED_BACK_SECONDS = 1e-6
 # Telemetry samples summarised into the incident description (and checked by ErrorProbe).
 _EVIDENCE_SAMPLES = 2000
 
@@ -52,6 +65,7 @@ class InvestigationRunner:
         backend_name: str,
         capacity: int,
         workers: int,
+        replica: Replica,
     ) -> None:
         self._spec = spec
         self._store = store
@@ -59,11 +73,18 @@ class InvestigationRunner:
         self._events = EventLog(store, bus)
         self._metrics = metrics
         self._backend = backend_name
-        self._queue: asyncio.Queue[Investigation] = asyncio.Queue(maxsize=capacity)
+        self._capacity = capacity
         self._workers = workers
+        self.replica = replica
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
         self._submitting = asyncio.Lock()
+        # Set when this daemon queued something (or drains), so idle workers claim at once.
+        self._wake = asyncio.Event()
+        # The leases of the runs in progress, and of those stopped because another replica took
+        # their investigation over.
+        self._running: set[Lease] = set()
+        self._lost_leases: set[Lease] = set()
 
     def start(self) -> None:
         self._tasks = [
@@ -76,24 +97,37 @@ class InvestigationRunner:
         return not self._draining
 
     async def submit(
-        self,
-        session_id: str,
-        reason: str,
-        trigger: HazardEvent | None = None,
-        *,
-        method: InvestigationMethod = "poirot",
+        self, session_id: str, reason: str, *, method: InvestigationMethod = "poirot"
     ) -> Investigation:
         """Queues an investigation over a stored session, to be run by `method`, and returns
         its QUEUED record."""
+        queued = await self._queue(session_id, reason, None, method, None)
+        assert queued is not None, "only a cooldown leaves an investigation unopened"
+        return queued
+
+    async def open_for(self, event: HazardEvent, cooldown: timedelta) -> Investigation | None:
+        """Queues an investigation of a rule's hazard event unless one of its session was opened
+        by a hazard event less than `cooldown` from it, by any replica (then None)."""
+        reason = f"rule {event.rule}: {event.summary}"
+        return await self._queue(event.session_id, reason, event, "poirot", cooldown)
+
+    async def _queue(
+        self,
+        session_id: str,
+        reason: str,
+        trigger: HazardEvent | None,
+        method: InvestigationMethod,
+        cooldown: timedelta | None,
+    ) -> Investigation | None:
         async with self._submitting:  # the capacity check holds until the record is queued
             if self._draining:
                 raise Unavailable(
                     "the daemon is shutting down; no new investigations", reason="draining"
                 )
-            if self._queue.full():
+            waiting = await self._store.count_investigations(InvestigationState.QUEUED)
+            if waiting >= self._capacity:
                 raise ResourceExhausted(
-                    f"investigation queue is full ({self._queue.maxsize} waiting)",
-                    reason="queue_full",
+                    f"investigation queue is full ({waiting} waiting)", reason="queue_full"
                 )
             investigation = Investigation(
                 investigation_id=uuid.uuid4().hex,
@@ -105,9 +139,16 @@ class InvestigationRunner:
                 trigger=trigger,
                 created_at=now(),
             )
-            await self._store.save_investigation(investigation)
-            self._queue.put_nowait(investigation)
-        self._metrics.queue_depth.labels(self._spec.system.name).set(self._queue.qsize())
+            opened = await self._store.queue_investigation(investigation, cooldown=cooldown)
+            if opened is not None:
+                log.info(
+                    "hazard event within the cooldown of an opened investigation",
+                    session_id=session_id,
+                    opened=opened,
+                )
+                return None
+        self._wake.set()
+        self._metrics.queue_depth.labels(self._spec.system.name).set(waiting + 1)
         log.info(
             "investigation queued",
             investigation_id=investigation.investigation_id,
@@ -116,20 +157,36 @@ class InvestigationRunner:
         return investigation
 
     async def drain(self, seconds: float) -> None:
-        """Refuses new work, lets running and queued investigations finish for up to `seconds`,
-        then cancels the rest; whatever did not finish is stored as INTERRUPTED."""
+        """Refuses new work and lets running investigations (alone on the store: the queued
+        ones too) finish for up to `seconds`, then cancels the rest. Alone on the store, what
+        did not finish is stored as INTERRUPTED; with replicas, its leases end at once, so that
+        another replica takes those investigations over and runs them again."""
         self._draining = True
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._queue.join()
+        self._wake.set()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=seconds)
+        unfinished = set(self._running)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.interrupt_unfinished("daemon stopped before the investigation finished")
+        if not self.replica.shared:
+            await self.interrupt_unfinished("daemon stopped before the investigation finished")
+            return
+        for lease in unfinished:
+            with contextlib.suppress(Exception):  # unreachable store: the lease expires anyway
+                await self._store.renew_lease(lease, _HANDED_BACK_SECONDS)
+                log.info("investigation handed back", investigation_id=lease.investigation_id)
+
+    async def recover(self) -> None:
+        """At start-up, alone on the store: what a crash left queued or running is kept as
+        INTERRUPTED. With replicas nothing is touched: live replicas' investigations run on,
+        and a dead one's are taken over once their leases expire."""
+        if not self.replica.shared:
+            await self.interrupt_unfinished("daemon restarted before the investigation finished")
 
     async def interrupt_unfinished(self, reason: str) -> None:
-        """Marks every QUEUED or RUNNING investigation INTERRUPTED (at shutdown, or at start-up
-        for leftovers of a crash), keeping what they had produced."""
+        """Marks every QUEUED or RUNNING investigation INTERRUPTED (alone on the store),
+        keeping what they had produced."""
         for investigation_id in await self._store.interrupt_unfinished(reason, now()):
             await self._events.emit(investigation_id, EventKind.INTERRUPTED, reason=reason)
             record = await self._store.get_investigation(investigation_id)
@@ -137,48 +194,160 @@ class InvestigationRunner:
             self._metrics.investigations.labels(self._spec.system.name, "interrupted", method).inc()
 
     async def _work(self) -> None:
-        while True:
-            investigation = await self._queue.get()
-            self._metrics.queue_depth.labels(self._spec.system.name).set(self._queue.qsize())
+        """Claims and runs investigations until the daemon drains (with replicas, it leaves the
+        queue to them at once; alone, it empties the queue first)."""
+        replica = self.replica
+        while not (self._draining and replica.shared):
+            self._wake.clear()
+            mark = self._store.change_mark()
             try:
-                await self._run(investigation)
-            finally:
-                self._queue.task_done()
+                claim = await self._store.claim_investigation(
+                    replica.replica_id, replica.lease_seconds
+                )
+            except Exception:  # the store is unreachable: try again after a pause
+                log.exception("claiming an investigation failed")
+                await asyncio.sleep(replica.poll_seconds)
+                continue
+            if claim is None:
+                # Nothing claimable: nothing waits that a worker could start.
+                self._metrics.queue_depth.labels(self._spec.system.name).set(0)
+                if self._draining:
+                    return
+                await self._idle(mark)
+                continue
+            await self._run_leased(*claim)
+            await self._count_queued()
 
-    async def _run(self, investigation: Investigation) -> None:
-        recorder = InvestigationRecorder(
-            investigation, self._store, self._events, self._metrics, backend_name=self._backend
-        )
-        await recorder.started()
+    async def _idle(self, mark: int) -> None:
+        """Until this daemon queues something or drains; with replicas, also until the store
+        tells of another's write after `mark`, and at most a poll interval."""
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._wake.wait())]
+        if self.replica.shared:
+            waits.append(asyncio.ensure_future(self._store.wait_for_change(mark)))
+        timeout = self.replica.poll_seconds if self.replica.shared else None
         try:
-            messages = await self._store.session_messages(investigation.session_id)
-            betas = betas_in_use(self._spec, await self._store.reputations(investigation.system))
-            self._metrics.record_betas(betas)
-            readings = await self._store.newest_readings(
-                investigation.session_id, limit=_EVIDENCE_SAMPLES
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _count_queued(self) -> None:
+        """The queue-depth gauge: the store's queue, every replica's submissions included."""
+        with contextlib.suppress(Exception):  # a gauge is not worth a failed worker
+            self._metrics.queue_depth.labels(self._spec.system.name).set(
+                await self._store.count_investigations(InvestigationState.QUEUED)
             )
-            incident = await self._describe(investigation, readings)
-            await recorder.update(incident=prompts.incident_section(incident), betas=betas)
-            outcome = await self._engine.run(
-                messages,
-                recorder.on_event,
-                incident=incident,
-                betas=betas,
-                method=investigation.method,
-                readings=readings,
-                reliabilities=await self._reliabilities(investigation),
+
+    async def _run_leased(self, investigation: Investigation, lease: Lease) -> None:
+        """Runs the investigation while a heartbeat renews its lease; a lease lost (renewal
+        refused, or a fenced write) stops the run and leaves the record to its new holder."""
+        if lease.taken_over_from:
+            self._metrics.investigations_taken_over.labels(self._spec.system.name).inc()
+            log.warning(
+                "investigation taken over: its replica's lease expired; re-running it",
                 investigation_id=investigation.investigation_id,
+                previous_owner=lease.taken_over_from,
             )
+        self._running.add(lease)
+        run = asyncio.create_task(self._run(investigation, lease))
+        heartbeat = asyncio.create_task(self._heartbeat(lease, run))
+        try:
+            await asyncio.shield(run)
+        except asyncio.CancelledError:
+            if not run.done():  # drain() cancelled the worker: the run goes with it
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+            if not (run.cancelled() and lease in self._lost_leases):
+                raise
+        finally:
+            self._running.discard(lease)
+            self._lost_leases.discard(lease)
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+
+    async def _heartbeat(self, lease: Lease, run: asyncio.Task[None]) -> None:
+        interval = self.replica.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                held = await self._store.renew_lease(lease, self.replica.lease_seconds)
+            except Exception:  # the store is unreachable: the next beat tries again
+                log.exception("lease renewal failed", investigation_id=lease.investigation_id)
+                continue
+            if not held:
+                self._lease_lost(lease)
+                run.cancel()
+                return
+
+    def _lease_lost(self, lease: Lease) -> None:
+        self._lost_leases.add(lease)
+        self._metrics.leases_lost.labels(self._spec.system.name).inc()
+        log.warning(
+            "investigation lease lost: another replica took it over; this run stops",
+            investigation_id=lease.investigation_id,
+        )
+
+    async def _run(self, investigation: Investigation, lease: Lease) -> None:
+        recorder = InvestigationRecorder(
+            investigation,
+            self._store,
+            self._events,
+            self._metrics,
+            backend_name=self._backend,
+            lease=lease,
+        )
+        try:
+            await recorder.started()
+            outcome = await self._investigate(investigation, recorder)
+        except LeaseLostError:
+            self._lease_lost(lease)
+            recorder.cancelled()
         except ProtocolError as exc:
-            await recorder.failed(str(exc))
+            await self._failed(recorder, lease, str(exc))
         except asyncio.CancelledError:
             recorder.cancelled()  # drain() stores the record as INTERRUPTED
             raise
         except Exception as exc:
             recorder.log.exception("investigation crashed")
-            await recorder.failed(f"internal error: {type(exc).__name__}: {exc}")
+            await self._failed(recorder, lease, f"internal error: {type(exc).__name__}: {exc}")
         else:
-            await recorder.succeeded(outcome)
+            # Fenced: once it is stored, the record is final and no replica can claim it again,
+            # so an investigation completes once.
+            try:
+                await recorder.succeeded(outcome)
+            except LeaseLostError:
+                self._lease_lost(lease)
+                recorder.cancelled()
+
+    async def _investigate(
+        self, investigation: Investigation, recorder: InvestigationRecorder
+    ) -> ProtocolOutcome:
+        messages = await self._store.session_messages(investigation.session_id)
+        betas = betas_in_use(self._spec, await self._store.reputations(investigation.system))
+        self._metrics.record_betas(betas)
+        readings = await self._store.newest_readings(
+            investigation.session_id, limit=_EVIDENCE_SAMPLES
+        )
+        incident = await self._describe(investigation, readings)
+        await recorder.update(incident=prompts.incident_section(incident), betas=betas)
+        return await self._engine.run(
+            messages,
+            recorder.on_event,
+            incident=incident,
+            betas=betas,
+            method=investigation.method,
+            readings=readings,
+            reliabilities=await self._reliabilities(investigation),
+            investigation_id=investigation.investigation_id,
+        )
+
+    async def _failed(self, recorder: InvestigationRecorder, lease: Lease, error: str) -> None:
+        try:
+            await recorder.failed(error)
+        except LeaseLostError:
+            self._lease_lost(lease)
+            recorder.cancelled()
 
     async def _reliabilities(self, investigation: Investigation) -> dict[str, float]:
         """The methods' reliabilities from confirmed outcomes, which only an ensemble weighs."""

@@ -3,6 +3,12 @@
 Rules fire HazardEvents (each rule has its own per-session cooldown in the rule engine); on top of
 that, a session gets at most one investigation per cooldown whichever rule fires, so one incident
 seen by several rules is investigated once. Every event is counted, opened or not.
+
+With replicas, each evaluates the rules over the data it ingests, and the store decides: a
+session's investigation opened by any replica's hazard event holds off every other replica's
+within the cooldown (`Store.queue_investigation`), so an incident whose data reached several
+replicas is investigated once. What a replica's rules cannot see is the other replicas' data: a
+rule over a window, or a composite over signals, fires only on what reached one replica.
 """
 
 from __future__ import annotations
@@ -51,9 +57,7 @@ class HazardTriggers:
             )
             return
         try:
-            await self._runner.submit(
-                event.session_id, f"rule {event.rule}: {event.summary}", trigger=event
-            )
+            opened = await self._runner.open_for(event, self._cooldowns[event.rule])
         except ServiceError as exc:
             log.warning(
                 "hazard event could not open an investigation",
@@ -62,4 +66,5 @@ class HazardTriggers:
                 error=str(exc),
             )
             return
-        self._opened[event.session_id] = event.at
+        if opened is not None:
+            self._opened[event.session_id] = event.at

@@ -45,6 +45,22 @@ class Metrics:
         self.investigations_in_flight = Gauge(
             "poirot_investigations_in_flight", "Investigations running now", ["system"], registry=r
         )
+        self.investigations_taken_over = Counter(
+            "poirot_investigations_taken_over_total",
+            "Investigations this replica claimed after another replica's lease on them expired "
+            "(re-run from the start)",
+            ["system"],
+            registry=r,
+        )
+        self.leases_lost = Counter(
+            "poirot_investigation_leases_lost_total",
+            "Runs this replica stopped because another replica took their investigation over",
+            ["system"],
+            registry=r,
+        )
+        # At 0 from the start, like the degraded count: a replica's first takeover is a rise.
+        self.investigations_taken_over.labels(system)
+        self.leases_lost.labels(system)
         self.queue_depth = Gauge(
             "poirot_investigation_queue_depth",
             "Investigations waiting to run",

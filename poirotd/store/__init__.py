@@ -7,6 +7,8 @@ from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.port import (
     MAX_INTEGER,
     AlreadyConfirmedError,
+    Lease,
+    LeaseLostError,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
@@ -18,6 +20,8 @@ __all__ = [
     "GENESIS_HASH",
     "MAX_INTEGER",
     "AlreadyConfirmedError",
+    "Lease",
+    "LeaseLostError",
     "PostgresStore",
     "SqliteStore",
     "Store",

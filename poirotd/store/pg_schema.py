@@ -163,7 +163,33 @@ FROM telemetry_blocks AS b,
      jsonb_array_elements(b.record::jsonb -> 'samples') WITH ORDINALITY AS s (value, n);
 """
 
-MIGRATIONS = (Migration(1, "the tables of SQLite schema 8 and the audit chain", _V1),)
+# Replicas over one database (SQLite schema 10's additions): an investigation's lease beside its
+# record (operational state, not chained), the hazard openings a cooldown is checked against and
+# the per-session count of daemon-assigned message indexes (both derived, like message_indices).
+_V3 = """
+ALTER TABLE investigations
+    ADD COLUMN lease_owner    text,
+    ADD COLUMN lease_until_us bigint,
+    ADD COLUMN lease_token    bigint NOT NULL DEFAULT 0;
+CREATE TABLE hazard_openings (
+    session_id       text NOT NULL,
+    at_us            bigint NOT NULL,
+    investigation_id text NOT NULL,
+    PRIMARY KEY (session_id, at_us, investigation_id)
+);
+CREATE TABLE message_counters (
+    session_id text PRIMARY KEY,
+    next_idx   bigint NOT NULL
+);
+"""
+
+MIGRATIONS = (
+    Migration(1, "the tables of SQLite schema 8 and the audit chain", _V1),
+    # Version 2 is the idempotency keys' (branch `edges`): a placeholder until that merge puts
+    # its migration here, so that versions stay consecutive.
+    Migration(2, "reserved for the idempotency keys", ""),
+    Migration(3, "replicas: investigation leases, hazard openings, message counters", _V3),
+)
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
 _MIGRATIONS_TABLE = """

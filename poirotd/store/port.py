@@ -12,12 +12,18 @@ database, remembering what it finds. Ingest calls it for the sessions of a batch
 refuses a request for an unknown session asks it first. `commit_ingest` itself looks up the
 sessions its memory lacks in its transaction, so a batch is refused only for a session no daemon
 stored.
+
+Replicas (several daemons over one shared store, `Store.shared`) coordinate only through it: an
+investigation is run by the replica holding its `Lease`, whose writes are fenced by the lease's
+token; a hazard rule's investigation is opened once per session and cooldown whichever replica
+saw the data; daemon-assigned message indexes are reserved in the store.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Protocol, TypeAlias
 
 from poirotd.model import (
@@ -78,9 +84,39 @@ class AlreadyConfirmedError(ValueError):
         self.confirmed = confirmed
 
 
+class LeaseLostError(RuntimeError):
+    """A write under a lease the investigation no longer has: another replica claimed it after
+    this lease expired (its token is newer). Nothing of the write is stored."""
+
+    def __init__(self, lease: Lease) -> None:
+        super().__init__(
+            f"investigation {lease.investigation_id!r}: the lease of {lease.owner!r} "
+            f"(token {lease.token}) was taken over"
+        )
+        self.lease = lease
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A replica's hold on the investigation it runs, until the store's clock passes the lease's
+    end (renewed by the runner's heartbeat). `token`, a fencing token, grows with every claim of
+    the investigation: a write under an older token is refused (LeaseLostError), so a replica
+    that stalled past its lease can never finish an investigation another one took over."""
+
+    investigation_id: str
+    owner: str
+    token: int
+    # The replica whose expired lease this claim took over ("" for a queued investigation).
+    taken_over_from: str = ""
+
+
 class Store(Protocol):
     """Sessions, hazard spaces, investigations, their events and LLM exchanges, each write chained
     into the audit log. Every method but `has_session` is a coroutine."""
+
+    # True when other processes (replicas) write the same store: the daemon then claims work,
+    # numbers messages and follows Watch events through the store rather than in memory.
+    shared: bool
 
     async def close(self) -> None:
         """Lets already submitted work finish, then releases the store; idempotent."""
@@ -105,6 +141,11 @@ class Store(Protocol):
 
     async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]: ...
 
+    async def reserve_message_indexes(self, session_id: str, count: int, *, floor: int = 0) -> int:
+        """The first of `count` consecutive indexes for the session's daemon-numbered messages,
+        at or above `floor`, past every index stored for it and every one reserved before (by
+        any replica); the next reservation starts after them."""
+
     # hazard spaces
     async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None: ...
 
@@ -113,7 +154,49 @@ class Store(Protocol):
     async def latest_hazard_space(self, system: str) -> HazardSpace | None: ...
 
     # investigations
-    async def save_investigation(self, inv: Investigation) -> None: ...
+    async def save_investigation(self, inv: Investigation, *, lease: Lease | None = None) -> None:
+        """Upserts the record. Under a lease, only while the lease is the investigation's
+        current one, else LeaseLostError (the completion write of a replica that lost it)."""
+
+    async def finish_investigation(
+        self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
+        """Saves the final record and appends the event announcing its end (returned with its
+        id) in one transaction, fenced like `save_investigation`: a run that stops between the
+        two never leaves a finished record that no event announces."""
+
+    async def queue_investigation(
+        self, inv: Investigation, *, cooldown: timedelta | None = None
+    ) -> str | None:
+        """Stores a new QUEUED investigation for any replica to claim and returns None. With a
+        trigger and `cooldown`: when another investigation of the session was opened by a hazard
+        event less than `cooldown` (in sample time) from this one's, stores nothing and returns
+        that one's id; the check and the insert are one transaction, so of two replicas seeing
+        one incident only one opens it."""
+
+    async def count_investigations(self, state: InvestigationState) -> int: ...
+
+    async def claim_investigation(
+        self, owner: str, lease_seconds: float
+    ) -> tuple[Investigation, Lease] | None:
+        """Claims for `owner`, until the store's clock + lease_seconds, the oldest QUEUED
+        investigation nobody holds, else the oldest RUNNING one whose lease expired (its replica
+        died): that one is reset to its queued form (what the dead run produced is left in the
+        audit chain) and re-run from the start. None when there is nothing to claim."""
+
+    async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
+        """Extends the lease to the store's clock + lease_seconds; False when it was lost."""
+
+    # other replicas' writes
+    def change_mark(self) -> int:
+        """A mark of the writes other processes made known so far (events stored, investigations
+        queued, leases moved): take it before reading the store, then `wait_for_change`."""
+
+    async def wait_for_change(self, since: int) -> None:
+        """Returns once another process made a write known after `since` (a `change_mark`): a
+        hint to read the store again, never the only one. Callers bound the wait
+        (asyncio.timeout): a store that cannot tell never returns, a lost notice costs the
+        bound."""
 
     async def get_investigation(self, investigation_id: str) -> Investigation | None: ...
 
@@ -168,14 +251,20 @@ class Store(Protocol):
         returns it, or None when there is no such entry."""
 
     # events and exchanges
-    async def append_event(self, event: InvestigationEvent) -> InvestigationEvent:
-        """Stores the event under the next event id, returned in the copy."""
+    async def append_event(
+        self, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
+        """Stores the event under the next event id, returned in the copy (fenced like
+        `save_investigation`). Ids become visible in increasing order: a reader that has seen
+        every event up to N never later finds a new one at or below N."""
 
     async def events_after(
         self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
     ) -> list[InvestigationEvent]: ...
 
-    async def record_exchange(self, investigation_id: str, exchange: LLMExchange) -> None: ...
+    async def record_exchange(
+        self, investigation_id: str, exchange: LLMExchange, *, lease: Lease | None = None
+    ) -> None: ...
 
     async def exchanges(self, investigation_id: str) -> list[LLMExchange]: ...
 

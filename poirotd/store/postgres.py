@@ -18,6 +18,14 @@ commit in the order they are assigned, so a Watch that reads "after N" never mis
 commits later. A transaction's statements go in pipeline mode: those whose results are not needed
 yet share a round trip.
 
+Replicas: every write transaction holds the chain's lock, so claiming an investigation, checking a
+lease before a fenced write and checking a hazard cooldown before opening an investigation are
+serialised across daemons by the same lock (no row lock or SKIP LOCKED is needed on top); a claim
+first asks the read connection whether anything is claimable, so idle replicas polling for work
+take no lock. Leases are timed by the server's clock (`clock_timestamp()`), one clock for every
+replica. Message indexes are reserved by one upsert of `message_counters` (its row lock
+serialises two replicas' reservations).
+
 A connection the server dropped (a restart, a failover, an idle timeout) is replaced by a new one
 at the next call: the write that met the loss fails (its items are not acknowledged, so their
 producers send them again), a read is tried once more on the new connection.
@@ -33,7 +41,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, TypeAlias
 
@@ -50,6 +58,7 @@ from poirotd.model import (
     HazardSpace,
     Investigation,
     InvestigationEvent,
+    InvestigationState,
     LLMExchange,
     Reading,
     Session,
@@ -68,8 +77,12 @@ from poirotd.store.common import (
     tombstone,
     unknown_sessions,
 )
+from poirotd.store.leases import claimed, lease_micros
+from poirotd.store.pg_changes import NOTIFY, ChangeListener
 from poirotd.store.pg_schema import CHAIN_LOCK, migrate
 from poirotd.store.port import (
+    Lease,
+    LeaseLostError,
     MemoryUpdate,
     Reassess,
     UnknownInvestigationError,
@@ -96,6 +109,7 @@ from poirotd.store.records import (
     investigation_row,
     memory_row,
     message_block_row,
+    micros,
     reputation_row,
     session_row,
     telemetry_block_row,
@@ -116,6 +130,19 @@ _INSERT_SESSION = (
 _NEW_MESSAGE_KEYS = (
     b"INSERT INTO message_indices SELECT * FROM unnest(%s::text[], %s::bigint[])"
     b" ON CONFLICT DO NOTHING RETURNING session_id, idx"
+)
+# The server's clock in microseconds: leases are timed by it, the same for every replica.
+_NOW_US = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+_CLAIMABLE = (
+    " FROM investigations WHERE state = ANY(%s)"
+    f" AND (lease_until_us IS NULL OR lease_until_us < {_NOW_US})"
+)
+_RESERVE_INDEXES = (
+    b"INSERT INTO message_counters AS c (session_id, next_idx)"
+    b" SELECT %(s)s, greatest(%(floor)s, coalesce(max(idx) + 1, 0)) + %(n)s"
+    b" FROM message_indices WHERE session_id = %(s)s"
+    b" ON CONFLICT (session_id) DO UPDATE SET next_idx = greatest(c.next_idx + %(n)s,"
+    b" excluded.next_idx) RETURNING next_idx - %(n)s"
 )
 # Blocks are read newest first, this many at a time, until the newest samples are known.
 _BLOCKS_PER_READ = 32
@@ -178,6 +205,8 @@ class PostgresStore(StoreReads):
         self._writing = asyncio.Lock()
         self._reading = asyncio.Lock()
         self._closing: asyncio.Task[None] | None = None
+        self.shared = True
+        self._changes = ChangeListener(connect)
 
     @classmethod
     async def open(cls, url: str, *, where: str, password: str | None = None) -> PostgresStore:
@@ -216,6 +245,7 @@ class PostgresStore(StoreReads):
         await asyncio.shield(self._closing)
 
     async def _shutdown(self) -> None:
+        await self._changes.close()
         async with self._writing, self._reading:
             try:
                 await self._reader.close()
@@ -233,9 +263,7 @@ class PostgresStore(StoreReads):
         appended to its links are stored just before it commits."""
         self._check_open()
         async with self._writing:
-            if self._writer.broken:
-                self._writer = await self._connect()
-            conn = self._writer
+            conn = await self._write_connection()
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(_LOCK_CHAIN, (CHAIN_LOCK,))
                 head = _Head(await conn.execute(_HEAD))
@@ -252,6 +280,12 @@ class PostgresStore(StoreReads):
 
     async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         return await self._all(_placeholders(sql), params)
+
+    async def _write_connection(self) -> Connection:
+        """The write connection, replaced if the server dropped it; hold `_writing`."""
+        if self._writer.broken:
+            self._writer = await self._connect()
+        return self._writer
 
     async def _all(self, query: bytes, params: Sequence[Any] = ()) -> list[Row]:
         """One read statement; on a connection found lost, once more on a new one."""
@@ -325,6 +359,20 @@ class PostgresStore(StoreReads):
         messages = [m for (r,) in rows for m in MessageBlock.model_validate_json(r).to_messages()]
         return sorted(messages, key=lambda message: message.index)
 
+    async def reserve_message_indexes(self, session_id: str, count: int, *, floor: int = 0) -> int:
+        """One upsert of the session's counter: first = max(counter, stored + 1, floor)."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, not {count}")
+        self._check_open()
+        async with self._writing:
+            conn = await self._write_connection()
+            cursor = await conn.execute(
+                _RESERVE_INDEXES, {"s": session_id, "n": count, "floor": floor}
+            )
+            row = await cursor.fetchone()
+        assert row is not None, "an upsert returns its row"
+        return int(row[0])
+
     async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]:
         """The session's newest `limit` samples, oldest first (ties in time keep arrival order):
         blocks are read newest first, a page at a time, until the rest can hold none of them."""
@@ -357,9 +405,95 @@ class PostgresStore(StoreReads):
 
     # ------------------------------------------------------------ investigations
 
-    async def save_investigation(self, inv: Investigation) -> None:
+    async def save_investigation(self, inv: Investigation, *, lease: Lease | None = None) -> None:
         async with self._transaction() as (conn, links):
+            await _check_lease(conn, lease)
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+
+    async def finish_investigation(
+        self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
+        async with self._transaction() as (conn, links):
+            await _check_lease(conn, lease)
+            await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+            stored = await _insert_row(conn, EVENTS, event_row(event, None))
+            links.append(EVENTS.kind, EVENTS.ref(stored), stored[-1])
+            await conn.execute(NOTIFY)
+        return event.model_copy(update={"event_id": stored[0]})
+
+    async def queue_investigation(
+        self, inv: Investigation, *, cooldown: timedelta | None = None
+    ) -> str | None:
+        async with self._transaction() as (conn, links):
+            if inv.trigger is not None and cooldown is not None:
+                at, span = micros(inv.trigger.at), cooldown // timedelta(microseconds=1)
+                row = await (
+                    await conn.execute(
+                        b"SELECT investigation_id FROM hazard_openings"
+                        b" WHERE session_id = %s AND at_us > %s AND at_us < %s LIMIT 1",
+                        (inv.session_id, at - span, at + span),
+                    )
+                ).fetchone()
+                if row is not None:
+                    return str(row[0])
+                await conn.execute(
+                    b"INSERT INTO hazard_openings VALUES (%s, %s, %s)",
+                    (inv.session_id, at, inv.investigation_id),
+                )
+            await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+            await conn.execute(NOTIFY)
+        return None
+
+    async def claim_investigation(
+        self, owner: str, lease_seconds: float
+    ) -> tuple[Investigation, Lease] | None:
+        span = lease_micros(lease_seconds)
+        if not await self._all(sql(f"SELECT 1{_CLAIMABLE} LIMIT 1"), (list(UNFINISHED),)):
+            return None
+        async with self._transaction() as (conn, links):
+            row = await (
+                await conn.execute(
+                    sql(
+                        f"SELECT record, lease_owner, lease_token{_CLAIMABLE}"
+                        " ORDER BY state = %s, created_us, investigation_id LIMIT 1"
+                    ),
+                    (list(UNFINISHED), InvestigationState.RUNNING.value),
+                )
+            ).fetchone()
+            if row is None:
+                return None
+            inv, lease = claimed(Investigation.model_validate_json(row[0]), owner, row[1], row[2])
+            await conn.execute(
+                sql(
+                    "UPDATE investigations SET lease_owner = %s,"
+                    f" lease_until_us = {_NOW_US} + %s, lease_token = %s"
+                    " WHERE investigation_id = %s"
+                ),
+                (owner, span, lease.token, inv.investigation_id),
+            )
+            if lease.taken_over_from:
+                await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+        return inv, lease
+
+    def change_mark(self) -> int:
+        return self._changes.mark()
+
+    async def wait_for_change(self, since: int) -> None:
+        await self._changes.wait(since)
+
+    async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
+        span = lease_micros(lease_seconds)
+        async with self._transaction() as (conn, _):
+            await conn.execute(NOTIFY)  # a lease handed back is claimable at once
+            cursor = await conn.execute(
+                sql(
+                    f"UPDATE investigations SET lease_until_us = {_NOW_US} + %s"
+                    " WHERE investigation_id = %s AND lease_owner = %s AND lease_token = %s"
+                    " RETURNING 1"  # pipeline mode: a row fetched, not a rowcount
+                ),
+                (span, lease.investigation_id, lease.owner, lease.token),
+            )
+            return await cursor.fetchone() is not None
 
     async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest
@@ -453,23 +587,32 @@ class PostgresStore(StoreReads):
 
     # ------------------------------------------------------------ investigation events
 
-    async def append_event(self, event: InvestigationEvent) -> InvestigationEvent:
+    async def append_event(
+        self, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
         """Stores the event under the next global id (the incoming one is ignored)."""
-        row = await self._insert_for_investigation(EVENTS, event_row(event, None))
+        row = await self._insert_for_investigation(EVENTS, event_row(event, None), lease)
         return event.model_copy(update={"event_id": row[0]})
 
     # ------------------------------------------------------------ LLM exchange audit
 
-    async def record_exchange(self, investigation_id: str, exchange: LLMExchange) -> None:
+    async def record_exchange(
+        self, investigation_id: str, exchange: LLMExchange, *, lease: Lease | None = None
+    ) -> None:
         await self._insert_for_investigation(
-            EXCHANGES, exchange_row(exchange, investigation_id, None)
+            EXCHANGES, exchange_row(exchange, investigation_id, None), lease
         )
 
-    async def _insert_for_investigation(self, table: AuditedTable, row: Row) -> Row:
+    async def _insert_for_investigation(
+        self, table: AuditedTable, row: Row, lease: Lease | None
+    ) -> Row:
         try:
             async with self._transaction() as (conn, links):
+                await _check_lease(conn, lease)
                 stored = await _insert_row(conn, table, row)
                 links.append(table.kind, table.ref(stored), stored[-1])
+                if table is EVENTS:
+                    await conn.execute(NOTIFY)
         except pg_errors.ForeignKeyViolation as exc:  # the only constraint: the investigation
             raise UnknownInvestigationError(row[1]) from exc
         return stored
@@ -562,6 +705,20 @@ async def _insert_row(conn: Connection, table: AuditedTable, row: Row) -> Row:
     """Inserts `row` (its first column None: the database assigns it); returns it with its id."""
     answer = await conn.execute(_insert_with_id(table), row[1:])
     return (await _assigned_id(answer), *row[1:])
+
+
+async def _check_lease(conn: Connection, lease: Lease | None) -> None:
+    """Under the chain's lock: the lease is still the investigation's current one."""
+    if lease is None:
+        return
+    row = await (
+        await conn.execute(
+            b"SELECT lease_owner, lease_token FROM investigations WHERE investigation_id = %s",
+            (lease.investigation_id,),
+        )
+    ).fetchone()
+    if row is None or tuple(row) != (lease.owner, lease.token):
+        raise LeaseLostError(lease)
 
 
 # The number of leading columns that key each upserted table.

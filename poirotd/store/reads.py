@@ -72,6 +72,12 @@ class StoreReads:
         sql, params = investigations_page_query(session_id, state, limit, page_token, "?")
         return investigations_page(await self._query(sql, params), limit)
 
+    async def count_investigations(self, state: InvestigationState) -> int:
+        rows = await self._query(
+            "SELECT count(*) FROM investigations WHERE state = ?", (state.value,)
+        )
+        return int(rows[0][0])
+
     async def reputations(self, system: str) -> dict[str, AgentReputation]:
         """The stored reputation of each agent of `system` that has one, by agent id."""
         rows = await self._query(

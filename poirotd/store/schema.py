@@ -33,7 +33,11 @@ from poirotd.store.records import (
 #    empty when opened).
 # 8: ErrorProbe's verified diagnosis memory (a new table; a schema-7 store gains it empty when
 #    opened).
-SCHEMA_VERSION = 8
+# 10: replicas over one store: an investigation's lease (owner, end, fencing token; operational
+#    state beside the record, not chained) and the hazard openings a cooldown is checked against
+#    (derived, like message_indices). A schema-8 or -9 store gains them when opened. (9 is the
+#    idempotency keys' schema.)
+SCHEMA_VERSION = 10
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """
@@ -108,7 +112,10 @@ CREATE TABLE IF NOT EXISTS investigations (
     session_id       TEXT NOT NULL,
     state            TEXT NOT NULL,
     created_us       INTEGER NOT NULL,
-    record           TEXT NOT NULL
+    record           TEXT NOT NULL,
+    lease_owner      TEXT,
+    lease_until_us   INTEGER,
+    lease_token      INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS investigations_by_time
     ON investigations (created_us, investigation_id);
@@ -116,6 +123,12 @@ CREATE INDEX IF NOT EXISTS investigations_by_session
     ON investigations (session_id, created_us, investigation_id);
 CREATE INDEX IF NOT EXISTS investigations_by_state
     ON investigations (state, created_us, investigation_id);
+CREATE TABLE IF NOT EXISTS hazard_openings (
+    session_id       TEXT NOT NULL,
+    at_us            INTEGER NOT NULL,
+    investigation_id TEXT NOT NULL,
+    PRIMARY KEY (session_id, at_us, investigation_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
     event_id         INTEGER PRIMARY KEY AUTOINCREMENT,
     investigation_id TEXT NOT NULL REFERENCES investigations (investigation_id),
@@ -199,6 +212,8 @@ def open_writer(path: Path, synchronous: str) -> tuple[sqlite3.Connection, set[s
                 conn.execute(statement)
             if version == 1:
                 _migrate_from_v1(conn, chain, path)
+            if 0 < version < 10:
+                _add_lease_columns(conn)
             if version < 5:  # the messages stored one per row are deduplicated against too
                 conn.execute(
                     "INSERT OR IGNORE INTO message_indices SELECT session_id, idx FROM messages"
@@ -209,6 +224,18 @@ def open_writer(path: Path, synchronous: str) -> tuple[sqlite3.Connection, set[s
         conn.close()
         raise
     return conn, sessions
+
+
+def _add_lease_columns(conn: sqlite3.Connection) -> None:
+    """Schema 10's lease columns on an older store's investigations (none is leased)."""
+    present = {row[1] for row in conn.execute("PRAGMA table_info(investigations)")}
+    for column in (
+        "lease_owner TEXT",
+        "lease_until_us INTEGER",
+        "lease_token INTEGER NOT NULL DEFAULT 0",
+    ):
+        if column.split()[0] not in present:
+            conn.execute(f"ALTER TABLE investigations ADD COLUMN {column}")
 
 
 def open_reader(path: Path) -> tuple[sqlite3.Connection, None]:

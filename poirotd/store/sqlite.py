@@ -23,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
@@ -41,6 +42,7 @@ from poirotd.model import (
     HazardSpace,
     Investigation,
     InvestigationEvent,
+    InvestigationState,
     LLMExchange,
     Reading,
     Session,
@@ -60,7 +62,10 @@ from poirotd.store.common import (
     tombstone,
     unknown_sessions,
 )
+from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.port import (
+    Lease,
+    LeaseLostError,
     MemoryUpdate,
     Reassess,
     UnknownInvestigationError,
@@ -87,6 +92,7 @@ from poirotd.store.records import (
     investigation_row,
     memory_row,
     message_block_row,
+    micros,
     reputation_row,
     session_row,
     telemetry_block_row,
@@ -123,6 +129,9 @@ _PUT_MEMORY = """
 INSERT INTO diagnosis_memory (system, entry_id, record) VALUES (?, ?, ?)
 ON CONFLICT (system, entry_id) DO UPDATE SET record = excluded.record
 """
+_INSERT_OPENING = (
+    "INSERT INTO hazard_openings (session_id, at_us, investigation_id) VALUES (?, ?, ?)"
+)
 _INSERT_EVENT = "INSERT INTO events (event_id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_EXCHANGE = "INSERT INTO exchanges (id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_ACCESS_DENIAL = "INSERT INTO access_denials (id, record) VALUES (?, ?)"
@@ -135,6 +144,8 @@ class SqliteStore(StoreReads):
     """The store port (`poirotd.store.port.Store`) on one SQLite file.
 
     Create with `await SqliteStore.open(path)`; every method but `has_session` is a coroutine.
+    One process uses the file (`shared` is False): leases, cooldown checks and index reservations
+    keep the port's semantics with the writer thread as their only lock and this process's clock.
     `synchronous="NORMAL"` keeps commits safe from a crash of the daemon but not from power loss.
     Opening a schema-1 database migrates it: its rows as they are become the first entries of the
     chain (the chain starts at migration; earlier versions of a record are not recoverable).
@@ -146,6 +157,9 @@ class SqliteStore(StoreReads):
         # Mutated only by the writer thread, after COMMIT; read on the loop (atomic under the GIL).
         self._sessions = sessions
         self._closing: asyncio.Task[None] | None = None
+        self.shared = False
+        # The next daemon-assigned index per session (`reserve_message_indexes`).
+        self._reserved: dict[str, int] = {}
 
     @classmethod
     async def open(
@@ -213,6 +227,16 @@ class SqliteStore(StoreReads):
         """The session's messages in index order."""
         return await self._read(_session_messages, session_id)
 
+    async def reserve_message_indexes(self, session_id: str, count: int, *, floor: int = 0) -> int:
+        """Counted in memory (one process), past the session's highest stored index, read from
+        the committed state on each call."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, not {count}")
+        stored = await self._read(_next_stored_index, session_id)
+        first = max(self._reserved.get(session_id, 0), stored, floor)
+        self._reserved[session_id] = first + count
+        return first
+
     async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]:
         """The session's newest `limit` samples, oldest first (ties in time keep arrival order)."""
         check_limit(limit)
@@ -226,8 +250,33 @@ class SqliteStore(StoreReads):
 
     # ------------------------------------------------------------ investigations
 
-    async def save_investigation(self, inv: Investigation) -> None:
-        await self._write(_save_investigation, inv)
+    async def save_investigation(self, inv: Investigation, *, lease: Lease | None = None) -> None:
+        await self._write(_save_investigation, inv, lease)
+
+    async def finish_investigation(
+        self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
+        event_id = await self._write(_finish_investigation, inv, event, lease)
+        return event.model_copy(update={"event_id": event_id})
+
+    async def queue_investigation(
+        self, inv: Investigation, *, cooldown: timedelta | None = None
+    ) -> str | None:
+        return await self._write(_queue_investigation, inv, cooldown)
+
+    async def claim_investigation(
+        self, owner: str, lease_seconds: float
+    ) -> tuple[Investigation, Lease] | None:
+        return await self._write(_claim_investigation, owner, _lease_end(lease_seconds))
+
+    async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
+        return await self._write(_renew_lease, lease, _lease_end(lease_seconds))
+
+    def change_mark(self) -> int:
+        return 0  # one process: no other writes to be told of
+
+    async def wait_for_change(self, since: int) -> None:
+        await asyncio.Event().wait()  # never: no other process writes this store
 
     async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest first;
@@ -271,15 +320,19 @@ class SqliteStore(StoreReads):
 
     # ------------------------------------------------------------ investigation events
 
-    async def append_event(self, event: InvestigationEvent) -> InvestigationEvent:
+    async def append_event(
+        self, event: InvestigationEvent, *, lease: Lease | None = None
+    ) -> InvestigationEvent:
         """Stores the event under the next global id (the incoming one is ignored)."""
-        event_id = await self._write(_append_event, event)
+        event_id = await self._write(_append_event, event, lease)
         return event.model_copy(update={"event_id": event_id})
 
     # ------------------------------------------------------------ LLM exchange audit
 
-    async def record_exchange(self, investigation_id: str, exchange: LLMExchange) -> None:
-        await self._write(_record_exchange, investigation_id, exchange)
+    async def record_exchange(
+        self, investigation_id: str, exchange: LLMExchange, *, lease: Lease | None = None
+    ) -> None:
+        await self._write(_record_exchange, investigation_id, exchange, lease)
 
     # ------------------------------------------------------------ the audit chain
 
@@ -470,9 +523,87 @@ def _put_hazard_space(conn: sqlite3.Connection, space: HazardSpace) -> None:
         _write(conn, chain, HAZARD_SPACES, _PUT_HAZARD_SPACE, row)
 
 
-def _save_investigation(conn: sqlite3.Connection, inv: Investigation) -> None:
+def _save_investigation(
+    conn: sqlite3.Connection, inv: Investigation, lease: Lease | None = None
+) -> None:
     with transaction(conn) as chain:
+        _check_lease(conn, lease)
         _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
+
+
+def _finish_investigation(
+    conn: sqlite3.Connection, inv: Investigation, event: InvestigationEvent, lease: Lease | None
+) -> int:
+    with transaction(conn) as chain:
+        _check_lease(conn, lease)
+        _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
+        stored = _write(conn, chain, EVENTS, _INSERT_EVENT, event_row(event, None))
+    assert stored is not None, "a plain insert is never ignored"
+    return int(stored[0])
+
+
+def _check_lease(conn: sqlite3.Connection, lease: Lease | None) -> None:
+    """Within a write transaction: the lease is still the investigation's current one."""
+    if lease is None:
+        return
+    row = conn.execute(
+        "SELECT lease_owner, lease_token FROM investigations WHERE investigation_id = ?",
+        (lease.investigation_id,),
+    ).fetchone()
+    if row is None or tuple(row) != (lease.owner, lease.token):
+        raise LeaseLostError(lease)
+
+
+def _queue_investigation(
+    conn: sqlite3.Connection, inv: Investigation, cooldown: timedelta | None
+) -> str | None:
+    with transaction(conn) as chain:
+        if inv.trigger is not None and cooldown is not None:
+            at, span = micros(inv.trigger.at), cooldown // timedelta(microseconds=1)
+            row = conn.execute(
+                "SELECT investigation_id FROM hazard_openings"
+                " WHERE session_id = ? AND at_us > ? AND at_us < ? LIMIT 1",
+                (inv.session_id, at - span, at + span),
+            ).fetchone()
+            if row is not None:
+                return str(row[0])
+            conn.execute(_INSERT_OPENING, (inv.session_id, at, inv.investigation_id))
+        _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
+    return None
+
+
+def _claim_investigation(
+    conn: sqlite3.Connection, owner: str, until_us: int
+) -> tuple[Investigation, Lease] | None:
+    now_us = _clock_us()
+    with transaction(conn) as chain:
+        row = conn.execute(
+            "SELECT record, lease_owner, lease_token FROM investigations"
+            " WHERE state IN (?, ?) AND (lease_until_us IS NULL OR lease_until_us < ?)"
+            " ORDER BY state = ?, created_us, investigation_id LIMIT 1",
+            (_QUEUED, _RUNNING, now_us, _RUNNING),
+        ).fetchone()
+        if row is None:
+            return None
+        inv, lease = claimed(Investigation.model_validate_json(row[0]), owner, row[1], row[2])
+        conn.execute(
+            "UPDATE investigations SET lease_owner = ?, lease_until_us = ?, lease_token = ?"
+            " WHERE investigation_id = ?",
+            (owner, until_us, lease.token, inv.investigation_id),
+        )
+        if lease.taken_over_from:
+            _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
+    return inv, lease
+
+
+def _renew_lease(conn: sqlite3.Connection, lease: Lease, until_us: int) -> bool:
+    with transaction(conn):
+        cursor = conn.execute(
+            "UPDATE investigations SET lease_until_us = ?"
+            " WHERE investigation_id = ? AND lease_owner = ? AND lease_token = ?",
+            (until_us, lease.investigation_id, lease.owner, lease.token),
+        )
+    return cursor.rowcount == 1
 
 
 def _confirm_outcome(
@@ -552,16 +683,16 @@ def _interrupt_unfinished(conn: sqlite3.Connection, reason: str, at: datetime) -
     return [inv.investigation_id for inv in done]
 
 
-def _append_event(conn: sqlite3.Connection, event: InvestigationEvent) -> int:
-    row = _insert_for_investigation(conn, EVENTS, _INSERT_EVENT, event_row(event, None))
+def _append_event(conn: sqlite3.Connection, event: InvestigationEvent, lease: Lease | None) -> int:
+    row = _insert_for_investigation(conn, EVENTS, _INSERT_EVENT, event_row(event, None), lease)
     return int(row[0])
 
 
 def _record_exchange(
-    conn: sqlite3.Connection, investigation_id: str, exchange: LLMExchange
+    conn: sqlite3.Connection, investigation_id: str, exchange: LLMExchange, lease: Lease | None
 ) -> None:
     row = exchange_row(exchange, investigation_id, None)
-    _insert_for_investigation(conn, EXCHANGES, _INSERT_EXCHANGE, row)
+    _insert_for_investigation(conn, EXCHANGES, _INSERT_EXCHANGE, row, lease)
 
 
 def _record_access_denial(conn: sqlite3.Connection, denial: AccessDenial) -> None:
@@ -570,11 +701,12 @@ def _record_access_denial(conn: sqlite3.Connection, denial: AccessDenial) -> Non
 
 
 def _insert_for_investigation(
-    conn: sqlite3.Connection, table: AuditedTable, sql: str, row: Row
+    conn: sqlite3.Connection, table: AuditedTable, sql: str, row: Row, lease: Lease | None
 ) -> Row:
-    """Inserts a row tied to an investigation; returns it with its assigned id."""
+    """Inserts a row tied to an investigation (fenced by `lease`); returns it with its id."""
     try:
         with transaction(conn) as chain:
+            _check_lease(conn, lease)
             stored = _write(conn, chain, table, sql, row)
     except sqlite3.IntegrityError as exc:  # the only constraint: the investigation must exist
         raise UnknownInvestigationError(row[1]) from exc
@@ -583,3 +715,21 @@ def _insert_for_investigation(
 
 
 # ------------------------------------------------------------ helpers
+
+_QUEUED = InvestigationState.QUEUED.value
+_RUNNING = InvestigationState.RUNNING.value
+
+
+def _clock_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _lease_end(lease_seconds: float) -> int:
+    return _clock_us() + lease_micros(lease_seconds)
+
+
+def _next_stored_index(conn: sqlite3.Connection, session_id: str) -> int:
+    row = conn.execute(
+        "SELECT max(idx) FROM message_indices WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    return 0 if row[0] is None else int(row[0]) + 1

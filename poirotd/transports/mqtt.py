@@ -271,7 +271,10 @@ class _MessageSink:
 
     async def __call__(self, batch: list[ReceivedMessage]) -> None:
         indexes = self._pipeline.indexes
-        await indexes.learn(r.message.session_id for r in batch if not r.numbered)
+        await indexes.learn(
+            (r.message.session_id for r in batch if not r.numbered),
+            [(r.message.session_id, r.message.index) for r in batch if r.numbered],
+        )
         items: list[CommitItem] = []
         sources: list[ReceivedMessage | None] = []
         handled: set[str] = set()

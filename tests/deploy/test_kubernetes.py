@@ -23,7 +23,6 @@ from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,
     K8S,
-    load_yaml_documents,
     require_tool,
 )
 from tests.support.kubernetes import (
@@ -33,6 +32,7 @@ from tests.support.kubernetes import (
     manifest_one,
     manifest_resources,
     manifest_selects,
+    validate_strictly,
 )
 
 # Custom resources: kubernetes-validate ships schemas for built-in kinds only and raises
@@ -54,18 +54,7 @@ RPC_GRACE_SECONDS = 5
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_manifest_validates_against_the_kubernetes_schema(path: Path, version: str) -> None:
-    for resource in load_yaml_documents(path):
-        key = (resource["apiVersion"], resource["kind"])
-        try:
-            kv.validate(resource, version, strict=True)
-        except kv.SchemaNotFoundError:
-            assert key in CRD_KINDS, f"{path.name}: no schema for {key}"
-        except kv.ValidationError as error:
-            where = ".".join(str(p) for p in error.path)
-            pytest.fail(
-                f"{path.name}: {resource['kind']}/{resource['metadata']['name']}: "
-                f"{where}: {error.message}"
-            )
+    validate_strictly(path, version, CRD_KINDS)
 
 
 def test_strict_validation_catches_a_misspelt_field() -> None:

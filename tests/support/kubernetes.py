@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any
+
+import pytest
+from kubernetes_validate import utils as kv
 
 from tests.support.deploy import (
     K8S,
@@ -35,3 +40,21 @@ def manifest_env(container: dict[str, Any]) -> dict[str, str]:
 
 def manifest_selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
+
+
+def validate_strictly(path: Path, version: str, custom_kinds: Collection[tuple[str, str]]) -> None:
+    """Every object of the file against the Kubernetes `version` schema (strict: no unknown
+    field); kinds kubernetes-validate has no schema for must be among `custom_kinds`
+    (apiVersion, kind), which the caller checks otherwise."""
+    for resource in load_yaml_documents(path):
+        key = (resource["apiVersion"], resource["kind"])
+        try:
+            kv.validate(resource, version, strict=True)
+        except kv.SchemaNotFoundError:
+            assert key in custom_kinds, f"{path.name}: no schema for {key}"
+        except kv.ValidationError as error:
+            where = ".".join(str(p) for p in error.path)
+            pytest.fail(
+                f"{path.name}: {resource['kind']}/{resource['metadata']['name']}: "
+                f"{where}: {error.message}"
+            )

@@ -7,6 +7,7 @@ import ssl
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from poirotd.config import OpenAILLMSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.openai_http import OpenAIBackend
-from tests.support.answers import chat_body
+from tests.support.answers import chat_body, fill
 
 MESSAGES = [
     ChatMessage(role="system", content="You are the controller agent."),
@@ -29,11 +30,27 @@ class Reply:
     delay: float = 0.0
 
 
-class ScriptedServer:
-    """Answers each request with the next scripted Reply; an empty script answers 599. With
-    `tls`, a server-side context, it speaks https."""
+def schema_replies(delay: float) -> Callable[[Any], Reply]:
+    """A ScriptedServer's `otherwise`: every request answered after `delay` seconds, with a
+    valid answer to the JSON schema it asks for (or prose), as a slow model would."""
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def reply(body: Any) -> Reply:
+        schema = body.get("response_format", {}).get("json_schema", {}).get("schema")
+        text = json.dumps(fill(schema)) if schema else "I saw nothing unusual."
+        return Reply(body=chat_body(text), delay=delay)
+
+    return reply
+
+
+class ScriptedServer:
+    """Answers each request with the next scripted Reply; an empty script answers 599, or what
+    `otherwise` makes of the request body. With `tls`, a server-side context, it speaks https."""
+
+    def __init__(
+        self,
+        tls: ssl.SSLContext | None = None,
+        otherwise: Callable[[Any], Reply] | None = None,
+    ) -> None:
         self.replies: deque[Reply] = deque()
         self.seen: list[Seen] = []
         self.in_flight = 0
@@ -54,7 +71,12 @@ class ScriptedServer:
             def _answer(self, body: Any) -> None:
                 with server._lock:
                     server.seen.append(Seen(self.command, self.path, dict(self.headers), body))
-                    reply = server.replies.popleft() if server.replies else Reply(599, b"empty")
+                    if server.replies:
+                        reply = server.replies.popleft()
+                    elif otherwise is not None and isinstance(body, dict):
+                        reply = otherwise(body)
+                    else:
+                        reply = Reply(599, b"empty")
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:

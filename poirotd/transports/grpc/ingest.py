@@ -242,8 +242,13 @@ class IngestServicer(pb_grpc.IngestServicer):
 
     async def _number(self, items: list[IngestItem], positions: Sequence[int]) -> None:
         indexes = self._pipeline.indexes
-        await indexes.learn(items[i].session_id for i in positions)
         numbered = set(positions)
+        chosen = [
+            (item.session_id, item.index)
+            for i, item in enumerate(items)
+            if i not in numbered and isinstance(item, AgentMessage)
+        ]
+        await indexes.learn((items[i].session_id for i in positions), chosen)
         for i, item in enumerate(items):
             if i in numbered:
                 items[i] = item.model_copy(update={"index": indexes.take(item.session_id)})
