@@ -123,7 +123,9 @@ class Daemon:
         if s.auth_file is not None or s.tls_client_ca_file is not None:
             reloads = self.metrics.auth_file_reloads
             access = AccessControl(s.auth_file, lambda outcome: reloads.labels(outcome).inc())
-        self._store = await SqliteStore.open(s.db_path)
+        self._store = await SqliteStore.open(
+            s.db_path, idempotency_window=s.idempotency_window_seconds
+        )
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
         core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s)

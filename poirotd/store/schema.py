@@ -33,7 +33,9 @@ from poirotd.store.records import (
 #    empty when opened).
 # 8: ErrorProbe's verified diagnosis memory (a new table; a schema-7 store gains it empty when
 #    opened).
-SCHEMA_VERSION = 8
+# 9: idempotency keys of ingest items (`ingest_keys`, runs of a producer's seqs; a new table, a
+#    schema-8 store gains it empty when opened).
+SCHEMA_VERSION = 9
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """
@@ -144,6 +146,14 @@ CREATE TABLE IF NOT EXISTS diagnosis_memory (
     record   TEXT NOT NULL,
     PRIMARY KEY (system, entry_id)
 );
+CREATE TABLE IF NOT EXISTS ingest_keys (
+    producer  TEXT NOT NULL,
+    last      INTEGER NOT NULL,
+    first     INTEGER NOT NULL,
+    stored_us INTEGER NOT NULL,
+    PRIMARY KEY (producer, last)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ingest_keys_by_age ON ingest_keys (stored_us);
 CREATE TABLE IF NOT EXISTS audit (
     seq       INTEGER PRIMARY KEY,
     kind      TEXT NOT NULL,

@@ -26,7 +26,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -43,6 +43,7 @@ from poirotd.model import (
     Investigation,
     InvestigationEvent,
     InvestigationState,
+    ItemKey,
     LLMExchange,
     Reading,
     Session,
@@ -51,8 +52,11 @@ from poirotd.model import (
     TelemetrySample,
     row_of,
 )
+from poirotd.store import idempotency
 from poirotd.store.chain import Chain, Row, transaction
+from poirotd.store.idempotency import Duplicates
 from poirotd.store.port import (
+    DEFAULT_IDEMPOTENCY_WINDOW,
     MAX_INTEGER,
     AlreadyConfirmedError,
     MemoryUpdate,
@@ -96,6 +100,9 @@ _UPSERT_SESSION = (
 )
 _INSERT_MESSAGE_INDEX = "INSERT OR IGNORE INTO message_indices (session_id, idx) VALUES (?, ?)"
 _INSERT_MESSAGE_BLOCK = "INSERT INTO message_blocks (id, session_id, record) VALUES (?, ?, ?)"
+_SEEN_KEYS = "SELECT first, last FROM ingest_keys WHERE producer = ? AND last >= ? AND first <= ?"
+_INSERT_KEYS = "INSERT INTO ingest_keys (producer, last, first, stored_us) VALUES (?, ?, ?, ?)"
+_PRUNE_KEYS = "DELETE FROM ingest_keys WHERE stored_us < ?"
 _INSERT_TELEMETRY_BLOCK = (
     "INSERT INTO telemetry_blocks (id, session_id, first_us, last_us, record)"
     " VALUES (?, ?, ?, ?, ?)"
@@ -136,17 +143,31 @@ class SqliteStore:
     chain (the chain starts at migration; earlier versions of a record are not recoverable).
     """
 
-    def __init__(self, writer: _Worker, reader: _Worker, sessions: set[str]) -> None:
+    def __init__(
+        self,
+        writer: _Worker,
+        reader: _Worker,
+        sessions: set[str],
+        idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
+    ) -> None:
         self._writer = writer
         self._reader = reader
+        self._keys = _KeyWindow(idempotency_window)
         # Mutated only by the writer thread, after COMMIT; read on the loop (atomic under the GIL).
         self._sessions = sessions
         self._closing: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
-        cls, path: Path | str, *, synchronous: Literal["FULL", "NORMAL"] = "FULL"
+        cls,
+        path: Path | str,
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
     ) -> SqliteStore:
+        """`idempotency_window`: seconds an ingest item's key is kept after its commit."""
+        if idempotency_window <= 0:
+            raise ValueError(f"idempotency_window must be positive, not {idempotency_window}")
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
         writer = _Worker("poirotd-store-writer")
@@ -158,7 +179,7 @@ class SqliteStore:
             await reader.stop()
             await writer.stop()
             raise
-        return cls(writer, reader, sessions)
+        return cls(writer, reader, sessions, idempotency_window)
 
     async def close(self) -> None:
         """Lets already submitted work finish, then closes both connections; idempotent."""
@@ -190,9 +211,12 @@ class SqliteStore:
 
     # ------------------------------------------------------------ ingest
 
-    async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
-        """Stores the batch in one transaction and returns after COMMIT (the ack point)."""
-        await self._write(_commit_ingest, items, self._sessions)
+    async def commit_ingest(
+        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+    ) -> Duplicates:
+        """Stores the batch in one transaction and returns after COMMIT (the ack point), with
+        what it left out as copies of items already stored."""
+        return await self._write(_commit_ingest, items, keys, self._sessions, self._keys)
 
     def has_session(self, session_id: str) -> bool:
         self._check_open()
@@ -464,23 +488,50 @@ def _write(
     return stored
 
 
+class _KeyWindow:
+    """How long idempotency keys are kept, and when they were last pruned (writer thread)."""
+
+    # Pruning is one indexed DELETE; once a minute keeps it off most commits.
+    PRUNE_EVERY_US = 60_000_000
+
+    def __init__(self, seconds: float) -> None:
+        self.window_us = int(seconds * 1_000_000)
+        self.pruned_us = 0
+
+    def prune(self, conn: sqlite3.Connection, now_us: int) -> None:
+        if now_us - self.pruned_us >= self.PRUNE_EVERY_US:
+            conn.execute(_PRUNE_KEYS, (now_us - self.window_us,))
+            self.pruned_us = now_us
+
+
 def _commit_ingest(
-    conn: sqlite3.Connection, items: Sequence[CommitItem], sessions: set[str]
-) -> None:
+    conn: sqlite3.Connection,
+    items: Sequence[CommitItem],
+    keys: Sequence[ItemKey | None],
+    sessions: set[str],
+    window: _KeyWindow,
+) -> Duplicates:
     started: set[str] = set()
     for item in items:
         if isinstance(item, Session):
             started.add(item.session_id)
         elif item.session_id not in sessions and item.session_id not in started:
             raise UnknownSessionError(item.session_id)
-    # Encoded before the transaction where possible, and stored, then chained, in passes: item
-    # by item, the three evict each other from the CPU caches (measured 1.5 times slower).
-    # Session starts and ends go first, in their order: messages and samples need their session.
-    records = [item for item in items if isinstance(item, Session | SessionEnd)]
-    planned = [_session_change(item) for item in records]
-    messages = [item for item in items if isinstance(item, AgentMessage)]
-    telemetry = [telemetry_block_row(block) for block in _telemetry_blocks(items)]
     with transaction(conn) as chain:
+        # Copies of keyed items already stored are left out; which ones is known only here.
+        kept = _drop_seen_keys(conn, items, keys, window)
+        items, duplicates = kept.items, kept.duplicates
+        # Encoded, stored, then chained, in passes: item by item, the three evict each other
+        # from the CPU caches (measured 1.5 times slower). Session starts and ends go first, in
+        # their order: messages and samples need their session.
+        records = [item for item in items if isinstance(item, Session | SessionEnd)]
+        planned = [_session_change(item) for item in records]
+        messages = [
+            (position, item)
+            for position, item in zip(kept.positions, items, strict=True)
+            if isinstance(item, AgentMessage)
+        ]
+        telemetry = [telemetry_block_row(block) for block in _telemetry_blocks(items)]
         stored: list[tuple[AuditedTable, Row]] = []
         for item, (sql, row) in zip(records, planned, strict=True):
             if isinstance(item, SessionEnd):
@@ -488,7 +539,12 @@ def _commit_ingest(
             if (written := _store_row(conn, sql, row)) is not None:
                 stored.append((SESSIONS, written))
         # A resent message is left out; which ones are new is known only here.
-        for block in _message_blocks(_new_messages(conn, messages)):
+        new = _new_messages(conn, [message for _, message in messages])
+        for position, message in messages:
+            if id(message) not in new:
+                duplicates[position] = 1
+        fresh = [message for _, message in messages if id(message) in new]
+        for block in _message_blocks(fresh):
             written = _store_row(conn, _INSERT_MESSAGE_BLOCK, message_block_row(block))
             assert written is not None, "a message block is never ignored"
             stored.append((MESSAGE_BLOCKS, written))
@@ -499,6 +555,35 @@ def _commit_ingest(
         for table, row in stored:
             chain.append(table.kind, table.ref(row), row[-1])
     sessions.update(started)
+    return duplicates
+
+
+def _drop_seen_keys(
+    conn: sqlite3.Connection,
+    items: Sequence[CommitItem],
+    keys: Sequence[ItemKey | None],
+    window: _KeyWindow,
+) -> idempotency.Kept:
+    """The batch without copies of keyed items already stored; records the new keys."""
+    by_producer = idempotency.wanted(items, keys)
+    if not by_producer:
+        return idempotency.Kept(list(items), list(range(len(items))))
+    seen: set[ItemKey] = set()
+    for producer, seqs in by_producer.items():
+        ranges = conn.execute(_SEEN_KEYS, (producer, min(seqs), max(seqs)))
+        seen |= idempotency.seen_in(ranges, producer, seqs)
+    kept = idempotency.drop_seen(items, keys, seen)
+    now_us = micros(datetime.now(UTC))
+    conn.executemany(
+        _INSERT_KEYS,
+        [
+            (producer, last, first, now_us)
+            for producer, seqs in kept.new_keys.items()
+            for first, last in idempotency.runs(seqs)
+        ],
+    )
+    window.prune(conn, now_us)
+    return kept
 
 
 def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:
@@ -509,14 +594,12 @@ def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:
     return _UPSERT_SESSION, ()
 
 
-def _new_messages(
-    conn: sqlite3.Connection, messages: Sequence[AgentMessage]
-) -> Sequence[AgentMessage]:
-    """The messages not stored before (nor earlier in the batch), as `message_indices` tells
-    once their keys are added: one executemany when all are new, the usual case; otherwise
-    that is undone and the keys are added one by one to learn which."""
+def _new_messages(conn: sqlite3.Connection, messages: Sequence[AgentMessage]) -> set[int]:
+    """The ids (`id()`) of the messages not stored before (nor earlier in the batch), as
+    `message_indices` tells once their keys are added: one executemany when all are new, the
+    usual case; otherwise that is undone and the keys are added one by one to learn which."""
     if not messages:
-        return messages
+        return set()
     keys = [(message.session_id, message.index) for message in messages]
     conn.execute("SAVEPOINT messages")
     before = conn.total_changes
@@ -529,7 +612,7 @@ def _new_messages(
             if conn.execute(_INSERT_MESSAGE_INDEX, key).rowcount
         ]
     conn.execute("RELEASE messages")
-    return messages
+    return {id(message) for message in messages}
 
 
 def _message_blocks(messages: Sequence[AgentMessage]) -> list[MessageBlock]:

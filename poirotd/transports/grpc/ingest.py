@@ -26,8 +26,9 @@ from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import Internal, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
 from poirotd.ingest.pipeline import Admission, IngestPipeline
 from poirotd.ingest.validation import IngestScope
-from poirotd.model import AgentMessage, IngestItem
+from poirotd.model import AgentMessage, IngestItem, ItemKey
 from poirotd.observability.metrics import Metrics
+from poirotd.store.port import MAX_INTEGER
 from poirotd.transports.grpc.clients import ClientLimits, client_identity
 from poirotd.transports.grpc.status import abort
 
@@ -35,6 +36,8 @@ log = structlog.get_logger(__name__)
 
 _RPC = "Ingest.Stream"
 _MAX_SEQ = 2**64 - 1
+# A producer names itself like a session: the same bound.
+MAX_PRODUCER_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class _Unacked:
         self._items = 0
         self._ended = False
         self.error: ServiceError | None = None
+        # Items acked so far that the store dropped as copies of stored ones.
+        self.duplicates = 0
         self._changed = asyncio.Condition()
 
     async def add(self, pending: _Pending) -> None:
@@ -83,7 +88,7 @@ class _Unacked:
             seq = 0
             while self._pending and self._pending[0].admission.durable.done():
                 done = self._pending.popleft()
-                done.admission.durable.result()
+                self.duplicates += done.admission.duplicates()
                 self._items -= done.admission.accepted
                 seq = done.seq
             self._changed.notify_all()
@@ -161,7 +166,7 @@ class IngestServicer(pb_grpc.IngestServicer):
                     await abort(context, self._metrics, _RPC, error)
                 if seq is None:
                     break
-                yield pb.IngestAck(durable_seq=seq)
+                yield pb.IngestAck(durable_seq=seq, duplicates=unacked.duplicates)
             if unacked.error is not None:
                 await abort(context, self._metrics, _RPC, unacked.error)
         finally:
@@ -213,16 +218,21 @@ class IngestServicer(pb_grpc.IngestServicer):
         with assign_index are numbered here, in stream order."""
         seqs: list[int] = []
         items: list[IngestItem] = []
+        keys: list[ItemKey | None] = []
         unnumbered: list[int] = []  # positions in `items`
         error: ServiceError | None = None
         try:
-            for seq, item, size in _unpack(request, datetime.now(UTC), self._max_item_bytes):
+            producer = _producer(request)
+            unpacked = _unpack(request, datetime.now(UTC), self._max_item_bytes)
+            for seq, item, size, producer_seq in unpacked:
                 order.check(seq, size)
+                key = _key(producer, producer_seq, seq)
                 if isinstance(item, UnnumberedMessage):
                     unnumbered.append(len(items))
                     item = item.message
                 seqs.append(seq)
                 items.append(item)
+                keys.append(key)
         except ServiceError as stream_error:
             error = stream_error
         except Exception as exc:  # a bug of ours: the stream ends with a status, not a hang
@@ -230,7 +240,7 @@ class IngestServicer(pb_grpc.IngestServicer):
             error = Internal(f"seq {request.seq}: request failed: {exc}", reason="internal")
         if unnumbered:
             await self._number(items, unnumbered)
-        admission = self._pipeline.accept(items, scope)
+        admission = self._pipeline.accept(items, scope, keys=keys)
         if admission.refused:
             first = admission.refused[0]
             error = first.error.at(f"seq {seqs[first.index]}")
@@ -251,15 +261,41 @@ class IngestServicer(pb_grpc.IngestServicer):
                 indexes.observe(item.session_id, item.index)
 
 
+def _producer(request: pb.IngestRequest) -> str:
+    """The request's idempotency scope, checked ("": its items carry no keys)."""
+    producer = request.producer
+    if len(producer) > MAX_PRODUCER_CHARS:
+        raise InvalidArgument(
+            f"seq {request.seq}: producer is {len(producer)} characters, "
+            f"the limit is {MAX_PRODUCER_CHARS}",
+            reason="invalid",
+        )
+    return producer
+
+
+def _key(producer: str, producer_seq: int, seq: int) -> ItemKey | None:
+    if not producer_seq:
+        return None
+    if not producer:
+        raise InvalidArgument(f"seq {seq}: producer_seq needs a producer", reason="invalid")
+    if producer_seq > MAX_INTEGER:
+        raise InvalidArgument(
+            f"seq {seq}: producer_seq {producer_seq} is beyond {MAX_INTEGER}", reason="invalid"
+        )
+    return ItemKey(producer, producer_seq)
+
+
 def _unpack(
     request: pb.IngestRequest, received_at: datetime, item_limit: int
-) -> Iterator[tuple[int, IngestItem | UnnumberedMessage, int]]:
-    """(seq, item, its size in bytes) for each item of the request, in order. Within a batch no
-    larger than `item_limit`, the batch's size stands for each item's (no item can exceed it):
-    sizing an item means serialising it, a tenth of the cost of converting it."""
+) -> Iterator[tuple[int, IngestItem | UnnumberedMessage, int, int]]:
+    """(seq, item, its size in bytes, its producer_seq) for each item of the request, in order.
+    Within a batch no larger than `item_limit`, the batch's size stands for each item's (no
+    item can exceed it): sizing an item means serialising it, a tenth of the cost of converting
+    it."""
     request_bytes = request.ByteSize()
     if not request.items:
-        yield request.seq, convert.ingest_item(request, request.seq, received_at), request_bytes
+        item = convert.ingest_item(request, request.seq, received_at)
+        yield request.seq, item, request_bytes, request.producer_seq
         return
     if request.WhichOneof("item") is not None:
         raise InvalidArgument(
@@ -270,4 +306,4 @@ def _unpack(
     for offset, entry in enumerate(request.items):
         seq = request.seq + offset
         size = entry.ByteSize() if sized_each else request_bytes
-        yield seq, convert.ingest_item(entry, seq, received_at), size
+        yield seq, convert.ingest_item(entry, seq, received_at), size, entry.producer_seq
