@@ -245,6 +245,10 @@ class PoirotdTlsConfig(_Model):
 
 class PoirotdConfig(_Model):
     target: str = "127.0.0.1:50051"
+    # Further replicas (over one shared store): a stream that fails, or that a draining replica
+    # ends, reconnects to the next of `target` and these, in turn, and resends what was not
+    # acked there.
+    failover_targets: tuple[str, ...] = ()
     # Set when poirotd's port has TLS (POIROTD_TLS_CERT_FILE).
     tls: PoirotdTlsConfig | None = None
     # A file holding the bearer token poirotd's access file grants `ingest` (kept out of here).

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from poirotd.api import convert
 from poirotd.api.client import DaemonTls, batched, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
+from poirotd.errors import DRAINING
 from poirotd.model import TelemetryBatch, TelemetrySample
 
 log = structlog.get_logger(__name__)
@@ -77,6 +80,10 @@ class ForwarderStats:
     durable: int = 0
     rejected: int = 0
     streams: int = 0
+    # Items poirotd acked as copies of what it had stored (a resend whose first ack was lost).
+    duplicates: int = 0
+    # Streams a draining replica ended (the forwarder went on with the next target).
+    drained: int = 0
 
 
 class _Call:
@@ -104,16 +111,20 @@ _Carried = TelemetrySample | ReceivedMessage | pb.SessionStart
 class _Item:
     carried: _Carried
     call: _Call
+    # The item's idempotency key within the forwarder's producer id, kept across resends.
+    key: int
     seq: int = 0
 
-    def request(self) -> pb.IngestRequest:
+    def request(self, producer: str) -> pb.IngestRequest:
         carried = self.carried
         if isinstance(carried, TelemetrySample):
-            return pb.IngestRequest(telemetry=convert.telemetry(carried))
-        if isinstance(carried, pb.SessionStart):
-            return pb.IngestRequest(session_start=carried)
-        request = convert.ingest_request(carried.message)
-        request.agent_message.assign_index = not carried.numbered
+            request = pb.IngestRequest(telemetry=convert.telemetry(carried))
+        elif isinstance(carried, pb.SessionStart):
+            request = pb.IngestRequest(session_start=carried)
+        else:
+            request = convert.ingest_request(carried.message)
+            request.agent_message.assign_index = not carried.numbered
+        request.producer, request.producer_seq = producer, self.key
         return request
 
     def dead_letter(self) -> bytes:
@@ -137,6 +148,10 @@ class Forwarder:
     ) -> None:
         self._config = config
         self._session_id = session_id
+        # One producer per forwarder: what it resends is what it holds in memory, so a new
+        # process (a new id) never has a key of an earlier one's.
+        self.producer = f"hwbridge-{uuid.uuid4().hex}"
+        self._keys = itertools.count(1)
         self._started_at = datetime.now(UTC)
         self._dead_letters = dead_letters
         self._unsent: deque[_Item] = deque()
@@ -153,18 +168,23 @@ class Forwarder:
         self._failure: ForwardError | None = None
         self._task: asyncio.Task[None] | None = None
         ms = int(config.backoff.max_s * 1000)
-        self._channel = open_channel(
-            config.target,
-            tls=_client_tls(config.tls),
-            token=_token(config.token_file),
-            # gRPC's own reconnect backoff goes up to 120 s by default; keep it within ours.
-            options=[
-                ("grpc.initial_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
-                ("grpc.min_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
-                ("grpc.max_reconnect_backoff_ms", ms),
-            ],
-        )
-        self._stub = pb_grpc.IngestStub(self._channel)
+        self._targets = (config.target, *config.failover_targets)
+        self._channels = [
+            open_channel(
+                target,
+                tls=_client_tls(config.tls),
+                token=_token(config.token_file),
+                # gRPC's own reconnect backoff goes up to 120 s by default; keep it within ours.
+                options=[
+                    ("grpc.initial_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
+                    ("grpc.min_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
+                    ("grpc.max_reconnect_backoff_ms", ms),
+                ],
+            )
+            for target in self._targets
+        ]
+        self._stubs = [pb_grpc.IngestStub(channel) for channel in self._channels]
+        self._current = 0  # the target streams go to
         self.stats = ForwarderStats()
 
     async def __aenter__(self) -> Self:
@@ -186,7 +206,8 @@ class Forwarder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._fail(ForwardError("forwarder closed"))
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def __call__(self, batch: TelemetryBatch) -> None:
         # gRPC carries samples: built here, where the round trip dwarfs their cost.
@@ -220,7 +241,7 @@ class Forwarder:
                 self._room.clear()
                 await self._room.wait()
             self._raise_if_failed()
-            self._unsent.extend(_Item(one, call) for one in carried)
+            self._unsent.extend(_Item(one, call, next(self._keys)) for one in carried)
             self._pending += len(carried)
             self.stats.accepted += len(carried)
             self._wake.set()
@@ -246,6 +267,7 @@ class Forwarder:
         backoff = Backoff(self._config.backoff)
         while True:
             acked_before = self.stats.durable
+            target = self._targets[self._current]
             try:
                 await self._stream()
             except grpc.aio.AioRpcError as error:
@@ -254,10 +276,17 @@ class Forwarder:
                     continue
                 if error.code() not in _RETRYABLE:
                     raise ForwardError(
-                        f"poirotd at {self._config.target} refused session "
+                        f"poirotd at {target} refused session "
                         f"{self._session_id!r}: {error.code().name}: {details}"
                     ) from error
-                log.warning("poirotd stream failed", code=error.code().name, details=details)
+                log.warning(
+                    "poirotd stream failed", target=target, code=error.code().name, details=details
+                )
+                # A replica that drains, or fails, leaves the rest to the next one.
+                self._current = (self._current + 1) % len(self._targets)
+                if details.startswith(DRAINING):
+                    self.stats.drained += 1
+                    continue
             if self.stats.durable > acked_before:
                 backoff.reset()
             await backoff.sleep()
@@ -270,11 +299,14 @@ class Forwarder:
         self._inflight.clear()
         self._stream_acked = 0
         self.stats.streams += 1
-        call = self._stub.Stream()
+        call = self._stubs[self._current].Stream()
         writer = asyncio.create_task(self._write(call, probe=retry))
         try:
+            duplicates = 0
             while (ack := await call.read()) is not grpc.aio.EOF:
                 self._settle(ack.durable_seq)
+                self.stats.duplicates += ack.duplicates - duplicates
+                duplicates = ack.duplicates
         finally:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
@@ -290,7 +322,8 @@ class Forwarder:
             started_at=convert.timestamp(self._started_at),
             labels=self._config.labels,
         )
-        await call.write(pb.IngestRequest(seq=_SESSION_SEQ, session_start=session))
+        start = pb.IngestRequest(seq=_SESSION_SEQ, session_start=session, producer=self.producer)
+        await call.write(start)
         await self._until_acked(_SESSION_SEQ)
         seq = _SESSION_SEQ
         while True:
@@ -300,7 +333,7 @@ class Forwarder:
                     seq += 1
                     item.seq = seq
                 self._inflight.extend(taken)
-                singles = (item.request() for item in taken)
+                singles = (item.request(self.producer) for item in taken)
                 for request in batched(singles, first_seq=taken[0].seq):
                     self.stats.sent += len(request.items)
                     await call.write(request)

@@ -47,7 +47,7 @@ def duplicates(daemon: Daemon, kind: str) -> float:
 
 
 async def last_ack(client: PoirotClient, requests: list[pb.IngestRequest]) -> pb.IngestAck:
-    acks = [ack async for ack in client.ingest.Stream(batched(requests))]
+    acks: list[pb.IngestAck] = [ack async for ack in client.ingest.Stream(batched(requests))]
     return acks[-1]
 
 

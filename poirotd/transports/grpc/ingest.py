@@ -23,7 +23,14 @@ from poirotd.api import convert
 from poirotd.api.convert import UnnumberedMessage
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.errors import Internal, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
+from poirotd.errors import (
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+    draining,
+)
 from poirotd.ingest.pipeline import Admission, IngestPipeline
 from poirotd.ingest.validation import IngestScope
 from poirotd.model import AgentMessage, IngestItem, ItemKey
@@ -133,6 +140,21 @@ class IngestServicer(pb_grpc.IngestServicer):
         self._limits = limits
         self._max_item_bytes = max_item_bytes
         self._batch_max = batch_max
+        # Set on SIGTERM: open streams stop reading, are acked to the end and closed.
+        self._draining = asyncio.Event()
+        self._open = 0
+        self._all_closed = asyncio.Event()
+        self._all_closed.set()
+
+    async def drain(self, wait_seconds: float) -> None:
+        """Ends every open stream the clean way (see `_read`) and refuses new ones; returns
+        once all have ended, or after `wait_seconds` (a stream whose commit is stuck)."""
+        self._draining.set()
+        try:
+            async with asyncio.timeout(wait_seconds):
+                await self._all_closed.wait()
+        except TimeoutError:
+            log.warning("ingest streams still open after the drain timeout", open=self._open)
 
     async def Stream(
         self,
@@ -140,14 +162,24 @@ class IngestServicer(pb_grpc.IngestServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.IngestAck]:
         client = client_identity(context)
+        if self._draining.is_set():
+            await abort(context, self._metrics, _RPC, draining())
         try:
             held = self._limits.ingest_streams.hold(client)
         except ServiceError as refused:
             await abort(context, self._metrics, _RPC, refused)
-        with held:
-            async with contextlib.aclosing(self._acks(request_iterator, context, client)) as acks:
-                async for ack in acks:
-                    yield ack
+        self._open += 1
+        self._all_closed.clear()
+        try:
+            with held:
+                acks = self._acks(request_iterator, context, client)
+                async with contextlib.aclosing(acks) as ackings:
+                    async for ack in ackings:
+                        yield ack
+        finally:
+            self._open -= 1
+            if not self._open:
+                self._all_closed.set()
 
     async def _acks(
         self,
@@ -156,7 +188,9 @@ class IngestServicer(pb_grpc.IngestServicer):
         client: str,
     ) -> AsyncGenerator[pb.IngestAck]:
         unacked = _Unacked(self._batch_max)
-        reader = asyncio.create_task(self._read(request_iterator, unacked, client))
+        reading = asyncio.Event()  # set while the reader waits for a request
+        reader = asyncio.create_task(self._read(request_iterator, unacked, client, reading))
+        stopper = asyncio.create_task(self._stop_reading(reader, reading))
         try:
             while True:
                 try:
@@ -170,30 +204,58 @@ class IngestServicer(pb_grpc.IngestServicer):
             if unacked.error is not None:
                 await abort(context, self._metrics, _RPC, unacked.error)
         finally:
+            stopper.cancel()
             reader.cancel()
 
     async def _read(
-        self, requests: AsyncIterator[pb.IngestRequest], unacked: _Unacked, client: str
+        self,
+        requests: AsyncIterator[pb.IngestRequest],
+        unacked: _Unacked,
+        client: str,
+        reading: asyncio.Event,
     ) -> None:
         scope = self._pipeline.scope()
         order = _StreamOrder(self._max_item_bytes)
         received = aiter(requests)
         while True:
+            if self._draining.is_set():
+                # What was read is admitted: it is committed and acked before the stream ends,
+                # and the client resends the rest to another replica.
+                await unacked.end(draining())
+                return
             try:
+                reading.set()
                 request = await anext(received)
             except StopAsyncIteration:
                 break
+            except asyncio.CancelledError:
+                if not self._draining.is_set():
+                    raise
+                # Cancelled waiting for a request (see `_stop_reading`): none was read.
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                await unacked.end(draining())
+                return
             except Exception as exc:  # grpc could not decode the next request
                 log.warning("ingest request unreadable", after_seq=order.last_seq, error=repr(exc))
                 message = f"the request after seq {order.last_seq} could not be read: {exc}"
                 await unacked.end(InvalidArgument(message, reason="undecodable"))
                 return
+            finally:
+                reading.clear()
             await self._pace(client, len(request.items) or 1)
             error = await self._admit(request, scope, order, unacked)
             if error is not None:
                 await unacked.end(error)
                 return
         await unacked.end(None)
+
+    async def _stop_reading(self, reader: asyncio.Task[None], reading: asyncio.Event) -> None:
+        """On drain, cancels the stream's reader if it waits for a request (a request not read
+        by then stays the client's: neither admitted nor acked); a reader busy admitting one
+        stops before the next read."""
+        await self._draining.wait()
+        if reading.is_set():
+            reader.cancel()
 
     async def _pace(self, client: str, items: int) -> None:
         """Keeps the client to POIROTD_INGEST_RATE_PER_CLIENT (over all its streams) by reading
