@@ -66,7 +66,9 @@ class Bridge:
 
         mqtt = config.mqtt
         if mqtt is not None and mqtt.mappings:
-            self.mqtt = MqttSubscriber(mqtt.broker, [(m.topic, m.qos) for m in mqtt.mappings])
+            self.mqtt = MqttSubscriber(
+                mqtt.broker, [(mqtt.subscription(m.topic), m.qos) for m in mqtt.mappings]
+            )
             router = Router([m.route() for m in mqtt.mappings])
             self._sources.append(("mqtt", pipeline(router), self.mqtt.deliveries()))
         if mqtt is not None and mqtt.messages:
@@ -75,7 +77,9 @@ class Bridge:
             broker = mqtt.broker.model_copy(
                 update={"client_id": mqtt.broker.client_id + MESSAGES_CLIENT_SUFFIX}
             )
-            self.mqtt_messages = MqttSubscriber(broker, [(m.topic, m.qos) for m in mqtt.messages])
+            self.mqtt_messages = MqttSubscriber(
+                broker, [(mqtt.subscription(m.topic), m.qos) for m in mqtt.messages]
+            )
             messages = MessageInput(
                 Router([m.route() for m in mqtt.messages]),
                 config.session_id,

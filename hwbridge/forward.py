@@ -4,9 +4,16 @@ Samples go out on one long-lived ``Ingest.Stream``; each stream opens with the (
 session start, and poirotd acks the highest seq it has committed. Agent messages (``messages``)
 go out on the same stream: each new session they name is started first (labels input=mqtt),
 and one without an index is sent with ``assign_index`` for poirotd to number. Items sent but not
-yet acked stay in memory and go out again, in order, on the next stream after a reconnect, so
-delivery is at least once: a sample committed just before the link broke (its ack lost) is
-stored twice, as is a message poirotd numbers (one with its own index is stored once).
+yet acked stay in memory and go out again, in order, on the next stream after a reconnect.
+Every item carries an idempotency key (its MQTT producer's, or this forwarder's: a random
+producer id per forwarder and a counter), so one committed just before the link broke (its ack
+lost) is dropped when it comes again: stored once on one store, whichever replica of it gets it.
+Stores that are not shared (each replica its own SQLite file) cannot see each other's keys, but a
+replica that drains acks everything it committed before it ends the stream, so only a crash
+(kill -9, its acks lost) can leave a copy on two stores.
+
+Targets: ``poirotd.target`` and then ``failover_targets``, in turn: a stream that fails, or that
+a draining replica ends (UNAVAILABLE ``draining:``), reconnects to the next one at once.
 
 A sample poirotd refuses (the error names its seq, e.g. a component its spec does not declare)
 is dead-lettered and the stream reopened without it, so one bad sample cannot block the rest. A
@@ -48,7 +55,7 @@ from poirotd.api.client import DaemonTls, batched, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import DRAINING
-from poirotd.model import TelemetryBatch, TelemetrySample
+from poirotd.model import ItemKey, TelemetryBatch, TelemetrySample
 
 log = structlog.get_logger(__name__)
 
@@ -111,11 +118,12 @@ _Carried = TelemetrySample | ReceivedMessage | pb.SessionStart
 class _Item:
     carried: _Carried
     call: _Call
-    # The item's idempotency key within the forwarder's producer id, kept across resends.
-    key: int
+    # The item's idempotency key, kept across resends: its producer's own (an MQTT payload's),
+    # or the forwarder's.
+    key: ItemKey
     seq: int = 0
 
-    def request(self, producer: str) -> pb.IngestRequest:
+    def request(self) -> pb.IngestRequest:
         carried = self.carried
         if isinstance(carried, TelemetrySample):
             request = pb.IngestRequest(telemetry=convert.telemetry(carried))
@@ -124,7 +132,7 @@ class _Item:
         else:
             request = convert.ingest_request(carried.message)
             request.agent_message.assign_index = not carried.numbered
-        request.producer, request.producer_seq = producer, self.key
+        request.producer, request.producer_seq = self.key
         return request
 
     def dead_letter(self) -> bytes:
@@ -211,15 +219,17 @@ class Forwarder:
 
     async def __call__(self, batch: TelemetryBatch) -> None:
         # gRPC carries samples: built here, where the round trip dwarfs their cost.
-        await self._send(batch.samples())
+        await self._send(batch.samples(), batch.keys or ())
 
     async def messages(self, batch: Sequence[ReceivedMessage]) -> None:
         """The sink of agent messages: returns once poirotd has them durably."""
         carried: list[_Carried] = []
+        keys: list[ItemKey | None] = []
         for received in batch:
             message = received.message
             if message.session_id not in self._started:
                 self._started.add(message.session_id)
+                keys.append(None)
                 carried.append(
                     pb.SessionStart(
                         session_id=message.session_id,
@@ -229,9 +239,11 @@ class Forwarder:
                     )
                 )
             carried.append(received)
-        await self._send(carried)
+            keys.append(received.key)
+        await self._send(carried, keys)
 
-    async def _send(self, carried: Sequence[_Carried]) -> None:
+    async def _send(self, carried: Sequence[_Carried], keys: Sequence[ItemKey | None]) -> None:
+        """`keys[i]`: item i's own key, if it has one (else it gets one of the forwarder's)."""
         if not carried:
             return
         call = _Call(len(carried), asyncio.get_running_loop().create_future())
@@ -241,11 +253,17 @@ class Forwarder:
                 self._room.clear()
                 await self._room.wait()
             self._raise_if_failed()
-            self._unsent.extend(_Item(one, call, next(self._keys)) for one in carried)
+            self._unsent.extend(
+                _Item(one, call, (keys[i] if i < len(keys) else None) or self._own_key())
+                for i, one in enumerate(carried)
+            )
             self._pending += len(carried)
             self.stats.accepted += len(carried)
             self._wake.set()
         await call.done
+
+    def _own_key(self) -> ItemKey:
+        return ItemKey(self.producer, next(self._keys))
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -322,8 +340,7 @@ class Forwarder:
             started_at=convert.timestamp(self._started_at),
             labels=self._config.labels,
         )
-        start = pb.IngestRequest(seq=_SESSION_SEQ, session_start=session, producer=self.producer)
-        await call.write(start)
+        await call.write(pb.IngestRequest(seq=_SESSION_SEQ, session_start=session))
         await self._until_acked(_SESSION_SEQ)
         seq = _SESSION_SEQ
         while True:
@@ -333,7 +350,7 @@ class Forwarder:
                     seq += 1
                     item.seq = seq
                 self._inflight.extend(taken)
-                singles = (item.request(self.producer) for item in taken)
+                singles = (item.request() for item in taken)
                 for request in batched(singles, first_seq=taken[0].seq):
                     self.stats.sent += len(request.items)
                     await call.write(request)

@@ -286,7 +286,8 @@ class _MessageSink:
                 indexes.observe(message.session_id, message.index)
             items.append(message)
             sources.append(received)
-        admission = await self._pipeline.consume(items, self._scope, skip_invalid=True)
+        keys = [None if source is None else source.key for source in sources]
+        admission = await self._pipeline.consume(items, self._scope, skip_invalid=True, keys=keys)
         refused = 0
         for refusal in admission.refused:
             source = sources[refusal.index]
