@@ -226,7 +226,7 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
     ) -> None:
         super().__init__(router, session_id, sink, dead_letters, config)
         # The keys of the rows decoded since the last batch was made, once one is keyed.
-        self._keys: list[ItemKey | None] = []
+        self._keys: list[ItemKey | None] | None = None
         self._rows = 0
 
     def _items(
@@ -248,15 +248,15 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
             if not component or not signal:
                 raise DecodeError(f"field {field!r} maps to an empty component or signal")
             rows.append((component, signal, value, measured_at))
-        if key is not None and not self._keys:
+        if key is not None and self._keys is None:
             self._keys = [None] * self._rows
-        if self._keys:
+        if self._keys is not None:
             self._keys += [key] * len(rows)
         self._rows += len(rows)
         return rows
 
     def _batch(self, items: list[SampleRow]) -> TelemetryBatch:
-        keys, self._keys, self._rows = self._keys or None, [], 0
+        keys, self._keys, self._rows = self._keys, None, 0
         return TelemetryBatch(self._session_id, items, keys)
 
 

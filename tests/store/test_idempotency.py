@@ -134,6 +134,16 @@ async def test_an_unknown_session_refuses_the_batch_and_records_no_key(
     assert _count(db, "SELECT count(*) FROM ingest_keys") == 0
 
 
+async def test_two_deliveries_of_one_key_in_one_batch_keep_the_first(
+    store: Store, db: Path
+) -> None:
+    """An MQTT input's batch may hold a delivery and its redelivery: the second run of a key."""
+    await store.commit_ingest([session()])
+    batch = TelemetryBatch("s1", _rows(5), [key(1), key(1), key(2), key(1), key(1)])
+    assert await store.commit_ingest([batch]) == {0: 2}
+    assert _count(db, "SELECT count(*) FROM telemetry_samples") == 3
+
+
 def test_runs_group_consecutive_seqs() -> None:
     assert runs([5, 1, 2, 3, 7, 8, 3]) == [(1, 3), (5, 5), (7, 8)]
     assert runs([]) == []
