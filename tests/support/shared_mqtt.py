@@ -44,12 +44,15 @@ def keyed_spec(
     }
     if share_group is not None:
         mqtt["share_group"] = share_group
-    return clinic(inputs={"session_id": SESSION, "mqtt": mqtt})
+    # An OpenAI-compatible backend that is never called: `poirotd run` starts without a model.
+    llm = {"backend": "openai", "base_urls": ["http://127.0.0.1:9"], "model": "none"}
+    return clinic(inputs={"session_id": SESSION, "mqtt": mqtt}, llm=llm)
 
 
-def reading(seq: int) -> bytes:
-    """Reading number `seq`: its value is its number, so a copy shows as a repeated value."""
-    return json.dumps({"seq": seq, "value": float(seq)}).encode()
+def reading(seq: int, base: int = 0) -> bytes:
+    """Reading number `seq` of its producer: its value is base + seq, so that a copy shows as a
+    repeated value (producers numbering alike take bases far apart)."""
+    return json.dumps({"seq": seq, "value": float(base + seq)}).encode()
 
 
 async def publish_readings(
