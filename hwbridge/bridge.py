@@ -6,8 +6,9 @@ The sink is the seam. The standalone bridge passes the gRPC ``Forwarder``; poiro
 Delivery guarantees, end to end:
 
 - MQTT QoS 1: nothing is lost at the bridge. A message is PUBACKed only after poirotd acked it
-  durable, so whatever the bridge held when it stopped or crashed is redelivered by the broker
-  (duplicates possible: at least once). Losses can still happen at the broker: messages
+  durable, so whatever the bridge held when it stopped or crashed is redelivered by the broker:
+  at least once, and exactly once on one store when the payloads carry their producer's key
+  (codec ``key_field``, a message's ``seq``). Losses can still happen at the broker: messages
   published before the bridge's first subscription ever reached it (no session yet), beyond
   Mosquitto's ``max_queued_messages`` per client (default 1000, then dropped), or everything
   since the last save if the broker crashes (``persistence true`` saves on clean shutdown and

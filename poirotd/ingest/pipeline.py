@@ -133,6 +133,9 @@ class IngestPipeline:
         self.indexes = SessionIndexes(store)
         self._rounds: deque[_Round] = deque()
         self._committer: asyncio.Task[None] | None = None
+        for kind in sorted(set(_KIND_LABELS.values())):
+            # Served at 0 from the start: an alert on copies needs the series before the first.
+            metrics.duplicates.labels(kind)
 
     def implicit_sessions(self, input_name: str) -> ImplicitSessions:
         """For a door whose producers do not start their sessions (OTLP, MQTT agent messages)."""

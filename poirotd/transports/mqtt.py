@@ -38,8 +38,9 @@ make them valid. A delivery is acked (PUBACK) once its items are committed. A fa
 (the store raised) stops the bridge with nothing from that batch on acked; the input logs, waits
 (the broker's backoff) and starts a new bridge, to which the broker redelivers what was not
 acked. Stopping cancels the bridge the same way. Delivery is therefore at least once: batches
-in flight at a stop or failure may be stored twice, never lost (an agent message twice only
-when the daemon numbers it: one with its own index is stored once).
+in flight at a stop or failure may come again, never lost; a payload with its producer's key
+(codec ``key_field``, a message's ``seq``) is then stored once (an agent message with its own
+index is too).
 
 A connection to the broker that fails (a wrong password, an untrusted certificate, the broker
 down) is logged with its reason, counted in ``poirot_mqtt_connection_failures_total{reason}``
