@@ -35,14 +35,17 @@ $(STAMPS)/python-deps: pyproject.toml | $(BIN)/python
 	@mkdir -p $(STAMPS) && touch $@
 
 # Real parts the tests start on loopback ports of their own: Mosquitto (and mosquitto_sub for the
-# edge healthcheck), Prometheus and promtool; openssl for deploy/edge/make-certs.sh.
+# edge healthcheck), Prometheus and promtool, a PostgreSQL server (the tests run initdb and
+# postgres from /usr/lib/postgresql/*/bin in a temporary folder; the package's own cluster is not
+# used); openssl for deploy/edge/make-certs.sh.
 $(STAMPS)/system-deps:
 	@if ! command -v mosquitto >/dev/null || ! command -v mosquitto_sub >/dev/null \
-	    || ! command -v promtool >/dev/null || ! command -v openssl >/dev/null; then \
+	    || ! command -v promtool >/dev/null || ! command -v openssl >/dev/null \
+	    || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	    mosquitto mosquitto-clients prometheus openssl; \
+	    mosquitto mosquitto-clients prometheus openssl postgresql; \
 	fi
 	@mkdir -p $(STAMPS) && touch $@
 

@@ -9,7 +9,9 @@ import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import psycopg
 import structlog
 
 from poirotd.config import Settings, SystemSpec
@@ -24,8 +26,10 @@ from poirotd.llm.factory import open_backend
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine
-from poirotd.store import SqliteStore, Store
+from poirotd.store import PostgresStore, SqliteStore, Store
 from poirotd.store.checkpoints import ChainCheckpoints
+from poirotd.store.pg_schema import NewerSchemaError
+from poirotd.store.pg_url import check_url, read_password, redacted
 from poirotd.transports.grpc.auth import AuthInterceptor
 from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.server import GrpcServer
@@ -86,6 +90,51 @@ def build_core(
     return Core(pipeline, investigations, runner)
 
 
+class StoreUnavailableError(Exception):
+    """The configured store cannot be opened: a bad URL, an unreachable server, a password file
+    that cannot be read, a database from a newer poirotd (the message names the setting and
+    never holds the password)."""
+
+
+def store_name(settings: Settings) -> str:
+    """The store as logs name it: the SQLite file, or the URL without its password."""
+    if settings.db_url is None:
+        return str(settings.db_path)
+    return redacted(settings.db_url.get_secret_value())
+
+
+async def open_store(settings: Settings) -> Store:
+    """The one place the adapter is chosen: PostgreSQL when POIROTD_DB_URL is set, else SQLite
+    at POIROTD_DB_PATH (no server needed: the default)."""
+    window = settings.idempotency_window_seconds
+    if settings.db_url is None:
+        return await SqliteStore.open(settings.db_path, idempotency_window=window)
+    url = settings.db_url.get_secret_value()
+    where = redacted(url)
+    try:
+        password = read_password(settings.db_password_file)
+    except OSError as exc:
+        raise StoreUnavailableError(
+            f"POIROTD_DB_PASSWORD_FILE: cannot read {settings.db_password_file}: {exc.strerror}"
+        ) from None
+    try:
+        return await PostgresStore.open(
+            check_url(url), where=where, password=password, idempotency_window=window
+        )
+    except ValueError as exc:
+        raise StoreUnavailableError(f"POIROTD_DB_URL: {exc}") from None
+    except NewerSchemaError as exc:
+        raise StoreUnavailableError(f"POIROTD_DB_URL: {exc}") from None
+    except psycopg.Error as exc:
+        secrets = [s for s in (password, urlsplit(url).password) if s]
+        problem = " ".join(str(exc).split())
+        for secret in secrets:
+            problem = problem.replace(secret, "***")
+        raise StoreUnavailableError(
+            f"POIROTD_DB_URL: cannot use the database {where}: {problem}"
+        ) from None
+
+
 def load_system_spec(path: Path) -> SystemSpec:
     """The spec with every section checked, the transports' own included (SpecError lists
     each problem with its line)."""
@@ -123,9 +172,7 @@ class Daemon:
         if s.auth_file is not None or s.tls_client_ca_file is not None:
             reloads = self.metrics.auth_file_reloads
             access = AccessControl(s.auth_file, lambda outcome: reloads.labels(outcome).inc())
-        self._store = await SqliteStore.open(
-            s.db_path, idempotency_window=s.idempotency_window_seconds
-        )
+        self._store = await open_store(s)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
         core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s)
@@ -204,7 +251,7 @@ class Daemon:
             grpc_port=self.grpc_port,
             metrics_port=self.metrics_port,
             llm_backend=self._backend.name,
-            db_path=str(s.db_path),
+            store=store_name(s),
             tls=tls is not None,
             client_certificates=tls is not None and tls.requires_client_certificate,
             access_file=str(s.auth_file) if s.auth_file else None,

@@ -14,14 +14,48 @@ app = typer.Typer(
 )
 
 DbOption = Annotated[
-    Path,
+    Path | None,
     typer.Option("--db", envvar="POIROTD_DB_PATH", help="the daemon's SQLite database (read only)"),
 ]
+DbUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db-url",
+        envvar="POIROTD_DB_URL",
+        help="the daemons' PostgreSQL database, postgresql://... (read only); libpq's PGPASSFILE"
+        " and ~/.pgpass apply",
+    ),
+]
+PasswordFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--db-password-file",
+        envvar="POIROTD_DB_PASSWORD_FILE",
+        help="a file holding the PostgreSQL password (instead of one in the URL)",
+    ),
+]
+
+
+def _database(
+    db: Path | None, db_url: str | None, password_file: Path | None
+) -> tuple[Path | str, str | None]:
+    """The database to audit (a file, or a checked URL) and its password; ValueError or
+    OSError saying what is wrong."""
+    from poirotd.store.pg_url import check_url, read_password
+
+    if (db is None) == (db_url is None):
+        raise ValueError("give --db (a SQLite file) or --db-url (PostgreSQL), one of them")
+    if db_url is None:
+        assert db is not None
+        return db, None
+    return check_url(db_url), read_password(password_file)
 
 
 @app.command("verify")
 def verify_command(
-    db: DbOption,
+    db: DbOption = None,
+    db_url: DbUrlOption = None,
+    db_password_file: PasswordFileOption = None,
     anchor: Annotated[
         str | None,
         typer.Option(help="SEQ:HASH noted from an earlier verify or export: must still be there"),
@@ -41,9 +75,11 @@ def verify_command(
     try:
         if anchor and checkpoints:
             raise ValueError("give --anchor or --checkpoints, not both")
+        target, password = _database(db, db_url, db_password_file)
         head = latest_checkpoint(checkpoints) if checkpoints else None
-        report = verify(db, anchor=ChainHead.parse(anchor) if anchor else head)
-    except (AuditError, ValueError) as exc:
+        parsed = ChainHead.parse(anchor) if anchor else head
+        report = verify(target, anchor=parsed, password=password)
+    except (AuditError, ValueError, OSError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
     typer.echo(report.summary(), err=not report.ok)
@@ -53,7 +89,9 @@ def verify_command(
 @app.command("export")
 def export_command(
     investigation_id: Annotated[str, typer.Argument(help="the investigation to export")],
-    db: DbOption,
+    db: DbOption = None,
+    db_url: DbUrlOption = None,
+    db_password_file: PasswordFileOption = None,
     out: Annotated[Path | None, typer.Option(help="write here instead of to stdout")] = None,
 ) -> None:
     """Write one investigation as a self-contained JSON report.
@@ -63,8 +101,9 @@ def export_command(
     from poirotd.store.audit import AuditError, export_investigation
 
     try:
-        report = export_investigation(db, investigation_id)
-    except AuditError as exc:
+        target, password = _database(db, db_url, db_password_file)
+        report = export_investigation(target, investigation_id, password=password)
+    except (AuditError, ValueError, OSError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
     text = json.dumps(report, ensure_ascii=False, indent=2) + "\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from poirotd.observability.gc_tuning import YOUNG_THRESHOLD
@@ -16,6 +16,12 @@ class Settings(BaseSettings):
 
     spec_path: Path | None = None
     db_path: Path = Path("poirotd.db")
+    # The PostgreSQL store several daemons may share, postgresql://user@host:port/dbname?...
+    # (libpq's URL: sslmode, target_session_attrs...); unset, the store is SQLite at db_path.
+    # Logged and reported without its password; better, keep the password out of it: in
+    # db_password_file (a mounted secret), or libpq's PGPASSFILE / ~/.pgpass.
+    db_url: SecretStr | None = None
+    db_password_file: Path | None = None
     grpc_host: str = "127.0.0.1"
     grpc_port: int = Field(default=50051, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"

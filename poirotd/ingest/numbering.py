@@ -29,7 +29,7 @@ class SessionIndexes:
         """Reads where each session not read yet stands in the store; call before `take`."""
         for session_id in set(sessions) - self._learnt:
             after = 0
-            if self._store.has_session(session_id):
+            if await self._store.find_session(session_id):
                 stored = await self._store.session_messages(session_id)
                 after = max((m.index + 1 for m in stored), default=0)
             # Another producer may have moved it while this one read the store.

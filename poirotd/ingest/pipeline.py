@@ -44,6 +44,7 @@ from poirotd.model import (
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
+from poirotd.store.common import unknown_sessions
 from poirotd.store.idempotency import Duplicates
 
 log = structlog.get_logger(__name__)
@@ -145,6 +146,14 @@ class IngestPipeline:
         """A producer's scope: one per gRPC stream, per MQTT input run, per replay."""
         return IngestScope(self._spec, self._store, self._signals)
 
+    async def find_sessions(self, items: Sequence[CommitItem], scope: IngestScope) -> None:
+        """Asks the store for the sessions of `items` that neither the scope nor the store's
+        memory knows, before `accept` checks them: over a database several daemons share, a
+        session may have been started through another one (`Store.find_session`). Nothing to
+        ask on the usual path; a session the store does not have is then refused by `accept`."""
+        for session_id in unknown_sessions(items, scope.knows):
+            await self._store.find_session(session_id)
+
     def accept(
         self,
         items: Sequence[CommitItem],
@@ -195,7 +204,8 @@ class IngestPipeline:
         skip_invalid: bool = False,
         keys: Sequence[ItemKey | None] = (),
     ) -> Admission:
-        """`accept`, then waits until the admitted items are durable."""
+        """`find_sessions` and `accept`, then waits until the admitted items are durable."""
+        await self.find_sessions(items, scope)
         admission = self.accept(items, scope, skip_invalid=skip_invalid, keys=keys)
         await admission.wait()
         return admission

@@ -83,8 +83,12 @@ class IngestScope:
         else:
             self._check_time("ended_at", item.ended_at)
 
+    def knows(self, session_id: str) -> bool:
+        """Started by this producer (perhaps not committed yet) or known to the store's memory."""
+        return session_id in self._opened or self._store.has_session(session_id)
+
     def check_known_session(self, session_id: str) -> None:
-        if session_id not in self._opened and not self._store.has_session(session_id):
+        if not self.knows(session_id):
             raise NotFound(
                 f"session {quote(session_id)} is not known; send session_start first",
                 reason="unknown_session",

@@ -74,7 +74,7 @@ class InvestigationService:
             raise InvalidArgument(
                 f"method must be one of {list(methods)}, got {quote(method)}", reason="invalid"
             )
-        if not self._store.has_session(session_id):
+        if not await self._store.find_session(session_id):
             raise NotFound(f"session {quote(session_id)} is not known", reason="unknown_session")
         investigation = await self._runner.submit(
             session_id, reason or "manual trigger", method=cast(InvestigationMethod, method)

@@ -1,6 +1,7 @@
 """Durable storage behind one port (`Store`): sessions, investigations, events and the audit of
 every LLM exchange, every write chained into a tamper-evident log (`poirotd.store.audit` checks and
-exports it). SQLite (`SqliteStore`) is the embedded default."""
+exports it). SQLite (`SqliteStore`) is the embedded default; PostgreSQL (`PostgresStore`) is
+for several daemons over one database."""
 
 from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.port import (
@@ -10,12 +11,14 @@ from poirotd.store.port import (
     UnknownInvestigationError,
     UnknownSessionError,
 )
+from poirotd.store.postgres import PostgresStore
 from poirotd.store.sqlite import SqliteStore
 
 __all__ = [
     "GENESIS_HASH",
     "MAX_INTEGER",
     "AlreadyConfirmedError",
+    "PostgresStore",
     "SqliteStore",
     "Store",
     "UnknownInvestigationError",

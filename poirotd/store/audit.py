@@ -1,24 +1,31 @@
-"""Checks the store's audit chain and exports one investigation as a self-contained report.
+"""Checks the store's audit chain and exports one investigation as a self-contained report, on
+either adapter's database: a SQLite file, or a PostgreSQL database named by its URL.
 
-Both read through a read-only connection inside one read transaction: they see one committed
-state even while the daemon writes, and cannot change what they check. Verify streams every table
-and finds each row's entry through the `audit (kind, ref, seq)` index: memory stays flat and time
-grows with the rows; export holds one investigation's records.
+Both read through a read-only connection inside one read transaction (on PostgreSQL, REPEATABLE
+READ): they see one committed state even while daemons write, and cannot change what they check.
+Verify streams every table and finds each row's entry through the `audit (kind, ref, seq)` index:
+memory stays flat and time grows with the rows; export holds one investigation's records. The
+queries are the same on both (`?` placeholders, translated for psycopg); `_Snapshot` holds the
+few differences.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import psycopg
+
+from poirotd.store import pg_schema
 from poirotd.store.chain import GENESIS_HASH, Row, entry_hash
+from poirotd.store.pg_url import SCHEMES, redacted
 from poirotd.store.records import AUDITED_TABLES, MESSAGE_BLOCK_FIELDS, AuditedTable
 from poirotd.store.schema import SCHEMA_VERSION, connect_read_only
 
@@ -105,7 +112,9 @@ def latest_checkpoint(path: Path) -> ChainHead:
         raise AuditError(f"{path}: the last checkpoint is not one: {last[:80]!r}") from exc
 
 
-def verify(db_path: Path | str, *, anchor: ChainHead | None = None) -> VerifyReport:
+def verify(
+    db: Path | str, *, anchor: ChainHead | None = None, password: str | None = None
+) -> VerifyReport:
     """Checks the chain link by link, then every row of the record tables against the latest
     entry for its ref (and that every ref still has its row).
 
@@ -113,7 +122,7 @@ def verify(db_path: Path | str, *, anchor: ChainHead | None = None) -> VerifyRep
     the one with the lowest seq is reported. `anchor`, a head noted earlier, must still be in the
     chain: this catches a history rewritten (and re-hashed) or cut back to before it.
     """
-    with _snapshot(Path(db_path)) as conn:
+    with _snapshot(db, password) as conn:
         entries, head, broken = _check_chain(conn, anchor)
         rows = 0
         if broken is None:
@@ -122,7 +131,7 @@ def verify(db_path: Path | str, *, anchor: ChainHead | None = None) -> VerifyRep
 
 
 def _check_chain(
-    conn: sqlite3.Connection, anchor: ChainHead | None
+    conn: _Snapshot, anchor: ChainHead | None
 ) -> tuple[int, ChainHead | None, BrokenLink | None]:
     head = ChainHead(0, GENESIS_HASH)
     for seq, kind, ref, payload, prev_hash, digest in conn.execute(f"{_ENTRY} ORDER BY seq"):
@@ -161,7 +170,7 @@ def _head_or_none(head: ChainHead) -> ChainHead | None:
     return head if head.seq else None
 
 
-def _check_rows(conn: sqlite3.Connection) -> tuple[int, BrokenLink | None]:
+def _check_rows(conn: _Snapshot) -> tuple[int, BrokenLink | None]:
     rows, first = 0, None
     for table in AUDITED_TABLES:
         with_entry = 0
@@ -176,9 +185,10 @@ def _check_rows(conn: sqlite3.Connection) -> tuple[int, BrokenLink | None]:
                 first = _earlier(first, BrokenLink(seq, table.kind, ref, problem))
         # Refs are one per row, so more refs than rows with an entry means rows were removed.
         refs = conn.execute(
-            "SELECT count(*) FROM (SELECT DISTINCT ref FROM audit WHERE kind = ?)", (table.kind,)
+            "SELECT count(*) FROM (SELECT DISTINCT ref FROM audit WHERE kind = ?) AS refs",
+            (table.kind,),
         ).fetchone()[0]
-        if refs > with_entry and (removed := _first_removed_row(conn, table)) is not None:
+        if refs > with_entry and (removed := conn.first_removed_row(table)) is not None:
             first = _earlier(first, removed)
     return rows, first
 
@@ -197,27 +207,6 @@ def _row_problem(table: AuditedTable, row: Row, latest: tuple[int, str] | None) 
         if stored != derived:
             return f"{column} is {_clip(stored)}, its record gives {_clip(derived)}"
     return None
-
-
-def _first_removed_row(conn: sqlite3.Connection, table: AuditedTable) -> BrokenLink | None:
-    """The ref whose row is gone, by lowest latest seq. Run only when refs outnumber rows; the
-    refs present go to a temporary table (a file, like any SQLite temp table), not to memory."""
-    conn.execute("CREATE TEMP TABLE present (ref TEXT PRIMARY KEY)")
-    try:
-        conn.executemany(
-            "INSERT OR IGNORE INTO temp.present VALUES (?)",
-            ((table.ref(row),) for row in conn.execute(table.select)),
-        )
-        found = conn.execute(
-            "SELECT max(seq), ref FROM audit WHERE kind = ?"
-            " AND ref NOT IN (SELECT ref FROM temp.present) GROUP BY ref ORDER BY 1 LIMIT 1",
-            (table.kind,),
-        ).fetchone()
-    finally:
-        conn.execute("DROP TABLE temp.present")
-    if found is None:
-        return None
-    return BrokenLink(found[0], table.kind, found[1], f"its row is missing from {table.table}")
 
 
 def _earlier(a: BrokenLink | None, b: BrokenLink) -> BrokenLink:
@@ -245,7 +234,9 @@ def _clip(value: Any) -> str:
 # ------------------------------------------------------------ export
 
 
-def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str, Any]:
+def export_investigation(
+    db: Path | str, investigation_id: str, *, password: str | None = None
+) -> dict[str, Any]:
     """One investigation as a JSON-ready report that stands on its own.
 
     Every record is given as it was chained: {seq, kind, ref, prev_hash, hash, record}, so a reader
@@ -263,10 +254,10 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
     Their entries are `message_block`s (a commit's new messages of the session, each the list of
     its `block_fields`) and, from a store older than schema 5, single `message`s.
     """
-    with _snapshot(Path(db_path)) as conn:
+    with _snapshot(db, password) as conn:
         versions = _entries(conn, "investigation", investigation_id)
         if not versions:
-            raise AuditError(f"investigation {investigation_id!r} is not in {db_path}")
+            raise AuditError(f"investigation {investigation_id!r} is not in {conn.where}")
         record = versions[-1]["record"]
         head = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         events = _rows_of(conn, "event", "investigation_id = ? ORDER BY event_id", investigation_id)
@@ -300,7 +291,7 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
             _envelope(row)
             for row in conn.execute(
                 f"{_ENTRY} WHERE kind = 'reputation'"
-                " AND json_extract(payload, '$.investigation_id') = ? ORDER BY seq",
+                f" AND {conn.payload_investigation} = ? ORDER BY seq",
                 (investigation_id,),
             )
         ]
@@ -331,13 +322,13 @@ def export_investigation(db_path: Path | str, investigation_id: str) -> dict[str
     }
 
 
-def _entries(conn: sqlite3.Connection, kind: str, ref: str) -> list[dict[str, Any]]:
+def _entries(conn: _Snapshot, kind: str, ref: str) -> list[dict[str, Any]]:
     """Every entry of one record, oldest first."""
     rows = conn.execute(f"{_ENTRY} WHERE kind = ? AND ref = ? ORDER BY seq", (kind, ref))
     return [_envelope(row) for row in rows]
 
 
-def _rows_of(conn: sqlite3.Connection, kind: str, where: str, key: str) -> list[dict[str, Any]]:
+def _rows_of(conn: _Snapshot, kind: str, where: str, key: str) -> list[dict[str, Any]]:
     """The latest entry of each row of `kind` selected by `where`, in its order."""
     table = _TABLES[kind]
     found = []
@@ -364,21 +355,138 @@ def _envelope(entry: Row) -> dict[str, Any]:
     }
 
 
+class _Cursor(Protocol):
+    def fetchone(self) -> Any: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class _Snapshot(Protocol):
+    """One read transaction on a store's database, whichever adapter wrote it."""
+
+    where: str  # the database, as errors name it
+    # The investigation a reputation entry's payload names, as an SQL expression.
+    payload_investigation: str
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor: ...
+
+    def first_removed_row(self, table: AuditedTable) -> BrokenLink | None:
+        """The ref whose row is gone, by lowest latest seq (run only when refs outnumber
+        rows)."""
+
+
+class _SqliteSnapshot:
+    payload_investigation = "json_extract(payload, '$.investigation_id')"
+
+    def __init__(self, conn: sqlite3.Connection, where: str) -> None:
+        self._conn = conn
+        self.where = where
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
+        return self._conn.execute(sql, params)
+
+    def first_removed_row(self, table: AuditedTable) -> BrokenLink | None:
+        """The refs present go to a temporary table (a file, like any SQLite temp table), not to
+        memory."""
+        self._conn.execute("CREATE TEMP TABLE present (ref TEXT PRIMARY KEY)")
+        try:
+            self._conn.executemany(
+                "INSERT OR IGNORE INTO temp.present VALUES (?)",
+                ((table.ref(row),) for row in self._conn.execute(table.select)),
+            )
+            found = self._conn.execute(
+                "SELECT max(seq), ref FROM audit WHERE kind = ?"
+                " AND ref NOT IN (SELECT ref FROM temp.present) GROUP BY ref ORDER BY 1 LIMIT 1",
+                (table.kind,),
+            ).fetchone()
+        finally:
+            self._conn.execute("DROP TABLE temp.present")
+        return _removed(table, found)
+
+
+class _PgSnapshot:
+    payload_investigation = "payload::jsonb ->> 'investigation_id'"
+
+    def __init__(self, conn: psycopg.Connection[Any], where: str) -> None:
+        self._pg = conn
+        self.where = where
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
+        return self._pg.execute(sql.replace("?", "%s").encode(), params)
+
+    def first_removed_row(self, table: AuditedTable) -> BrokenLink | None:
+        """The refs present are held in memory: a read-only transaction makes no temporary
+        table (and this runs only once rows were found missing)."""
+        present = sorted({table.ref(row) for row in self.execute(table.select)})
+        found = self.execute(
+            "SELECT max(seq), ref FROM audit WHERE kind = ? AND NOT (ref = ANY(?))"
+            " GROUP BY ref ORDER BY 1 LIMIT 1",
+            (table.kind, present),
+        ).fetchone()
+        return _removed(table, found)
+
+
+def _removed(table: AuditedTable, found: Row | None) -> BrokenLink | None:
+    if found is None:
+        return None
+    return BrokenLink(found[0], table.kind, found[1], f"its row is missing from {table.table}")
+
+
+def is_database_url(db: Path | str) -> bool:
+    return isinstance(db, str) and db.partition("://")[0] in SCHEMES
+
+
+def _snapshot(db: Path | str, password: str | None) -> AbstractContextManager[_Snapshot]:
+    """A read transaction on the database `db` names: a postgresql:// URL, else a file."""
+    if is_database_url(db):
+        return _pg_snapshot(str(db), password)
+    return _sqlite_snapshot(Path(db))
+
+
 @contextmanager
-def _snapshot(path: Path) -> Iterator[sqlite3.Connection]:
+def _sqlite_snapshot(path: Path) -> Iterator[_Snapshot]:
     """A read transaction on `path`; an unreadable file, table or row is an AuditError."""
     if not path.is_file():
         raise AuditError(f"{path}: no such database file")
     with closing(connect_read_only(path)) as conn:
         try:
             conn.execute("BEGIN")  # every read below sees this one committed state
-            _check_version(path, conn.execute("PRAGMA user_version").fetchone()[0])
-            yield conn
+            _check_version(str(path), conn.execute("PRAGMA user_version").fetchone()[0])
+            yield _SqliteSnapshot(conn, str(path))
         except sqlite3.DatabaseError as exc:
             raise AuditError(f"{path} cannot be read: {exc}") from exc
 
 
-def _check_version(path: Path, version: int) -> None:
+@contextmanager
+def _pg_snapshot(url: str, password: str | None) -> Iterator[_Snapshot]:
+    """A REPEATABLE READ, READ ONLY transaction on the database; an unreachable server, a
+    missing table or an unreadable row is an AuditError (naming the URL without password)."""
+    where = redacted(url)
+    extra: dict[str, Any] = {"password": password} if password is not None else {}
+    try:
+        conn = psycopg.connect(url, **extra)
+    except psycopg.Error as exc:
+        raise AuditError(f"cannot connect to {where}: {exc}".strip()) from exc
+    with conn:
+        conn.read_only = True
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        try:
+            version = conn.execute(pg_schema.CURRENT_VERSION.encode()).fetchone()
+            _check_pg_version(where, int(version[0]) if version else 0)
+            yield _PgSnapshot(conn, where)
+        except psycopg.Error as exc:
+            raise AuditError(f"{where} cannot be read: {exc}".strip()) from exc
+
+
+def _check_pg_version(where: str, version: int) -> None:
+    if version != pg_schema.SCHEMA_VERSION:
+        raise AuditError(
+            f"{where} has schema version {version}; this poirotd audits version"
+            f" {pg_schema.SCHEMA_VERSION}"
+        )
+
+
+def _check_version(path: str, version: int) -> None:
     if version == 1:
         raise AuditError(
             f"{path} has schema 1, from before the audit chain; open it once with this"

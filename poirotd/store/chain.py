@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 Row: TypeAlias = tuple[Any, ...]
 
-_APPEND_AUDIT = (
+APPEND_AUDIT = (
     "INSERT INTO audit (seq, kind, ref, payload, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?)"
 )
 
@@ -81,26 +81,21 @@ def _sized(kind: str) -> bytes:
     return len(k).to_bytes(4, "big") + k
 
 
-class Chain:
-    """The audit chain within one write transaction: reads the head at the first append, hashes on
-    the writer thread, inserts entries in batches. Nothing outlives the transaction, so a rollback
-    needs no undo, and entries commit exactly when the records they cover do."""
+class Links:
+    """The entries one write transaction appends, each hashed as it comes from the head before
+    it. Nothing outlives the transaction, so a rollback needs no undo, and entries commit exactly
+    when the records they cover do. An adapter stores `take()`'s rows (`APPEND_AUDIT`'s columns)
+    before it commits."""
 
-    _FLUSH_AT = 1_000  # bounds memory in a long transaction (the migration of a large store)
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    def __init__(self, head: tuple[int, str] | None = None) -> None:
+        """`head`: the chain's latest (seq, hash) as the transaction found it, (0, GENESIS_HASH)
+        for an empty chain; None when a subclass reads it at the first append."""
         # (seq, hash as bytes, the same in hex): each hash is hexed once, for its own row.
-        self._head: tuple[int, bytes, str] | None = None
+        self._head = None if head is None else (head[0], bytes.fromhex(head[1]), head[1])
         self._pending: list[Row] = []
 
     def _current(self) -> tuple[int, bytes, str]:
-        if self._head is None:
-            row = self._conn.execute(
-                "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"
-            ).fetchone()
-            seq, head = (row[0], row[1]) if row else (0, GENESIS_HASH)
-            self._head = (seq, bytes.fromhex(head), head)
+        assert self._head is not None, "no head to append to"
         return self._head
 
     @property
@@ -113,12 +108,39 @@ class Chain:
         digest_hex = digest.hex()
         self._head = (seq + 1, digest, digest_hex)
         self._pending.append((seq + 1, kind, ref, payload, prev_hex, digest_hex))
+
+    def take(self) -> list[Row]:
+        """The entries appended since the last take, in order."""
+        rows, self._pending = self._pending, []
+        return rows
+
+
+class Chain(Links):
+    """The links of one SQLite write transaction: reads the head at the first append, inserts
+    entries in batches."""
+
+    _FLUSH_AT = 1_000  # bounds memory in a long transaction (the migration of a large store)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def _current(self) -> tuple[int, bytes, str]:
+        if self._head is None:
+            row = self._conn.execute(
+                "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
+            seq, head = (row[0], row[1]) if row else (0, GENESIS_HASH)
+            self._head = (seq, bytes.fromhex(head), head)
+        return self._head
+
+    def append(self, kind: str, ref: str, payload: str) -> None:
+        super().append(kind, ref, payload)
         if len(self._pending) >= self._FLUSH_AT:
             self.flush()
 
     def flush(self) -> None:
-        self._conn.executemany(_APPEND_AUDIT, self._pending)
-        self._pending.clear()
+        self._conn.executemany(APPEND_AUDIT, self.take())
 
 
 @contextmanager

@@ -114,6 +114,26 @@ def drop_seen(
     return kept
 
 
+class KeyWindow:
+    """How long keys are kept after their commit, and when they were last pruned (per store)."""
+
+    # Pruning is one indexed DELETE; once a minute keeps it off most commits.
+    PRUNE_EVERY_US = 60_000_000
+
+    def __init__(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError(f"idempotency_window must be positive, not {seconds}")
+        self.window_us = int(seconds * 1_000_000)
+        self.pruned_us = 0
+
+    def prune_before(self, now_us: int) -> int | None:
+        """The commit time before which keys are to be deleted now, or None: not yet."""
+        if now_us - self.pruned_us < self.PRUNE_EVERY_US:
+            return None
+        self.pruned_us = now_us
+        return now_us - self.window_us
+
+
 def runs(seqs: Iterable[int]) -> list[tuple[int, int]]:
     """The seqs as (first, last) runs of consecutive numbers, ascending."""
     result: list[tuple[int, int]] = []

@@ -1,8 +1,17 @@
 """The store port: what the ingest pipeline, the investigations and Watch ask of durable storage.
 
-Every adapter (SQLite, the embedded default; a shared database later) keeps the same promises:
-a write that returned is committed; writes are chained into the audit log in the order they
-commit; `has_session` answers from memory, because ingest asks it for every item.
+Every adapter (SQLite, the embedded default; PostgreSQL, which several daemons may share) keeps
+the same promises: a write that returned is committed; writes are chained into the audit log in
+the order they commit, one total order even when several daemons write one database.
+
+Sessions: `has_session` answers from memory, because ingest asks it for every item; it never says
+yes wrongly (a stored session is never removed), but over a shared database it may say no to a
+session another daemon started. `find_session` is the answer that counts: memory, else the
+database, remembering what it finds. Ingest calls it for the sessions of a batch that
+`has_session` misses, before it validates the batch (`IngestPipeline.find_sessions`); whoever
+refuses a request for an unknown session asks it first. `commit_ingest` itself looks up the
+sessions its memory lacks in its transaction, so a batch is refused only for a session no daemon
+stored.
 """
 
 from __future__ import annotations
@@ -88,9 +97,17 @@ class Store(Protocol):
         """Stores the batch in one transaction and returns after it is durable (the ack point).
         `keys[i]` is item i's idempotency key (a telemetry batch carries its rows' own): an
         item whose key the store holds, or that an earlier item of the batch has, is left out,
-        and so is a resent message (same session and index). Returns what was left out."""
+        and so is a resent message (same session and index). Returns what was left out.
+        UnknownSessionError (nothing stored) when an item's session is neither stored nor
+        started earlier in the batch."""
 
-    def has_session(self, session_id: str) -> bool: ...
+    def has_session(self, session_id: str) -> bool:
+        """From memory: True for a session this store committed or found; False may be wrong
+        over a shared database (another daemon may have started it)."""
+
+    async def find_session(self, session_id: str) -> bool:
+        """Whether the session is stored: `has_session`, else the database (a session found is
+        remembered, so `has_session` says yes from then on)."""
 
     async def get_session(self, session_id: str) -> Session | None: ...
 

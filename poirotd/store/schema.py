@@ -148,10 +148,10 @@ CREATE TABLE IF NOT EXISTS diagnosis_memory (
 );
 CREATE TABLE IF NOT EXISTS ingest_keys (
     producer  TEXT NOT NULL,
-    last      INTEGER NOT NULL,
-    first     INTEGER NOT NULL,
+    last_seq  INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL,
     stored_us INTEGER NOT NULL,
-    PRIMARY KEY (producer, last)
+    PRIMARY KEY (producer, last_seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ingest_keys_by_age ON ingest_keys (stored_us);
 CREATE TABLE IF NOT EXISTS audit (

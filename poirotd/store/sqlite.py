@@ -21,16 +21,15 @@ tables and the migrations from older schemas, `poirotd.store.schema`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from poirotd.model import (
     AccessDenial,
@@ -42,28 +41,36 @@ from poirotd.model import (
     HazardSpace,
     Investigation,
     InvestigationEvent,
-    InvestigationState,
     ItemKey,
     LLMExchange,
     Reading,
     Session,
     SessionEnd,
-    TelemetryBatch,
-    TelemetrySample,
-    row_of,
 )
 from poirotd.store import idempotency
 from poirotd.store.chain import Chain, Row, transaction
-from poirotd.store.idempotency import Duplicates
+from poirotd.store.common import (
+    UNFINISHED,
+    NewestReadings,
+    SampleKey,
+    check_limit,
+    checked_memory_update,
+    confirmation,
+    interrupted,
+    message_blocks,
+    telemetry_blocks,
+    tombstone,
+    unknown_sessions,
+)
+from poirotd.store.idempotency import Duplicates, KeyWindow
 from poirotd.store.port import (
     DEFAULT_IDEMPOTENCY_WINDOW,
-    MAX_INTEGER,
-    AlreadyConfirmedError,
     MemoryUpdate,
     Reassess,
     UnknownInvestigationError,
     UnknownSessionError,
 )
+from poirotd.store.reads import StoreReads
 from poirotd.store.records import (
     ACCESS_DENIALS,
     DIAGNOSIS_MEMORY,
@@ -77,7 +84,6 @@ from poirotd.store.records import (
     TELEMETRY_BLOCKS,
     AuditedTable,
     MessageBlock,
-    TelemetryBlock,
     access_denial_row,
     event_row,
     exchange_row,
@@ -85,7 +91,6 @@ from poirotd.store.records import (
     investigation_row,
     memory_row,
     message_block_row,
-    message_row_of,
     micros,
     reputation_row,
     session_row,
@@ -100,8 +105,13 @@ _UPSERT_SESSION = (
 )
 _INSERT_MESSAGE_INDEX = "INSERT OR IGNORE INTO message_indices (session_id, idx) VALUES (?, ?)"
 _INSERT_MESSAGE_BLOCK = "INSERT INTO message_blocks (id, session_id, record) VALUES (?, ?, ?)"
-_SEEN_KEYS = "SELECT first, last FROM ingest_keys WHERE producer = ? AND last >= ? AND first <= ?"
-_INSERT_KEYS = "INSERT INTO ingest_keys (producer, last, first, stored_us) VALUES (?, ?, ?, ?)"
+_SEEN_KEYS = (
+    "SELECT first_seq, last_seq FROM ingest_keys"
+    " WHERE producer = ? AND last_seq >= ? AND first_seq <= ?"
+)
+_INSERT_KEYS = (
+    "INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us) VALUES (?, ?, ?, ?)"
+)
 _PRUNE_KEYS = "DELETE FROM ingest_keys WHERE stored_us < ?"
 _INSERT_TELEMETRY_BLOCK = (
     "INSERT INTO telemetry_blocks (id, session_id, first_us, last_us, record)"
@@ -134,7 +144,7 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-class SqliteStore:
+class SqliteStore(StoreReads):
     """The store port (`poirotd.store.port.Store`) on one SQLite file.
 
     Create with `await SqliteStore.open(path)`; every method but `has_session` is a coroutine.
@@ -152,7 +162,7 @@ class SqliteStore:
     ) -> None:
         self._writer = writer
         self._reader = reader
-        self._keys = _KeyWindow(idempotency_window)
+        self._keys = KeyWindow(idempotency_window)
         # Mutated only by the writer thread, after COMMIT; read on the loop (atomic under the GIL).
         self._sessions = sessions
         self._closing: asyncio.Task[None] | None = None
@@ -166,8 +176,7 @@ class SqliteStore:
         idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
     ) -> SqliteStore:
         """`idempotency_window`: seconds an ingest item's key is kept after its commit."""
-        if idempotency_window <= 0:
-            raise ValueError(f"idempotency_window must be positive, not {idempotency_window}")
+        KeyWindow(idempotency_window)  # refuses a window that is not positive
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
         writer = _Worker("poirotd-store-writer")
@@ -203,6 +212,9 @@ class SqliteStore:
         self._check_open()
         return await self._writer.run(lambda conn: fn(conn, *a, **k))
 
+    async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return await self._read(_all, sql, params)
+
     async def _read(
         self, fn: Callable[Concatenate[sqlite3.Connection, _P], _T], *a: _P.args, **k: _P.kwargs
     ) -> _T:
@@ -222,8 +234,9 @@ class SqliteStore:
         self._check_open()
         return session_id in self._sessions
 
-    async def get_session(self, session_id: str) -> Session | None:
-        return await self._read(_get_session, session_id)
+    async def find_session(self, session_id: str) -> bool:
+        """`has_session`: one daemon writes the file, so its memory has every session."""
+        return self.has_session(session_id)
 
     async def session_messages(self, session_id: str) -> list[AgentMessage]:
         """The session's messages in index order."""
@@ -231,76 +244,19 @@ class SqliteStore:
 
     async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]:
         """The session's newest `limit` samples, oldest first (ties in time keep arrival order)."""
-        _check_limit(limit)
+        check_limit(limit)
         return await self._read(_newest_readings, session_id, limit)
 
     # ------------------------------------------------------------ hazard spaces
-
-    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None:
-        rows = await self._read(
-            _all,
-            "SELECT record FROM hazard_spaces WHERE system = ? AND version = ?",
-            (system, version),
-        )
-        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
 
     async def put_hazard_space(self, space: HazardSpace) -> None:
         """Upsert; the space put last (even an older version put again) becomes the latest."""
         await self._write(_put_hazard_space, space)
 
-    async def latest_hazard_space(self, system: str) -> HazardSpace | None:
-        rows = await self._read(
-            _all,
-            "SELECT record FROM hazard_spaces WHERE system = ? ORDER BY put_seq DESC LIMIT 1",
-            (system,),
-        )
-        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
-
     # ------------------------------------------------------------ investigations
 
     async def save_investigation(self, inv: Investigation) -> None:
         await self._write(_save_investigation, inv)
-
-    async def get_investigation(self, investigation_id: str) -> Investigation | None:
-        rows = await self._read(
-            _all,
-            "SELECT record FROM investigations WHERE investigation_id = ?",
-            (investigation_id,),
-        )
-        return Investigation.model_validate_json(rows[0][0]) if rows else None
-
-    async def list_investigations(
-        self,
-        *,
-        session_id: str | None = None,
-        state: InvestigationState | None = None,
-        limit: int = 50,
-        page_token: str | None = None,
-    ) -> tuple[list[Investigation], str | None]:
-        """Newest first (created_at, then id, descending). Keyset pagination: the opaque token is
-        the last row's key, so pages neither skip nor repeat rows when new ones arrive."""
-        _check_limit(limit)
-        where: list[str] = ["1"]
-        params: list[Any] = []
-        if session_id is not None:
-            where.append("session_id = ?")
-            params.append(session_id)
-        if state is not None:
-            where.append("state = ?")
-            params.append(state.value)
-        if page_token:
-            where.append("(created_us, investigation_id) < (?, ?)")
-            params.extend(_decode_page_token(page_token))
-        rows = await self._read(
-            _all,
-            f"SELECT created_us, investigation_id, record FROM investigations"
-            f" WHERE {' AND '.join(where)}"
-            f" ORDER BY created_us DESC, investigation_id DESC LIMIT ?",
-            (*params, limit + 1),
-        )
-        page = [Investigation.model_validate_json(record) for _, _, record in rows[:limit]]
-        token = _encode_page_token(*rows[limit - 1][:2]) if len(rows) > limit else None
-        return page, token
 
     async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
         """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest first;
@@ -325,41 +281,7 @@ class SqliteStore:
         its earlier version in the chain). Returns (record, True) when this call changed it."""
         return await self._write(_confirm_outcome, investigation_id, outcome, reassess, supersede)
 
-    async def reputations(self, system: str) -> dict[str, AgentReputation]:
-        """The stored reputation of each agent of `system` that has one, by agent id."""
-        rows = await self._read(
-            _all, "SELECT record FROM reputations WHERE system = ? ORDER BY agent_id", (system,)
-        )
-        reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
-        return {r.agent_id: r for r in reputations}
-
-    async def confirmed_investigations(
-        self, system: str, *, limit: int = 500
-    ) -> list[Investigation]:
-        """The system's newest `limit` investigations with a confirmed outcome, oldest first
-        (by creation)."""
-        _check_limit(limit)
-        rows = await self._read(
-            _all,
-            "SELECT record FROM investigations WHERE system = ?"
-            " AND json_extract(record, '$.confirmed') IS NOT NULL"
-            " ORDER BY created_us DESC, investigation_id DESC LIMIT ?",
-            (system, limit),
-        )
-        return [Investigation.model_validate_json(record) for (record,) in reversed(rows)]
-
     # ------------------------------------------------------------ ErrorProbe's memory
-
-    async def memory_entries(
-        self, system: str, *, include_deleted: bool = False
-    ) -> list[DiagnosisMemoryEntry]:
-        """The system's entries, most recently verified first (deleted ones only if asked)."""
-        rows = await self._read(
-            _all, "SELECT record FROM diagnosis_memory WHERE system = ?", (system,)
-        )
-        entries = [DiagnosisMemoryEntry.model_validate_json(record) for (record,) in rows]
-        kept = [e for e in entries if include_deleted or e.deleted_at is None]
-        return sorted(kept, key=lambda e: (e.last_verified_at, e.entry_id), reverse=True)
 
     async def update_memory_entry(
         self, system: str, entry_id: str, update: MemoryUpdate
@@ -373,14 +295,8 @@ class SqliteStore:
     ) -> DiagnosisMemoryEntry | None:
         """A tombstone: the entry marked deleted at `at` (once; a second delete changes
         nothing), never retrieved again; None when there is no such entry."""
-
-        def deleted(entry: DiagnosisMemoryEntry | None) -> DiagnosisMemoryEntry | None:
-            if entry is None or entry.deleted_at is not None:
-                return None
-            return entry.model_copy(update={"deleted_at": at})
-
-        stored = await self.update_memory_entry(system, entry_id, deleted)
-        return stored or await self._read(_memory_entry, system, entry_id)
+        stored = await self.update_memory_entry(system, entry_id, tombstone(at))
+        return stored or await self._memory_entry(system, entry_id)
 
     # ------------------------------------------------------------ investigation events
 
@@ -389,42 +305,15 @@ class SqliteStore:
         event_id = await self._write(_append_event, event)
         return event.model_copy(update={"event_id": event_id})
 
-    async def events_after(
-        self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
-    ) -> list[InvestigationEvent]:
-        _check_limit(limit)
-        sql = "SELECT event_id, record FROM events WHERE event_id > ?"
-        params: list[Any] = [after_event_id]
-        if investigation_id is not None:
-            sql += " AND investigation_id = ?"
-            params.append(investigation_id)
-        rows = await self._read(_all, sql + " ORDER BY event_id LIMIT ?", (*params, limit))
-        return [
-            InvestigationEvent.model_validate({**json.loads(record), "event_id": event_id})
-            for event_id, record in rows
-        ]
-
     # ------------------------------------------------------------ LLM exchange audit
 
     async def record_exchange(self, investigation_id: str, exchange: LLMExchange) -> None:
         await self._write(_record_exchange, investigation_id, exchange)
 
-    async def exchanges(self, investigation_id: str) -> list[LLMExchange]:
-        rows = await self._read(
-            _all,
-            "SELECT record FROM exchanges WHERE investigation_id = ? ORDER BY id",
-            (investigation_id,),
-        )
-        return [LLMExchange.model_validate_json(record) for (record,) in rows]
-
     # ------------------------------------------------------------ the audit chain
 
     async def record_access_denial(self, denial: AccessDenial) -> None:
         await self._write(_record_access_denial, denial)
-
-    async def chain_head(self) -> tuple[int, str] | None:
-        rows = await self._read(_all, "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", ())
-        return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
 
 class _Worker:
@@ -488,35 +377,16 @@ def _write(
     return stored
 
 
-class _KeyWindow:
-    """How long idempotency keys are kept, and when they were last pruned (writer thread)."""
-
-    # Pruning is one indexed DELETE; once a minute keeps it off most commits.
-    PRUNE_EVERY_US = 60_000_000
-
-    def __init__(self, seconds: float) -> None:
-        self.window_us = int(seconds * 1_000_000)
-        self.pruned_us = 0
-
-    def prune(self, conn: sqlite3.Connection, now_us: int) -> None:
-        if now_us - self.pruned_us >= self.PRUNE_EVERY_US:
-            conn.execute(_PRUNE_KEYS, (now_us - self.window_us,))
-            self.pruned_us = now_us
-
-
 def _commit_ingest(
     conn: sqlite3.Connection,
     items: Sequence[CommitItem],
     keys: Sequence[ItemKey | None],
     sessions: set[str],
-    window: _KeyWindow,
+    window: KeyWindow,
 ) -> Duplicates:
-    started: set[str] = set()
-    for item in items:
-        if isinstance(item, Session):
-            started.add(item.session_id)
-        elif item.session_id not in sessions and item.session_id not in started:
-            raise UnknownSessionError(item.session_id)
+    if unknown := unknown_sessions(items, sessions.__contains__):
+        raise UnknownSessionError(unknown[0])
+    started = {item.session_id for item in items if isinstance(item, Session)}
     with transaction(conn) as chain:
         # Copies of keyed items already stored are left out; which ones is known only here.
         kept = _drop_seen_keys(conn, items, keys, window)
@@ -531,7 +401,7 @@ def _commit_ingest(
             for position, item in zip(kept.positions, items, strict=True)
             if isinstance(item, AgentMessage)
         ]
-        telemetry = [telemetry_block_row(block) for block in _telemetry_blocks(items)]
+        telemetry = [telemetry_block_row(block) for block in telemetry_blocks(items)]
         stored: list[tuple[AuditedTable, Row]] = []
         for item, (sql, row) in zip(records, planned, strict=True):
             if isinstance(item, SessionEnd):
@@ -544,7 +414,7 @@ def _commit_ingest(
             if id(message) not in new:
                 duplicates[position] = 1
         fresh = [message for _, message in messages if id(message) in new]
-        for block in _message_blocks(fresh):
+        for block in message_blocks(fresh):
             written = _store_row(conn, _INSERT_MESSAGE_BLOCK, message_block_row(block))
             assert written is not None, "a message block is never ignored"
             stored.append((MESSAGE_BLOCKS, written))
@@ -562,7 +432,7 @@ def _drop_seen_keys(
     conn: sqlite3.Connection,
     items: Sequence[CommitItem],
     keys: Sequence[ItemKey | None],
-    window: _KeyWindow,
+    window: KeyWindow,
 ) -> idempotency.Kept:
     """The batch without copies of keyed items already stored; records the new keys."""
     by_producer = idempotency.wanted(items, keys)
@@ -582,7 +452,8 @@ def _drop_seen_keys(
             for first, last in idempotency.runs(seqs)
         ],
     )
-    window.prune(conn, now_us)
+    if (before := window.prune_before(now_us)) is not None:
+        conn.execute(_PRUNE_KEYS, (before,))
     return kept
 
 
@@ -615,59 +486,15 @@ def _new_messages(conn: sqlite3.Connection, messages: Sequence[AgentMessage]) ->
     return {id(message) for message in messages}
 
 
-def _message_blocks(messages: Sequence[AgentMessage]) -> list[MessageBlock]:
-    """The messages as one block per session, each in arrival order."""
-    # Built from validated messages: constructed, not validated again.
-    return [
-        MessageBlock.model_construct(session_id=session_id, messages=rows)
-        for session_id, rows in _rows_by_session(messages, message_row_of).items()
-    ]
-
-
-def _telemetry_blocks(items: Sequence[CommitItem]) -> list[TelemetryBlock]:
-    """The samples as one block per session, each in arrival order; a telemetry batch is a
-    block of its own (its rows are the block's)."""
-    samples = [item for item in items if isinstance(item, TelemetrySample)]
-    # Built from validated samples and rows: constructed, not validated again.
-    blocks = [
-        TelemetryBlock.model_construct(session_id=session_id, samples=rows)
-        for session_id, rows in _rows_by_session(samples, row_of).items()
-    ]
-    blocks += [
-        TelemetryBlock.model_construct(session_id=item.session_id, samples=item.rows)
-        for item in items
-        if isinstance(item, TelemetryBatch) and item.rows
-    ]
-    return blocks
-
-
-_Item = TypeVar("_Item", AgentMessage, TelemetrySample)
-
-
-def _rows_by_session(items: Sequence[_Item], row_of: Callable[[_Item], _T]) -> dict[str, list[_T]]:
-    """Each item's row in a block, grouped by session, in arrival order."""
-    by_session: dict[str, list[_T]] = {}
-    for item in items:
-        by_session.setdefault(item.session_id, []).append(row_of(item))
-    return by_session
-
-
 def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:
     session = _get_session(conn, end.session_id)
     assert session is not None, "_commit_ingest checked that the session exists"
     return session_row(session.model_copy(update={"ended_at": end.ended_at}))
 
 
-# A sample's place in time, then in arrival order: (measured_us, 0, row id, 0) for a schema-3
-# row, which came before every block, and (measured_us, 1, block id, position) in a block.
-_SampleKey: TypeAlias = tuple[int, int, int, int]
-
-
 def _newest_readings(conn: sqlite3.Connection, session_id: str, limit: int) -> list[Reading]:
-    """Reads blocks newest first and stops at the first one that holds nothing newer than the
-    `limit` newest samples read so far. Records are decoded by `json.loads`, not validated:
-    the store wrote them from validated samples, and `verify` checks they were not altered."""
-    newest: list[tuple[_SampleKey, Reading]] = []
+    """The rows a schema-3 store kept, then the blocks newest first."""
+    older: list[tuple[SampleKey, Reading]] = []
     for row_id, us, record in conn.execute(
         "SELECT id, measured_us, record FROM telemetry WHERE session_id = ?"
         " ORDER BY measured_us DESC, id DESC LIMIT ?",
@@ -676,24 +503,17 @@ def _newest_readings(conn: sqlite3.Connection, session_id: str, limit: int) -> l
         sample = json.loads(record)
         at = datetime.fromisoformat(sample["measured_at"])
         reading = Reading(sample["component"], sample["signal"], sample["value"], at)
-        newest.append(((us, 0, row_id, 0), reading))
-    blocks = conn.execute(
+        older.append(((us, 0, row_id, 0), reading))
+    newest = NewestReadings(limit, older)
+    for block_id, last_us, record in conn.execute(
         "SELECT id, last_us, record FROM telemetry_blocks WHERE session_id = ?"
         " ORDER BY last_us DESC, id DESC",
         (session_id,),
-    )
-    for block_id, last_us, record in blocks:
-        if len(newest) >= limit:
-            newest.sort(key=itemgetter(0))
-            del newest[:-limit]
-            if (last_us, 1, block_id) < newest[0][0][:3]:
-                break
-        for position, (component, signal, value, text) in enumerate(json.loads(record)["samples"]):
-            at = datetime.fromisoformat(text)
-            key = (micros(at), 1, block_id, position)
-            newest.append((key, Reading(component, signal, value, at)))
-    newest.sort(key=itemgetter(0))
-    return [reading for _, reading in newest[-limit:]]
+    ):
+        if not newest.wants(block_id, last_us):
+            break
+        newest.add(block_id, record)
+    return newest.oldest_first()
 
 
 def _session_messages(conn: sqlite3.Connection, session_id: str) -> list[AgentMessage]:
@@ -741,15 +561,9 @@ def _confirm_outcome(
         ).fetchone()
         if row is None:
             raise UnknownInvestigationError(investigation_id)
-        inv = Investigation.model_validate_json(row[0])
-        superseded = inv.superseded
-        if inv.confirmed is not None:
-            if inv.confirmed.region_ids == outcome.region_ids:
-                return inv, False
-            if not supersede:
-                raise AlreadyConfirmedError(investigation_id, inv.confirmed)
-            superseded = (*superseded, inv.confirmed)
-        inv = inv.model_copy(update={"confirmed": outcome, "superseded": superseded})
+        stored = Investigation.model_validate_json(row[0])
+        if (inv := confirmation(stored, outcome, supersede)) is None:
+            return stored, False
         _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
         for reputation in reassess(
             [*_confirmed_history(conn, inv), inv], _reputations(conn, inv.system)
@@ -773,12 +587,9 @@ def _update_memory_entry(
 ) -> DiagnosisMemoryEntry | None:
     with transaction(conn) as chain:
         entry = update(_memory_entry(conn, system, entry_id))
+        entry = checked_memory_update(system, entry_id, entry)
         if entry is None:
             return None
-        if (entry.system, entry.entry_id) != (system, entry_id):
-            raise ValueError(
-                f"a memory update for {system}/{entry_id} returned {entry.system}/{entry.entry_id}"
-            )
         _write(conn, chain, DIAGNOSIS_MEMORY, _PUT_MEMORY, memory_row(entry))
     return entry
 
@@ -804,17 +615,14 @@ def _interrupt_unfinished(conn: sqlite3.Connection, reason: str, at: datetime) -
         rows = conn.execute(
             "SELECT record FROM investigations WHERE state IN (?, ?)"
             " ORDER BY created_us, investigation_id",
-            (InvestigationState.QUEUED.value, InvestigationState.RUNNING.value),
+            UNFINISHED,
         ).fetchall()
-        interrupted = [
-            Investigation.model_validate_json(record).model_copy(
-                update={"state": InvestigationState.INTERRUPTED, "error": reason, "finished_at": at}
-            )
-            for (record,) in rows
+        done = [
+            interrupted(Investigation.model_validate_json(record), reason, at) for (record,) in rows
         ]
-        for inv in interrupted:
+        for inv in done:
             _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
-    return [inv.investigation_id for inv in interrupted]
+    return [inv.investigation_id for inv in done]
 
 
 def _append_event(conn: sqlite3.Connection, event: InvestigationEvent) -> int:
@@ -848,36 +656,3 @@ def _insert_for_investigation(
 
 
 # ------------------------------------------------------------ helpers
-
-
-# Our tokens: base64 of [micros, 32-hex id], about 70 characters.
-_PAGE_TOKEN_CHARS = 256
-
-
-def _check_limit(limit: int) -> None:
-    # SQLite reads a negative LIMIT as "no limit": refuse it rather than return everything.
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, not {limit}")
-
-
-def _encode_page_token(created_us: int, investigation_id: str) -> str:
-    raw = json.dumps([created_us, investigation_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def _decode_page_token(token: str) -> tuple[int, str]:
-    """Bounded before it is parsed: a token is ours, a few dozen characters."""
-    if len(token) > _PAGE_TOKEN_CHARS:
-        raise ValueError("invalid page token")
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        key = json.loads(raw)
-    except ValueError:  # covers binascii, unicode and JSON errors
-        raise ValueError("invalid page token") from None
-    match key:
-        case [int() as created_us, str() as investigation_id] if (
-            not isinstance(created_us, bool) and abs(created_us) <= MAX_INTEGER
-        ):
-            return created_us, investigation_id
-        case _:
-            raise ValueError("invalid page token")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -12,19 +11,11 @@ from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from tests.support.ingest import session
+from tests.support.ingest import OVERHEAT, T0, motor_temp, session
 from tests.support.spec import clinic
 
 RULES = [
-    {
-        "kind": "threshold",
-        "name": "exo_overheat",
-        "severity": "critical",
-        "component": "exo",
-        "signal": "motor_temp_c",
-        "above": 70.0,
-        "cooldown_seconds": 600,
-    },
+    OVERHEAT,
     {
         "kind": "message_pattern",
         "name": "fall_reported",
@@ -33,22 +24,11 @@ RULES = [
         "cooldown_seconds": 600,
     },
 ]
-T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def daemon_spec() -> SystemSpec:
     return clinic(rules=RULES)
-
-
-def sample(seconds: float, value: float) -> pb.IngestRequest:
-    at = Timestamp()
-    at.FromDatetime(T0 + timedelta(seconds=seconds))
-    return pb.IngestRequest(
-        telemetry=pb.TelemetrySample(
-            session_id="s1", component="exo", signal="motor_temp_c", value=value, measured_at=at
-        )
-    )
 
 
 async def investigations(client: PoirotClient) -> list[pb.Investigation]:
@@ -60,11 +40,11 @@ async def test_a_firing_rule_opens_one_investigation_with_hardware_evidence(
     daemon: Daemon,
 ) -> None:
     async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client:
-        clean = [sample(i * 0.1, 40.0 + i % 3) for i in range(50)]
+        clean = [motor_temp(i * 0.1, 40.0 + i % 3) for i in range(50)]
         await client.send([*session(3), *clean])
         assert await investigations(client) == []
 
-        hot = [sample(5 + i * 0.1, 80.0 + i) for i in range(20)]
+        hot = [motor_temp(5 + i * 0.1, 80.0 + i) for i in range(20)]
         await client.send(hot)
         opened = await investigations(client)
         assert len(opened) == 1, "twenty hot samples are one incident"
@@ -99,7 +79,7 @@ async def test_a_message_rule_fires_and_a_second_rule_in_the_cooldown_does_not_r
                 sent_at=sent_at,
             )
         )
-        await client.send([*session(3), fall, sample(1.0, 90.0)])
+        await client.send([*session(3), fall, motor_temp(1.0, 90.0)])
         await asyncio.sleep(0)
         opened = await investigations(client)
         assert len(opened) == 1

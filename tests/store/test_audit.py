@@ -1,6 +1,7 @@
-"""The audit chain end to end: a store written as the runner writes it, then tampered with through
-a raw sqlite3 connection, as someone with file access would; verify must name the first broken
-link, export must let a reader re-hash every record it contains."""
+"""The audit chain end to end, on both adapters: a store written as the runner writes it, then
+tampered with through a raw connection, as someone with access to the file or the database would;
+verify must name the first broken link, export must let a reader re-hash every record it contains.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
@@ -36,7 +38,9 @@ from poirotd.store import SqliteStore, canonical_json, entry_hash
 from poirotd.store.audit import AuditError, ChainHead, export_investigation, verify
 from poirotd.store.checkpoints import ChainCheckpoints
 from poirotd.store.schema import SCHEMA_VERSION
+from tests.support.postgres import PostgresServer
 from tests.support.store import T0, event, investigation, message, sample, session, space
+from tests.support.stores import PostgresDb, SqliteDb, StoreDb
 
 UMLAUT = "Kniewinkel über 60° ✓"
 
@@ -59,13 +63,18 @@ def exchange(purpose: str) -> LLMExchange:
     )
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One database, written once per module, in the order the runner writes; tests copy it."""
-    db = tmp_path_factory.mktemp("written") / "poirotd.db"
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def written(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> StoreDb:
+    """One database per adapter, written once per module, in the order the runner writes; tests
+    copy it."""
+    db: StoreDb
+    if request.param == "sqlite":
+        db = SqliteDb(tmp_path_factory.mktemp("written") / "poirotd.db")
+    else:
+        db = PostgresDb(request.getfixturevalue("postgres").create_database())
 
     async def write() -> None:
-        store = await SqliteStore.open(db)
+        store = await db.open()
         try:
             await store.commit_ingest([session(), *map(message, range(4)), sample(0, 1.0)])
             await store.commit_ingest([message(1, content="resent"), sample(1, 2.5)])
@@ -136,33 +145,34 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def db(written: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "poirotd.db"
-    with closing(sqlite3.connect(written)) as src, closing(sqlite3.connect(copy)) as dst:
-        src.backup(dst)
-    return copy
+def db(written: StoreDb, tmp_path: Path, request: pytest.FixtureRequest) -> StoreDb:
+    if isinstance(written, SqliteDb):
+        copy = tmp_path / "poirotd.db"
+        with closing(sqlite3.connect(written.path)) as src, closing(sqlite3.connect(copy)) as dst:
+            src.backup(dst)
+        return SqliteDb(copy)
+    assert isinstance(written, PostgresDb)
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return PostgresDb(server.create_database(template=written.target.rpartition("/")[2]))
 
 
-def query(db: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
-    with closing(sqlite3.connect(db)) as conn:
-        return conn.execute(sql, params).fetchall()
+def query(db: StoreDb, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    return db.query(sql, *params)
 
 
-def latest_seq(db: Path, kind: str, ref: str) -> int:
+def latest_seq(db: StoreDb, kind: str, ref: str) -> int:
     ((seq,),) = query(db, "SELECT max(seq) FROM audit WHERE kind = ? AND ref = ?", kind, ref)
     assert seq is not None
     return int(seq)
 
 
-def tamper(db: Path, sql: str, *params: object) -> None:
-    """Runs `sql` as someone with write access to the file: the append-only guard goes first."""
-    with closing(sqlite3.connect(db)) as conn, conn:
-        conn.execute("DROP TRIGGER IF EXISTS audit_no_update")
-        conn.execute("DROP TRIGGER IF EXISTS audit_no_delete")
-        conn.execute(sql, params)
+def tamper(db: StoreDb, sql: str, *params: object) -> None:
+    """Runs `sql` as someone with write access to the database: the append-only guard goes
+    first."""
+    db.tamper(sql, *params)
 
 
-def flip(db: Path, table: str, column: str, where: str, old: str, new: str) -> None:
+def flip(db: StoreDb, table: str, column: str, where: str, old: str, new: str) -> None:
     """Changes one character: `old` and `new` differ in exactly one place."""
     assert len(old) == len(new) and sum(a != b for a, b in zip(old, new, strict=True)) == 1
     ((value,),) = query(db, f"SELECT {column} FROM {table} WHERE {where}")
@@ -173,7 +183,7 @@ def flip(db: Path, table: str, column: str, where: str, old: str, new: str) -> N
 # ------------------------------------------------------------ intact
 
 
-def test_every_record_write_is_chained_and_the_store_verifies(db: Path) -> None:
+def test_every_record_write_is_chained_and_the_store_verifies(db: StoreDb) -> None:
     counts = dict(query(db, "SELECT kind, count(*) FROM audit GROUP BY kind"))
     assert counts == {
         "session": 2,  # start, end
@@ -185,29 +195,31 @@ def test_every_record_write_is_chained_and_the_store_verifies(db: Path) -> None:
         "exchange": 2,
     }
     ((entries, last_seq, last_hash),) = query(
-        db, "SELECT count(*), max(seq), (SELECT hash FROM audit ORDER BY seq DESC) FROM audit"
+        db,
+        "SELECT count(*), max(seq), (SELECT hash FROM audit ORDER BY seq DESC LIMIT 1) FROM audit",
     )
-    report = verify(db)
+    report = verify(db.target)
     assert report.ok, report.summary()
     assert (report.entries, report.head) == (entries, ChainHead(last_seq, last_hash))
     assert report.rows == 1 + 3 + 2 + 2 + 2 + 4 + 2
     assert report.summary().startswith(f"ok: {entries} entries chained, 16 rows match them")
 
 
-def test_verify_reads_without_writing(db: Path) -> None:
-    before = db.read_bytes()
-    assert verify(db).ok
-    assert db.read_bytes() == before
+def test_verify_reads_without_writing(db: StoreDb) -> None:
+    if not isinstance(db, SqliteDb):
+        pytest.skip("a file's bytes: PostgreSQL's verify runs in a READ ONLY transaction")
+    before = db.path.read_bytes()
+    assert verify(db.target).ok
+    assert db.path.read_bytes() == before
 
 
 # ------------------------------------------------------------ one changed byte
 
 
-def test_the_audit_table_refuses_updates_and_deletes(db: Path) -> None:
-    with closing(sqlite3.connect(db)) as conn:
-        for sql in ("UPDATE audit SET kind = 'x'", "DELETE FROM audit"):
-            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-                conn.execute(sql)
+def test_the_audit_table_refuses_updates_and_deletes(db: StoreDb) -> None:
+    for sql in ("UPDATE audit SET kind = 'x'", "DELETE FROM audit"):
+        with pytest.raises((sqlite3.IntegrityError, psycopg.Error), match="append-only"):
+            db.query(sql)
 
 
 @pytest.mark.parametrize(
@@ -243,7 +255,16 @@ def test_the_audit_table_refuses_updates_and_deletes(db: Path) -> None:
             "i1/2",
             "its record differs",
         ),
-        ("sessions", "record", "1", '"cortex"', '"cortey"', "session", "s1", "its record differs"),
+        (
+            "sessions",
+            "record",
+            "session_id = 's1'",
+            '"cortex"',
+            '"cortey"',
+            "session",
+            "s1",
+            "its record differs",
+        ),
         (
             "telemetry_blocks",
             "record",
@@ -277,7 +298,7 @@ def test_the_audit_table_refuses_updates_and_deletes(db: Path) -> None:
     ],
 )
 def test_a_changed_character_in_a_record_table_is_named(
-    db: Path,
+    db: StoreDb,
     table: str,
     column: str,
     where: str,
@@ -288,7 +309,7 @@ def test_a_changed_character_in_a_record_table_is_named(
     problem: str,
 ) -> None:
     flip(db, table, column, where, old, new)
-    report = verify(db)
+    report = verify(db.target)
     assert not report.ok and report.broken is not None
     assert (report.broken.seq, report.broken.kind, report.broken.ref) == (
         latest_seq(db, kind, ref),
@@ -298,9 +319,9 @@ def test_a_changed_character_in_a_record_table_is_named(
     assert report.broken.problem.startswith(problem), report.broken.problem
 
 
-def test_making_an_older_hazard_space_the_latest_is_caught(db: Path) -> None:
+def test_making_an_older_hazard_space_the_latest_is_caught(db: StoreDb) -> None:
     tamper(db, "UPDATE hazard_spaces SET put_seq = put_seq + 1000 WHERE version = 'v1'")
-    report = verify(db)
+    report = verify(db.target)
     assert report.broken is not None
     assert (report.broken.kind, report.broken.ref) == ("hazard_space", '["cortex","v1"]')
     assert report.broken.problem.startswith("put_seq is ")
@@ -316,7 +337,7 @@ def test_making_an_older_hazard_space_the_latest_is_caught(db: Path) -> None:
     ],
 )
 def test_a_changed_character_in_the_chain_breaks_it_there(
-    db: Path, column: str, problem: str
+    db: StoreDb, column: str, problem: str
 ) -> None:
     seq = latest_seq(db, "message_block", "1")
     ((value,),) = query(db, f"SELECT {column} FROM audit WHERE seq = ?", seq)
@@ -325,13 +346,13 @@ def test_a_changed_character_in_the_chain_breaks_it_there(
     else:
         changed = ("1" if value[0] == "0" else "0") + value[1:]
     tamper(db, f"UPDATE audit SET {column} = ? WHERE seq = ?", changed, seq)
-    report = verify(db)
+    report = verify(db.target)
     assert report.broken is not None
     assert (report.broken.seq, report.broken.problem[: len(problem)]) == (seq, problem)
     assert report.entries == seq - 1
 
 
-def test_of_two_changes_the_one_with_the_lower_seq_is_named(db: Path) -> None:
+def test_of_two_changes_the_one_with_the_lower_seq_is_named(db: StoreDb) -> None:
     flip(
         db,
         "investigations",
@@ -341,7 +362,7 @@ def test_of_two_changes_the_one_with_the_lower_seq_is_named(db: Path) -> None:
         '"torque spika"',
     )
     flip(db, "message_blocks", "record", "id = 1", "message 0", "message 9")
-    report = verify(db)
+    report = verify(db.target)
     assert report.broken is not None
     assert (report.broken.kind, report.broken.ref) == ("message_block", "1")
 
@@ -349,9 +370,9 @@ def test_of_two_changes_the_one_with_the_lower_seq_is_named(db: Path) -> None:
 # ------------------------------------------------------------ removed and added rows
 
 
-def test_a_deleted_record_row_is_named(db: Path) -> None:
+def test_a_deleted_record_row_is_named(db: StoreDb) -> None:
     tamper(db, "DELETE FROM message_blocks WHERE id = 2")
-    report = verify(db)
+    report = verify(db.target)
     assert report.broken is not None
     assert (report.broken.seq, report.broken.kind, report.broken.ref) == (
         latest_seq(db, "message_block", "2"),
@@ -361,10 +382,10 @@ def test_a_deleted_record_row_is_named(db: Path) -> None:
     assert report.broken.problem == "its row is missing from message_blocks"
 
 
-def test_a_deleted_entry_breaks_the_chain_after_it(db: Path) -> None:
+def test_a_deleted_entry_breaks_the_chain_after_it(db: StoreDb) -> None:
     seq = latest_seq(db, "message_block", "1")
     tamper(db, "DELETE FROM audit WHERE seq = ?", seq)
-    report = verify(db)
+    report = verify(db.target)
     assert report.broken is not None
     assert (report.broken.seq, report.broken.problem) == (
         seq + 1,
@@ -372,37 +393,39 @@ def test_a_deleted_entry_breaks_the_chain_after_it(db: Path) -> None:
     )
 
 
-def test_a_cut_off_tail_is_caught_by_its_row_or_by_an_anchor(db: Path) -> None:
-    head = verify(db).head
+def test_a_cut_off_tail_is_caught_by_its_row_or_by_an_anchor(db: StoreDb) -> None:
+    head = verify(db.target).head
     assert head is not None
     tamper(db, "DELETE FROM audit WHERE seq = ?", head.seq)  # the save of i2
-    report = verify(db)
+    report = verify(db.target)
     assert report.broken is not None
     assert (report.broken.seq, report.broken.ref) == (None, "i2")
     assert report.broken.problem == "the row has no audit entry"
 
     tamper(db, "DELETE FROM investigations WHERE investigation_id = 'i2'")
-    assert verify(db).ok  # row and entry gone together: only an anchor kept elsewhere shows it
-    anchored = verify(db, anchor=head)
+    assert verify(
+        db.target
+    ).ok  # row and entry gone together: only an anchor kept elsewhere shows it
+    anchored = verify(db.target, anchor=head)
     assert anchored.broken is not None
     assert (
         anchored.broken.problem == f"the chain ends at seq {head.seq - 1}, before the anchor {head}"
     )
 
 
-def test_an_anchor_must_match_the_entry_at_its_seq(db: Path) -> None:
-    head = verify(db).head
+def test_an_anchor_must_match_the_entry_at_its_seq(db: StoreDb) -> None:
+    head = verify(db.target).head
     assert head is not None
-    assert verify(db, anchor=head).ok
+    assert verify(db.target, anchor=head).ok
     forged = ChainHead(head.seq, "f" * 64)
-    report = verify(db, anchor=forged)
+    report = verify(db.target, anchor=forged)
     assert report.broken is not None
     assert report.broken.problem == f"its hash is not the anchor's {'f' * 64}"
 
 
-async def test_published_checkpoints_catch_a_cut_off_chain(db: Path, tmp_path: Path) -> None:
+async def test_published_checkpoints_catch_a_cut_off_chain(db: StoreDb, tmp_path: Path) -> None:
     """Without them, a tail cut off with its rows verifies (the test above)."""
-    store = await SqliteStore.open(db)
+    store = await db.open()
     metrics = Metrics("cortex")
     path = tmp_path / "checkpoints.jsonl"
     checkpoints = ChainCheckpoints(store, path, metrics, interval=60)
@@ -414,7 +437,7 @@ async def test_published_checkpoints_catch_a_cut_off_chain(db: Path, tmp_path: P
     finally:
         await store.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    head = verify(db).head
+    head = verify(db.target).head
     assert head is not None and len(lines) == 2
     assert (lines[-1]["seq"], lines[-1]["hash"]) == (head.seq, head.hash)
     exported = metrics.registry.get_sample_value(
@@ -422,30 +445,30 @@ async def test_published_checkpoints_catch_a_cut_off_chain(db: Path, tmp_path: P
     )
     assert exported == head.seq
     runner = CliRunner()
-    command = ["audit", "verify", "--db", str(db), "--checkpoints", str(path)]
+    command = ["audit", "verify", *db.cli_args(), "--checkpoints", str(path)]
     assert runner.invoke(app, command).exit_code == 0
 
     tamper(db, "DELETE FROM audit WHERE seq = ?", head.seq)
     tamper(db, "DELETE FROM sessions WHERE session_id = 'late'")
-    assert verify(db).ok
+    assert verify(db.target).ok
     cut = runner.invoke(app, command)
     assert cut.exit_code == 1
     assert f"the chain ends at seq {head.seq - 1}, before the anchor {head}" in cut.stderr
 
 
-def test_a_checkpoint_file_that_holds_none_exits_2(db: Path, tmp_path: Path) -> None:
+def test_a_checkpoint_file_that_holds_none_exits_2(db: StoreDb, tmp_path: Path) -> None:
     empty = tmp_path / "none.jsonl"
     empty.write_text("\n")
     result = CliRunner().invoke(
-        app, ["audit", "verify", "--db", str(db), "--checkpoints", str(empty)]
+        app, ["audit", "verify", *db.cli_args(), "--checkpoints", str(empty)]
     )
     assert result.exit_code == 2 and "holds no checkpoint" in result.stderr
 
 
-def test_an_added_row_without_entry_is_named(db: Path) -> None:
+def test_an_added_row_without_entry_is_named(db: StoreDb) -> None:
     ((record,),) = query(db, "SELECT record FROM message_blocks WHERE id = 3")
     tamper(db, "INSERT INTO message_blocks (id, session_id, record) VALUES (99, 's1', ?)", record)
-    report = verify(db)
+    report = verify(db.target)
     assert report.broken is not None
     assert (report.broken.seq, report.broken.kind, report.broken.ref) == (
         None,
@@ -454,8 +477,8 @@ def test_an_added_row_without_entry_is_named(db: Path) -> None:
     )
 
 
-async def test_a_refused_write_leaves_no_entry_and_the_chain_goes_on(db: Path) -> None:
-    store = await SqliteStore.open(db)
+async def test_a_refused_write_leaves_no_entry_and_the_chain_goes_on(db: StoreDb) -> None:
+    store = await db.open()
     try:
         with pytest.raises(ValueError, match="not known"):
             await store.record_exchange("ghost", exchange("vote"))
@@ -464,7 +487,7 @@ async def test_a_refused_write_leaves_no_entry_and_the_chain_goes_on(db: Path) -
         await store.commit_ingest([message(6)])
     finally:
         await store.close()
-    report = verify(db)
+    report = verify(db.target)
     assert report.ok, report.summary()
     assert report.entries == 23  # the 22 written before, and message 6 once
 
@@ -485,8 +508,8 @@ def envelopes(report: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def test_export_holds_what_the_investigation_saw_and_did(db: Path) -> None:
-    report = export_investigation(db, "i1")
+def test_export_holds_what_the_investigation_saw_and_did(db: StoreDb) -> None:
+    report = export_investigation(db.target, "i1")
     inv = report["investigation"]["record"]
     assert (inv["state"], inv["session_id"], inv["system"]) == ("succeeded", "s1", "cortex")
     assert inv["votes"] == [
@@ -537,14 +560,14 @@ def test_export_holds_what_the_investigation_saw_and_did(db: Path) -> None:
     assert messages["read_after_seq"] < messages["entries"][1]["seq"] < messages["read_before_seq"]
     assert seen[4]["content"] == UMLAUT
 
-    head = verify(db).head
+    head = verify(db.target).head
     assert head is not None
     assert report["chain"]["head"] == {"seq": head.seq, "hash": head.hash}
 
 
-def test_a_reader_can_re_hash_every_exported_record(db: Path, tmp_path: Path) -> None:
+def test_a_reader_can_re_hash_every_exported_record(db: StoreDb, tmp_path: Path) -> None:
     out = tmp_path / "i1.json"
-    result = CliRunner().invoke(app, ["audit", "export", "i1", "--db", str(db), "--out", str(out)])
+    result = CliRunner().invoke(app, ["audit", "export", "i1", *db.cli_args(), "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text(encoding="utf-8"))
     entries = envelopes(report)
@@ -557,12 +580,12 @@ def test_a_reader_can_re_hash_every_exported_record(db: Path, tmp_path: Path) ->
         assert entry_hash(entry["prev_hash"], entry["kind"], entry["ref"], payload) == entry["hash"]
     # ...and the database still holds the chain the export was taken from.
     anchor = f"{report['chain']['head']['seq']}:{report['chain']['head']['hash']}"
-    result = CliRunner().invoke(app, ["audit", "verify", "--db", str(db), "--anchor", anchor])
+    result = CliRunner().invoke(app, ["audit", "verify", *db.cli_args(), "--anchor", anchor])
     assert result.exit_code == 0, result.output
 
 
-async def test_export_holds_the_beta_moves_of_the_investigations_confirmation(db: Path) -> None:
-    assert export_investigation(db, "i1")["reputation_updates"] == []
+async def test_export_holds_the_beta_moves_of_the_investigations_confirmation(db: StoreDb) -> None:
+    assert export_investigation(db.target, "i1")["reputation_updates"] == []
 
     def reassess(
         history: Sequence[Investigation], stored: dict[str, AgentReputation]
@@ -580,13 +603,13 @@ async def test_export_holds_the_beta_moves_of_the_investigations_confirmation(db
             for agent, beta in (("planner", 0.3), ("controller", 0.2))
         ]
 
-    store = await SqliteStore.open(db)
+    store = await db.open()
     try:
         outcome = ConfirmedOutcome(region_ids=("knee_motor",), decision=(0, 1), note="", at=T0)
         await store.confirm_outcome("i1", outcome, reassess)
     finally:
         await store.close()
-    report = export_investigation(db, "i1")
+    report = export_investigation(db.target, "i1")
     updates = report["reputation_updates"]
     assert [(u["record"]["agent_id"], u["record"]["beta"]) for u in updates] == [
         ("planner", 0.3),
@@ -596,47 +619,47 @@ async def test_export_holds_the_beta_moves_of_the_investigations_confirmation(db
     for entry in envelopes(report):
         payload = canonical_json(entry["record"])
         assert entry_hash(entry["prev_hash"], entry["kind"], entry["ref"], payload) == entry["hash"]
-    assert export_investigation(db, "i2")["reputation_updates"] == []
+    assert export_investigation(db.target, "i2")["reputation_updates"] == []
 
 
-def test_an_investigation_that_never_ran_saw_no_messages(db: Path) -> None:
-    report = export_investigation(db, "i2")
+def test_an_investigation_that_never_ran_saw_no_messages(db: StoreDb) -> None:
+    report = export_investigation(db.target, "i2")
     assert report["messages"]["entries"] == []
     assert report["messages"]["read_after_seq"] is report["messages"]["read_before_seq"] is None
     assert (report["earlier_versions"], report["events"], report["hazard_space"]) == ([], [], None)
 
 
-def test_export_of_an_unknown_investigation_is_refused(db: Path) -> None:
+def test_export_of_an_unknown_investigation_is_refused(db: StoreDb) -> None:
     with pytest.raises(AuditError, match="'nope' is not in"):
-        export_investigation(db, "nope")
+        export_investigation(db.target, "nope")
 
 
 # ------------------------------------------------------------ command line
 
 
-def test_cli_verify_exit_codes(db: Path, tmp_path: Path) -> None:
+def test_cli_verify_exit_codes(db: StoreDb, tmp_path: Path) -> None:
     runner = CliRunner()
-    ok = runner.invoke(app, ["audit", "verify", "--db", str(db)])
+    ok = runner.invoke(app, ["audit", "verify", *db.cli_args()])
     assert ok.exit_code == 0
     assert ok.stdout.startswith("ok: ") and ok.stdout.count("\n") == 1
 
     flip(db, "message_blocks", "record", "id = 1", "message 2", "message 3")
-    broken = runner.invoke(app, ["audit", "verify", "--db", str(db)])
+    broken = runner.invoke(app, ["audit", "verify", *db.cli_args()])
     assert broken.exit_code == 1
     seq = latest_seq(db, "message_block", "1")
     assert broken.stderr.startswith(f"BROKEN at seq {seq} (message_block 1): its record differs")
 
     missing = runner.invoke(app, ["audit", "verify", "--db", str(tmp_path / "nope.db")])
     assert missing.exit_code == 2 and "no such database file" in missing.stderr
-    bad_anchor = runner.invoke(app, ["audit", "verify", "--db", str(db), "--anchor", "12"])
+    bad_anchor = runner.invoke(app, ["audit", "verify", *db.cli_args(), "--anchor", "12"])
     assert bad_anchor.exit_code == 2 and "SEQ:HASH" in bad_anchor.stderr
 
 
-def test_cli_export_writes_json_to_stdout(db: Path) -> None:
-    result = CliRunner().invoke(app, ["audit", "export", "i2", "--db", str(db)])
+def test_cli_export_writes_json_to_stdout(db: StoreDb) -> None:
+    result = CliRunner().invoke(app, ["audit", "export", "i2", *db.cli_args()])
     assert result.exit_code == 0
     assert json.loads(result.stdout)["investigation"]["ref"] == "i2"
-    unknown = CliRunner().invoke(app, ["audit", "export", "nope", "--db", str(db)])
+    unknown = CliRunner().invoke(app, ["audit", "export", "nope", *db.cli_args()])
     assert unknown.exit_code == 2 and "'nope' is not in" in unknown.stderr
 
 
@@ -739,14 +762,15 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
     assert report.ok, report.summary()
     assert report.entries == 1 + 3 + 1 + 2 + 1 + 1 + 1 + 1
     assert query(
-        db, "SELECT seq, kind, ref FROM audit WHERE seq <= 2 OR kind = 'hazard_space'"
+        SqliteDb(db), "SELECT seq, kind, ref FROM audit WHERE seq <= 2 OR kind = 'hazard_space'"
     ) == [
         (1, "session", "s1"),
         (2, "hazard_space", '["cortex","v2"]'),
         (3, "hazard_space", '["cortex","v1"]'),
     ]
-    assert query(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
-    assert [c[1] for c in query(db, "PRAGMA table_info(sessions)")] == ["session_id", "record"]
+    assert query(SqliteDb(db), "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+    columns = query(SqliteDb(db), "PRAGMA table_info(sessions)")
+    assert [c[1] for c in columns] == ["session_id", "record"]
 
 
 @pytest.mark.parametrize(
@@ -759,12 +783,13 @@ async def test_a_schema_1_database_is_chained_at_migration(tmp_path: Path) -> No
         ),
     ],
 )
-def test_a_database_that_cannot_be_audited_exits_2(db: Path, damage: str, message: str) -> None:
+@pytest.mark.parametrize("written", ["sqlite"], indirect=True)
+def test_a_database_that_cannot_be_audited_exits_2(db: StoreDb, damage: str, message: str) -> None:
     tamper(db, damage)
-    result = CliRunner().invoke(app, ["audit", "verify", "--db", str(db)])
+    result = CliRunner().invoke(app, ["audit", "verify", *db.cli_args()])
     assert result.exit_code == 2 and message in result.stderr
     with pytest.raises(AuditError, match=message):
-        verify(db)
+        verify(db.target)
 
 
 def test_a_file_that_is_not_a_database_exits_2(tmp_path: Path) -> None:

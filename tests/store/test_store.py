@@ -1,4 +1,6 @@
-"""The SQLite store against a real database file: round trips, idempotence, durability, paging."""
+"""The store port on both adapters (`store_db`: a SQLite file, then a PostgreSQL database of a real
+server): round trips, idempotence, durability, paging. What only one adapter has (SQLite's WAL
+mode and its migrations from older schemas) is tested on it alone."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from poirotd.store import sqlite as store_sql
 from poirotd.store.audit import verify
 from tests.support.hazards import readings
 from tests.support.store import T0, event, investigation, message, sample, session, space
+from tests.support.stores import StoreDb
 
 CEST = timezone(timedelta(hours=2))
 
@@ -55,8 +58,8 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def store(db: Path) -> AsyncIterator[Store]:
-    s = await SqliteStore.open(db)
+async def store(store_db: StoreDb) -> AsyncIterator[Store]:
+    s = await store_db.open()
     yield s
     await s.close()
 
@@ -64,7 +67,8 @@ async def store(db: Path) -> AsyncIterator[Store]:
 # ------------------------------------------------------------ setup
 
 
-async def test_opens_in_wal_mode_with_a_schema_version(store: Store, db: Path) -> None:
+async def test_opens_in_wal_mode_with_a_schema_version(db: Path) -> None:
+    await (await SqliteStore.open(db)).close()
     with closing(sqlite3.connect(db)) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert other.execute("PRAGMA user_version").fetchone()[0] == store_schema.SCHEMA_VERSION
@@ -78,8 +82,8 @@ async def test_refuses_a_database_from_a_newer_schema(db: Path) -> None:
         await SqliteStore.open(db)
 
 
-async def test_close_is_idempotent_and_a_closed_store_refuses_work(db: Path) -> None:
-    s = await SqliteStore.open(db, synchronous="NORMAL")
+async def test_close_is_idempotent_and_a_closed_store_refuses_work(store_db: StoreDb) -> None:
+    s = await store_db.open()
     await asyncio.gather(s.close(), s.close())
     await s.close()
     with pytest.raises(RuntimeError, match="store is closed"):
@@ -177,22 +181,21 @@ async def test_telemetry_across_blocks_is_the_newest_in_time_then_arrival_order(
         assert await store.newest_readings("s1", limit=limit) == readings(*in_order[-limit:])
 
 
-def blocks_and_view(db: Path, table: str, view_query: str) -> tuple[list[Any], list[Any]]:
+def blocks_and_view(store_db: StoreDb, table: str, view_query: str) -> tuple[list[Any], list[Any]]:
     """(id, session_id) of each row of a block table, and what a query of its view shows."""
-    with closing(sqlite3.connect(db)) as other:
-        blocks = other.execute(f"SELECT id, session_id FROM {table}").fetchall()
-        return blocks, other.execute(view_query).fetchall()
+    blocks = store_db.query(f"SELECT id, session_id FROM {table} ORDER BY id")
+    return blocks, store_db.query(view_query)
 
 
 async def test_a_commit_stores_a_block_per_session_shown_per_sample_in_the_view(
-    store: Store, db: Path
+    store: Store, store_db: StoreDb
 ) -> None:
     naive = sample(2, 2.0).model_copy(update={"measured_at": datetime(2025, 3, 1, 12)})
     cest = sample(3, 3.0, sid="s2").model_copy(update={"measured_at": T0.astimezone(CEST)})
     batch: list[IngestItem] = [session(), session("s2"), sample(0, 0.5), cest, naive]
     await store.commit_ingest(batch)
     blocks, shown = blocks_and_view(
-        db,
+        store_db,
         "telemetry_blocks",
         "SELECT session_id, component, signal, value, measured_at, block_id, position"
         " FROM telemetry_samples ORDER BY block_id, position",
@@ -257,7 +260,7 @@ def test_a_telemetry_block_is_encoded_canonically_whatever_its_values() -> None:
 
 
 async def test_a_commit_stores_a_message_block_per_session_shown_per_message_in_the_view(
-    store: Store, db: Path
+    store: Store, store_db: StoreDb
 ) -> None:
     tool = message(1).model_copy(
         update={"kind": MessageKind.TOOL, "tool_calls": ("read", "ask"), "tool_name": "gait"}
@@ -265,7 +268,7 @@ async def test_a_commit_stores_a_message_block_per_session_shown_per_message_in_
     cest = message(0, sid="s2").model_copy(update={"sent_at": T0.astimezone(CEST)})
     await store.commit_ingest([session(), session("s2"), message(0), cest, tool])
     blocks, shown = blocks_and_view(
-        db,
+        store_db,
         "message_blocks",
         "SELECT session_id, idx, kind, sender, recipient, content, sent_at, block_id, position"
         " FROM agent_messages ORDER BY block_id, position",
@@ -382,15 +385,15 @@ async def test_throughput_batches_all_land(store: Store) -> None:
 # ------------------------------------------------------------ durability
 
 
-async def test_everything_survives_a_reopen(db: Path) -> None:
-    first = await SqliteStore.open(db)
+async def test_everything_survives_a_reopen(store_db: StoreDb) -> None:
+    first = await store_db.open()
     await first.commit_ingest([session(), message(0), sample(0, 1.0)])
     await first.put_hazard_space(space())
     await first.save_investigation(investigation("i1"))
     stored = await first.append_event(event("i1"))
     await first.close()
 
-    second = await SqliteStore.open(db)
+    second = await store_db.open()
     try:
         assert second.has_session("s1")
         assert not second.has_session("s2")
@@ -405,12 +408,11 @@ async def test_everything_survives_a_reopen(db: Path) -> None:
 
 
 async def test_an_acknowledged_commit_is_visible_to_another_connection(
-    store: Store, db: Path
+    store: Store, store_db: StoreDb
 ) -> None:
     await store.commit_ingest([session(), message(0), message(1)])
-    with closing(sqlite3.connect(db)) as other:
-        assert other.execute("SELECT count(*) FROM agent_messages").fetchone()[0] == 2
-        assert other.execute("SELECT session_id FROM sessions").fetchall() == [("s1",)]
+    assert store_db.query("SELECT count(*) FROM agent_messages") == [(2,)]
+    assert store_db.query("SELECT session_id FROM sessions") == [("s1",)]
 
 
 # ------------------------------------------------------------ hazard spaces
@@ -575,7 +577,9 @@ async def test_exchanges_are_kept_in_recording_order(store: Store) -> None:
 # ------------------------------------------------------------ audit chain (verify: test_audit.py)
 
 
-async def test_each_write_appends_its_entries_in_commit_order(store: Store, db: Path) -> None:
+async def test_each_write_appends_its_entries_in_commit_order(
+    store: Store, store_db: StoreDb
+) -> None:
     end = SessionEnd(session_id="s1", ended_at=T0 + timedelta(minutes=1))
     await store.commit_ingest([session(), message(0), sample(0, 1.0), message(0), end, session()])
     await store.put_hazard_space(space())
@@ -587,19 +591,18 @@ async def test_each_write_appends_its_entries_in_commit_order(store: Store, db: 
     )
     await store.record_exchange("q", exchange)
 
-    with closing(sqlite3.connect(db)) as other:
-        entries = other.execute("SELECT seq, kind, ref, payload FROM audit ORDER BY seq").fetchall()
-        ((put_seq,),) = other.execute("SELECT put_seq FROM hazard_spaces").fetchall()
-        records = {
-            table: [r for (r,) in other.execute(f"SELECT record FROM {table}")]
-            for table in (
-                "sessions",
-                "message_blocks",
-                "telemetry_blocks",
-                "investigations",
-                "exchanges",
-            )
-        }
+    entries = store_db.query("SELECT seq, kind, ref, payload FROM audit ORDER BY seq")
+    ((put_seq,),) = store_db.query("SELECT put_seq FROM hazard_spaces")
+    records = {
+        table: [r for (r,) in store_db.query(f"SELECT record FROM {table}")]
+        for table in (
+            "sessions",
+            "message_blocks",
+            "telemetry_blocks",
+            "investigations",
+            "exchanges",
+        )
+    }
     # The resent message and session start stored nothing, so they chained nothing. A commit
     # chains its session starts and ends, then its messages, then its samples.
     assert [(kind, ref) for _, kind, ref, _ in entries] == [

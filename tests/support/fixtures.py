@@ -4,6 +4,12 @@
 overrides the fixture it is built from, not `daemon` itself: `daemon_spec` (the clinic),
 `daemon_backend` (the scripted schema answers; None builds the spec's own backend) or
 `daemon_settings` (Settings fields beyond the loopback ports and the store in tmp_path).
+
+`postgres` is one real PostgreSQL server for the whole test session (started on first use,
+tests/support/postgres.py; skipped where Debian's `postgresql` is not installed); `postgres_url`
+a new empty database on it for one test. `store_db` is one store database per test, on SQLite
+and then on PostgreSQL (the test runs once for each): a test of the store port takes it, opens
+the store with `await store_db.open()` and looks inside with `store_db.query(...)`.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from poirotd.llm.scripted import ScriptedBackend
 from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon
 from tests.support.mosquitto import Mosquitto
+from tests.support.postgres import PostgresServer, server_binaries
 from tests.support.spec import CLINIC
+from tests.support.stores import PostgresDb, SqliteDb, StoreDb
 
 
 @pytest.fixture
@@ -34,6 +42,29 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
     broker.start()
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    bin_dir = server_binaries()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (Debian package `postgresql`)")
+    server = PostgresServer(bin_dir, fsync=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> str:
+    return postgres.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_db(request: pytest.FixtureRequest, tmp_path: Path) -> StoreDb:
+    if request.param == "sqlite":
+        return SqliteDb(tmp_path / "poirotd.db")
+    return PostgresDb(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture

@@ -17,10 +17,12 @@ import asyncio
 import contextlib
 import json
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 import yaml
 
@@ -39,18 +41,26 @@ REPLICA_KILL_AT = 1000
 REPLICA_RESTART_AT = 1300
 
 
-def replica(folder: Path, mosquitto: Mosquitto, name: str) -> DaemonProcess:
+def replica(folder: Path, mosquitto: Mosquitto, name: str, db_url: str | None) -> DaemonProcess:
     folder.mkdir()
     spec = keyed_spec(mosquitto, f"poirotd-{name}", share_group="poirotd")
     config = folder / "spec.yaml"
     config.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    return DaemonProcess(config, folder)
+    return DaemonProcess(config, folder, env={"POIROTD_DB_URL": db_url} if db_url else None)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str | None:
+    """Each replica its own SQLite file, or both on one PostgreSQL database."""
+    return None if request.param == "sqlite" else str(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture
-def replicas(tmp_path: Path, mosquitto: Mosquitto) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
-    a = replica(tmp_path / "a", mosquitto, "a")
-    b = replica(tmp_path / "b", mosquitto, "b")
+def replicas(
+    tmp_path: Path, mosquitto: Mosquitto, db_url: str | None
+) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
+    a = replica(tmp_path / "a", mosquitto, "a", db_url)
+    b = replica(tmp_path / "b", mosquitto, "b", db_url)
     try:
         a.start()
         b.start()
@@ -64,6 +74,20 @@ def subscribed(process: DaemonProcess) -> int:
     return process.log_path.read_text(errors="replace").count("mqtt subscribed")
 
 
+def committed(process: DaemonProcess) -> float:
+    """Readings the replica committed since it (last) started."""
+    with urllib.request.urlopen(process.metrics_url, timeout=5) as page:
+        text = page.read().decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("poirot_mqtt_samples_committed_total")]
+    return float(line.split()[-1])
+
+
+def postgres_values(url: str) -> Counter[float]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(b"SELECT value FROM telemetry_samples").fetchall()
+    return Counter(float(value) for (value,) in rows)
+
+
 def dropped(process: DaemonProcess) -> int:
     """Copies a replica's store dropped by their keys (its log's count, over its restarts)."""
     lines = process.log_path.read_text(errors="replace").splitlines()
@@ -74,7 +98,7 @@ def dropped(process: DaemonProcess) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # about 25 s on a quiet 2-core box; three daemon starts
 async def test_broker_and_replica_restarts_lose_and_repeat_nothing(
-    mosquitto: Mosquitto, replicas: tuple[DaemonProcess, DaemonProcess]
+    mosquitto: Mosquitto, replicas: tuple[DaemonProcess, DaemonProcess], db_url: str | None
 ) -> None:
     a, b = replicas
     # Both replicas subscribed (two connections each: readings and agent messages).
@@ -110,6 +134,8 @@ async def test_broker_and_replica_restarts_lose_and_repeat_nothing(
     await asyncio.gather(*(publish(device) for device in range(DEVICES)))
 
     def stored() -> Counter[float]:
+        if db_url is not None:
+            return postgres_values(db_url)
         return stored_values(a.db_path) + stored_values(b.db_path)
 
     expected = {
@@ -120,18 +146,21 @@ async def test_broker_and_replica_restarts_lose_and_repeat_nothing(
             await eventually(lambda: set(stored()) >= expected)
     await asyncio.sleep(2.0)  # late redeliveries, if any, would land now
     counts = stored()
-    in_a, in_b = stored_values(a.db_path), stored_values(b.db_path)
     lost = len(expected - set(counts))
     duplicates = sum(counts.values()) - len(counts)
-    across = len(set(in_a) & set(in_b))
+    shares = (committed(a), committed(b))
+    where = "one PostgreSQL" if db_url else "a SQLite file each"
+    if db_url is None:
+        in_a, in_b = stored_values(a.db_path), stored_values(b.db_path)
+        where += f" (a {in_a.total()}, b {in_b.total()}, in both {len(set(in_a) & set(in_b))})"
     print(
-        f"\nshared subscription fault run: {'; '.join(events)}\n"
-        f"published (PUBACKed by the broker) {published.total()}, stored {sum(counts.values())} "
-        f"(replica a {sum(in_a.values())}, b {sum(in_b.values())}), lost {lost}, "
-        f"duplicates stored {duplicates} (in both stores: {across}); copies dropped by their "
-        f"keys: a {dropped(a)}, b {dropped(b)}"
+        f"\nshared subscription fault run on {where}: {'; '.join(events)}\n"
+        f"published (PUBACKed by the broker) {published.total()}, stored {counts.total()}, "
+        f"lost {lost}, duplicates stored {duplicates}; copies dropped by their keys: "
+        f"a {dropped(a)}, b {dropped(b)}; committed since their last start: a {shares[0]:.0f}, "
+        f"b {shares[1]:.0f}"
     )
-    assert in_a and in_b, "both replicas took a share"
+    assert all(shares), "both replicas took a share"
     # The restarts must have made the broker redeliver (else the run proves nothing about
     # copies): the messages in flight to the replicas at the broker's stop come again.
     assert dropped(a) + dropped(b) > 0

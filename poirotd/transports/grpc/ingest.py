@@ -302,6 +302,7 @@ class IngestServicer(pb_grpc.IngestServicer):
             error = Internal(f"seq {request.seq}: request failed: {exc}", reason="internal")
         if unnumbered:
             await self._number(items, unnumbered)
+        await self._pipeline.find_sessions(items, scope)
         admission = self._pipeline.accept(items, scope, keys=keys)
         if admission.refused:
             first = admission.refused[0]

@@ -1,0 +1,638 @@
+"""The store port on PostgreSQL, for several daemons over one database (`POIROTD_DB_URL`).
+
+Driver: psycopg 3, measured against asyncpg on this store's commit (bench/pg_drivers.py: a
+durable batch of 512 message keys, its block and its chain entry per transaction, alternating
+rounds on one server): asyncpg committed 1.06 times as many messages a second once psycopg sends
+a transaction's statements in pipeline mode, within this machine's noise. psycopg was chosen for
+what the measurement does not show: one driver gives the daemon its async connections and
+`poirotd audit` its sync ones over the same queries, and it is libpq, so every libpq connection
+setting works as documented (PGPASSFILE and ~/.pgpass, PGSERVICE, sslmode and client
+certificates, target_session_attrs for a failover pair).
+
+Connections: one for writes, one for reads, as the SQLite adapter has threads; reads autocommit,
+each a snapshot of what was committed. Writes are serialised in submission order within the
+process (an asyncio lock, FIFO) and across processes by a transaction-level advisory lock every
+write transaction takes first (`pg_schema.CHAIN_LOCK`), before it reads the chain's head: the
+chain is one total order however many daemons write, and ids assigned under the lock (event ids)
+commit in the order they are assigned, so a Watch that reads "after N" never misses an id that
+commits later. A transaction's statements go in pipeline mode: those whose results are not needed
+yet share a round trip.
+
+A connection the server dropped (a restart, a failover, an idle timeout) is replaced by a new one
+at the next call: the write that met the loss fails (its items are not acknowledged, so their
+producers send them again), a read is tried once more on the new connection.
+
+Sessions: `has_session` answers from memory (the sessions this process committed or found);
+`find_session` asks the database on a miss, and `commit_ingest` looks up in its transaction
+every session its memory lacks, so a session another daemon started is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any, TypeAlias
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from poirotd.model import (
+    AccessDenial,
+    AgentMessage,
+    AgentReputation,
+    CommitItem,
+    ConfirmedOutcome,
+    DiagnosisMemoryEntry,
+    HazardSpace,
+    Investigation,
+    InvestigationEvent,
+    ItemKey,
+    LLMExchange,
+    Reading,
+    Session,
+    SessionEnd,
+)
+from poirotd.store import idempotency
+from poirotd.store.chain import APPEND_AUDIT, GENESIS_HASH, Links, Row
+from poirotd.store.common import (
+    UNFINISHED,
+    NewestReadings,
+    check_limit,
+    checked_memory_update,
+    confirmation,
+    interrupted,
+    message_blocks,
+    telemetry_blocks,
+    tombstone,
+    unknown_sessions,
+)
+from poirotd.store.idempotency import Duplicates, KeyWindow
+from poirotd.store.pg_schema import CHAIN_LOCK, migrate
+from poirotd.store.port import (
+    DEFAULT_IDEMPOTENCY_WINDOW,
+    MemoryUpdate,
+    Reassess,
+    UnknownInvestigationError,
+    UnknownSessionError,
+)
+from poirotd.store.reads import StoreReads
+from poirotd.store.records import (
+    ACCESS_DENIALS,
+    DIAGNOSIS_MEMORY,
+    EVENTS,
+    EXCHANGES,
+    HAZARD_SPACES,
+    INVESTIGATIONS,
+    MESSAGE_BLOCKS,
+    REPUTATIONS,
+    SESSIONS,
+    TELEMETRY_BLOCKS,
+    AuditedTable,
+    MessageBlock,
+    access_denial_row,
+    event_row,
+    exchange_row,
+    hazard_space_row,
+    investigation_row,
+    memory_row,
+    message_block_row,
+    micros,
+    reputation_row,
+    session_row,
+    telemetry_block_row,
+)
+
+Connection: TypeAlias = psycopg.AsyncConnection[tuple[Any, ...]]
+Cursor: TypeAlias = psycopg.AsyncCursor[tuple[Any, ...]]
+
+_HEAD = b"SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"
+_APPEND_AUDIT = APPEND_AUDIT.replace("?", "%s").encode()
+_LOCK_CHAIN = b"SELECT pg_advisory_xact_lock(%s)"
+_FIND_SESSIONS = b"SELECT session_id FROM sessions WHERE session_id = ANY(%s)"
+_INSERT_SESSION = (
+    b"INSERT INTO sessions (session_id, record) VALUES (%s, %s)"
+    b" ON CONFLICT DO NOTHING RETURNING session_id"
+)
+# The keys of a batch's messages that were not stored before: the others are resends.
+_NEW_MESSAGE_KEYS = (
+    b"INSERT INTO message_indices SELECT * FROM unnest(%s::text[], %s::bigint[])"
+    b" ON CONFLICT DO NOTHING RETURNING session_id, idx"
+)
+# The stored runs of idempotency keys that overlap each producer's (lowest, highest) seq.
+_SEEN_KEYS = (
+    b"SELECT k.producer, k.first_seq, k.last_seq"
+    b" FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS w (producer, low, high)"
+    b" JOIN ingest_keys AS k"
+    b" ON k.producer = w.producer AND k.last_seq >= w.low AND k.first_seq <= w.high"
+)
+_INSERT_KEYS = (
+    b"INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us) VALUES (%s, %s, %s, %s)"
+)
+_PRUNE_KEYS = b"DELETE FROM ingest_keys WHERE stored_us < %s"
+# Blocks are read newest first, this many at a time, until the newest samples are known.
+_BLOCKS_PER_READ = 32
+
+
+def sql(text: str) -> bytes:
+    """A statement built from this module's constants (table and column names, never input),
+    as psycopg takes a query that is not a literal."""
+    return text.encode()
+
+
+@cache
+def _placeholders(query: str) -> bytes:
+    """A read of `StoreReads` (`?` placeholders) as psycopg takes it."""
+    return sql(query.replace("?", "%s"))
+
+
+@cache
+def _upsert(table: AuditedTable, keys: int) -> bytes:
+    """Inserts a row of `table`, or replaces the one with the same first `keys` columns."""
+    columns = table.columns
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns[keys:])
+    return sql(
+        f"INSERT INTO {table.table} ({', '.join(columns)})"
+        f" VALUES ({', '.join(['%s'] * len(columns))})"
+        f" ON CONFLICT ({', '.join(columns[:keys])}) DO UPDATE SET {updates}"
+    )
+
+
+@cache
+def _insert_with_id(table: AuditedTable) -> bytes:
+    """Inserts a row of `table` whose first column, its id, the database assigns."""
+    columns = table.columns[1:]
+    return sql(
+        f"INSERT INTO {table.table} ({', '.join(columns)})"
+        f" VALUES ({', '.join(['%s'] * len(columns))}) RETURNING {table.columns[0]}"
+    )
+
+
+class PostgresStore(StoreReads):
+    """The store port (`poirotd.store.port.Store`) on one PostgreSQL database.
+
+    Create with `await PostgresStore.open(url)`; every method but `has_session` is a coroutine.
+    Commits are as durable as the server's settings make them (synchronous_commit on, the
+    default: a commit returned is flushed to its WAL)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Connection]],
+        writer: Connection,
+        reader: Connection,
+        sessions: set[str],
+        idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
+    ) -> None:
+        self._connect = connect
+        self._key_window = KeyWindow(idempotency_window)
+        self._writer = writer
+        self._reader = reader
+        self._sessions = sessions
+        self._writing = asyncio.Lock()
+        self._reading = asyncio.Lock()
+        self._closing: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        where: str,
+        password: str | None = None,
+        idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
+    ) -> PostgresStore:
+        """Connects, migrates the database to this poirotd's schema and reads its sessions.
+        `where` names the database in errors (the URL without its password); `password`, when
+        given, is used instead of one in the URL; `idempotency_window`, seconds an ingest key is
+        kept after its commit. Raises psycopg.OperationalError when the server cannot be
+        reached, pg_schema.NewerSchemaError for a newer database."""
+        KeyWindow(idempotency_window)  # refuses a window that is not positive
+        extra: dict[str, Any] = {"password": password} if password is not None else {}
+
+        async def connect() -> Connection:
+            return await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+
+        writer = await connect()
+        try:
+            reader = await connect()
+            try:
+                await migrate(writer, where)
+                rows = await (await reader.execute(b"SELECT session_id FROM sessions")).fetchall()
+            except BaseException:
+                await reader.close()
+                raise
+        except BaseException:
+            await writer.close()
+            raise
+        sessions = {session_id for (session_id,) in rows}
+        return cls(connect, writer, reader, sessions, idempotency_window)
+
+    async def close(self) -> None:
+        """Lets already submitted work finish, then closes both connections; idempotent."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._shutdown())
+        await asyncio.shield(self._closing)
+
+    async def _shutdown(self) -> None:
+        async with self._writing, self._reading:
+            try:
+                await self._reader.close()
+            finally:
+                await self._writer.close()
+
+    def _check_open(self) -> None:
+        if self._closing is not None:
+            raise RuntimeError("store is closed")
+
+    @asynccontextmanager
+    async def _head_transaction(self) -> AsyncIterator[tuple[Connection, _Head]]:
+        """A write transaction holding the chain's lock, and the chain's head as it found it,
+        read in the round trip of the first answer the transaction waits for; the entries
+        appended to its links are stored just before it commits."""
+        self._check_open()
+        async with self._writing:
+            if self._writer.broken:
+                self._writer = await self._connect()
+            conn = self._writer
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(_LOCK_CHAIN, (CHAIN_LOCK,))
+                head = _Head(await conn.execute(_HEAD))
+                yield conn, head
+                if entries := (await head.links()).take():
+                    async with conn.cursor() as cursor:
+                        await cursor.executemany(_APPEND_AUDIT, entries)
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[tuple[Connection, Links]]:
+        """`_head_transaction` with its links at hand."""
+        async with self._head_transaction() as (conn, head):
+            yield conn, await head.links()
+
+    _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
+
+    async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return await self._all(_placeholders(sql), params)
+
+    async def _all(self, query: bytes, params: Sequence[Any] = ()) -> list[Row]:
+        """One read statement; on a connection found lost, once more on a new one."""
+        self._check_open()
+        async with self._reading:
+            for attempt in (1, 2):
+                if self._reader.broken:
+                    self._reader = await self._connect()
+                try:
+                    return await (await self._reader.execute(query, params)).fetchall()
+                except psycopg.OperationalError:
+                    if attempt == 2 or not self._reader.broken:
+                        raise
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------ ingest
+
+    async def commit_ingest(
+        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+    ) -> Duplicates:
+        """Stores the batch in one transaction and returns after COMMIT (the ack point), with
+        what it left out as copies of stored items. The sessions this process does not know
+        are looked up in the transaction.
+
+        Three round trips and the commit's flush: the lock, the head, the sessions looked up,
+        the session starts and the batch's message keys (which are new); then the session ends
+        and the blocks (their ids); then the chain's entries and COMMIT. A keyed batch takes one
+        more first, for the keys already held (the chain's lock serialises every replica's
+        writes, so no other can add a key meanwhile). Entries are appended as on SQLite:
+        session starts and ends in order, then message blocks, then telemetry."""
+        unknown = unknown_sessions(items, self._sessions.__contains__)
+        wanted = idempotency.wanted(items, keys)
+        async with self._head_transaction() as (conn, head):
+            found = await conn.execute(_FIND_SESSIONS, (unknown,)) if unknown else None
+            kept = await self._drop_seen_keys(conn, items, keys, wanted)
+            changes = [item for item in kept.items if isinstance(item, Session | SessionEnd)]
+            messages = _first_of_each(kept.items)
+            telemetry = [telemetry_block_row(block) for block in telemetry_blocks(kept.items)]
+            sent = [(change, await _send_session_change(conn, change)) for change in changes]
+            indexes = await _send_message_keys(conn, messages)
+            if found is not None:
+                stored_ids = {session_id for (session_id,) in await found.fetchall()}
+                if missing := [s for s in unknown if s not in stored_ids]:
+                    raise UnknownSessionError(missing[0])
+            stored = [
+                (SESSIONS, row)
+                for change, answer in sent
+                if (row := await _session_row_stored(conn, change, answer)) is not None
+            ]
+            new = await _new_messages(indexes, messages)
+            fresh = {id(message) for message in new}
+            for position, item in zip(kept.positions, kept.items, strict=True):
+                if isinstance(item, AgentMessage) and id(item) not in fresh:
+                    kept.duplicates[position] = 1
+            blocks = [(MESSAGE_BLOCKS, message_block_row(block)) for block in message_blocks(new)]
+            blocks += [(TELEMETRY_BLOCKS, row) for row in telemetry]
+            ids = [await conn.execute(_insert_with_id(table), row[1:]) for table, row in blocks]
+            for (table, row), answer in zip(blocks, ids, strict=True):
+                stored.append((table, (await _assigned_id(answer), *row[1:])))
+            links = await head.links()
+            for table, row in stored:
+                links.append(table.kind, table.ref(row), row[-1])
+        self._sessions.update(unknown, (c.session_id for c in changes))
+        return kept.duplicates
+
+    async def _drop_seen_keys(
+        self,
+        conn: Connection,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None],
+        wanted: dict[str, set[int]],
+    ) -> idempotency.Kept:
+        """The batch without copies of keyed items already stored; records the new keys."""
+        if not wanted:
+            return idempotency.Kept(list(items), list(range(len(items))))
+        producers = list(wanted)
+        bounds = ([min(wanted[p]) for p in producers], [max(wanted[p]) for p in producers])
+        answer = await conn.execute(_SEEN_KEYS, (producers, *bounds))
+        seen: set[ItemKey] = set()
+        for producer, first, last in await answer.fetchall():
+            seen |= idempotency.seen_in([(first, last)], producer, wanted[producer])
+        kept = idempotency.drop_seen(items, keys, seen)
+        now_us = micros(datetime.now(UTC))
+        new_runs = [
+            (producer, last, first, now_us)
+            for producer, seqs in kept.new_keys.items()
+            for first, last in idempotency.runs(seqs)
+        ]
+        if new_runs:
+            async with conn.cursor() as cursor:
+                await cursor.executemany(_INSERT_KEYS, new_runs)
+        if (before := self._key_window.prune_before(now_us)) is not None:
+            await conn.execute(_PRUNE_KEYS, (before,))
+        return kept
+
+    def has_session(self, session_id: str) -> bool:
+        self._check_open()
+        return session_id in self._sessions
+
+    async def find_session(self, session_id: str) -> bool:
+        if self.has_session(session_id):
+            return True
+        if await self._all(_FIND_SESSIONS, ([session_id],)):
+            self._sessions.add(session_id)
+            return True
+        return False
+
+    async def session_messages(self, session_id: str) -> list[AgentMessage]:
+        """The session's messages in index order."""
+        rows = await self._all(
+            b"SELECT record FROM message_blocks WHERE session_id = %s ORDER BY id", (session_id,)
+        )
+        messages = [m for (r,) in rows for m in MessageBlock.model_validate_json(r).to_messages()]
+        return sorted(messages, key=lambda message: message.index)
+
+    async def newest_readings(self, session_id: str, *, limit: int = 10_000) -> list[Reading]:
+        """The session's newest `limit` samples, oldest first (ties in time keep arrival order):
+        blocks are read newest first, a page at a time, until the rest can hold none of them."""
+        check_limit(limit)
+        newest = NewestReadings(limit)
+        after: tuple[int, int] | None = None
+        while True:
+            keyset = "" if after is None else " AND (last_us, id) < (%s, %s)"
+            rows = await self._all(
+                sql(
+                    "SELECT id, last_us, record FROM telemetry_blocks WHERE session_id = %s"
+                    f"{keyset} ORDER BY last_us DESC, id DESC LIMIT {_BLOCKS_PER_READ}"
+                ),
+                (session_id, *(after or ())),
+            )
+            for block_id, last_us, record in rows:
+                if not newest.wants(block_id, last_us):
+                    return newest.oldest_first()
+                newest.add(block_id, record)
+            if len(rows) < _BLOCKS_PER_READ:
+                return newest.oldest_first()
+            after = (rows[-1][1], rows[-1][0])
+
+    # ------------------------------------------------------------ hazard spaces
+
+    async def put_hazard_space(self, space: HazardSpace) -> None:
+        """Upsert; the space put last (even an older version put again) becomes the latest."""
+        async with self._transaction() as (conn, links):
+            await _chained(conn, links, HAZARD_SPACES, hazard_space_row(space, links.next_seq))
+
+    # ------------------------------------------------------------ investigations
+
+    async def save_investigation(self, inv: Investigation) -> None:
+        async with self._transaction() as (conn, links):
+            await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+
+    async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
+        """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest
+        first; emitting the matching events is the caller's job."""
+        async with self._transaction() as (conn, links):
+            rows = await (
+                await conn.execute(
+                    b"SELECT record FROM investigations WHERE state = ANY(%s)"
+                    b" ORDER BY created_us, investigation_id",
+                    (list(UNFINISHED),),
+                )
+            ).fetchall()
+            done = [
+                interrupted(Investigation.model_validate_json(record), reason, at)
+                for (record,) in rows
+            ]
+            for inv in done:
+                await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+        return [inv.investigation_id for inv in done]
+
+    # ------------------------------------------------------------ confirmed outcomes
+
+    async def confirm_outcome(
+        self,
+        investigation_id: str,
+        outcome: ConfirmedOutcome,
+        reassess: Reassess,
+        *,
+        supersede: bool = False,
+    ) -> tuple[Investigation, bool]:
+        """As the port says, in one write transaction: two confirmations, from any daemon,
+        never read the same history."""
+        async with self._transaction() as (conn, links):
+            row = await (
+                await conn.execute(
+                    b"SELECT record FROM investigations WHERE investigation_id = %s",
+                    (investigation_id,),
+                )
+            ).fetchone()
+            if row is None:
+                raise UnknownInvestigationError(investigation_id)
+            stored = Investigation.model_validate_json(row[0])
+            if (inv := confirmation(stored, outcome, supersede)) is None:
+                return stored, False
+            await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+            history = await (
+                await conn.execute(
+                    b"SELECT record FROM investigations WHERE system = %s"
+                    b" AND investigation_id <> %s AND (record::jsonb ->> 'confirmed') IS NOT NULL",
+                    (inv.system, inv.investigation_id),
+                )
+            ).fetchall()
+            confirmed = [Investigation.model_validate_json(record) for (record,) in history]
+            rows = await (
+                await conn.execute(
+                    b"SELECT record FROM reputations WHERE system = %s", (inv.system,)
+                )
+            ).fetchall()
+            reputations = (AgentReputation.model_validate_json(record) for (record,) in rows)
+            for reputation in reassess([*confirmed, inv], {r.agent_id: r for r in reputations}):
+                await _chained(conn, links, REPUTATIONS, reputation_row(reputation))
+        return inv, True
+
+    # ------------------------------------------------------------ ErrorProbe's memory
+
+    async def update_memory_entry(
+        self, system: str, entry_id: str, update: MemoryUpdate
+    ) -> DiagnosisMemoryEntry | None:
+        """Reads the entry, stores what `update` makes of it, in one write transaction (the
+        row is read under the chain's lock: no other daemon's update comes in between)."""
+        async with self._transaction() as (conn, links):
+            row = await (
+                await conn.execute(
+                    b"SELECT record FROM diagnosis_memory WHERE system = %s AND entry_id = %s",
+                    (system, entry_id),
+                )
+            ).fetchone()
+            before = None if row is None else DiagnosisMemoryEntry.model_validate_json(row[0])
+            entry = checked_memory_update(system, entry_id, update(before))
+            if entry is not None:
+                await _chained(conn, links, DIAGNOSIS_MEMORY, memory_row(entry))
+        return entry
+
+    async def delete_memory_entry(
+        self, system: str, entry_id: str, at: datetime
+    ) -> DiagnosisMemoryEntry | None:
+        """A tombstone: the entry marked deleted at `at` (once; a second delete changes
+        nothing), never retrieved again; None when there is no such entry."""
+        stored = await self.update_memory_entry(system, entry_id, tombstone(at))
+        return stored or await self._memory_entry(system, entry_id)
+
+    # ------------------------------------------------------------ investigation events
+
+    async def append_event(self, event: InvestigationEvent) -> InvestigationEvent:
+        """Stores the event under the next global id (the incoming one is ignored)."""
+        row = await self._insert_for_investigation(EVENTS, event_row(event, None))
+        return event.model_copy(update={"event_id": row[0]})
+
+    # ------------------------------------------------------------ LLM exchange audit
+
+    async def record_exchange(self, investigation_id: str, exchange: LLMExchange) -> None:
+        await self._insert_for_investigation(
+            EXCHANGES, exchange_row(exchange, investigation_id, None)
+        )
+
+    async def _insert_for_investigation(self, table: AuditedTable, row: Row) -> Row:
+        try:
+            async with self._transaction() as (conn, links):
+                stored = await _insert_row(conn, table, row)
+                links.append(table.kind, table.ref(stored), stored[-1])
+        except pg_errors.ForeignKeyViolation as exc:  # the only constraint: the investigation
+            raise UnknownInvestigationError(row[1]) from exc
+        return stored
+
+    # ------------------------------------------------------------ the audit chain
+
+    async def record_access_denial(self, denial: AccessDenial) -> None:
+        async with self._transaction() as (conn, links):
+            stored = await _insert_row(conn, ACCESS_DENIALS, access_denial_row(denial, None))
+            links.append(ACCESS_DENIALS.kind, ACCESS_DENIALS.ref(stored), stored[-1])
+
+
+# ------------------------------------------------------------ statements (write transaction)
+
+
+def _first_of_each(items: Sequence[CommitItem]) -> list[AgentMessage]:
+    """The batch's messages, the first of each (session, index) (a resend in the same batch
+    is left out, as one of an earlier batch is)."""
+    seen: set[tuple[str, int]] = set()
+    first: list[AgentMessage] = []
+    for item in items:
+        if isinstance(item, AgentMessage) and (key := (item.session_id, item.index)) not in seen:
+            seen.add(key)
+            first.append(item)
+    return first
+
+
+class _Head:
+    """The chain's head as a write transaction found it, read when first needed."""
+
+    def __init__(self, answer: Cursor) -> None:
+        self._answer = answer
+        self._links: Links | None = None
+
+    async def links(self) -> Links:
+        if self._links is None:
+            head = await self._answer.fetchone()
+            self._links = Links(head or (0, GENESIS_HASH))
+        return self._links
+
+
+async def _send_message_keys(conn: Connection, messages: list[AgentMessage]) -> Cursor | None:
+    """Adds the messages' keys to `message_indices`; the answer holds those that were new."""
+    if not messages:
+        return None
+    sessions = [m.session_id for m in messages]
+    return await conn.execute(_NEW_MESSAGE_KEYS, (sessions, [m.index for m in messages]))
+
+
+async def _new_messages(answer: Cursor | None, messages: list[AgentMessage]) -> list[AgentMessage]:
+    """The messages not stored before, as `_send_message_keys`' answer tells."""
+    if answer is None:
+        return messages
+    new = set(map(tuple, await answer.fetchall()))
+    return [m for m in messages if (m.session_id, m.index) in new]
+
+
+async def _send_session_change(conn: Connection, change: Session | SessionEnd) -> Cursor:
+    """Inserts a session's start (unless stored), or reads the record a session's end
+    changes."""
+    if isinstance(change, Session):
+        return await conn.execute(_INSERT_SESSION, session_row(change))
+    return await conn.execute(
+        b"SELECT record FROM sessions WHERE session_id = %s", (change.session_id,)
+    )
+
+
+async def _session_row_stored(
+    conn: Connection, change: Session | SessionEnd, answer: Cursor
+) -> Row | None:
+    """The row a session's start stored (None: it was stored before), or the row of its end,
+    which this stores: the record read, with its end time."""
+    found = await answer.fetchone()
+    if isinstance(change, Session):
+        return session_row(change) if found is not None else None
+    assert found is not None, "commit_ingest checked that the session exists"
+    session = Session.model_validate_json(found[0])
+    row = session_row(session.model_copy(update={"ended_at": change.ended_at}))
+    await conn.execute(_upsert(SESSIONS, 1), row)
+    return row
+
+
+async def _assigned_id(answer: Cursor) -> int:
+    assigned = await answer.fetchone()
+    assert assigned is not None, "an insert returns its id"
+    return int(assigned[0])
+
+
+async def _insert_row(conn: Connection, table: AuditedTable, row: Row) -> Row:
+    """Inserts `row` (its first column None: the database assigns it); returns it with its id."""
+    answer = await conn.execute(_insert_with_id(table), row[1:])
+    return (await _assigned_id(answer), *row[1:])
+
+
+# The number of leading columns that key each upserted table.
+_KEYS = {SESSIONS: 1, HAZARD_SPACES: 2, INVESTIGATIONS: 1, REPUTATIONS: 2, DIAGNOSIS_MEMORY: 2}
+
+
+async def _chained(conn: Connection, links: Links, table: AuditedTable, row: Row) -> None:
+    """Upserts the row and appends its entry."""
+    await conn.execute(_upsert(table, _KEYS[table]), row)
+    links.append(table.kind, table.ref(row), row[-1])

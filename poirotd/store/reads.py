@@ -1,0 +1,132 @@
+"""The port's reads that are the same query on every adapter: written once, with `?` placeholders,
+over the one method an adapter provides (`_query`, on its read connection). What an adapter reads
+its own way (a session's messages and newest samples, where SQLite also reads the rows older
+schemas left) stays in it, and so does the one expression that differs (`_CONFIRMED`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from poirotd.model import (
+    AgentReputation,
+    DiagnosisMemoryEntry,
+    HazardSpace,
+    Investigation,
+    InvestigationEvent,
+    InvestigationState,
+    LLMExchange,
+    Session,
+)
+from poirotd.store.chain import Row
+from poirotd.store.common import (
+    check_limit,
+    investigations_page,
+    investigations_page_query,
+    newest_verified_first,
+)
+from poirotd.store.records import event_from_row
+
+
+class StoreReads:
+    # SQL: the investigation's record has a confirmed outcome.
+    _CONFIRMED = "json_extract(record, '$.confirmed') IS NOT NULL"
+
+    async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Runs one read statement (`?` placeholders) on the adapter's read connection."""
+        raise NotImplementedError
+
+    async def get_session(self, session_id: str) -> Session | None:
+        rows = await self._query("SELECT record FROM sessions WHERE session_id = ?", (session_id,))
+        return Session.model_validate_json(rows[0][0]) if rows else None
+
+    async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None:
+        rows = await self._query(
+            "SELECT record FROM hazard_spaces WHERE system = ? AND version = ?", (system, version)
+        )
+        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
+
+    async def latest_hazard_space(self, system: str) -> HazardSpace | None:
+        """The space put last (even an older version put again)."""
+        rows = await self._query(
+            "SELECT record FROM hazard_spaces WHERE system = ? ORDER BY put_seq DESC LIMIT 1",
+            (system,),
+        )
+        return HazardSpace.model_validate_json(rows[0][0]) if rows else None
+
+    async def get_investigation(self, investigation_id: str) -> Investigation | None:
+        rows = await self._query(
+            "SELECT record FROM investigations WHERE investigation_id = ?", (investigation_id,)
+        )
+        return Investigation.model_validate_json(rows[0][0]) if rows else None
+
+    async def list_investigations(
+        self,
+        *,
+        session_id: str | None = None,
+        state: InvestigationState | None = None,
+        limit: int = 50,
+        page_token: str | None = None,
+    ) -> tuple[list[Investigation], str | None]:
+        """Newest first (`investigations_page_query`)."""
+        sql, params = investigations_page_query(session_id, state, limit, page_token, "?")
+        return investigations_page(await self._query(sql, params), limit)
+
+    async def reputations(self, system: str) -> dict[str, AgentReputation]:
+        """The stored reputation of each agent of `system` that has one, by agent id."""
+        rows = await self._query(
+            "SELECT record FROM reputations WHERE system = ? ORDER BY agent_id", (system,)
+        )
+        reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
+        return {r.agent_id: r for r in reputations}
+
+    async def confirmed_investigations(
+        self, system: str, *, limit: int = 500
+    ) -> list[Investigation]:
+        """The system's newest `limit` investigations with a confirmed outcome, oldest first
+        (by creation)."""
+        check_limit(limit)
+        rows = await self._query(
+            f"SELECT record FROM investigations WHERE system = ? AND {self._CONFIRMED}"
+            " ORDER BY created_us DESC, investigation_id DESC LIMIT ?",
+            (system, limit),
+        )
+        return [Investigation.model_validate_json(record) for (record,) in reversed(rows)]
+
+    async def memory_entries(
+        self, system: str, *, include_deleted: bool = False
+    ) -> list[DiagnosisMemoryEntry]:
+        """The system's entries, most recently verified first (deleted ones only if asked)."""
+        rows = await self._query("SELECT record FROM diagnosis_memory WHERE system = ?", (system,))
+        entries = (DiagnosisMemoryEntry.model_validate_json(record) for (record,) in rows)
+        return newest_verified_first(entries, include_deleted)
+
+    async def _memory_entry(self, system: str, entry_id: str) -> DiagnosisMemoryEntry | None:
+        rows = await self._query(
+            "SELECT record FROM diagnosis_memory WHERE system = ? AND entry_id = ?",
+            (system, entry_id),
+        )
+        return DiagnosisMemoryEntry.model_validate_json(rows[0][0]) if rows else None
+
+    async def events_after(
+        self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
+    ) -> list[InvestigationEvent]:
+        check_limit(limit)
+        sql = "SELECT event_id, investigation_id, record FROM events WHERE event_id > ?"
+        params: list[Any] = [after_event_id]
+        if investigation_id is not None:
+            sql += " AND investigation_id = ?"
+            params.append(investigation_id)
+        rows = await self._query(sql + " ORDER BY event_id LIMIT ?", (*params, limit))
+        return [event_from_row(row) for row in rows]
+
+    async def exchanges(self, investigation_id: str) -> list[LLMExchange]:
+        rows = await self._query(
+            "SELECT record FROM exchanges WHERE investigation_id = ? ORDER BY id",
+            (investigation_id,),
+        )
+        return [LLMExchange.model_validate_json(record) for (record,) in rows]
+
+    async def chain_head(self) -> tuple[int, str] | None:
+        rows = await self._query("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
