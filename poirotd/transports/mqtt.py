@@ -248,7 +248,9 @@ class _PipelineSink:
             payload = sample.model_dump_json().encode()
             self._dead_letters.add("poirotd", str(refusal.error), payload)
         self._stats.refused += len(admission.refused)
-        self._stats.committed += len(batch.rows) - len(admission.refused)
+        # Copies of stored samples (a redelivery) are counted in poirot_ingest_duplicates_total.
+        copies = admission.duplicates()
+        self._stats.committed += len(batch.rows) - len(admission.refused) - copies
 
 
 class _MessageSink:
@@ -297,7 +299,7 @@ class _MessageSink:
             self._dead_letters.add("poirotd", str(refusal.error), source.payload)
             refused += 1
         self._stats.messages_refused += refused
-        self._stats.messages_committed += len(batch) - refused
+        self._stats.messages_committed += len(batch) - refused - admission.duplicates()
 
 
 class MqttInput:
