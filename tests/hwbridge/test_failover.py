@@ -11,32 +11,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from hwbridge.broker import free_port
 from hwbridge.config import BackoffConfig, DeadLetterConfig, PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.forward import Forwarder
 from poirotd.demo.process import DaemonProcess
 from tests.support.bridge import samples, stored_values
+from tests.support.daemon import two_replicas
 from tests.support.spec import BRIDGE_CLINIC
 
 
 @pytest.fixture
 def replicas(tmp_path: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(BRIDGE_CLINIC.model_dump(mode="json")))
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a = DaemonProcess(spec, tmp_path / "a", grpc_port=free_port())
-    b = DaemonProcess(spec, tmp_path / "b", grpc_port=free_port())
-    try:
-        a.start()
-        b.start()
-        yield a, b
-    finally:
-        a.kill()
-        b.kill()
+    with two_replicas(lambda _: BRIDGE_CLINIC, tmp_path) as both:
+        yield both
 
 
 @pytest.mark.slow

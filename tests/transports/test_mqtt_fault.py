@@ -24,10 +24,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import yaml
 
 from hwbridge.mqtt import MqttPublisher
+from poirotd.config import SystemSpec
 from poirotd.demo.process import DaemonProcess
+from tests.support.daemon import two_replicas
 from tests.support.mosquitto import Mosquitto, broker
 from tests.support.shared_mqtt import TOPIC, keyed_spec, reading, stored_values
 from tests.support.waiting import eventually
@@ -41,14 +42,6 @@ REPLICA_KILL_AT = 1000
 REPLICA_RESTART_AT = 1300
 
 
-def replica(folder: Path, mosquitto: Mosquitto, name: str, db_url: str | None) -> DaemonProcess:
-    folder.mkdir()
-    spec = keyed_spec(mosquitto, f"poirotd-{name}", share_group="poirotd")
-    config = folder / "spec.yaml"
-    config.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    return DaemonProcess(config, folder, env={"POIROTD_DB_URL": db_url} if db_url else None)
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest) -> str | None:
     """Each replica its own SQLite file, or both on one PostgreSQL database."""
@@ -59,15 +52,14 @@ def db_url(request: pytest.FixtureRequest) -> str | None:
 def replicas(
     tmp_path: Path, mosquitto: Mosquitto, db_url: str | None
 ) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
-    a = replica(tmp_path / "a", mosquitto, "a", db_url)
-    b = replica(tmp_path / "b", mosquitto, "b", db_url)
-    try:
-        a.start()
-        b.start()
-        yield a, b
-    finally:
-        a.kill()
-        b.kill()
+    """Two replicas in one share group, each with a client id of its own."""
+
+    def spec_of(name: str) -> SystemSpec:
+        return keyed_spec(mosquitto, f"poirotd-{name}", share_group="poirotd")
+
+    env = {"POIROTD_DB_URL": db_url} if db_url else None
+    with two_replicas(spec_of, tmp_path, env) as both:
+        yield both
 
 
 def subscribed(process: DaemonProcess) -> int:
