@@ -33,7 +33,7 @@ async def test_sigterm_mid_stream_drains_and_the_forwarder_lands_the_rest_elsewh
     replicas: tuple[DaemonProcess, DaemonProcess],
 ) -> None:
     a, b = replicas
-    total, per_call = 6000, 100
+    total, per_call = 20_000, 100
     config = PoirotdConfig(
         target=a.grpc_target,
         failover_targets=(b.grpc_target,),
@@ -44,13 +44,13 @@ async def test_sigterm_mid_stream_drains_and_the_forwarder_lands_the_rest_elsewh
     async with Forwarder(config, "e2e", dead_letters) as sink:
 
         async def produce() -> None:
-            for k in range(total // per_call):
-                await sink(samples(per_call, offset=k * per_call))
-                await asyncio.sleep(0.01)
+            """Every call at once: the forwarder's window is full of items sent, unacked."""
+            calls = (sink(samples(per_call, offset=k * per_call)) for k in range(total // per_call))
+            await asyncio.gather(*calls)
 
         sending = asyncio.create_task(produce())
         async with asyncio.timeout(30):
-            while sink.stats.durable < 1000:  # noqa: ASYNC110 - counters have no event
+            while sink.stats.durable < 2000:  # noqa: ASYNC110 - counters have no event
                 await asyncio.sleep(0.005)
         acked_by_a = sink.stats.durable
         began = time.monotonic()
@@ -65,7 +65,8 @@ async def test_sigterm_mid_stream_drains_and_the_forwarder_lands_the_rest_elsewh
     print(
         f"\nfailover: {total} sent, {len(in_a)} stored by A (>= {acked_by_a} acked before "
         f"SIGTERM), {len(in_b)} by B, A exited {exit_code} in {drained_in:.2f} s, "
-        f"streams {stats.streams}, drained {stats.drained}, resent {stats.resent}"
+        f"streams {stats.streams}, drained {stats.drained}, resent {stats.resent} (sent to A, "
+        f"not acked: A had not read them)"
     )
     assert exit_code == 0
     assert drained_in < 5.0, "the ingest stream ended before the transports' grace ran out"
