@@ -121,15 +121,19 @@ _NEW_MESSAGE_KEYS = (
     b"INSERT INTO message_indices SELECT * FROM unnest(%s::text[], %s::bigint[])"
     b" ON CONFLICT DO NOTHING RETURNING session_id, idx"
 )
-# The stored runs of idempotency keys that overlap each producer's (lowest, highest) seq.
+# The stored runs of idempotency keys that overlap each producer's (lowest, highest) seq: per
+# producer a range scan of the primary key from its lowest seq on (LATERAL: a plain join may be
+# planned as a scan of the whole table, which grows with the window).
 _SEEN_KEYS = (
-    b"SELECT k.producer, k.first_seq, k.last_seq"
+    b"SELECT w.producer, k.first_seq, k.last_seq"
     b" FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS w (producer, low, high)"
-    b" JOIN ingest_keys AS k"
-    b" ON k.producer = w.producer AND k.last_seq >= w.low AND k.first_seq <= w.high"
+    b" CROSS JOIN LATERAL (SELECT first_seq, last_seq FROM ingest_keys"
+    b" WHERE producer = w.producer AND last_seq >= w.low AND first_seq <= w.high) AS k"
 )
+# A commit's new runs in one statement (a share group's scattered keys are a run each).
 _INSERT_KEYS = (
-    b"INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us) VALUES (%s, %s, %s, %s)"
+    b"INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us)"
+    b" SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[])"
 )
 _PRUNE_KEYS = b"DELETE FROM ingest_keys WHERE stored_us < %s"
 # Blocks are read newest first, this many at a time, until the newest samples are known.
@@ -300,15 +304,36 @@ class PostgresStore(StoreReads):
 
         Three round trips and the commit's flush: the lock, the head, the sessions looked up,
         the session starts and the batch's message keys (which are new); then the session ends
-        and the blocks (their ids); then the chain's entries and COMMIT. A keyed batch takes one
-        more first, for the keys already held (the chain's lock serialises every replica's
-        writes, so no other can add a key meanwhile). Entries are appended as on SQLite:
-        session starts and ends in order, then message blocks, then telemetry."""
-        unknown = unknown_sessions(items, self._sessions.__contains__)
+        and the blocks (their ids); then the chain's entries and COMMIT. Entries are appended as
+        on SQLite: session starts and ends in order, then message blocks, then telemetry.
+
+        Keys cost no round trip of their own: the batch is written as if none were stored, with
+        the stored runs that overlap its keys asked for in the same round trip as the first
+        answers; if they hold one of its keys (a copy: rare), the transaction is rolled back and
+        the batch written again without the copies, looked up first. The chain's lock serialises
+        every replica's writes, so no other adds a key meanwhile."""
         wanted = idempotency.wanted(items, keys)
+        try:
+            return await self._commit(items, keys, wanted, optimistic=bool(wanted))
+        except (_CopiesFound, pg_errors.UniqueViolation):
+            if not wanted:
+                raise
+            return await self._commit(items, keys, wanted, optimistic=False)
+
+    async def _commit(
+        self,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None],
+        wanted: dict[str, set[int]],
+        *,
+        optimistic: bool,
+    ) -> Duplicates:
+        """`commit_ingest`'s transaction; `optimistic`: raises _CopiesFound (rolled back) when
+        the batch holds a copy, instead of looking the keys up before writing."""
+        unknown = unknown_sessions(items, self._sessions.__contains__)
         async with self._head_transaction() as (conn, head):
             found = await conn.execute(_FIND_SESSIONS, (unknown,)) if unknown else None
-            kept = await self._drop_seen_keys(conn, items, keys, wanted)
+            kept, held = await self._drop_seen_keys(conn, items, keys, wanted, optimistic)
             changes = [item for item in kept.items if isinstance(item, Session | SessionEnd)]
             messages = _first_of_each(kept.items)
             telemetry = [telemetry_block_row(block) for block in telemetry_blocks(kept.items)]
@@ -318,6 +343,8 @@ class PostgresStore(StoreReads):
                 stored_ids = {session_id for (session_id,) in await found.fetchall()}
                 if missing := [s for s in unknown if s not in stored_ids]:
                     raise UnknownSessionError(missing[0])
+            if held is not None and _seen(await held.fetchall(), wanted):
+                raise _CopiesFound
             stored = [
                 (SESSIONS, row)
                 for change, answer in sent
@@ -345,16 +372,18 @@ class PostgresStore(StoreReads):
         items: Sequence[CommitItem],
         keys: Sequence[ItemKey | None],
         wanted: dict[str, set[int]],
-    ) -> idempotency.Kept:
-        """The batch without copies of keyed items already stored; records the new keys."""
+        optimistic: bool,
+    ) -> tuple[idempotency.Kept, Cursor | None]:
+        """The batch without copies of keyed items already stored, and the new keys recorded.
+        `optimistic`: none is taken for stored, and the answer returned (not read yet) holds the
+        stored runs that overlap the batch's keys."""
         if not wanted:
-            return idempotency.Kept(list(items), list(range(len(items))))
+            return idempotency.Kept(list(items), list(range(len(items)))), None
         producers = list(wanted)
         bounds = ([min(wanted[p]) for p in producers], [max(wanted[p]) for p in producers])
         answer = await conn.execute(_SEEN_KEYS, (producers, *bounds))
-        seen: set[ItemKey] = set()
-        for producer, first, last in await answer.fetchall():
-            seen |= idempotency.seen_in([(first, last)], producer, wanted[producer])
+        held = answer if optimistic else None
+        seen = set() if optimistic else _seen(await answer.fetchall(), wanted)
         kept = idempotency.drop_seen(items, keys, seen)
         now_us = micros(datetime.now(UTC))
         new_runs = [
@@ -363,11 +392,11 @@ class PostgresStore(StoreReads):
             for first, last in idempotency.runs(seqs)
         ]
         if new_runs:
-            async with conn.cursor() as cursor:
-                await cursor.executemany(_INSERT_KEYS, new_runs)
+            columns = [list(column) for column in zip(*new_runs, strict=True)]
+            await conn.execute(_INSERT_KEYS, columns)
         if (before := self._key_window.prune_before(now_us)) is not None:
             await conn.execute(_PRUNE_KEYS, (before,))
-        return kept
+        return kept, held
 
     def has_session(self, session_id: str) -> bool:
         self._check_open()
@@ -559,6 +588,18 @@ def _first_of_each(items: Sequence[CommitItem]) -> list[AgentMessage]:
             seen.add(key)
             first.append(item)
     return first
+
+
+class _CopiesFound(Exception):
+    """An optimistic commit met keys the store holds: it is rolled back and written again."""
+
+
+def _seen(runs: Sequence[tuple[Any, ...]], wanted: dict[str, set[int]]) -> set[ItemKey]:
+    """The batch's keys that stored runs (producer, first, last) hold."""
+    seen: set[ItemKey] = set()
+    for producer, first, last in runs:
+        seen |= idempotency.seen_in([(first, last)], producer, wanted[producer])
+    return seen
 
 
 class _Head:
