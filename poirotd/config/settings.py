@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # (poirotd.observability.gc_tuning).
     gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=700)
     # Where the audit chain's head is appended every audit_checkpoint_seconds when it moved
-    # (default: beside the database, DB_PATH.checkpoints.jsonl).
+    # (default: DB_PATH.checkpoints.jsonl, also on PostgreSQL, where each daemon keeps its own).
     audit_checkpoint_path: Path | None = None
     audit_checkpoint_seconds: float = Field(default=60.0, gt=0)
     # OTLP/HTTP trace receiver (POST /v1/traces, conventionally port 4318); 0 = off. OTLP/gRPC

@@ -34,7 +34,7 @@ from poirotd.model import (
     Vote,
 )
 from poirotd.observability.metrics import Metrics
-from poirotd.store import SqliteStore, canonical_json, entry_hash
+from poirotd.store import SqliteStore, Store, canonical_json, entry_hash
 from poirotd.store.audit import AuditError, ChainHead, export_investigation, verify
 from poirotd.store.checkpoints import ChainCheckpoints
 from poirotd.store.schema import SCHEMA_VERSION
@@ -63,6 +63,68 @@ def exchange(purpose: str) -> LLMExchange:
     )
 
 
+async def write_as_the_runner(store: Store) -> None:
+    """Sessions, messages, telemetry, hazard spaces and an investigation, in the order the
+    runner writes them."""
+    await store.commit_ingest([session(), *map(message, range(4)), sample(0, 1.0)])
+    await store.commit_ingest([message(1, content="resent"), sample(1, 2.5)])
+    await store.put_hazard_space(space("v1"))
+    await store.put_hazard_space(space("v2"))
+    record = investigation("i1").model_copy(
+        update={
+            "trigger": HazardEvent(
+                rule="torque_spike",
+                severity="critical",
+                session_id="s1",
+                at=T0,
+                summary="knee_motor.torque z=5.2",
+                evidence=(sample(1, 2.5),),
+            )
+        }
+    )
+    await store.save_investigation(record)
+
+    async def save(**changes: Any) -> None:
+        nonlocal record
+        record = record.model_copy(update=changes)
+        await store.save_investigation(record)
+
+    await save(state=InvestigationState.RUNNING)
+    await store.append_event(event("i1", EventKind.STARTED))
+    # Committed while the runner reads the session: inside the read window.
+    await store.commit_ingest([message(4, content=UMLAUT)])
+    await save(incident="Reported: torque spike")
+    await store.append_event(
+        event("i1", EventKind.PHASE_BEGUN).model_copy(update={"phase": Phase.SELF_ASSESSMENT})
+    )
+    await store.record_exchange("i1", exchange("report"))
+    await save(reports={"planner": {"role_fulfilled": True}, "controller": None})
+    await store.record_exchange("i1", exchange("vote"))
+    vote = Vote(agent_id="planner", location=(0, 1), weight=0.75, justification="motor")
+    await save(votes=(vote,))
+    await store.append_event(event("i1", EventKind.VOTE_CAST).model_copy(update={"vote": vote}))
+    await save(
+        state=InvestigationState.SUCCEEDED,
+        finished_at=T0 + timedelta(seconds=40),
+        hazard_space=space("v2"),
+        attribution=Attribution(
+            scores=(0.0, 0.75),
+            top=(1,),
+            tie=False,
+            decision=(0, 1),
+            rule="argmax",
+            beta=0.25,
+        ),
+        phases=(PhaseTiming(phase=Phase.VOTING, seconds=1.5),),
+    )
+    await store.append_event(event("i1", EventKind.ATTRIBUTION_READY))
+    # After the investigation: not part of what it saw.
+    await store.commit_ingest(
+        [message(5), SessionEnd(session_id="s1", ended_at=T0 + timedelta(minutes=5))]
+    )
+    await store.save_investigation(investigation("i2"))
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def written(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> StoreDb:
     """One database per adapter, written once per module, in the order the runner writes; tests
@@ -76,67 +138,7 @@ def written(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     async def write() -> None:
         store = await db.open()
         try:
-            await store.commit_ingest([session(), *map(message, range(4)), sample(0, 1.0)])
-            await store.commit_ingest([message(1, content="resent"), sample(1, 2.5)])
-            await store.put_hazard_space(space("v1"))
-            await store.put_hazard_space(space("v2"))
-            record = investigation("i1").model_copy(
-                update={
-                    "trigger": HazardEvent(
-                        rule="torque_spike",
-                        severity="critical",
-                        session_id="s1",
-                        at=T0,
-                        summary="knee_motor.torque z=5.2",
-                        evidence=(sample(1, 2.5),),
-                    )
-                }
-            )
-            await store.save_investigation(record)
-
-            async def save(**changes: Any) -> None:
-                nonlocal record
-                record = record.model_copy(update=changes)
-                await store.save_investigation(record)
-
-            await save(state=InvestigationState.RUNNING)
-            await store.append_event(event("i1", EventKind.STARTED))
-            # Committed while the runner reads the session: inside the read window.
-            await store.commit_ingest([message(4, content=UMLAUT)])
-            await save(incident="Reported: torque spike")
-            await store.append_event(
-                event("i1", EventKind.PHASE_BEGUN).model_copy(
-                    update={"phase": Phase.SELF_ASSESSMENT}
-                )
-            )
-            await store.record_exchange("i1", exchange("report"))
-            await save(reports={"planner": {"role_fulfilled": True}, "controller": None})
-            await store.record_exchange("i1", exchange("vote"))
-            vote = Vote(agent_id="planner", location=(0, 1), weight=0.75, justification="motor")
-            await save(votes=(vote,))
-            await store.append_event(
-                event("i1", EventKind.VOTE_CAST).model_copy(update={"vote": vote})
-            )
-            await save(
-                state=InvestigationState.SUCCEEDED,
-                finished_at=T0 + timedelta(seconds=40),
-                hazard_space=space("v2"),
-                attribution=Attribution(
-                    scores=(0.0, 0.75),
-                    top=(1,),
-                    tie=False,
-                    decision=(0, 1),
-                    rule="argmax",
-                    beta=0.25,
-                ),
-                phases=(PhaseTiming(phase=Phase.VOTING, seconds=1.5),),
-            )
-            await store.append_event(event("i1", EventKind.ATTRIBUTION_READY))
-            # After the investigation: not part of what it saw.
-            await store.commit_ingest(
-                [message(5), SessionEnd(session_id="s1", ended_at=T0 + timedelta(minutes=5))]
-            )
-            await store.save_investigation(investigation("i2"))
+            await write_as_the_runner(store)
         finally:
             await store.close()
 
@@ -203,6 +205,23 @@ def test_every_record_write_is_chained_and_the_store_verifies(db: StoreDb) -> No
     assert (report.entries, report.head) == (entries, ChainHead(last_seq, last_hash))
     assert report.rows == 1 + 3 + 2 + 2 + 2 + 4 + 2
     assert report.summary().startswith(f"ok: {entries} entries chained, 16 rows match them")
+
+
+@pytest.mark.parametrize("written", ["postgres"], indirect=True)
+async def test_both_adapters_chain_the_same_entries_byte_for_byte(
+    db: StoreDb, tmp_path: Path
+) -> None:
+    """The same writes give the same chain on PostgreSQL as on SQLite: records, refs, ids and
+    therefore every hash."""
+    reference = SqliteDb(tmp_path / "reference.db")
+    store = await reference.open()
+    try:
+        await write_as_the_runner(store)
+    finally:
+        await store.close()
+    entries = "SELECT seq, kind, ref, payload, prev_hash, hash FROM audit ORDER BY seq"
+    assert db.query(entries) == reference.query(entries)
+    assert len(reference.query(entries)) == 22
 
 
 def test_verify_reads_without_writing(db: StoreDb) -> None:

@@ -173,3 +173,16 @@ async def test_a_lost_connection_fails_its_write_and_the_next_call_reconnects(
     finally:
         await store.close()
     assert verify(postgres_url).ok
+
+
+async def test_long_records_are_compressed_with_lz4(postgres_url: str) -> None:
+    store = await PostgresStore.open(postgres_url, where="db")
+    try:
+        await store.commit_ingest([session("s1"), *(message(i) for i in range(200))])
+    finally:
+        await store.close()
+    db = PostgresDb(postgres_url)
+    assert db.query("SELECT pg_column_compression(record) FROM message_blocks") == [("lz4",)]
+    assert db.query(
+        "SELECT pg_column_compression(payload) FROM audit WHERE kind = 'message_block'"
+    ) == [("lz4",)]

@@ -9,9 +9,11 @@ database of its own (`create_database`, a copy of template0: milliseconds with f
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -120,7 +122,7 @@ class PostgresServer:
     def cpu_seconds(self) -> float:
         """CPU time the server has used so far: the postmaster, the backends it reaped and the
         processes it still runs (backends, WAL writer, checkpointer...)."""
-        postmaster = int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
+        postmaster = self._postmaster()
         ticks = os.sysconf("SC_CLK_TCK")
         total = sum(_stat(postmaster)[11:15])
         for entry in Path("/proc").iterdir():
@@ -134,10 +136,20 @@ class PostgresServer:
         return total / ticks
 
     def stop(self) -> None:
+        """A fast shutdown (SIGINT to the postmaster: open connections are ended, not waited
+        for), then the folder goes."""
         if self._process is not None:
-            stop_process(self._process)
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(self._postmaster(), signal.SIGINT)
+            try:
+                self._process.wait(30)
+            except subprocess.TimeoutExpired:
+                stop_process(self._process)
             self._process = None
         shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _postmaster(self) -> int:
+        return int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
 
     def log_tail(self, lines: int = 20) -> str:
         log = self.folder / "postgres.log"
