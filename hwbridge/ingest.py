@@ -212,9 +212,19 @@ class DeliveryInput(ABC, Generic[RouteT, ItemT, BatchT]):
             self.stats.acked += len(batch.deliveries)
 
 
+def _row_keys(key: ItemKey, rows: int) -> list[ItemKey]:
+    """Each reading of a keyed delivery its own key, as decoding orders them (the same for a
+    copy of the payload): the first the payload's, the j-th the payload's with `#j` after the
+    producer. Every sample is an item of its own downstream (the forwarder sends each alone)."""
+    keys = [key] + [ItemKey(f"{key.producer}#{j}", key.seq) for j in range(1, rows)]
+    if len(keys[-1].producer) > MAX_PRODUCER_CHARS:
+        raise DecodeError(f"the producer's name with #{rows - 1} is over {MAX_PRODUCER_CHARS}")
+    return keys
+
+
 class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
-    """A delivery on a keyed route (its codec reads a producer's key) gives its rows that key;
-    the batch holds them, row by row, while any delivery in it had one."""
+    """A delivery on a keyed route (its codec reads a producer's key) gives each of its rows
+    a key (`_row_keys`); the batch holds them, row by row, while any delivery in it had one."""
 
     def __init__(
         self,
@@ -251,7 +261,7 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
         if key is not None and self._keys is None:
             self._keys = [None] * self._rows
         if self._keys is not None:
-            self._keys += [key] * len(rows)
+            self._keys += [None] * len(rows) if key is None else _row_keys(key, len(rows))
         self._rows += len(rows)
         return rows
 

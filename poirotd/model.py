@@ -106,8 +106,8 @@ class TelemetryBatch:
     """One session's samples from an input, in arrival order. An MQTT input delivers thousands
     a second; as rows they reach the rules and the store's blocks without a pydantic sample
     each. Whoever builds one guarantees what validating samples would: float values and
-    timezone-aware times. `keys`, when given, holds each row's key (None: none); the rows of
-    one delivery share its key, and are stored or dropped together."""
+    timezone-aware times. `keys`, when given, holds each row's idempotency key (None: none);
+    a row whose key an earlier row or item has, or the store holds, is a copy."""
 
     session_id: str
     rows: list[SampleRow]

@@ -58,46 +58,31 @@ class Kept:
     new_keys: dict[str, list[int]] = field(default_factory=dict)
 
 
-def _runs(keys: Sequence[ItemKey | None]) -> Iterable[int]:
-    """For each row, the number of the run of equal keys it is in."""
-    run, previous = 0, None
-    for key in keys:
-        if key != previous:
-            run, previous = run + 1, key
-        yield run
-
-
 def drop_seen(
     items: Sequence[CommitItem], keys: Sequence[ItemKey | None], seen: set[ItemKey]
 ) -> Kept:
-    """Leaves out every item whose key is in `seen` or held by an earlier item of the batch;
-    a telemetry batch loses those rows (and is left out when none remains)."""
+    """Leaves out every item (or row) whose key is in `seen` or held by an earlier item or row
+    of the batch; a telemetry batch loses those rows (and is left out when none remains)."""
     kept = Kept()
-    # Which unit holds each key: (item position, run of rows). The rows of one delivery are
-    # consecutive in a telemetry batch and share its key: a key met again after another is a
-    # second delivery of it.
-    holder: dict[ItemKey, tuple[int, int]] = {}
+    claimed: set[ItemKey] = set()
 
-    def fresh(key: ItemKey | None, unit: tuple[int, int]) -> bool:
-        """Whether the item (or row) of `unit` with `key` is to be stored."""
+    def fresh(key: ItemKey | None) -> bool:
+        """Whether the item (or row) with `key` is to be stored."""
         if key is None:
             return True
-        if key in seen:
+        if key in seen or key in claimed:
             return False
-        first = holder.get(key)
-        if first is None:
-            holder[key] = unit
-            kept.new_keys.setdefault(key.producer, []).append(key.seq)
-            return True
-        return first == unit
+        claimed.add(key)
+        kept.new_keys.setdefault(key.producer, []).append(key.seq)
+        return True
 
     for position, item in enumerate(items):
         key = keys[position] if position < len(keys) else None
         if isinstance(item, TelemetryBatch) and item.keys is not None:
             rows = [
                 (row, row_key)
-                for row, row_key, run in zip(item.rows, item.keys, _runs(item.keys), strict=True)
-                if fresh(row_key, (position, run))
+                for row, row_key in zip(item.rows, item.keys, strict=True)
+                if fresh(row_key)
             ]
             if dropped := len(item.rows) - len(rows):
                 kept.duplicates[position] = dropped
@@ -106,7 +91,7 @@ def drop_seen(
                 item = TelemetryBatch(
                     item.session_id, [row for row, _ in rows], [k for _, k in rows]
                 )
-        elif not fresh(key, (position, 0)):
+        elif not fresh(key):
             kept.duplicates[position] = 1
             continue
         kept.items.append(item)

@@ -20,14 +20,17 @@ from hwbridge.forward import ForwardError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
 from poirotd.demo.process import DaemonProcess
-from poirotd.model import TelemetryBatch
+from poirotd.model import ItemKey, TelemetryBatch
 from tests.support.bridge import forwarder, samples, stored_values
 from tests.support.daemon import in_process_daemon
 from tests.support.spec import BRIDGE_CLINIC
 
 
 def joined(*batches: TelemetryBatch) -> TelemetryBatch:
-    return TelemetryBatch("e2e", [row for batch in batches for row in batch.rows])
+    """The batches' rows as one batch, with their keys (None for an unkeyed batch's rows)."""
+    keys = [key for b in batches for key in (b.keys or [None] * len(b.rows))]
+    rows = [row for batch in batches for row in batch.rows]
+    return TelemetryBatch("e2e", rows, keys if any(keys) else None)
 
 
 async def test_sink_call_returns_once_samples_are_durable(daemon: Daemon, tmp_path: Path) -> None:
@@ -36,6 +39,24 @@ async def test_sink_call_returns_once_samples_are_durable(daemon: Daemon, tmp_pa
         await asyncio.gather(*(sink(samples(60, offset=k * 60)) for k in range(5)))
         assert sorted(stored_values(tmp_path / "poirotd.db")) == [float(i) for i in range(300)]
         assert sink.stats.durable == sink.stats.accepted == 300 and sink.stats.rejected == 0
+
+
+async def test_a_redelivery_to_a_new_bridge_keeps_its_mqtt_key_and_is_stored_once(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A bridge restarted before it acked gets the broker's redelivery: the forwarder sends the
+    readings' own keys (not ones of its own, which a new process draws anew), so poirotd drops
+    the copies. Twenty payloads of two readings each: the second's key names producer#1."""
+    keys: list[ItemKey | None] = [
+        ItemKey("d2w/p7/vitals" + ("#1" if i % 2 else ""), 1 + i // 2) for i in range(40)
+    ]
+    keyed = TelemetryBatch("e2e", samples(40).rows, keys)
+    async with forwarder(daemon.grpc_port) as first:
+        await first(keyed)
+    async with forwarder(daemon.grpc_port) as second:
+        await second(joined(keyed, samples(10, offset=40)))
+        assert second.stats.duplicates == 40
+    assert sorted(stored_values(tmp_path / "poirotd.db")) == [float(i) for i in range(50)]
 
 
 async def test_samples_wait_for_poirotd_to_come_up(tmp_path: Path) -> None:

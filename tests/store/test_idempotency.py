@@ -55,15 +55,14 @@ async def test_a_message_resent_with_its_index_is_reported_as_a_duplicate(store:
     assert await store.commit_ingest([message(0), message(1)]) == {0: 1}
 
 
-async def test_telemetry_rows_share_their_delivery_key_and_partial_resends_keep_the_new(
+async def test_telemetry_rows_keep_their_keys_and_partial_resends_keep_the_new(
     store: Store, store_db: StoreDb
 ) -> None:
     await store.commit_ingest([session()])
     rows = _rows(6)
-    # Three deliveries of two samples each: keys 10, 11, 12.
-    first = TelemetryBatch("s1", rows[:4], [key(10), key(10), key(11), key(11)])
+    first = TelemetryBatch("s1", rows[:4], [key(10), key(11), key(12), key(13)])
     assert await store.commit_ingest([first]) == {}
-    again = TelemetryBatch("s1", rows[2:], [key(11), key(11), key(12), key(12)])
+    again = TelemetryBatch("s1", rows[2:], [key(12), key(13), key(14), key(15)])
     assert await store.commit_ingest([again]) == {0: 2}
     assert _count(store_db, "SELECT count(*) FROM telemetry_samples") == 6
     readings = await store.newest_readings("s1")
@@ -135,12 +134,14 @@ async def test_an_unknown_session_refuses_the_batch_and_records_no_key(
     assert _count(store_db, "SELECT count(*) FROM ingest_keys") == 0
 
 
-async def test_two_deliveries_of_one_key_in_one_batch_keep_the_first(
+async def test_a_delivery_and_its_redelivery_in_one_batch_keep_the_first(
     store: Store, store_db: StoreDb
 ) -> None:
-    """An MQTT input's batch may hold a delivery and its redelivery: the second run of a key."""
+    """An MQTT input's batch may hold a delivery and its redelivery (the old connection's last
+    deliveries, then the new one's), even next to each other."""
     await store.commit_ingest([session()])
-    batch = TelemetryBatch("s1", _rows(5), [key(1), key(1), key(2), key(1), key(1)])
+    a0, a1 = key(1), ItemKey("bridge-a#1", 1)  # a delivery of two readings
+    batch = TelemetryBatch("s1", _rows(5), [a0, a1, a0, a1, key(2)])
     assert await store.commit_ingest([batch]) == {0: 2}
     assert _count(store_db, "SELECT count(*) FROM telemetry_samples") == 3
 
@@ -151,9 +152,9 @@ def test_runs_group_consecutive_seqs() -> None:
 
 
 def test_drop_seen_keeps_unkeyed_items_and_reports_positions() -> None:
-    batch = TelemetryBatch("s1", _rows(3), [key(1), None, key(2)])
+    batch = TelemetryBatch("s1", _rows(4), [key(1), None, key(2), key(3)])
     kept = drop_seen([sample(0, 1.0), batch], [key(2), None], {key(1)})
     assert kept.duplicates == {1: 2}, "key 1 was stored; key 2 belongs to the earlier sample"
     assert kept.positions == [0, 1]
-    assert kept.new_keys == {"bridge-a": [2]}
-    assert isinstance(kept.items[1], TelemetryBatch) and len(kept.items[1].rows) == 1
+    assert kept.new_keys == {"bridge-a": [2, 3]}
+    assert isinstance(kept.items[1], TelemetryBatch) and len(kept.items[1].rows) == 2

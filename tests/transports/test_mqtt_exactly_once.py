@@ -58,6 +58,22 @@ async def test_a_producers_resend_is_stored_once(tmp_path: Path, mosquitto: Mosq
         assert duplicates(daemon, "agent_message") == 1
 
 
+async def test_every_reading_of_a_keyed_payload_is_stored_once(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    """A payload of several readings: each gets a key of its own, so all are stored, once."""
+    system = keyed_spec(mosquitto, "poirotd-several")
+    async with connected_daemon(tmp_path, system) as daemon:
+        payload = json.dumps({"seq": 1, "knee": 11.0, "ankle": 12.0, "hip": 13.0}).encode()
+        async with MqttPublisher(broker(mosquitto, "publisher")) as client:
+            for _ in range(2):
+                await client.publish("plant/d1/reading", payload)
+        async with asyncio.timeout(20):
+            await eventually(lambda: counter(daemon, "messages_acked") == 2)
+        assert stored_values(daemon.settings.db_path) == {11.0: 1, 12.0: 1, 13.0: 1}
+        assert duplicates(daemon, "telemetry") == 3
+
+
 def swallow_acks(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """The input's PUBACKs are lost (as when its connection breaks right after the commit)
     until the returned function is called."""
