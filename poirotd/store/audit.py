@@ -3,8 +3,9 @@ either adapter's database: a SQLite file, or a PostgreSQL database named by its 
 
 Both read through a read-only connection inside one read transaction (on PostgreSQL, REPEATABLE
 READ): they see one committed state even while daemons write, and cannot change what they check.
-Verify streams every table and finds each row's entry through the `audit (kind, ref, seq)` index:
-memory stays flat and time grows with the rows; export holds one investigation's records. The
+Verify streams every table (on PostgreSQL through server-side cursors) and finds each row's entry
+through the `audit (kind, ref, seq)` index, a thousand rows' at a time on PostgreSQL: memory stays
+flat and time grows with the rows; export holds one investigation's records. The
 queries are the same on both (`?` placeholders, translated for psycopg); `_Snapshot` holds the
 few differences.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ EXPORT_FORMAT = "poirotd-investigation-export/2"
 _TABLES = {table.kind: table for table in AUDITED_TABLES}
 _LATEST = "SELECT seq, payload FROM audit WHERE kind = ? AND ref = ? ORDER BY seq DESC LIMIT 1"
 _ENTRY = "SELECT seq, kind, ref, payload, prev_hash, hash FROM audit"
+_CHUNK = 1_000
 
 
 class AuditError(Exception):
@@ -134,7 +136,7 @@ def _check_chain(
     conn: _Snapshot, anchor: ChainHead | None
 ) -> tuple[int, ChainHead | None, BrokenLink | None]:
     head = ChainHead(0, GENESIS_HASH)
-    for seq, kind, ref, payload, prev_hash, digest in conn.execute(f"{_ENTRY} ORDER BY seq"):
+    for seq, kind, ref, payload, prev_hash, digest in conn.scan(f"{_ENTRY} ORDER BY seq"):
         problem = _link_problem(head, seq, kind, ref, payload, prev_hash, digest)
         if problem is None and anchor is not None and seq == anchor.seq and digest != anchor.hash:
             problem = f"its hash is not the anchor's {anchor.hash}"
@@ -174,15 +176,17 @@ def _check_rows(conn: _Snapshot) -> tuple[int, BrokenLink | None]:
     rows, first = 0, None
     for table in AUDITED_TABLES:
         with_entry = 0
-        for row in conn.execute(table.select):
-            rows += 1
-            ref = table.ref(row)
-            latest = conn.execute(_LATEST, (table.kind, ref)).fetchone()
-            seq = None if latest is None else int(latest[0])
-            with_entry += seq is not None
-            problem = _row_problem(table, row, latest)
-            if problem is not None:
-                first = _earlier(first, BrokenLink(seq, table.kind, ref, problem))
+        for chunk in _chunks(conn.scan(table.select)):
+            refs = [table.ref(row) for row in chunk]
+            entries = conn.latest_entries(table.kind, refs)
+            for row, ref in zip(chunk, refs, strict=True):
+                rows += 1
+                latest = entries.get(ref)
+                seq = None if latest is None else int(latest[0])
+                with_entry += seq is not None
+                problem = _row_problem(table, row, latest)
+                if problem is not None:
+                    first = _earlier(first, BrokenLink(seq, table.kind, ref, problem))
         # Refs are one per row, so more refs than rows with an entry means rows were removed.
         refs = conn.execute(
             "SELECT count(*) FROM (SELECT DISTINCT ref FROM audit WHERE kind = ?) AS refs",
@@ -191,6 +195,19 @@ def _check_rows(conn: _Snapshot) -> tuple[int, BrokenLink | None]:
         if refs > with_entry and (removed := conn.first_removed_row(table)) is not None:
             first = _earlier(first, removed)
     return rows, first
+
+
+def _chunks(rows: Iterable[Row]) -> Iterator[list[Row]]:
+    """Rows a thousand at a time: memory stays bounded, and a server is asked for a chunk's
+    entries at once."""
+    chunk: list[Row] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == _CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _row_problem(table: AuditedTable, row: Row, latest: tuple[int, str] | None) -> str | None:
@@ -370,6 +387,13 @@ class _Snapshot(Protocol):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor: ...
 
+    def scan(self, sql: str) -> Iterable[Row]:
+        """The rows of a query over a whole table, read as they are iterated (never all held at
+        once)."""
+
+    def latest_entries(self, kind: str, refs: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """The (seq, payload) of the latest entry of each of these refs that has one."""
+
     def first_removed_row(self, table: AuditedTable) -> BrokenLink | None:
         """The ref whose row is gone, by lowest latest seq (run only when refs outnumber
         rows)."""
@@ -384,6 +408,17 @@ class _SqliteSnapshot:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
         return self._conn.execute(sql, params)
+
+    def scan(self, sql: str) -> Iterable[Row]:
+        return self._conn.execute(sql)  # sqlite3 steps through the rows as they are read
+
+    def latest_entries(self, kind: str, refs: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """One indexed lookup per ref: in-process, cheaper than building a query of them."""
+        found = {}
+        for ref in refs:
+            if (latest := self._conn.execute(_LATEST, (kind, ref)).fetchone()) is not None:
+                found[ref] = (int(latest[0]), latest[1])
+        return found
 
     def first_removed_row(self, table: AuditedTable) -> BrokenLink | None:
         """The refs present go to a temporary table (a file, like any SQLite temp table), not to
@@ -410,14 +445,33 @@ class _PgSnapshot:
     def __init__(self, conn: psycopg.Connection[Any], where: str) -> None:
         self._pg = conn
         self.where = where
+        self._scans = 0
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
         return self._pg.execute(sql.replace("?", "%s").encode(), params)
 
+    def scan(self, sql: str) -> Iterable[Row]:
+        """A server-side cursor, fetched a chunk at a time (a plain one would hold the whole
+        table in memory); other statements may run between its fetches."""
+        self._scans += 1
+        with self._pg.cursor(name=f"scan_{self._scans}") as cursor:
+            cursor.itersize = _CHUNK
+            cursor.execute(sql.encode())
+            yield from cursor
+
+    def latest_entries(self, kind: str, refs: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """One query for them all: a round trip per ref would dominate over a network."""
+        rows = self.execute(
+            "SELECT DISTINCT ON (ref) ref, seq, payload FROM audit"
+            " WHERE kind = ? AND ref = ANY(?) ORDER BY ref, seq DESC",
+            (kind, list(refs)),
+        )
+        return {ref: (int(seq), payload) for ref, seq, payload in rows}
+
     def first_removed_row(self, table: AuditedTable) -> BrokenLink | None:
         """The refs present are held in memory: a read-only transaction makes no temporary
         table (and this runs only once rows were found missing)."""
-        present = sorted({table.ref(row) for row in self.execute(table.select)})
+        present = sorted({table.ref(row) for row in self.scan(table.select)})
         found = self.execute(
             "SELECT max(seq), ref FROM audit WHERE kind = ? AND NOT (ref = ANY(?))"
             " GROUP BY ref ORDER BY 1 LIMIT 1",

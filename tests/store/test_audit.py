@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -126,14 +126,18 @@ async def write_as_the_runner(store: Store) -> None:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def written(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> StoreDb:
+def written(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StoreDb]:
     """One database per adapter, written once per module, in the order the runner writes; tests
     copy it."""
     db: StoreDb
+    server: PostgresServer | None = None
     if request.param == "sqlite":
         db = SqliteDb(tmp_path_factory.mktemp("written") / "poirotd.db")
     else:
-        db = PostgresDb(request.getfixturevalue("postgres").create_database())
+        server = request.getfixturevalue("postgres")
+        db = PostgresDb(server.create_database())
 
     async def write() -> None:
         store = await db.open()
@@ -143,19 +147,24 @@ def written(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             await store.close()
 
     asyncio.run(write())
-    return db
+    yield db
+    if server is not None:
+        server.drop_database(db.target)
 
 
 @pytest.fixture
-def db(written: StoreDb, tmp_path: Path, request: pytest.FixtureRequest) -> StoreDb:
+def db(written: StoreDb, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StoreDb]:
     if isinstance(written, SqliteDb):
         copy = tmp_path / "poirotd.db"
         with closing(sqlite3.connect(written.path)) as src, closing(sqlite3.connect(copy)) as dst:
             src.backup(dst)
-        return SqliteDb(copy)
+        yield SqliteDb(copy)
+        return
     assert isinstance(written, PostgresDb)
     server: PostgresServer = request.getfixturevalue("postgres")
-    return PostgresDb(server.create_database(template=written.target.rpartition("/")[2]))
+    url = server.create_database(template=written.target.rpartition("/")[2])
+    yield PostgresDb(url)
+    server.drop_database(url)
 
 
 def query(db: StoreDb, sql: str, *params: object) -> list[tuple[Any, ...]]:

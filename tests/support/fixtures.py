@@ -56,8 +56,10 @@ def postgres() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture
-def postgres_url(postgres: PostgresServer) -> str:
-    return postgres.create_database()
+def postgres_url(postgres: PostgresServer) -> Iterator[str]:
+    url = postgres.create_database()
+    yield url
+    postgres.drop_database(url)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
