@@ -439,6 +439,9 @@ class IngestStream:
         # Messages the daemon numbers (assign_index): their index is not the request's.
         self.assigned: Counter[str] = Counter()
         self.samples: Counter[tuple[str, str, str]] = Counter()
+        # Idempotency keys (producer, producer_seq) of the items acknowledged so far: a later
+        # item with one of them is a copy the store drops, not an item to find.
+        self.keys: set[tuple[str, int]] = set()
 
     async def send(self, example: tuple[bool, list[bytes]]) -> Outcome:
         raw, requests = example
@@ -473,6 +476,11 @@ class IngestStream:
                 if seq <= last or seq > acked:
                     return
                 last = seq
+                if item.producer_seq and request.producer:
+                    key = (request.producer, item.producer_seq)
+                    if key in self.keys:
+                        continue
+                    self.keys.add(key)
                 self._remember_item(item)
 
     def _remember_item(self, item: pb.IngestItem | pb.IngestRequest) -> None:

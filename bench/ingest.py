@@ -55,6 +55,7 @@ from poirotd.model import (
     CommitItem,
     HazardEvent,
     IngestItem,
+    ItemKey,
     MessageKind,
     SampleRow,
     Session,
@@ -63,6 +64,7 @@ from poirotd.model import (
 from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.store import SqliteStore
+from poirotd.store.idempotency import Duplicates
 from tests.support.answers import schema_answer
 from tests.support.spec import CLINIC
 
@@ -501,11 +503,14 @@ def probes(probe: Probe) -> Iterator[None]:
         probe.opened.extend(now - event.at.timestamp() for event in events)
         await open_events(self, events, ended)
 
-    async def timed_commit(self: SqliteStore, items: Sequence[CommitItem]) -> None:
+    async def timed_commit(
+        self: SqliteStore, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+    ) -> Duplicates:
         began = time.perf_counter()
-        await commit_ingest(self, items)
+        duplicates = await commit_ingest(self, items, keys)
         if samples := _samples_in(items):  # not a session start
             probe.commits.append((samples, time.perf_counter() - began))
+        return duplicates
 
     hooks = {
         (RuleEngine, "observe"): (timed_evaluate, evaluate),

@@ -6,8 +6,9 @@ The sink is the seam. The standalone bridge passes the gRPC ``Forwarder``; poiro
 Delivery guarantees, end to end:
 
 - MQTT QoS 1: nothing is lost at the bridge. A message is PUBACKed only after poirotd acked it
-  durable, so whatever the bridge held when it stopped or crashed is redelivered by the broker
-  (duplicates possible: at least once). Losses can still happen at the broker: messages
+  durable, so whatever the bridge held when it stopped or crashed is redelivered by the broker:
+  at least once, and exactly once on one store when the payloads carry their producer's key
+  (codec ``key_field``, a message's ``seq``). Losses can still happen at the broker: messages
   published before the bridge's first subscription ever reached it (no session yet), beyond
   Mosquitto's ``max_queued_messages`` per client (default 1000, then dropped), or everything
   since the last save if the broker crashes (``persistence true`` saves on clean shutdown and
@@ -66,7 +67,9 @@ class Bridge:
 
         mqtt = config.mqtt
         if mqtt is not None and mqtt.mappings:
-            self.mqtt = MqttSubscriber(mqtt.broker, [(m.topic, m.qos) for m in mqtt.mappings])
+            self.mqtt = MqttSubscriber(
+                mqtt.broker, [(mqtt.subscription(m.topic), m.qos) for m in mqtt.mappings]
+            )
             router = Router([m.route() for m in mqtt.mappings])
             self._sources.append(("mqtt", pipeline(router), self.mqtt.deliveries()))
         if mqtt is not None and mqtt.messages:
@@ -75,7 +78,9 @@ class Bridge:
             broker = mqtt.broker.model_copy(
                 update={"client_id": mqtt.broker.client_id + MESSAGES_CLIENT_SUFFIX}
             )
-            self.mqtt_messages = MqttSubscriber(broker, [(m.topic, m.qos) for m in mqtt.messages])
+            self.mqtt_messages = MqttSubscriber(
+                broker, [(mqtt.subscription(m.topic), m.qos) for m in mqtt.messages]
+            )
             messages = MessageInput(
                 Router([m.route() for m in mqtt.messages]),
                 config.session_id,

@@ -22,6 +22,13 @@ TimestampUnit = Literal["s", "ms", "us", "ns"]
 _PER_SECOND: dict[TimestampUnit, float] = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
+# A payload's idempotency key: its producer ("": the topic it came on) and its seq; the bounds
+# are the daemon's (poirotd.store.port.MAX_INTEGER, a producer named like a session).
+PayloadKey: TypeAlias = tuple[str, int]
+MAX_SEQ = 2**63 - 1
+MAX_PRODUCER_CHARS = 256
+
+
 class DecodeError(ValueError):
     """The payload cannot be turned into readings; the message says why."""
 
@@ -109,17 +116,56 @@ class DocumentCodec:
         timestamp_unit: TimestampUnit,
         fields: Sequence[str] = (),
         prefix_field: str | None = None,
+        key_field: str | None = None,
+        producer_field: str | None = None,
     ) -> None:
         self._load = _LOADERS[kind]
+        self._key_field = key_field
+        self._producer_field = producer_field
         self._timestamp_field = timestamp_field
         self._unit = timestamp_unit
         self._per_second = _PER_SECOND[timestamp_unit]
         self._fields = tuple(fields)
         self._prefix_field = prefix_field
-        self._skip = {timestamp_field, prefix_field} - {None}
+        self._skip = {timestamp_field, prefix_field, key_field, producer_field} - {None}
+
+    @property
+    def keyed(self) -> bool:
+        """Whether its payloads carry their producer's idempotency key."""
+        return self._key_field is not None
 
     def decode(self, payload: bytes, received_at: datetime) -> list[Reading]:
+        return self._readings(self._load(payload), received_at)
+
+    def decode_keyed(
+        self, payload: bytes, received_at: datetime
+    ) -> tuple[list[Reading], PayloadKey]:
+        """The readings and the payload's key: (its producer field, "" without one; its seq).
+        A keyed payload is one object whose key field is an integer from 1 to 2**63 - 1."""
         document = self._load(payload)
+        readings = self._readings(document, received_at)
+        if not isinstance(document, Mapping):
+            raise DecodeError("a keyed payload is one object")
+        return readings, self._key(document)
+
+    def _key(self, document: Mapping[object, object]) -> PayloadKey:
+        assert self._key_field is not None, "only for a keyed codec"
+        seq = document.get(self._key_field)
+        if type(seq) is not int or not 1 <= seq <= MAX_SEQ:
+            raise DecodeError(
+                f"key field {self._key_field!r} is not an integer from 1 to {MAX_SEQ}: {seq!r}"
+            )
+        if self._producer_field is None:
+            return "", seq
+        producer = document.get(self._producer_field)
+        if not isinstance(producer, str) or not 0 < len(producer) <= MAX_PRODUCER_CHARS:
+            raise DecodeError(
+                f"producer field {self._producer_field!r} is not a string of 1 to "
+                f"{MAX_PRODUCER_CHARS} characters"
+            )
+        return producer, seq
+
+    def _readings(self, document: object, received_at: datetime) -> list[Reading]:
         if type(document) is dict:  # the usual case, ahead of the slower abstract check
             readings = self._record(document, received_at)
         elif isinstance(document, list):

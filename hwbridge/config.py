@@ -50,6 +50,18 @@ class DocumentCodecConfig(_TimestampedCodec):
     fields: tuple[str, ...] = ()
     # A string field prepended to each signal name, e.g. "symbol" -> "ACME.price".
     prefix_field: str | None = None
+    # The producer's idempotency key (exactly-once storage): an integer field numbering its
+    # payloads (a copy of a stored payload is dropped), and optionally a string field naming the
+    # producer (else the topic names it). The producer must never reuse a number within the
+    # daemon's idempotency window: a publisher that restarts its count takes a new name.
+    key_field: str | None = None
+    producer_field: str | None = None
+
+    @model_validator(mode="after")
+    def _producer_with_key(self) -> DocumentCodecConfig:
+        if self.producer_field is not None and self.key_field is None:
+            raise ValueError("producer_field needs key_field")
+        return self
 
     def build(self) -> Codec:
         return DocumentCodec(
@@ -58,6 +70,8 @@ class DocumentCodecConfig(_TimestampedCodec):
             timestamp_unit=self.timestamp_unit,
             fields=self.fields,
             prefix_field=self.prefix_field,
+            key_field=self.key_field,
+            producer_field=self.producer_field,
         )
 
 
@@ -176,12 +190,37 @@ class MqttInputConfig(_Model):
     # Agent-message topics, read on a connection of their own (client id `<client_id>-messages`),
     # so that each kind's PUBACKs keep their order.
     messages: tuple[MessageTopic, ...] = ()
+    # Join this MQTT shared-subscription group: every filter is subscribed as
+    # `$share/<share_group>/<filter>`, and the broker hands each message to one member of the
+    # group, so replicas split the load. Each replica keeps its own persistent session: its
+    # `broker.client_id` must differ from every other member's and stay the same across its
+    # restarts (`{hostname}` in it is the host's name, e.g. a StatefulSet pod's).
+    share_group: str | None = Field(default=None, min_length=1, max_length=128)
 
     @model_validator(mode="after")
     def _has_topics(self) -> MqttInputConfig:
         if not self.mappings and not self.messages:
             raise ValueError("configure at least one topic: mappings or messages")
         return self
+
+    @model_validator(mode="after")
+    def _shares_plain_filters(self) -> MqttInputConfig:
+        if self.share_group is not None and any(c in self.share_group for c in "/+#"):
+            raise ValueError(
+                f"share_group {self.share_group!r} may not contain '/', '+' or '#' (MQTT "
+                "share names are one topic level)"
+            )
+        for topic in (*(m.topic for m in self.mappings), *(m.topic for m in self.messages)):
+            if topic.startswith(("$share/", "$queue/")):
+                raise ValueError(
+                    f"topic {topic!r}: write the plain filter and set share_group; the "
+                    "messages arrive on their own topics, which a $share filter never matches"
+                )
+        return self
+
+    def subscription(self, topic: str) -> str:
+        """What is subscribed for a configured filter: itself, or its shared form."""
+        return topic if self.share_group is None else f"$share/{self.share_group}/{topic}"
 
 
 class TcpFeedConfig(_Model):
@@ -245,6 +284,10 @@ class PoirotdTlsConfig(_Model):
 
 class PoirotdConfig(_Model):
     target: str = "127.0.0.1:50051"
+    # Further replicas (over one shared store): a stream that fails, or that a draining replica
+    # ends, reconnects to the next of `target` and these, in turn, and resends what was not
+    # acked there.
+    failover_targets: tuple[str, ...] = ()
     # Set when poirotd's port has TLS (POIROTD_TLS_CERT_FILE).
     tls: PoirotdTlsConfig | None = None
     # A file holding the bearer token poirotd's access file grants `ingest` (kept out of here).

@@ -4,9 +4,16 @@ Samples go out on one long-lived ``Ingest.Stream``; each stream opens with the (
 session start, and poirotd acks the highest seq it has committed. Agent messages (``messages``)
 go out on the same stream: each new session they name is started first (labels input=mqtt),
 and one without an index is sent with ``assign_index`` for poirotd to number. Items sent but not
-yet acked stay in memory and go out again, in order, on the next stream after a reconnect, so
-delivery is at least once: a sample committed just before the link broke (its ack lost) is
-stored twice, as is a message poirotd numbers (one with its own index is stored once).
+yet acked stay in memory and go out again, in order, on the next stream after a reconnect.
+Every item carries an idempotency key (its MQTT producer's, or this forwarder's: a random
+producer id per forwarder and a counter), so one committed just before the link broke (its ack
+lost) is dropped when it comes again: stored once on one store, whichever replica of it gets it.
+Stores that are not shared (each replica its own SQLite file) cannot see each other's keys, but a
+replica that drains acks everything it committed before it ends the stream, so only a crash
+(kill -9, its acks lost) can leave a copy on two stores.
+
+Targets: ``poirotd.target`` and then ``failover_targets``, in turn: a stream that fails, or that
+a draining replica ends (UNAVAILABLE ``draining:``), reconnects to the next one at once.
 
 A sample poirotd refuses (the error names its seq, e.g. a component its spec does not declare)
 is dead-lettered and the stream reopened without it, so one bad sample cannot block the rest. A
@@ -25,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +54,8 @@ from poirotd.api import convert
 from poirotd.api.client import DaemonTls, batched, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.model import TelemetryBatch, TelemetrySample
+from poirotd.errors import DRAINING
+from poirotd.model import ItemKey, TelemetryBatch, TelemetrySample
 
 log = structlog.get_logger(__name__)
 
@@ -77,6 +87,10 @@ class ForwarderStats:
     durable: int = 0
     rejected: int = 0
     streams: int = 0
+    # Items poirotd acked as copies of what it had stored (a resend whose first ack was lost).
+    duplicates: int = 0
+    # Streams a draining replica ended (the forwarder went on with the next target).
+    drained: int = 0
 
 
 class _Call:
@@ -104,16 +118,21 @@ _Carried = TelemetrySample | ReceivedMessage | pb.SessionStart
 class _Item:
     carried: _Carried
     call: _Call
+    # The item's idempotency key, kept across resends: its producer's own (an MQTT payload's),
+    # or the forwarder's.
+    key: ItemKey
     seq: int = 0
 
     def request(self) -> pb.IngestRequest:
         carried = self.carried
         if isinstance(carried, TelemetrySample):
-            return pb.IngestRequest(telemetry=convert.telemetry(carried))
-        if isinstance(carried, pb.SessionStart):
-            return pb.IngestRequest(session_start=carried)
-        request = convert.ingest_request(carried.message)
-        request.agent_message.assign_index = not carried.numbered
+            request = pb.IngestRequest(telemetry=convert.telemetry(carried))
+        elif isinstance(carried, pb.SessionStart):
+            request = pb.IngestRequest(session_start=carried)
+        else:
+            request = convert.ingest_request(carried.message)
+            request.agent_message.assign_index = not carried.numbered
+        request.producer, request.producer_seq = self.key
         return request
 
     def dead_letter(self) -> bytes:
@@ -137,6 +156,10 @@ class Forwarder:
     ) -> None:
         self._config = config
         self._session_id = session_id
+        # One producer per forwarder: what it resends is what it holds in memory, so a new
+        # process (a new id) never has a key of an earlier one's.
+        self.producer = f"hwbridge-{uuid.uuid4().hex}"
+        self._keys = itertools.count(1)
         self._started_at = datetime.now(UTC)
         self._dead_letters = dead_letters
         self._unsent: deque[_Item] = deque()
@@ -153,18 +176,23 @@ class Forwarder:
         self._failure: ForwardError | None = None
         self._task: asyncio.Task[None] | None = None
         ms = int(config.backoff.max_s * 1000)
-        self._channel = open_channel(
-            config.target,
-            tls=_client_tls(config.tls),
-            token=_token(config.token_file),
-            # gRPC's own reconnect backoff goes up to 120 s by default; keep it within ours.
-            options=[
-                ("grpc.initial_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
-                ("grpc.min_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
-                ("grpc.max_reconnect_backoff_ms", ms),
-            ],
-        )
-        self._stub = pb_grpc.IngestStub(self._channel)
+        self._targets = (config.target, *config.failover_targets)
+        self._channels = [
+            open_channel(
+                target,
+                tls=_client_tls(config.tls),
+                token=_token(config.token_file),
+                # gRPC's own reconnect backoff goes up to 120 s by default; keep it within ours.
+                options=[
+                    ("grpc.initial_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
+                    ("grpc.min_reconnect_backoff_ms", int(config.backoff.initial_s * 1000)),
+                    ("grpc.max_reconnect_backoff_ms", ms),
+                ],
+            )
+            for target in self._targets
+        ]
+        self._stubs = [pb_grpc.IngestStub(channel) for channel in self._channels]
+        self._current = 0  # the target streams go to
         self.stats = ForwarderStats()
 
     async def __aenter__(self) -> Self:
@@ -186,19 +214,22 @@ class Forwarder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._fail(ForwardError("forwarder closed"))
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def __call__(self, batch: TelemetryBatch) -> None:
         # gRPC carries samples: built here, where the round trip dwarfs their cost.
-        await self._send(batch.samples())
+        await self._send(batch.samples(), batch.keys or ())
 
     async def messages(self, batch: Sequence[ReceivedMessage]) -> None:
         """The sink of agent messages: returns once poirotd has them durably."""
         carried: list[_Carried] = []
+        keys: list[ItemKey | None] = []
         for received in batch:
             message = received.message
             if message.session_id not in self._started:
                 self._started.add(message.session_id)
+                keys.append(None)
                 carried.append(
                     pb.SessionStart(
                         session_id=message.session_id,
@@ -208,9 +239,11 @@ class Forwarder:
                     )
                 )
             carried.append(received)
-        await self._send(carried)
+            keys.append(received.key)
+        await self._send(carried, keys)
 
-    async def _send(self, carried: Sequence[_Carried]) -> None:
+    async def _send(self, carried: Sequence[_Carried], keys: Sequence[ItemKey | None]) -> None:
+        """`keys[i]`: item i's own key, if it has one (else it gets one of the forwarder's)."""
         if not carried:
             return
         call = _Call(len(carried), asyncio.get_running_loop().create_future())
@@ -220,11 +253,17 @@ class Forwarder:
                 self._room.clear()
                 await self._room.wait()
             self._raise_if_failed()
-            self._unsent.extend(_Item(one, call) for one in carried)
+            self._unsent.extend(
+                _Item(one, call, (keys[i] if i < len(keys) else None) or self._own_key())
+                for i, one in enumerate(carried)
+            )
             self._pending += len(carried)
             self.stats.accepted += len(carried)
             self._wake.set()
         await call.done
+
+    def _own_key(self) -> ItemKey:
+        return ItemKey(self.producer, next(self._keys))
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -246,6 +285,7 @@ class Forwarder:
         backoff = Backoff(self._config.backoff)
         while True:
             acked_before = self.stats.durable
+            target = self._targets[self._current]
             try:
                 await self._stream()
             except grpc.aio.AioRpcError as error:
@@ -254,10 +294,17 @@ class Forwarder:
                     continue
                 if error.code() not in _RETRYABLE:
                     raise ForwardError(
-                        f"poirotd at {self._config.target} refused session "
+                        f"poirotd at {target} refused session "
                         f"{self._session_id!r}: {error.code().name}: {details}"
                     ) from error
-                log.warning("poirotd stream failed", code=error.code().name, details=details)
+                log.warning(
+                    "poirotd stream failed", target=target, code=error.code().name, details=details
+                )
+                # A replica that drains, or fails, leaves the rest to the next one.
+                self._current = (self._current + 1) % len(self._targets)
+                if details.startswith(DRAINING):
+                    self.stats.drained += 1
+                    continue
             if self.stats.durable > acked_before:
                 backoff.reset()
             await backoff.sleep()
@@ -270,11 +317,14 @@ class Forwarder:
         self._inflight.clear()
         self._stream_acked = 0
         self.stats.streams += 1
-        call = self._stub.Stream()
+        call = self._stubs[self._current].Stream()
         writer = asyncio.create_task(self._write(call, probe=retry))
         try:
+            duplicates = 0
             while (ack := await call.read()) is not grpc.aio.EOF:
                 self._settle(ack.durable_seq)
+                self.stats.duplicates += ack.duplicates - duplicates
+                duplicates = ack.duplicates
         finally:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)

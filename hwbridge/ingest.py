@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, NamedTuple, TypeVar
 
-from hwbridge.codecs import DecodeError
+from hwbridge.codecs import MAX_PRODUCER_CHARS, DecodeError, DocumentCodec
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.messages import MessageRoute, ReceivedMessage
 from hwbridge.topics import Route, Router, RouteT
-from poirotd.model import SampleRow, TelemetryBatch
+from poirotd.model import ItemKey, SampleRow, TelemetryBatch
 
 # The in-process consumer interfaces: return once the sink has taken responsibility for the
 # batch; raising means it has not, and nothing from that batch on is acknowledged.
@@ -192,12 +192,15 @@ class DeliveryInput(ABC, Generic[RouteT, ItemT, BatchT]):
                 deliveries.append(more)
                 rows.extend(self.decode(more))
             received.taken()
-            sink_call = group.create_task(self._forward(rows)) if rows else None
+            # The batch is made here, in decoding order (a telemetry batch takes the keys its
+            # deliveries' decoding noted).
+            batch = self._batch(rows) if rows else None
+            sink_call = None if batch is None else group.create_task(self._forward(batch, rows))
             await batches.put(_Batch(sink_call, deliveries))
         await batches.put(None)
 
-    async def _forward(self, items: list[ItemT]) -> None:
-        await self._sink(self._batch(items))
+    async def _forward(self, batch: BatchT, items: list[ItemT]) -> None:
+        await self._sink(batch)
         self.stats.forwarded += len(items)
 
     async def _ack_all(self, batches: asyncio.Queue[_Batch | None]) -> None:
@@ -209,22 +212,62 @@ class DeliveryInput(ABC, Generic[RouteT, ItemT, BatchT]):
             self.stats.acked += len(batch.deliveries)
 
 
+def _row_keys(key: ItemKey, rows: int) -> list[ItemKey]:
+    """Each reading of a keyed delivery its own key, as decoding orders them (the same for a
+    copy of the payload): the first the payload's, the j-th the payload's with `#j` after the
+    producer. Every sample is an item of its own downstream (the forwarder sends each alone)."""
+    keys = [key] + [ItemKey(f"{key.producer}#{j}", key.seq) for j in range(1, rows)]
+    if len(keys[-1].producer) > MAX_PRODUCER_CHARS:
+        raise DecodeError(f"the producer's name with #{rows - 1} is over {MAX_PRODUCER_CHARS}")
+    return keys
+
+
 class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
+    """A delivery on a keyed route (its codec reads a producer's key) gives each of its rows
+    a key (`_row_keys`); the batch holds them, row by row, while any delivery in it had one."""
+
+    def __init__(
+        self,
+        router: Router[Route],
+        session_id: str,
+        sink: Sink,
+        dead_letters: DeadLetterStore,
+        config: PipelineConfig,
+    ) -> None:
+        super().__init__(router, session_id, sink, dead_letters, config)
+        # The keys of the rows decoded since the last batch was made, once one is keyed.
+        self._keys: list[ItemKey | None] | None = None
+        self._rows = 0
+
     def _items(
         self, route: Route, captures: tuple[str, ...], delivery: Delivery
     ) -> list[SampleRow]:
         """Codecs give finite floats and aware times, so rows need no further validation."""
         rows = []
         source = delivery.source
-        for field, value, measured_at in route.codec.decode(delivery.payload, delivery.received_at):
+        codec, key = route.codec, None
+        if isinstance(codec, DocumentCodec) and codec.keyed:
+            readings, (producer, seq) = codec.decode_keyed(delivery.payload, delivery.received_at)
+            key = ItemKey(producer or source, seq)
+            if len(key.producer) > MAX_PRODUCER_CHARS:
+                raise DecodeError(f"topic names the producer, and is over {MAX_PRODUCER_CHARS}")
+        else:
+            readings = codec.decode(delivery.payload, delivery.received_at)
+        for field, value, measured_at in readings:
             component, signal = route.names(field, source, captures)
             if not component or not signal:
                 raise DecodeError(f"field {field!r} maps to an empty component or signal")
             rows.append((component, signal, value, measured_at))
+        if key is not None and self._keys is None:
+            self._keys = [None] * self._rows
+        if self._keys is not None:
+            self._keys += [None] * len(rows) if key is None else _row_keys(key, len(rows))
+        self._rows += len(rows)
         return rows
 
     def _batch(self, items: list[SampleRow]) -> TelemetryBatch:
-        return TelemetryBatch(self._session_id, items)
+        keys, self._keys, self._rows = self._keys, None, 0
+        return TelemetryBatch(self._session_id, items, keys)
 
 
 class MessageInput(DeliveryInput[MessageRoute, ReceivedMessage, list[ReceivedMessage]]):

@@ -13,7 +13,9 @@ session. The payload, UTF-8 JSON, every field optional but one naming the sender
      "content": "The offset is noise; proceed.",
      "tool_calls": ["gait_test({\"side\":\"left\"})"],
      "tool_name": "gait_test",     # a tool message's tool
-     "sent_at": "2026-01-05T09:00:00Z"}   # ISO-8601 or Unix seconds; else when received
+     "sent_at": "2026-01-05T09:00:00Z",   # ISO-8601 or Unix seconds; else when received
+     "seq": 17,                    # the producer's idempotency key: a copy is stored once
+     "producer": "doctor-7f3a"}    # who numbers `seq` (else the topic); new on a count restart
 
 Anything else (not JSON, an unknown field, a wrong type, no sender or session) is a
 ``DecodeError`` naming what is wrong, which the input dead-letters.
@@ -27,9 +29,9 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hwbridge.codecs import DecodeError
+from hwbridge.codecs import MAX_PRODUCER_CHARS, MAX_SEQ, DecodeError
 from hwbridge.topics import Template, TopicFilter
-from poirotd.model import AgentMessage, MessageKind
+from poirotd.model import AgentMessage, ItemKey, MessageKind
 
 
 class MessagePayload(BaseModel):
@@ -44,12 +46,15 @@ class MessagePayload(BaseModel):
     tool_calls: tuple[str, ...] = ()
     tool_name: str = ""
     sent_at: datetime | None = None
+    seq: int | None = Field(default=None, ge=1, le=MAX_SEQ)
+    producer: str = Field(default="", max_length=MAX_PRODUCER_CHARS)
 
 
 class ReceivedMessage(NamedTuple):
     message: AgentMessage  # index 0 when the daemon is to number it
     numbered: bool  # the payload gave its index
     payload: bytes  # as received, for a dead letter
+    key: ItemKey | None = None  # the producer's idempotency key, if the payload has one
 
 
 @dataclass(frozen=True)
@@ -97,4 +102,11 @@ class MessageRoute:
             tool_name=body.tool_name,
             sent_at=body.sent_at or received_at,
         )
-        return ReceivedMessage(message, body.index is not None, payload)
+        key = None
+        if body.seq is not None:
+            key = ItemKey(body.producer or topic, body.seq)
+            if len(key.producer) > MAX_PRODUCER_CHARS:
+                raise DecodeError(f"topic names the producer, and is over {MAX_PRODUCER_CHARS}")
+        elif body.producer:
+            raise DecodeError("producer needs seq")
+        return ReceivedMessage(message, body.index is not None, payload, key)

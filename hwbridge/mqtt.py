@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
@@ -78,7 +79,7 @@ def _client(
     return aiomqtt.Client(
         broker.host,
         broker.port,
-        identifier=identifier,
+        identifier=None if identifier is None else client_id(identifier),
         clean_session=clean_session,
         username=broker.username,
         password=password,
@@ -88,6 +89,11 @@ def _client(
         queue_type=queue_type,
         max_queued_incoming_messages=broker.queue_size,
     )
+
+
+def client_id(configured: str) -> str:
+    """The configured client id with `{hostname}` replaced by this host's name."""
+    return configured.replace("{hostname}", socket.gethostname())
 
 
 def _paho(client: aiomqtt.Client) -> paho.Client:

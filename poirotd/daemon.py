@@ -113,8 +113,9 @@ def store_name(settings: Settings) -> str:
 async def open_store(settings: Settings) -> Store:
     """The one place the adapter is chosen: PostgreSQL when POIROTD_DB_URL is set, else SQLite
     at POIROTD_DB_PATH (no server needed: the default)."""
+    window = settings.idempotency_window_seconds
     if settings.db_url is None:
-        return await SqliteStore.open(settings.db_path)
+        return await SqliteStore.open(settings.db_path, idempotency_window=window)
     url = settings.db_url.get_secret_value()
     where = redacted(url)
     try:
@@ -124,7 +125,9 @@ async def open_store(settings: Settings) -> Store:
             f"POIROTD_DB_PASSWORD_FILE: cannot read {settings.db_password_file}: {exc.strerror}"
         ) from None
     try:
-        return await PostgresStore.open(check_url(url), where=where, password=password)
+        return await PostgresStore.open(
+            check_url(url), where=where, password=password, idempotency_window=window
+        )
     except ValueError as exc:
         raise StoreUnavailableError(f"POIROTD_DB_URL: {exc}") from None
     except NewerSchemaError as exc:

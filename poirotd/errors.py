@@ -46,6 +46,19 @@ class Unavailable(ServiceError):
     """The daemon is draining or not ready."""
 
 
+# How the status of an Ingest stream a draining daemon ends begins: a client (hwbridge's
+# forwarder) reconnects to another replica at once on it.
+DRAINING = "draining:"
+
+
+def draining() -> Unavailable:
+    return Unavailable(
+        f"{DRAINING} everything acked is stored; reconnect to another replica and resend what "
+        "was not acked",
+        reason="draining",
+    )
+
+
 class Internal(ServiceError):
     """A fault of the daemon's own while serving a request: that request fails with a status
     (never a hang), and the daemon goes on."""

@@ -93,15 +93,25 @@ class Reading(NamedTuple):
 SampleRow: TypeAlias = tuple[str, str, float, datetime]
 
 
+class ItemKey(NamedTuple):
+    """A producer's idempotency key: the store keeps an item (or the rows of one delivery) with
+    a key at most once. `producer` names one incarnation of a producer, `seq` its item."""
+
+    producer: str
+    seq: int
+
+
 @dataclass(frozen=True, slots=True)
 class TelemetryBatch:
     """One session's samples from an input, in arrival order. An MQTT input delivers thousands
     a second; as rows they reach the rules and the store's blocks without a pydantic sample
     each. Whoever builds one guarantees what validating samples would: float values and
-    timezone-aware times."""
+    timezone-aware times. `keys`, when given, holds each row's idempotency key (None: none);
+    a row whose key an earlier row or item has, or the store holds, is a copy."""
 
     session_id: str
     rows: list[SampleRow]
+    keys: list[ItemKey | None] | None = None
 
     def samples(self) -> list[TelemetrySample]:
         """The rows as validated samples, for the few places that need them."""

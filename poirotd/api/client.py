@@ -204,17 +204,19 @@ def batched(
 ) -> Iterator[pb.IngestRequest]:
     """The items of single-item requests, numbered from first_seq, in batched requests of up to
     `limit` bytes each (an item larger than that goes alone): one read of the stream per batch
-    for the daemon instead of one per item."""
+    for the daemon instead of one per item. Idempotency keys go along (a batch holds one
+    producer's items: another producer starts a new batch)."""
     batch, size = pb.IngestRequest(seq=first_seq), 0
     for seq, request in enumerate(requests, start=first_seq):
-        item = pb.IngestItem()
+        item = pb.IngestItem(producer_seq=request.producer_seq)
         which = request.WhichOneof("item")
         if which is not None:
             getattr(item, which).CopyFrom(getattr(request, which))
         item_size = item.ByteSize() + _FRAMING_BYTES
-        if batch.items and size + item_size > limit:
+        if batch.items and (size + item_size > limit or request.producer != batch.producer):
             yield batch
             batch, size = pb.IngestRequest(seq=seq), 0
+        batch.producer = request.producer
         batch.items.append(item)
         size += item_size
     if batch.items:

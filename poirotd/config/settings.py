@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(default=1 << 20, ge=1024)
     # Ingest items committed in one transaction at most.
     ingest_batch_max: int = Field(default=512, ge=1)
+    # Seconds an ingest item's idempotency key (producer, producer_seq) is kept after its
+    # commit: a copy arriving within it is dropped, a later one stored again. The store keeps
+    # a row per run of consecutive keys of a producer per commit (a forwarder's keys make one
+    # run per commit; keys split among replicas by a shared subscription, a row each).
+    idempotency_window_seconds: float = Field(default=3600.0, gt=0)
     # Distinct signal names a component may have; a reading that would add one more is refused.
     max_signals_per_component: int = Field(default=1024, ge=1)
     # What one gRPC client (poirotd.transports.grpc.clients.client_identity: its host for now)

@@ -36,6 +36,7 @@ from poirotd.model import (
     AgentMessage,
     CommitItem,
     HazardEvent,
+    ItemKey,
     Session,
     SessionEnd,
     TelemetryBatch,
@@ -44,6 +45,7 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
 from poirotd.store.common import unknown_sessions
+from poirotd.store.idempotency import Duplicates
 
 log = structlog.get_logger(__name__)
 
@@ -75,24 +77,37 @@ class Refusal:
 @dataclass(frozen=True)
 class Admission:
     """What `accept` took: `accepted` items from the start of the batch (all of them, but for
-    items after a refusal when invalid items stop the batch), durable once `durable` resolves."""
+    items after a refusal when invalid items stop the batch), durable once `durable` resolves
+    (with what the round's commit left out as duplicates: this admission's are its items at
+    positions `span` of the round)."""
 
     accepted: int
     refused: tuple[Refusal, ...]
-    durable: asyncio.Future[None]
+    durable: asyncio.Future[Duplicates]
+    span: range = range(0)
 
-    async def wait(self) -> None:
-        """Until durable; raises what the commit raised. A producer cancelled while it waits
-        leaves the future alone: its round, other producers' items included, goes on."""
+    async def wait(self) -> int:
+        """Until durable; returns how many of its items (telemetry: samples) were dropped as
+        copies of items already stored. Raises what the commit raised. A producer cancelled
+        while it waits leaves the future alone: its round, other producers' items included,
+        goes on."""
         await asyncio.shield(self.durable)
+        return self.duplicates()
+
+    def duplicates(self) -> int:
+        """Once durable: how many of its items (telemetry: samples) were copies."""
+        dropped = self.durable.result()
+        return sum(count for position, count in dropped.items() if position in self.span)
 
 
 @dataclass
 class _Round:
     items: list[CommitItem] = field(default_factory=list)
+    # Each item's idempotency key (a telemetry batch's rows carry their own).
+    keys: list[ItemKey | None] = field(default_factory=list)
     events: list[HazardEvent] = field(default_factory=list)
     size: int = 0
-    done: asyncio.Future[None] = field(
+    done: asyncio.Future[Duplicates] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
@@ -119,6 +134,9 @@ class IngestPipeline:
         self.indexes = SessionIndexes(store)
         self._rounds: deque[_Round] = deque()
         self._committer: asyncio.Task[None] | None = None
+        for kind in sorted(set(_KIND_LABELS.values())):
+            # Served at 0 from the start: an alert on copies needs the series before the first.
+            metrics.duplicates.labels(kind)
 
     def implicit_sessions(self, input_name: str) -> ImplicitSessions:
         """For a door whose producers do not start their sessions (OTLP, MQTT agent messages)."""
@@ -137,12 +155,19 @@ class IngestPipeline:
             await self._store.find_session(session_id)
 
     def accept(
-        self, items: Sequence[CommitItem], scope: IngestScope, *, skip_invalid: bool = False
+        self,
+        items: Sequence[CommitItem],
+        scope: IngestScope,
+        *,
+        skip_invalid: bool = False,
+        keys: Sequence[ItemKey | None] = (),
     ) -> Admission:
         """Validates the items in order and runs the hazard rules over those admitted. An
         invalid item stops the batch there (the items before it are admitted), or with
-        `skip_invalid` is left out; a telemetry batch's invalid rows are always left out."""
+        `skip_invalid` is left out; a telemetry batch's invalid rows are always left out.
+        `keys[i]`: item i's idempotency key, if it has one (see `poirotd.store.idempotency`)."""
         admitted: list[CommitItem] = []
+        admitted_keys: list[ItemKey | None] = []
         refused: list[Refusal] = []
         accepted = len(items)
         scope.refresh_clock()
@@ -153,7 +178,7 @@ class IngestPipeline:
                     rows, bad_rows = scope.check_rows(item.rows)
                     refused += [Refusal(index, error, row) for row, error in bad_rows]
                     if bad_rows:
-                        item = TelemetryBatch(item.session_id, rows)
+                        item = _without_rows(item, {row for row, _ in bad_rows})
                     if not rows:
                         continue
                 else:
@@ -167,14 +192,21 @@ class IngestPipeline:
                 accepted = index
                 break
             admitted.append(item)
-        return Admission(accepted, tuple(refused), self._admit(admitted))
+            admitted_keys.append(keys[index] if index < len(keys) else None)
+        durable, span = self._admit(admitted, admitted_keys)
+        return Admission(accepted, tuple(refused), durable, span)
 
     async def consume(
-        self, items: Sequence[CommitItem], scope: IngestScope, *, skip_invalid: bool = False
+        self,
+        items: Sequence[CommitItem],
+        scope: IngestScope,
+        *,
+        skip_invalid: bool = False,
+        keys: Sequence[ItemKey | None] = (),
     ) -> Admission:
         """`find_sessions` and `accept`, then waits until the admitted items are durable."""
         await self.find_sessions(items, scope)
-        admission = self.accept(items, scope, skip_invalid=skip_invalid)
+        admission = self.accept(items, scope, skip_invalid=skip_invalid, keys=keys)
         await admission.wait()
         return admission
 
@@ -189,20 +221,24 @@ class IngestPipeline:
         while self._committer is not None:
             await asyncio.wait([self._committer])
 
-    def _admit(self, items: list[CommitItem]) -> asyncio.Future[None]:
+    def _admit(
+        self, items: list[CommitItem], keys: list[ItemKey | None]
+    ) -> tuple[asyncio.Future[Duplicates], range]:
         if not items:
-            done = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+            done: asyncio.Future[Duplicates] = asyncio.get_running_loop().create_future()
+            done.set_result({})
+            return done, range(0)
         if not self._rounds or self._rounds[-1].size >= self._batch_max:
             self._rounds.append(_Round())
         current = self._rounds[-1]
         current.events += self._rules.observe(items)
+        span = range(len(current.items), len(current.items) + len(items))
         current.items += items
+        current.keys += keys
         current.size += sum(len(i.rows) if isinstance(i, TelemetryBatch) else 1 for i in items)
         if self._committer is None:
             self._committer = asyncio.create_task(self._commit_rounds(), name="ingest-commit")
-        return current.done
+        return current.done, span
 
     async def _commit_rounds(self) -> None:
         try:
@@ -216,7 +252,8 @@ class IngestPipeline:
         # A producer that went away never reads its round's outcome.
         done.add_done_callback(_retrieve)
         try:
-            await self._store.commit_ingest(current.items)
+            keys = current.keys if any(current.keys) else ()
+            duplicates = await self._store.commit_ingest(current.items, keys)
         except asyncio.CancelledError:
             done.cancel()
             raise
@@ -230,23 +267,39 @@ class IngestPipeline:
             await self._opener.open(sorted(current.events, key=_event_time), ended)
         except Exception:
             log.exception("opening investigations for committed items failed")
-        self._count(current.items)
-        done.set_result(None)
+        self._count(current.items, duplicates)
+        done.set_result(duplicates)
 
-    def _count(self, items: Sequence[CommitItem]) -> None:
-        counts = Counter(_KIND_LABELS[type(item)] for item in items)
-        # A telemetry batch, counted once above, holds many samples.
-        if more := sum(len(i.rows) - 1 for i in items if isinstance(i, TelemetryBatch)):
-            counts["telemetry"] += more
+    def _count(self, items: Sequence[CommitItem], duplicates: Duplicates) -> None:
+        counts: Counter[str] = Counter()
+        dropped: Counter[str] = Counter()
+        for position, item in enumerate(items):
+            kind = _KIND_LABELS[type(item)]
+            size = len(item.rows) if isinstance(item, TelemetryBatch) else 1
+            copies = duplicates.get(position, 0)
+            counts[kind] += size - copies
+            dropped[kind] += copies
         for kind, count in counts.items():
-            self._metrics.ingested.labels(kind).inc(count)
-            self._metrics.last_ingest.labels(kind).set_to_current_time()
+            if count:
+                self._metrics.ingested.labels(kind).inc(count)
+                self._metrics.last_ingest.labels(kind).set_to_current_time()
+        for kind, count in dropped.items():
+            if count:
+                self._metrics.duplicates.labels(kind).inc(count)
+                log.info("ingest duplicates dropped", kind=kind, count=count)
+
+
+def _without_rows(batch: TelemetryBatch, bad: set[int]) -> TelemetryBatch:
+    """The batch without the rows at positions `bad` (and their keys)."""
+    rows = [row for i, row in enumerate(batch.rows) if i not in bad]
+    keys = None if batch.keys is None else [k for i, k in enumerate(batch.keys) if i not in bad]
+    return TelemetryBatch(batch.session_id, rows, keys)
 
 
 def _event_time(event: HazardEvent) -> datetime:
     return event.at
 
 
-def _retrieve(done: asyncio.Future[None]) -> None:
+def _retrieve(done: asyncio.Future[Duplicates]) -> None:
     if not done.cancelled():
         done.exception()

@@ -168,6 +168,14 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.duplicates = Counter(
+            "poirot_ingest_duplicates_total",
+            "Ingest items dropped at commit as copies of items already stored (a producer's "
+            "idempotency key already held, or a message's session and index), by kind; a "
+            "telemetry delivery counts each of its samples",
+            ["kind"],
+            registry=r,
+        )
         self.last_ingest = Gauge(
             "poirot_ingest_last_item_timestamp_seconds",
             "Unix time of the latest committed item, by kind",

@@ -163,6 +163,18 @@ FROM telemetry_blocks AS b,
      jsonb_array_elements(b.record::jsonb -> 'samples') WITH ORDINALITY AS s (value, n);
 """
 
+# SQLite schema 9: runs of a producer's idempotency keys (poirotd.store.idempotency).
+_V2 = """
+CREATE TABLE ingest_keys (
+    producer  text NOT NULL,
+    last_seq  bigint NOT NULL,
+    first_seq bigint NOT NULL,
+    stored_us bigint NOT NULL,
+    PRIMARY KEY (producer, last_seq)
+);
+CREATE INDEX ingest_keys_by_age ON ingest_keys (stored_us);
+"""
+
 # Replicas over one database (SQLite schema 10's additions): an investigation's lease beside its
 # record (operational state, not chained), the hazard openings a cooldown is checked against and
 # the per-session count of daemon-assigned message indexes (both derived, like message_indices).
@@ -185,9 +197,7 @@ CREATE TABLE message_counters (
 
 MIGRATIONS = (
     Migration(1, "the tables of SQLite schema 8 and the audit chain", _V1),
-    # Version 2 is the idempotency keys' (branch `edges`): a placeholder until that merge puts
-    # its migration here, so that versions stay consecutive.
-    Migration(2, "reserved for the idempotency keys", ""),
+    Migration(2, "idempotency keys of ingest items (SQLite schema 9)", _V2),
     Migration(3, "replicas: investigation leases, hazard openings, message counters", _V3),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version

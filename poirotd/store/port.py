@@ -37,14 +37,19 @@ from poirotd.model import (
     Investigation,
     InvestigationEvent,
     InvestigationState,
+    ItemKey,
     LLMExchange,
     Reading,
     Session,
 )
+from poirotd.store.idempotency import Duplicates
 
 # The largest integer every adapter stores (SQLite's INTEGER, PostgreSQL's bigint): indexes, event
 # ids and the like are checked against it before they reach a store.
 MAX_INTEGER = 2**63 - 1
+# Seconds an ingest item's idempotency key is kept after its commit (POIROTD_IDEMPOTENCY_WINDOW_
+# SECONDS): a copy arriving later is stored again.
+DEFAULT_IDEMPOTENCY_WINDOW = 3600.0
 # Given the confirmed history of a system (every investigation with a confirmed outcome, the one
 # just confirmed included) and its stored reputations, the reputations to store.
 Reassess: TypeAlias = Callable[
@@ -122,10 +127,15 @@ class Store(Protocol):
         """Lets already submitted work finish, then releases the store; idempotent."""
 
     # ingest
-    async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
-        """Stores the batch in one transaction and returns after it is durable (the ack point);
-        a resent message (same session and index) is stored once. UnknownSessionError (nothing
-        stored) when an item's session is neither stored nor started earlier in the batch."""
+    async def commit_ingest(
+        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+    ) -> Duplicates:
+        """Stores the batch in one transaction and returns after it is durable (the ack point).
+        `keys[i]` is item i's idempotency key (a telemetry batch carries its rows' own): an
+        item whose key the store holds, or that an earlier item of the batch has, is left out,
+        and so is a resent message (same session and index). Returns what was left out.
+        UnknownSessionError (nothing stored) when an item's session is neither stored nor
+        started earlier in the batch."""
 
     def has_session(self, session_id: str) -> bool:
         """From memory: True for a session this store committed or found; False may be wrong

@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, TypeAlias
 
@@ -59,11 +59,13 @@ from poirotd.model import (
     Investigation,
     InvestigationEvent,
     InvestigationState,
+    ItemKey,
     LLMExchange,
     Reading,
     Session,
     SessionEnd,
 )
+from poirotd.store import idempotency
 from poirotd.store.chain import APPEND_AUDIT, GENESIS_HASH, Links, Row
 from poirotd.store.common import (
     UNFINISHED,
@@ -77,10 +79,12 @@ from poirotd.store.common import (
     tombstone,
     unknown_sessions,
 )
+from poirotd.store.idempotency import Duplicates, KeyWindow
 from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.pg_changes import NOTIFY, ChangeListener
 from poirotd.store.pg_schema import CHAIN_LOCK, migrate
 from poirotd.store.port import (
+    DEFAULT_IDEMPOTENCY_WINDOW,
     Lease,
     LeaseLostError,
     MemoryUpdate,
@@ -144,6 +148,21 @@ _RESERVE_INDEXES = (
     b" ON CONFLICT (session_id) DO UPDATE SET next_idx = greatest(c.next_idx + %(n)s,"
     b" excluded.next_idx) RETURNING next_idx - %(n)s"
 )
+# The stored runs of idempotency keys that overlap each producer's (lowest, highest) seq: per
+# producer a range scan of the primary key from its lowest seq on (LATERAL: a plain join may be
+# planned as a scan of the whole table, which grows with the window).
+_SEEN_KEYS = (
+    b"SELECT w.producer, k.first_seq, k.last_seq"
+    b" FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS w (producer, low, high)"
+    b" CROSS JOIN LATERAL (SELECT first_seq, last_seq FROM ingest_keys"
+    b" WHERE producer = w.producer AND last_seq >= w.low AND first_seq <= w.high) AS k"
+)
+# A commit's new runs in one statement (a share group's scattered keys are a run each).
+_INSERT_KEYS = (
+    b"INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us)"
+    b" SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[])"
+)
+_PRUNE_KEYS = b"DELETE FROM ingest_keys WHERE stored_us < %s"
 # Blocks are read newest first, this many at a time, until the newest samples are known.
 _BLOCKS_PER_READ = 32
 
@@ -197,8 +216,10 @@ class PostgresStore(StoreReads):
         writer: Connection,
         reader: Connection,
         sessions: set[str],
+        idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
     ) -> None:
         self._connect = connect
+        self._key_window = KeyWindow(idempotency_window)
         self._writer = writer
         self._reader = reader
         self._sessions = sessions
@@ -209,11 +230,20 @@ class PostgresStore(StoreReads):
         self._changes = ChangeListener(connect)
 
     @classmethod
-    async def open(cls, url: str, *, where: str, password: str | None = None) -> PostgresStore:
+    async def open(
+        cls,
+        url: str,
+        *,
+        where: str,
+        password: str | None = None,
+        idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
+    ) -> PostgresStore:
         """Connects, migrates the database to this poirotd's schema and reads its sessions.
         `where` names the database in errors (the URL without its password); `password`, when
-        given, is used instead of one in the URL. Raises psycopg.OperationalError when the
-        server cannot be reached, pg_schema.NewerSchemaError for a newer database."""
+        given, is used instead of one in the URL; `idempotency_window`, seconds an ingest key is
+        kept after its commit. Raises psycopg.OperationalError when the server cannot be
+        reached, pg_schema.NewerSchemaError for a newer database."""
+        KeyWindow(idempotency_window)  # refuses a window that is not positive
         extra: dict[str, Any] = {"password": password} if password is not None else {}
 
         async def connect() -> Connection:
@@ -236,7 +266,8 @@ class PostgresStore(StoreReads):
         except BaseException:
             await writer.close()
             raise
-        return cls(connect, writer, reader, {session_id for (session_id,) in rows})
+        sessions = {session_id for (session_id,) in rows}
+        return cls(connect, writer, reader, sessions, idempotency_window)
 
     async def close(self) -> None:
         """Lets already submitted work finish, then closes both connections; idempotent."""
@@ -303,32 +334,66 @@ class PostgresStore(StoreReads):
 
     # ------------------------------------------------------------ ingest
 
-    async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
-        """Stores the batch in one transaction and returns after COMMIT (the ack point). The
-        sessions this process does not know are looked up in the transaction.
+    async def commit_ingest(
+        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+    ) -> Duplicates:
+        """Stores the batch in one transaction and returns after COMMIT (the ack point), with
+        what it left out as copies of stored items. The sessions this process does not know
+        are looked up in the transaction.
 
         Three round trips and the commit's flush: the lock, the head, the sessions looked up,
         the session starts and the batch's message keys (which are new); then the session ends
         and the blocks (their ids); then the chain's entries and COMMIT. Entries are appended as
-        on SQLite: session starts and ends in order, then message blocks, then telemetry."""
+        on SQLite: session starts and ends in order, then message blocks, then telemetry.
+
+        Keys cost no round trip of their own: the batch is written as if none were stored, with
+        the stored runs that overlap its keys asked for in the same round trip as the first
+        answers; if they hold one of its keys (a copy: rare), the transaction is rolled back and
+        the batch written again without the copies, looked up first. The chain's lock serialises
+        every replica's writes, so no other adds a key meanwhile."""
+        wanted = idempotency.wanted(items, keys)
+        try:
+            return await self._commit(items, keys, wanted, optimistic=bool(wanted))
+        except (_CopiesFound, pg_errors.UniqueViolation):
+            if not wanted:
+                raise
+            return await self._commit(items, keys, wanted, optimistic=False)
+
+    async def _commit(
+        self,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None],
+        wanted: dict[str, set[int]],
+        *,
+        optimistic: bool,
+    ) -> Duplicates:
+        """`commit_ingest`'s transaction; `optimistic`: raises _CopiesFound (rolled back) when
+        the batch holds a copy, instead of looking the keys up before writing."""
         unknown = unknown_sessions(items, self._sessions.__contains__)
-        changes = [item for item in items if isinstance(item, Session | SessionEnd)]
-        messages = _first_of_each(items)
-        telemetry = [telemetry_block_row(block) for block in telemetry_blocks(items)]
         async with self._head_transaction() as (conn, head):
             found = await conn.execute(_FIND_SESSIONS, (unknown,)) if unknown else None
+            kept, held = await self._drop_seen_keys(conn, items, keys, wanted, optimistic)
+            changes = [item for item in kept.items if isinstance(item, Session | SessionEnd)]
+            messages = _first_of_each(kept.items)
+            telemetry = [telemetry_block_row(block) for block in telemetry_blocks(kept.items)]
             sent = [(change, await _send_session_change(conn, change)) for change in changes]
-            keys = await _send_message_keys(conn, messages)
+            indexes = await _send_message_keys(conn, messages)
             if found is not None:
                 stored_ids = {session_id for (session_id,) in await found.fetchall()}
                 if missing := [s for s in unknown if s not in stored_ids]:
                     raise UnknownSessionError(missing[0])
+            if held is not None and _seen(await held.fetchall(), wanted):
+                raise _CopiesFound
             stored = [
                 (SESSIONS, row)
                 for change, answer in sent
                 if (row := await _session_row_stored(conn, change, answer)) is not None
             ]
-            new = await _new_messages(keys, messages)
+            new = await _new_messages(indexes, messages)
+            fresh = {id(message) for message in new}
+            for position, item in zip(kept.positions, kept.items, strict=True):
+                if isinstance(item, AgentMessage) and id(item) not in fresh:
+                    kept.duplicates[position] = 1
             blocks = [(MESSAGE_BLOCKS, message_block_row(block)) for block in message_blocks(new)]
             blocks += [(TELEMETRY_BLOCKS, row) for row in telemetry]
             ids = [await conn.execute(_insert_with_id(table), row[1:]) for table, row in blocks]
@@ -338,6 +403,39 @@ class PostgresStore(StoreReads):
             for table, row in stored:
                 links.append(table.kind, table.ref(row), row[-1])
         self._sessions.update(unknown, (c.session_id for c in changes))
+        return kept.duplicates
+
+    async def _drop_seen_keys(
+        self,
+        conn: Connection,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None],
+        wanted: dict[str, set[int]],
+        optimistic: bool,
+    ) -> tuple[idempotency.Kept, Cursor | None]:
+        """The batch without copies of keyed items already stored, and the new keys recorded.
+        `optimistic`: none is taken for stored, and the answer returned (not read yet) holds the
+        stored runs that overlap the batch's keys."""
+        if not wanted:
+            return idempotency.Kept(list(items), list(range(len(items)))), None
+        producers = list(wanted)
+        bounds = ([min(wanted[p]) for p in producers], [max(wanted[p]) for p in producers])
+        answer = await conn.execute(_SEEN_KEYS, (producers, *bounds))
+        held = answer if optimistic else None
+        seen = set() if optimistic else _seen(await answer.fetchall(), wanted)
+        kept = idempotency.drop_seen(items, keys, seen)
+        now_us = micros(datetime.now(UTC))
+        new_runs = [
+            (producer, last, first, now_us)
+            for producer, seqs in kept.new_keys.items()
+            for first, last in idempotency.runs(seqs)
+        ]
+        if new_runs:
+            columns = [list(column) for column in zip(*new_runs, strict=True)]
+            await conn.execute(_INSERT_KEYS, columns)
+        if (before := self._key_window.prune_before(now_us)) is not None:
+            await conn.execute(_PRUNE_KEYS, (before,))
+        return kept, held
 
     def has_session(self, session_id: str) -> bool:
         self._check_open()
@@ -638,6 +736,18 @@ def _first_of_each(items: Sequence[CommitItem]) -> list[AgentMessage]:
             seen.add(key)
             first.append(item)
     return first
+
+
+class _CopiesFound(Exception):
+    """An optimistic commit met keys the store holds: it is rolled back and written again."""
+
+
+def _seen(runs: Sequence[tuple[Any, ...]], wanted: dict[str, set[int]]) -> set[ItemKey]:
+    """The batch's keys that stored runs (producer, first, last) hold."""
+    seen: set[ItemKey] = set()
+    for producer, first, last in runs:
+        seen |= idempotency.seen_in([(first, last)], producer, wanted[producer])
+    return seen
 
 
 class _Head:

@@ -33,10 +33,11 @@ from poirotd.store.records import (
 #    empty when opened).
 # 8: ErrorProbe's verified diagnosis memory (a new table; a schema-7 store gains it empty when
 #    opened).
+# 9: idempotency keys of ingest items (`ingest_keys`, runs of a producer's seqs; a new table, a
+#    schema-8 store gains it empty when opened).
 # 10: replicas over one store: an investigation's lease (owner, end, fencing token; operational
 #    state beside the record, not chained) and the hazard openings a cooldown is checked against
-#    (derived, like message_indices). A schema-8 or -9 store gains them when opened. (9 is the
-#    idempotency keys' schema.)
+#    (derived, like message_indices). A schema-8 or -9 store gains them when opened.
 SCHEMA_VERSION = 10
 _BUSY_TIMEOUT_MS = 5_000
 
@@ -157,6 +158,14 @@ CREATE TABLE IF NOT EXISTS diagnosis_memory (
     record   TEXT NOT NULL,
     PRIMARY KEY (system, entry_id)
 );
+CREATE TABLE IF NOT EXISTS ingest_keys (
+    producer  TEXT NOT NULL,
+    last_seq  INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL,
+    stored_us INTEGER NOT NULL,
+    PRIMARY KEY (producer, last_seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ingest_keys_by_age ON ingest_keys (stored_us);
 CREATE TABLE IF NOT EXISTS audit (
     seq       INTEGER PRIMARY KEY,
     kind      TEXT NOT NULL,

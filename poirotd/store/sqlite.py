@@ -26,7 +26,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from operator import attrgetter
 from pathlib import Path
@@ -43,11 +43,13 @@ from poirotd.model import (
     Investigation,
     InvestigationEvent,
     InvestigationState,
+    ItemKey,
     LLMExchange,
     Reading,
     Session,
     SessionEnd,
 )
+from poirotd.store import idempotency
 from poirotd.store.chain import Chain, Row, transaction
 from poirotd.store.common import (
     UNFINISHED,
@@ -62,8 +64,10 @@ from poirotd.store.common import (
     tombstone,
     unknown_sessions,
 )
+from poirotd.store.idempotency import Duplicates, KeyWindow
 from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.port import (
+    DEFAULT_IDEMPOTENCY_WINDOW,
     Lease,
     LeaseLostError,
     MemoryUpdate,
@@ -106,6 +110,14 @@ _UPSERT_SESSION = (
 )
 _INSERT_MESSAGE_INDEX = "INSERT OR IGNORE INTO message_indices (session_id, idx) VALUES (?, ?)"
 _INSERT_MESSAGE_BLOCK = "INSERT INTO message_blocks (id, session_id, record) VALUES (?, ?, ?)"
+_SEEN_KEYS = (
+    "SELECT first_seq, last_seq FROM ingest_keys"
+    " WHERE producer = ? AND last_seq >= ? AND first_seq <= ?"
+)
+_INSERT_KEYS = (
+    "INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us) VALUES (?, ?, ?, ?)"
+)
+_PRUNE_KEYS = "DELETE FROM ingest_keys WHERE stored_us < ?"
 _INSERT_TELEMETRY_BLOCK = (
     "INSERT INTO telemetry_blocks (id, session_id, first_us, last_us, record)"
     " VALUES (?, ?, ?, ?, ?)"
@@ -151,9 +163,16 @@ class SqliteStore(StoreReads):
     chain (the chain starts at migration; earlier versions of a record are not recoverable).
     """
 
-    def __init__(self, writer: _Worker, reader: _Worker, sessions: set[str]) -> None:
+    def __init__(
+        self,
+        writer: _Worker,
+        reader: _Worker,
+        sessions: set[str],
+        idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
+    ) -> None:
         self._writer = writer
         self._reader = reader
+        self._keys = KeyWindow(idempotency_window)
         # Mutated only by the writer thread, after COMMIT; read on the loop (atomic under the GIL).
         self._sessions = sessions
         self._closing: asyncio.Task[None] | None = None
@@ -163,8 +182,14 @@ class SqliteStore(StoreReads):
 
     @classmethod
     async def open(
-        cls, path: Path | str, *, synchronous: Literal["FULL", "NORMAL"] = "FULL"
+        cls,
+        path: Path | str,
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW,
     ) -> SqliteStore:
+        """`idempotency_window`: seconds an ingest item's key is kept after its commit."""
+        KeyWindow(idempotency_window)  # refuses a window that is not positive
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
         writer = _Worker("poirotd-store-writer")
@@ -176,7 +201,7 @@ class SqliteStore(StoreReads):
             await reader.stop()
             await writer.stop()
             raise
-        return cls(writer, reader, sessions)
+        return cls(writer, reader, sessions, idempotency_window)
 
     async def close(self) -> None:
         """Lets already submitted work finish, then closes both connections; idempotent."""
@@ -211,9 +236,12 @@ class SqliteStore(StoreReads):
 
     # ------------------------------------------------------------ ingest
 
-    async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
-        """Stores the batch in one transaction and returns after COMMIT (the ack point)."""
-        await self._write(_commit_ingest, items, self._sessions)
+    async def commit_ingest(
+        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+    ) -> Duplicates:
+        """Stores the batch in one transaction and returns after COMMIT (the ack point), with
+        what it left out as copies of items already stored."""
+        return await self._write(_commit_ingest, items, keys, self._sessions, self._keys)
 
     def has_session(self, session_id: str) -> bool:
         self._check_open()
@@ -402,19 +430,30 @@ def _write(
 
 
 def _commit_ingest(
-    conn: sqlite3.Connection, items: Sequence[CommitItem], sessions: set[str]
-) -> None:
+    conn: sqlite3.Connection,
+    items: Sequence[CommitItem],
+    keys: Sequence[ItemKey | None],
+    sessions: set[str],
+    window: KeyWindow,
+) -> Duplicates:
     if unknown := unknown_sessions(items, sessions.__contains__):
         raise UnknownSessionError(unknown[0])
     started = {item.session_id for item in items if isinstance(item, Session)}
-    # Encoded before the transaction where possible, and stored, then chained, in passes: item
-    # by item, the three evict each other from the CPU caches (measured 1.5 times slower).
-    # Session starts and ends go first, in their order: messages and samples need their session.
-    records = [item for item in items if isinstance(item, Session | SessionEnd)]
-    planned = [_session_change(item) for item in records]
-    messages = [item for item in items if isinstance(item, AgentMessage)]
-    telemetry = [telemetry_block_row(block) for block in telemetry_blocks(items)]
     with transaction(conn) as chain:
+        # Copies of keyed items already stored are left out; which ones is known only here.
+        kept = _drop_seen_keys(conn, items, keys, window)
+        items, duplicates = kept.items, kept.duplicates
+        # Encoded, stored, then chained, in passes: item by item, the three evict each other
+        # from the CPU caches (measured 1.5 times slower). Session starts and ends go first, in
+        # their order: messages and samples need their session.
+        records = [item for item in items if isinstance(item, Session | SessionEnd)]
+        planned = [_session_change(item) for item in records]
+        messages = [
+            (position, item)
+            for position, item in zip(kept.positions, items, strict=True)
+            if isinstance(item, AgentMessage)
+        ]
+        telemetry = [telemetry_block_row(block) for block in telemetry_blocks(items)]
         stored: list[tuple[AuditedTable, Row]] = []
         for item, (sql, row) in zip(records, planned, strict=True):
             if isinstance(item, SessionEnd):
@@ -422,7 +461,12 @@ def _commit_ingest(
             if (written := _store_row(conn, sql, row)) is not None:
                 stored.append((SESSIONS, written))
         # A resent message is left out; which ones are new is known only here.
-        for block in message_blocks(_new_messages(conn, messages)):
+        new = _new_messages(conn, [message for _, message in messages])
+        for position, message in messages:
+            if id(message) not in new:
+                duplicates[position] = 1
+        fresh = [message for _, message in messages if id(message) in new]
+        for block in message_blocks(fresh):
             written = _store_row(conn, _INSERT_MESSAGE_BLOCK, message_block_row(block))
             assert written is not None, "a message block is never ignored"
             stored.append((MESSAGE_BLOCKS, written))
@@ -433,6 +477,36 @@ def _commit_ingest(
         for table, row in stored:
             chain.append(table.kind, table.ref(row), row[-1])
     sessions.update(started)
+    return duplicates
+
+
+def _drop_seen_keys(
+    conn: sqlite3.Connection,
+    items: Sequence[CommitItem],
+    keys: Sequence[ItemKey | None],
+    window: KeyWindow,
+) -> idempotency.Kept:
+    """The batch without copies of keyed items already stored; records the new keys."""
+    by_producer = idempotency.wanted(items, keys)
+    if not by_producer:
+        return idempotency.Kept(list(items), list(range(len(items))))
+    seen: set[ItemKey] = set()
+    for producer, seqs in by_producer.items():
+        ranges = conn.execute(_SEEN_KEYS, (producer, min(seqs), max(seqs)))
+        seen |= idempotency.seen_in(ranges, producer, seqs)
+    kept = idempotency.drop_seen(items, keys, seen)
+    now_us = micros(datetime.now(UTC))
+    conn.executemany(
+        _INSERT_KEYS,
+        [
+            (producer, last, first, now_us)
+            for producer, seqs in kept.new_keys.items()
+            for first, last in idempotency.runs(seqs)
+        ],
+    )
+    if (before := window.prune_before(now_us)) is not None:
+        conn.execute(_PRUNE_KEYS, (before,))
+    return kept
 
 
 def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:
@@ -443,14 +517,12 @@ def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:
     return _UPSERT_SESSION, ()
 
 
-def _new_messages(
-    conn: sqlite3.Connection, messages: Sequence[AgentMessage]
-) -> Sequence[AgentMessage]:
-    """The messages not stored before (nor earlier in the batch), as `message_indices` tells
-    once their keys are added: one executemany when all are new, the usual case; otherwise
-    that is undone and the keys are added one by one to learn which."""
+def _new_messages(conn: sqlite3.Connection, messages: Sequence[AgentMessage]) -> set[int]:
+    """The ids (`id()`) of the messages not stored before (nor earlier in the batch), as
+    `message_indices` tells once their keys are added: one executemany when all are new, the
+    usual case; otherwise that is undone and the keys are added one by one to learn which."""
     if not messages:
-        return messages
+        return set()
     keys = [(message.session_id, message.index) for message in messages]
     conn.execute("SAVEPOINT messages")
     before = conn.total_changes
@@ -463,7 +535,7 @@ def _new_messages(
             if conn.execute(_INSERT_MESSAGE_INDEX, key).rowcount
         ]
     conn.execute("RELEASE messages")
-    return messages
+    return {id(message) for message in messages}
 
 
 def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:

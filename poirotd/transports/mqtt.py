@@ -38,8 +38,9 @@ make them valid. A delivery is acked (PUBACK) once its items are committed. A fa
 (the store raised) stops the bridge with nothing from that batch on acked; the input logs, waits
 (the broker's backoff) and starts a new bridge, to which the broker redelivers what was not
 acked. Stopping cancels the bridge the same way. Delivery is therefore at least once: batches
-in flight at a stop or failure may be stored twice, never lost (an agent message twice only
-when the daemon numbers it: one with its own index is stored once).
+in flight at a stop or failure may come again, never lost; a payload with its producer's key
+(codec ``key_field``, a message's ``seq``) is then stored once (an agent message with its own
+index is too).
 
 A connection to the broker that fails (a wrong password, an untrusted certificate, the broker
 down) is logged with its reason, counted in ``poirot_mqtt_connection_failures_total{reason}``
@@ -247,7 +248,9 @@ class _PipelineSink:
             payload = sample.model_dump_json().encode()
             self._dead_letters.add("poirotd", str(refusal.error), payload)
         self._stats.refused += len(admission.refused)
-        self._stats.committed += len(batch.rows) - len(admission.refused)
+        # Copies of stored samples (a redelivery) are counted in poirot_ingest_duplicates_total.
+        copies = admission.duplicates()
+        self._stats.committed += len(batch.rows) - len(admission.refused) - copies
 
 
 class _MessageSink:
@@ -289,7 +292,8 @@ class _MessageSink:
                 indexes.observe(message.session_id, message.index)
             items.append(message)
             sources.append(received)
-        admission = await self._pipeline.consume(items, self._scope, skip_invalid=True)
+        keys = [None if source is None else source.key for source in sources]
+        admission = await self._pipeline.consume(items, self._scope, skip_invalid=True, keys=keys)
         refused = 0
         for refusal in admission.refused:
             source = sources[refusal.index]
@@ -298,7 +302,7 @@ class _MessageSink:
             self._dead_letters.add("poirotd", str(refusal.error), source.payload)
             refused += 1
         self._stats.messages_refused += refused
-        self._stats.messages_committed += len(batch) - refused
+        self._stats.messages_committed += len(batch) - refused - admission.duplicates()
 
 
 class MqttInput:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sqlite3
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,39 +20,17 @@ from hwbridge.forward import ForwardError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
 from poirotd.demo.process import DaemonProcess
-from poirotd.model import TelemetryBatch
-from tests.support.bridge import forwarder
+from poirotd.model import ItemKey, TelemetryBatch
+from tests.support.bridge import forwarder, samples, stored_values
 from tests.support.daemon import in_process_daemon
 from tests.support.spec import BRIDGE_CLINIC
 
-START = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def samples(n: int, offset: int = 0, component: str = "d2w_exoskeleton") -> TelemetryBatch:
-    return TelemetryBatch(
-        "e2e",
-        [
-            (
-                component,
-                "knee_left_deg",
-                float(offset + i),
-                START + timedelta(milliseconds=offset + i),
-            )
-            for i in range(n)
-        ],
-    )
-
 
 def joined(*batches: TelemetryBatch) -> TelemetryBatch:
-    return TelemetryBatch("e2e", [row for batch in batches for row in batch.rows])
-
-
-def stored_values(db: Path) -> list[float]:
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT value FROM telemetry_samples ORDER BY block_id, position"
-        ).fetchall()
-    return [value for (value,) in rows]
+    """The batches' rows as one batch, with their keys (None for an unkeyed batch's rows)."""
+    keys = [key for b in batches for key in (b.keys or [None] * len(b.rows))]
+    rows = [row for batch in batches for row in batch.rows]
+    return TelemetryBatch("e2e", rows, keys if any(keys) else None)
 
 
 async def test_sink_call_returns_once_samples_are_durable(daemon: Daemon, tmp_path: Path) -> None:
@@ -63,6 +39,24 @@ async def test_sink_call_returns_once_samples_are_durable(daemon: Daemon, tmp_pa
         await asyncio.gather(*(sink(samples(60, offset=k * 60)) for k in range(5)))
         assert sorted(stored_values(tmp_path / "poirotd.db")) == [float(i) for i in range(300)]
         assert sink.stats.durable == sink.stats.accepted == 300 and sink.stats.rejected == 0
+
+
+async def test_a_redelivery_to_a_new_bridge_keeps_its_mqtt_key_and_is_stored_once(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A bridge restarted before it acked gets the broker's redelivery: the forwarder sends the
+    readings' own keys (not ones of its own, which a new process draws anew), so poirotd drops
+    the copies. Twenty payloads of two readings each: the second's key names producer#1."""
+    keys: list[ItemKey | None] = [
+        ItemKey("d2w/p7/vitals" + ("#1" if i % 2 else ""), 1 + i // 2) for i in range(40)
+    ]
+    keyed = TelemetryBatch("e2e", samples(40).rows, keys)
+    async with forwarder(daemon.grpc_port) as first:
+        await first(keyed)
+    async with forwarder(daemon.grpc_port) as second:
+        await second(joined(keyed, samples(10, offset=40)))
+        assert second.stats.duplicates == 40
+    assert sorted(stored_values(tmp_path / "poirotd.db")) == [float(i) for i in range(50)]
 
 
 async def test_samples_wait_for_poirotd_to_come_up(tmp_path: Path) -> None:
@@ -134,9 +128,9 @@ async def test_a_refusal_grpc_hides_is_found_by_probing(
 ) -> None:
     dead_letters = DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
     async with forwarder(daemon.grpc_port, dead_letters=dead_letters) as sink:
-        stub = sink._stub  # wrap each call the forwarder opens
+        (stub,) = sink._stubs  # wrap each call the forwarder opens
         monkeypatch.setattr(
-            sink, "_stub", SimpleNamespace(Stream=lambda: HidingRefusals(stub.Stream()))
+            sink, "_stubs", [SimpleNamespace(Stream=lambda: HidingRefusals(stub.Stream()))]
         )
         bad = samples(1, offset=10, component="toaster")
         async with asyncio.timeout(10):
@@ -182,5 +176,6 @@ async def test_unacked_samples_are_resent_after_poirotd_crashes(
             await sending
         assert sink.stats.resent > 0 and sink.stats.streams >= 2
     values = stored_values(poirotd_process.db_path)
-    # At least once: a sample committed just before the crash may be stored twice, none is lost.
-    assert set(values) == {float(i) for i in range(total)} and len(values) >= total
+    # Exactly once: a sample committed just before the crash (its ack lost) is resent, and
+    # dropped by its key.
+    assert sorted(values) == [float(i) for i in range(total)]

@@ -16,6 +16,7 @@ from poirotd.model import (
     AgentMessage,
     CommitItem,
     HazardEvent,
+    ItemKey,
     MessageKind,
     Session,
     TelemetryBatch,
@@ -23,6 +24,7 @@ from poirotd.model import (
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
+from poirotd.store.idempotency import Duplicates
 from tests.support.spec import clinic
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -47,12 +49,14 @@ class GatedStore(SqliteStore):
     gate: asyncio.Event
     failures: list[Exception]
 
-    async def commit_ingest(self, items: Sequence[CommitItem]) -> None:
+    async def commit_ingest(
+        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+    ) -> Duplicates:
         self.commits.append(list(items))
         await self.gate.wait()
         if self.failures:
             raise self.failures.pop()
-        await super().commit_ingest(items)
+        return await super().commit_ingest(items, keys)
 
 
 class Opener:

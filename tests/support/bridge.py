@@ -6,6 +6,7 @@ import asyncio
 import signal
 import sqlite3
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,7 @@ import yaml
 from hwbridge.config import BackoffConfig, DeadLetterConfig, PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.forward import Forwarder
+from poirotd.model import TelemetryBatch
 from tests.support.gait import EXAMPLE
 from tests.support.mosquitto import Mosquitto
 
@@ -51,6 +53,34 @@ async def stop(process: asyncio.subprocess.Process) -> int:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def samples(n: int, offset: int = 0, component: str = "d2w_exoskeleton") -> TelemetryBatch:
+    """Session e2e's knee angle, valued offset, offset + 1, ... one millisecond apart."""
+    return TelemetryBatch(
+        "e2e",
+        [
+            (
+                component,
+                "knee_left_deg",
+                float(offset + i),
+                START + timedelta(milliseconds=offset + i),
+            )
+            for i in range(n)
+        ],
+    )
+
+
+def stored_values(db: Path) -> list[float]:
+    """Every stored sample's value, in storage order."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT value FROM telemetry_samples ORDER BY block_id, position"
+        ).fetchall()
+    return [value for (value,) in rows]
 
 
 def stored(db: Path) -> int:

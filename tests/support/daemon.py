@@ -4,15 +4,19 @@ against (the `daemon` and `client` fixtures are built on these)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from hwbridge.broker import free_port
 from poirotd.api.client import PoirotClient
 from poirotd.config.settings import Settings
 from poirotd.config.spec import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.demo.process import DaemonProcess
 from poirotd.llm.base import LLMBackend
 
 
@@ -58,3 +62,24 @@ def limit_rejections(daemon: Daemon, limit: str) -> float:
         "poirot_limit_rejections_total", {"limit": limit}
     )
     return value or 0.0
+
+
+@contextmanager
+def two_replicas(
+    spec_of: Callable[[str], SystemSpec], folder: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
+    """`poirotd run` as replicas a and b (spec `spec_of(name)`, in folder/a and folder/b, each its
+    own store unless `env` names a shared one), started in turn and killed at the end."""
+    replicas: list[DaemonProcess] = []
+    for name in ("a", "b"):
+        (folder / name).mkdir()
+        config = folder / name / "spec.yaml"
+        config.write_text(yaml.safe_dump(spec_of(name).model_dump(mode="json")))
+        replicas.append(DaemonProcess(config, folder / name, env=env, grpc_port=free_port()))
+    try:
+        for replica in replicas:
+            replica.start()
+        yield replicas[0], replicas[1]
+    finally:
+        for replica in replicas:
+            replica.kill()

@@ -18,8 +18,9 @@ from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import CommitItem
+from poirotd.model import CommitItem, ItemKey
 from poirotd.store import SqliteStore
+from poirotd.store.idempotency import Duplicates
 from poirotd.transports.mqtt import mqtt_input_spec
 from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
@@ -99,10 +100,12 @@ def fail_first_commit_of(kind: type, monkeypatch: pytest.MonkeyPatch) -> None:
     commit = SqliteStore.commit_ingest
     failures = [OSError("disk I/O error")]
 
-    async def failing_once(self: SqliteStore, items: Sequence[CommitItem]) -> None:
+    async def failing_once(
+        self: SqliteStore, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+    ) -> Duplicates:
         if failures and any(isinstance(item, kind) for item in items):
             raise failures.pop()
-        await commit(self, items)
+        return await commit(self, items, keys)
 
     monkeypatch.setattr(SqliteStore, "commit_ingest", failing_once)
 

@@ -25,7 +25,8 @@ class StoreDb(Protocol):
     # What `verify` and `export_investigation` take: a file path or a postgresql:// URL.
     target: str
 
-    async def open(self) -> Store: ...
+    async def open(self, **options: Any) -> Store:
+        """The store on this database; `options` go to the adapter's `open`."""
 
     def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]: ...
 
@@ -43,8 +44,8 @@ class SqliteDb:
         self.path = path
         self.target = str(path)
 
-    async def open(self) -> Store:
-        return await SqliteStore.open(self.path)
+    async def open(self, **options: Any) -> Store:
+        return await SqliteStore.open(self.path, **options)
 
     def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
         with closing(sqlite3.connect(self.path)) as conn:
@@ -66,8 +67,8 @@ class PostgresDb:
     def __init__(self, url: str) -> None:
         self.target = url
 
-    async def open(self) -> Store:
-        return await PostgresStore.open(self.target, where=self.target)
+    async def open(self, **options: Any) -> Store:
+        return await PostgresStore.open(self.target, where=self.target, **options)
 
     def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.target, autocommit=True) as conn:

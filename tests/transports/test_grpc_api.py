@@ -514,15 +514,15 @@ async def test_unacked_requests_pause_reading_at_a_batch_and_are_acked_in_order(
     await unacked.add(_Pending(4, Admission(2, (), durable[1])))  # a request goes in whole
     blocked = asyncio.create_task(unacked.add(_Pending(5, Admission(1, (), durable[2]))))
     acked = asyncio.create_task(unacked.next_durable())
-    durable[1].set_result(None)
+    durable[1].set_result({})
     await asyncio.sleep(0.01)
     assert not blocked.done(), "reading waits while a batch's worth is unacked"
     assert not acked.done(), "a later request's durability does not ack an earlier one"
-    durable[0].set_result(None)
+    durable[0].set_result({})
     assert await acked == 4, "the requests durable together are acked once, by the last seq"
     await asyncio.wait_for(blocked, 1)
     await unacked.end(None)
-    durable[2].set_result(None)
+    durable[2].set_result({})
     assert await unacked.next_durable() == 5
     assert await unacked.next_durable() is None
 

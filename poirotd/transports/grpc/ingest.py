@@ -23,11 +23,19 @@ from poirotd.api import convert
 from poirotd.api.convert import UnnumberedMessage
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.errors import Internal, InvalidArgument, ResourceExhausted, ServiceError, Unavailable
+from poirotd.errors import (
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+    draining,
+)
 from poirotd.ingest.pipeline import Admission, IngestPipeline
 from poirotd.ingest.validation import IngestScope
-from poirotd.model import AgentMessage, IngestItem
+from poirotd.model import AgentMessage, IngestItem, ItemKey
 from poirotd.observability.metrics import Metrics
+from poirotd.store.port import MAX_INTEGER
 from poirotd.transports.grpc.clients import ClientLimits, client_identity
 from poirotd.transports.grpc.status import abort
 
@@ -35,6 +43,8 @@ log = structlog.get_logger(__name__)
 
 _RPC = "Ingest.Stream"
 _MAX_SEQ = 2**64 - 1
+# A producer names itself like a session: the same bound.
+MAX_PRODUCER_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ class _Unacked:
         self._items = 0
         self._ended = False
         self.error: ServiceError | None = None
+        # Items acked so far that the store dropped as copies of stored ones.
+        self.duplicates = 0
         self._changed = asyncio.Condition()
 
     async def add(self, pending: _Pending) -> None:
@@ -83,7 +95,7 @@ class _Unacked:
             seq = 0
             while self._pending and self._pending[0].admission.durable.done():
                 done = self._pending.popleft()
-                done.admission.durable.result()
+                self.duplicates += done.admission.duplicates()
                 self._items -= done.admission.accepted
                 seq = done.seq
             self._changed.notify_all()
@@ -128,6 +140,21 @@ class IngestServicer(pb_grpc.IngestServicer):
         self._limits = limits
         self._max_item_bytes = max_item_bytes
         self._batch_max = batch_max
+        # Set on SIGTERM: open streams stop reading, are acked to the end and closed.
+        self._draining = asyncio.Event()
+        self._open = 0
+        self._all_closed = asyncio.Event()
+        self._all_closed.set()
+
+    async def drain(self, wait_seconds: float) -> None:
+        """Ends every open stream the clean way (see `_read`) and refuses new ones; returns
+        once all have ended, or after `wait_seconds` (a stream whose commit is stuck)."""
+        self._draining.set()
+        try:
+            async with asyncio.timeout(wait_seconds):
+                await self._all_closed.wait()
+        except TimeoutError:
+            log.warning("ingest streams still open after the drain timeout", open=self._open)
 
     async def Stream(
         self,
@@ -135,14 +162,24 @@ class IngestServicer(pb_grpc.IngestServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.IngestAck]:
         client = client_identity(context)
+        if self._draining.is_set():
+            await abort(context, self._metrics, _RPC, draining())
         try:
             held = self._limits.ingest_streams.hold(client)
         except ServiceError as refused:
             await abort(context, self._metrics, _RPC, refused)
-        with held:
-            async with contextlib.aclosing(self._acks(request_iterator, context, client)) as acks:
-                async for ack in acks:
-                    yield ack
+        self._open += 1
+        self._all_closed.clear()
+        try:
+            with held:
+                acks = self._acks(request_iterator, context, client)
+                async with contextlib.aclosing(acks) as ackings:
+                    async for ack in ackings:
+                        yield ack
+        finally:
+            self._open -= 1
+            if not self._open:
+                self._all_closed.set()
 
     async def _acks(
         self,
@@ -151,7 +188,9 @@ class IngestServicer(pb_grpc.IngestServicer):
         client: str,
     ) -> AsyncGenerator[pb.IngestAck]:
         unacked = _Unacked(self._batch_max)
-        reader = asyncio.create_task(self._read(request_iterator, unacked, client))
+        reading = asyncio.Event()  # set while the reader waits for a request
+        reader = asyncio.create_task(self._read(request_iterator, unacked, client, reading))
+        stopper = asyncio.create_task(self._stop_reading(reader, reading))
         try:
             while True:
                 try:
@@ -161,34 +200,62 @@ class IngestServicer(pb_grpc.IngestServicer):
                     await abort(context, self._metrics, _RPC, error)
                 if seq is None:
                     break
-                yield pb.IngestAck(durable_seq=seq)
+                yield pb.IngestAck(durable_seq=seq, duplicates=unacked.duplicates)
             if unacked.error is not None:
                 await abort(context, self._metrics, _RPC, unacked.error)
         finally:
+            stopper.cancel()
             reader.cancel()
 
     async def _read(
-        self, requests: AsyncIterator[pb.IngestRequest], unacked: _Unacked, client: str
+        self,
+        requests: AsyncIterator[pb.IngestRequest],
+        unacked: _Unacked,
+        client: str,
+        reading: asyncio.Event,
     ) -> None:
         scope = self._pipeline.scope()
         order = _StreamOrder(self._max_item_bytes)
         received = aiter(requests)
         while True:
+            if self._draining.is_set():
+                # What was read is admitted: it is committed and acked before the stream ends,
+                # and the client resends the rest to another replica.
+                await unacked.end(draining())
+                return
             try:
+                reading.set()
                 request = await anext(received)
             except StopAsyncIteration:
                 break
+            except asyncio.CancelledError:
+                if not self._draining.is_set():
+                    raise
+                # Cancelled waiting for a request (see `_stop_reading`): none was read.
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                await unacked.end(draining())
+                return
             except Exception as exc:  # grpc could not decode the next request
                 log.warning("ingest request unreadable", after_seq=order.last_seq, error=repr(exc))
                 message = f"the request after seq {order.last_seq} could not be read: {exc}"
                 await unacked.end(InvalidArgument(message, reason="undecodable"))
                 return
+            finally:
+                reading.clear()
             await self._pace(client, len(request.items) or 1)
             error = await self._admit(request, scope, order, unacked)
             if error is not None:
                 await unacked.end(error)
                 return
         await unacked.end(None)
+
+    async def _stop_reading(self, reader: asyncio.Task[None], reading: asyncio.Event) -> None:
+        """On drain, cancels the stream's reader if it waits for a request (a request not read
+        by then stays the client's: neither admitted nor acked); a reader busy admitting one
+        stops before the next read."""
+        await self._draining.wait()
+        if reading.is_set():
+            reader.cancel()
 
     async def _pace(self, client: str, items: int) -> None:
         """Keeps the client to POIROTD_INGEST_RATE_PER_CLIENT (over all its streams) by reading
@@ -213,16 +280,21 @@ class IngestServicer(pb_grpc.IngestServicer):
         with assign_index are numbered here, in stream order."""
         seqs: list[int] = []
         items: list[IngestItem] = []
+        keys: list[ItemKey | None] = []
         unnumbered: list[int] = []  # positions in `items`
         error: ServiceError | None = None
         try:
-            for seq, item, size in _unpack(request, datetime.now(UTC), self._max_item_bytes):
+            producer = _producer(request)
+            unpacked = _unpack(request, datetime.now(UTC), self._max_item_bytes)
+            for seq, item, size, producer_seq in unpacked:
                 order.check(seq, size)
+                key = _key(producer, producer_seq, seq)
                 if isinstance(item, UnnumberedMessage):
                     unnumbered.append(len(items))
                     item = item.message
                 seqs.append(seq)
                 items.append(item)
+                keys.append(key)
         except ServiceError as stream_error:
             error = stream_error
         except Exception as exc:  # a bug of ours: the stream ends with a status, not a hang
@@ -231,7 +303,7 @@ class IngestServicer(pb_grpc.IngestServicer):
         if unnumbered:
             await self._number(items, unnumbered)
         await self._pipeline.find_sessions(items, scope)
-        admission = self._pipeline.accept(items, scope)
+        admission = self._pipeline.accept(items, scope, keys=keys)
         if admission.refused:
             first = admission.refused[0]
             error = first.error.at(f"seq {seqs[first.index]}")
@@ -257,15 +329,41 @@ class IngestServicer(pb_grpc.IngestServicer):
                 indexes.observe(item.session_id, item.index)
 
 
+def _producer(request: pb.IngestRequest) -> str:
+    """The request's idempotency scope, checked ("": its items carry no keys)."""
+    producer = request.producer
+    if len(producer) > MAX_PRODUCER_CHARS:
+        raise InvalidArgument(
+            f"seq {request.seq}: producer is {len(producer)} characters, "
+            f"the limit is {MAX_PRODUCER_CHARS}",
+            reason="invalid",
+        )
+    return producer
+
+
+def _key(producer: str, producer_seq: int, seq: int) -> ItemKey | None:
+    if not producer_seq:
+        return None
+    if not producer:
+        raise InvalidArgument(f"seq {seq}: producer_seq needs a producer", reason="invalid")
+    if producer_seq > MAX_INTEGER:
+        raise InvalidArgument(
+            f"seq {seq}: producer_seq {producer_seq} is beyond {MAX_INTEGER}", reason="invalid"
+        )
+    return ItemKey(producer, producer_seq)
+
+
 def _unpack(
     request: pb.IngestRequest, received_at: datetime, item_limit: int
-) -> Iterator[tuple[int, IngestItem | UnnumberedMessage, int]]:
-    """(seq, item, its size in bytes) for each item of the request, in order. Within a batch no
-    larger than `item_limit`, the batch's size stands for each item's (no item can exceed it):
-    sizing an item means serialising it, a tenth of the cost of converting it."""
+) -> Iterator[tuple[int, IngestItem | UnnumberedMessage, int, int]]:
+    """(seq, item, its size in bytes, its producer_seq) for each item of the request, in order.
+    Within a batch no larger than `item_limit`, the batch's size stands for each item's (no
+    item can exceed it): sizing an item means serialising it, a tenth of the cost of converting
+    it."""
     request_bytes = request.ByteSize()
     if not request.items:
-        yield request.seq, convert.ingest_item(request, request.seq, received_at), request_bytes
+        item = convert.ingest_item(request, request.seq, received_at)
+        yield request.seq, item, request_bytes, request.producer_seq
         return
     if request.WhichOneof("item") is not None:
         raise InvalidArgument(
@@ -276,4 +374,4 @@ def _unpack(
     for offset, entry in enumerate(request.items):
         seq = request.seq + offset
         size = entry.ByteSize() if sized_each else request_bytes
-        yield seq, convert.ingest_item(entry, seq, received_at), size
+        yield seq, convert.ingest_item(entry, seq, received_at), size, entry.producer_seq

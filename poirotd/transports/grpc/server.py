@@ -30,6 +30,9 @@ SERVICES = tuple(
 # items get the core's precise, counted error; only grossly oversized ones meet gRPC's generic one.
 # A batch of items (see BATCH_BYTES) fits on top.
 _TRANSPORT_LIMIT_FACTOR = 4
+# How long draining waits for open Ingest streams to commit, ack and end: a commit takes
+# milliseconds, so this bounds only a stuck store (the streams are then cut at stop).
+INGEST_DRAIN_SECONDS = 4.0
 
 
 class ExtraService(Protocol):
@@ -70,7 +73,7 @@ class GrpcServer:
             ],
         )
         self._health = health.aio.HealthServicer()
-        ingest = IngestServicer(
+        ingest = self._ingest = IngestServicer(
             pipeline,
             investigations.metrics,
             limits,
@@ -103,8 +106,11 @@ class GrpcServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain(self) -> None:
-        """Health turns NOT_SERVING so load balancers and probes stop sending work."""
+        """Health turns NOT_SERVING so load balancers and probes stop sending work, and open
+        Ingest streams end once what they read is committed and acked, with UNAVAILABLE
+        telling their clients to reconnect to another replica."""
         await self._health.enter_graceful_shutdown()
+        await self._ingest.drain(INGEST_DRAIN_SECONDS)
 
     async def stop(self, grace: float) -> None:
         await self._server.stop(grace)

@@ -86,10 +86,23 @@ class IngestRequest(_message.Message):
     TELEMETRY_FIELD_NUMBER: _builtins.int
     SESSION_END_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
+    PRODUCER_FIELD_NUMBER: _builtins.int
+    PRODUCER_SEQ_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Client-chosen, strictly increasing within one stream: the seq of the one item below, or of
     the first of `items` (they take seq, seq + 1, ...).
     """
+    producer: _builtins.str
+    """Idempotency (exactly-once storage): an item with a key, (producer, producer_seq) with both
+    set, is stored at most once: a copy whose key the store already holds is dropped (and
+    acked like any item), on this stream or any other, to this daemon or another replica on the
+    same store, within the daemon's idempotency window (POIROTD_IDEMPOTENCY_WINDOW_SECONDS
+    after the first copy was committed). `producer` names one incarnation of a producer (e.g.
+    a bridge's name and a random id drawn at start): a producer that restarts its count must
+    take a new one. It applies to the single item below and to every item of `items`.
+    """
+    producer_seq: _builtins.int
+    """The single item's key within `producer`; 0: no key (the item is stored at least once)."""
     @_builtins.property
     def session_start(self) -> Global___SessionStart: ...
     @_builtins.property
@@ -109,10 +122,12 @@ class IngestRequest(_message.Message):
         telemetry: Global___TelemetrySample | None = ...,
         session_end: Global___SessionEnd | None = ...,
         items: _abc.Iterable[Global___IngestItem] | None = ...,
+        producer: _builtins.str = ...,
+        producer_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "items", b"items", "seq", b"seq", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "items", b"items", "producer", b"producer", "producer_seq", b"producer_seq", "seq", b"seq", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["session_start", "agent_message", "telemetry", "session_end"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
@@ -124,10 +139,13 @@ Global___IngestRequest: _TypeAlias = IngestRequest  # noqa: Y015
 class IngestItem(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PRODUCER_SEQ_FIELD_NUMBER: _builtins.int
     SESSION_START_FIELD_NUMBER: _builtins.int
     AGENT_MESSAGE_FIELD_NUMBER: _builtins.int
     TELEMETRY_FIELD_NUMBER: _builtins.int
     SESSION_END_FIELD_NUMBER: _builtins.int
+    producer_seq: _builtins.int
+    """This item's key within the request's `producer`; 0: no key."""
     @_builtins.property
     def session_start(self) -> Global___SessionStart: ...
     @_builtins.property
@@ -139,6 +157,7 @@ class IngestItem(_message.Message):
     def __init__(
         self,
         *,
+        producer_seq: _builtins.int = ...,
         session_start: Global___SessionStart | None = ...,
         agent_message: Global___AgentMessage | None = ...,
         telemetry: Global___TelemetrySample | None = ...,
@@ -146,7 +165,7 @@ class IngestItem(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_message", b"agent_message", "item", b"item", "producer_seq", b"producer_seq", "session_end", b"session_end", "session_start", b"session_start", "telemetry", b"telemetry"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["session_start", "agent_message", "telemetry", "session_end"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
@@ -159,16 +178,22 @@ class IngestAck(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DURABLE_SEQ_FIELD_NUMBER: _builtins.int
+    DUPLICATES_FIELD_NUMBER: _builtins.int
     durable_seq: _builtins.int
     """Highest seq of this stream whose item is committed."""
+    duplicates: _builtins.int
+    """Items of this stream up to durable_seq that were dropped as copies of items already stored
+    (a key already held, or a message whose session and index are), in all so far.
+    """
     def __init__(
         self,
         *,
         durable_seq: _builtins.int = ...,
+        duplicates: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["durable_seq", b"durable_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicates", b"duplicates", "durable_seq", b"durable_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,160 @@
+"""Exactly-once storage of keyed ingest items on each adapter (a SQLite file, a real PostgreSQL):
+a resent copy is dropped (and reported), whatever index the daemon gave it, in the same batch or
+a later one, across a reopen and from another store on the same database; keys older than the
+window are pruned."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+
+from poirotd.model import ItemKey, SampleRow, TelemetryBatch
+from poirotd.store import Store
+from poirotd.store.audit import verify
+from poirotd.store.idempotency import KeyWindow, drop_seen, runs
+from tests.support.store import T0, message, sample, session
+from tests.support.stores import StoreDb
+
+
+@pytest.fixture
+async def store(store_db: StoreDb) -> AsyncIterator[Store]:
+    s = await store_db.open()
+    yield s
+    await s.close()
+
+
+def _rows(n: int, first: int = 0) -> list[SampleRow]:
+    return [("knee_motor", "torque", float(i), T0 + timedelta(seconds=i)) for i in range(first, n)]
+
+
+def _count(db: StoreDb, sql: str) -> int:
+    return int(db.query(sql)[0][0])
+
+
+def key(seq: int, producer: str = "bridge-a") -> ItemKey:
+    return ItemKey(producer, seq)
+
+
+async def test_a_resent_message_is_dropped_whatever_index_it_was_given(
+    store: Store, store_db: StoreDb
+) -> None:
+    """The daemon numbers a redelivered MQTT or OTLP message anew: only its key tells."""
+    await store.commit_ingest([session()])
+    assert await store.commit_ingest([message(0), message(1)], [key(1), key(2)]) == {}
+    resent = await store.commit_ingest([message(7), message(8), message(2)], [key(2), None, key(3)])
+    assert resent == {0: 1}, "the copy of key 2 is dropped; an unkeyed message is not"
+    stored = await store.session_messages("s1")
+    assert [m.index for m in stored] == [0, 1, 2, 8]
+    assert verify(store_db.target).ok, "a dropped copy leaves the chain intact"
+
+
+async def test_a_message_resent_with_its_index_is_reported_as_a_duplicate(store: Store) -> None:
+    await store.commit_ingest([session(), message(0)])
+    assert await store.commit_ingest([message(0), message(1)]) == {0: 1}
+
+
+async def test_telemetry_rows_keep_their_keys_and_partial_resends_keep_the_new(
+    store: Store, store_db: StoreDb
+) -> None:
+    await store.commit_ingest([session()])
+    rows = _rows(6)
+    first = TelemetryBatch("s1", rows[:4], [key(10), key(11), key(12), key(13)])
+    assert await store.commit_ingest([first]) == {}
+    again = TelemetryBatch("s1", rows[2:], [key(12), key(13), key(14), key(15)])
+    assert await store.commit_ingest([again]) == {0: 2}
+    assert _count(store_db, "SELECT count(*) FROM telemetry_samples") == 6
+    readings = await store.newest_readings("s1")
+    assert [r.value for r in readings] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+async def test_a_key_met_twice_in_one_batch_keeps_its_first_holder(
+    store: Store, store_db: StoreDb
+) -> None:
+    await store.commit_ingest([session()])
+    duplicates = await store.commit_ingest(
+        [sample(0, 1.0), sample(1, 2.0), message(0), message(1)], [key(1), key(1), key(2), key(2)]
+    )
+    assert duplicates == {1: 1, 3: 1}
+    assert _count(store_db, "SELECT count(*) FROM telemetry_samples") == 1
+    assert _count(store_db, "SELECT count(*) FROM agent_messages") == 1
+
+
+async def test_consecutive_keys_are_kept_as_one_run_per_producer(
+    store: Store, store_db: StoreDb
+) -> None:
+    await store.commit_ingest([session()])
+    samples = [sample(i, float(i)) for i in range(1000)]
+    keys = [key(i + 1) for i in range(500)] + [key(i + 1, "bridge-b") for i in range(500)]
+    await store.commit_ingest(samples, keys)
+    assert _count(store_db, "SELECT count(*) FROM ingest_keys") == 2
+    # A resend from the middle of the first run, running past its end.
+    later = [sample(1000 + i, 0.0) for i in range(20)]
+    dropped = await store.commit_ingest(later, [key(491 + i) for i in range(20)])
+    assert sorted(dropped) == list(range(10))
+    assert _count(store_db, "SELECT count(*) FROM telemetry_samples") == 1010
+
+
+async def test_keys_outlive_a_reopen_and_hold_for_another_store_on_the_database(
+    store_db: StoreDb,
+) -> None:
+    """Over PostgreSQL the second store stands for another replica."""
+    first = await store_db.open()
+    await first.commit_ingest([session(), sample(0, 1.0)], [None, key(5)])
+    second = await store_db.open()
+    try:
+        await second.commit_ingest([session()])
+        assert await second.commit_ingest([sample(0, 1.0)], [key(5)]) == {0: 1}
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_keys_older_than_the_window_are_pruned_and_a_late_copy_is_stored_again(
+    store_db: StoreDb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(KeyWindow, "PRUNE_EVERY_US", 0)
+    store = await store_db.open(idempotency_window=1e-6)
+    try:
+        await store.commit_ingest([session(), sample(0, 1.0)], [None, key(1)])
+        await store.commit_ingest([sample(1, 2.0)], [key(2)])  # prunes key 1
+        assert _count(store_db, "SELECT count(*) FROM ingest_keys") == 1
+        assert await store.commit_ingest([sample(0, 1.0)], [key(1)]) == {}
+        assert _count(store_db, "SELECT count(*) FROM telemetry_samples") == 3
+    finally:
+        await store.close()
+
+
+async def test_an_unknown_session_refuses_the_batch_and_records_no_key(
+    store: Store, store_db: StoreDb
+) -> None:
+    with pytest.raises(ValueError, match="not known"):
+        await store.commit_ingest([message(0, sid="nope")], [key(1)])
+    assert _count(store_db, "SELECT count(*) FROM ingest_keys") == 0
+
+
+async def test_a_delivery_and_its_redelivery_in_one_batch_keep_the_first(
+    store: Store, store_db: StoreDb
+) -> None:
+    """An MQTT input's batch may hold a delivery and its redelivery (the old connection's last
+    deliveries, then the new one's), even next to each other."""
+    await store.commit_ingest([session()])
+    a0, a1 = key(1), ItemKey("bridge-a#1", 1)  # a delivery of two readings
+    batch = TelemetryBatch("s1", _rows(5), [a0, a1, a0, a1, key(2)])
+    assert await store.commit_ingest([batch]) == {0: 2}
+    assert _count(store_db, "SELECT count(*) FROM telemetry_samples") == 3
+
+
+def test_runs_group_consecutive_seqs() -> None:
+    assert runs([5, 1, 2, 3, 7, 8, 3]) == [(1, 3), (5, 5), (7, 8)]
+    assert runs([]) == []
+
+
+def test_drop_seen_keeps_unkeyed_items_and_reports_positions() -> None:
+    batch = TelemetryBatch("s1", _rows(4), [key(1), None, key(2), key(3)])
+    kept = drop_seen([sample(0, 1.0), batch], [key(2), None], {key(1)})
+    assert kept.duplicates == {1: 2}, "key 1 was stored; key 2 belongs to the earlier sample"
+    assert kept.positions == [0, 1]
+    assert kept.new_keys == {"bridge-a": [2, 3]}
+    assert isinstance(kept.items[1], TelemetryBatch) and len(kept.items[1].rows) == 2
