@@ -184,3 +184,15 @@ async def test_long_records_are_compressed_with_lz4(postgres_url: str) -> None:
     assert db.query(
         "SELECT pg_column_compression(payload) FROM audit WHERE kind = 'message_block'"
     ) == [("lz4",)]
+
+
+def test_audit_does_not_repeat_a_password_libpq_cannot_decode() -> None:
+    """libpq's error quotes the percent-encoded token it cannot decode: here, the password."""
+    secret = "pw%zz-secret"
+    for url in (
+        f"postgresql://poirot:{secret}@127.0.0.1:1/none",
+        f"postgresql://poirot@127.0.0.1:1/none?password={secret}",
+    ):
+        result = CliRunner().invoke(app, ["audit", "verify", "--db-url", url])
+        assert result.exit_code == 2 and "cannot connect to postgresql://poirot" in result.stderr
+        assert secret not in result.output, result.output
