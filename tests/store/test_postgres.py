@@ -18,8 +18,9 @@ from poirotd.store import PostgresStore, UnknownSessionError
 from poirotd.store.audit import AuditError, verify
 from poirotd.store.pg_schema import MIGRATIONS, SCHEMA_VERSION, NewerSchemaError
 from tests.support.postgres import PostgresServer
-from tests.support.store import T0, message, session
+from tests.support.store import T0, investigation, message, session
 from tests.support.stores import PostgresDb, write_as_a_daemon
+from tests.support.waiting import eventually
 
 
 def migrations(url: str) -> list[tuple[int, str]]:
@@ -196,3 +197,28 @@ def test_audit_does_not_repeat_a_password_libpq_cannot_decode() -> None:
         result = CliRunner().invoke(app, ["audit", "verify", "--db-url", url])
         assert result.exit_code == 2 and "cannot connect to postgresql://poirot" in result.stderr
         assert secret not in result.output, result.output
+
+
+async def test_a_change_while_the_listener_reconnects_still_wakes_the_waiters(
+    postgres_url: str,
+) -> None:
+    """A notification sent while no connection listens reaches no one: once listening again,
+    the store wakes its waiters to read for themselves, rather than leave them to their bound."""
+    db = PostgresDb(postgres_url)
+    listening = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND state = 'idle'"
+    waiter = await PostgresStore.open(postgres_url, where="db")
+    writer = await PostgresStore.open(postgres_url, where="db")
+    try:
+        await writer.commit_ingest([session("s1")])
+        waiter.change_mark()
+        async with asyncio.timeout(10):
+            await eventually(lambda: bool(db.query(listening)))
+        mark = waiter.change_mark()
+        db.query(f"SELECT pg_terminate_backend(pid) FROM ({listening}) AS listener")
+        await asyncio.sleep(0.2)  # the listener finds its connection lost, and pauses
+        await writer.queue_investigation(investigation("i1"))  # notified to no one
+        async with asyncio.timeout(10):
+            await waiter.wait_for_change(mark)
+    finally:
+        await waiter.close()
+        await writer.close()
