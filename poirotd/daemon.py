@@ -9,7 +9,6 @@ import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
 import structlog
@@ -30,7 +29,7 @@ from poirotd.protocol.engine import InvestigationEngine
 from poirotd.store import PostgresStore, SqliteStore, Store
 from poirotd.store.checkpoints import ChainCheckpoints
 from poirotd.store.pg_schema import NewerSchemaError
-from poirotd.store.pg_url import check_url, read_password, redacted
+from poirotd.store.pg_url import check_url, read_password, redacted, scrubbed
 from poirotd.transports.grpc.auth import AuthInterceptor
 from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.server import GrpcServer
@@ -133,10 +132,7 @@ async def open_store(settings: Settings) -> Store:
     except NewerSchemaError as exc:
         raise StoreUnavailableError(f"POIROTD_DB_URL: {exc}") from None
     except psycopg.Error as exc:
-        secrets = [s for s in (password, urlsplit(url).password) if s]
-        problem = " ".join(str(exc).split())
-        for secret in secrets:
-            problem = problem.replace(secret, "***")
+        problem = scrubbed(" ".join(str(exc).split()), url, password)
         raise StoreUnavailableError(
             f"POIROTD_DB_URL: cannot use the database {where}: {problem}"
         ) from None

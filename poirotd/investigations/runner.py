@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Awaitable
 from datetime import timedelta
 
 import structlog
@@ -314,11 +315,7 @@ class InvestigationRunner:
         else:
             # Fenced: once it is stored, the record is final and no replica can claim it again,
             # so an investigation completes once.
-            try:
-                await recorder.succeeded(outcome)
-            except LeaseLostError:
-                self._lease_lost(lease)
-                recorder.cancelled()
+            await self._ended(recorder, lease, recorder.succeeded(outcome))
 
     async def _investigate(
         self, investigation: Investigation, recorder: InvestigationRecorder
@@ -343,10 +340,24 @@ class InvestigationRunner:
         )
 
     async def _failed(self, recorder: InvestigationRecorder, lease: Lease, error: str) -> None:
+        await self._ended(recorder, lease, recorder.failed(error))
+
+    async def _ended(
+        self, recorder: InvestigationRecorder, lease: Lease, end: Awaitable[None]
+    ) -> None:
+        """Awaits the write that ends the run. A lost lease leaves the record to its new holder;
+        a store that fails the write leaves it to the lease, which lapses (the heartbeat ends
+        with the run): the investigation is run again by whoever claims it, and the worker
+        goes on."""
         try:
-            await recorder.failed(error)
+            await end
         except LeaseLostError:
             self._lease_lost(lease)
+            recorder.cancelled()
+        except Exception:
+            recorder.log.exception(
+                "the run's end could not be stored; run again once its lease lapses"
+            )
             recorder.cancelled()
 
     async def _reliabilities(self, investigation: Investigation) -> dict[str, float]:

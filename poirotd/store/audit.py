@@ -26,7 +26,7 @@ import psycopg
 
 from poirotd.store import pg_schema
 from poirotd.store.chain import GENESIS_HASH, Row, entry_hash
-from poirotd.store.pg_url import SCHEMES, redacted
+from poirotd.store.pg_url import SCHEMES, redacted, scrubbed
 from poirotd.store.records import AUDITED_TABLES, MESSAGE_BLOCK_FIELDS, AuditedTable
 from poirotd.store.schema import SCHEMA_VERSION, connect_read_only
 
@@ -520,7 +520,8 @@ def _pg_snapshot(url: str, password: str | None) -> Iterator[_Snapshot]:
     try:
         conn = psycopg.connect(url, **extra)
     except psycopg.Error as exc:
-        raise AuditError(f"cannot connect to {where}: {exc}".strip()) from exc
+        problem = scrubbed(str(exc), url, password)
+        raise AuditError(f"cannot connect to {where}: {problem}".strip()) from None
     with conn:
         conn.read_only = True
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ

@@ -3,8 +3,9 @@
 A write transaction that stores an investigation event, queues an investigation or moves a lease
 sends a notification on `CHANNEL`; PostgreSQL delivers it to every listening connection when (and
 only if) the transaction commits, in commit order. `ChangeListener` keeps one connection
-listening (opened at the first wait, opened again after a loss) and wakes whoever waits. A
-notification is a hint, not the truth: the waiter then reads the store, and bounds its wait, so a
+listening (opened at the first wait, opened again after a loss) and wakes whoever waits, also
+each time it starts listening (what was notified meanwhile reached no one). A notification is a
+hint, not the truth: the waiter then reads the store, and bounds its wait, so a
 notification lost with a connection costs at most that bound.
 """
 
@@ -60,12 +61,18 @@ class ChangeListener:
                 conn = await self._connect()
                 try:
                     await conn.execute(f"LISTEN {CHANNEL}".encode())
+                    # What was written while no connection listened was notified to no one:
+                    # the waiters read the store again.
+                    await self._changed_now()
                     async for _ in conn.notifies():
-                        async with self._changed:
-                            self._changes += 1
-                            self._changed.notify_all()
+                        await self._changed_now()
                 finally:
                     await conn.close()
             except psycopg.Error as exc:  # the connection or the server went away: listen again
                 log.warning("store change listener lost its connection", error=str(exc))
             await asyncio.sleep(_RETRY_SECONDS)
+
+    async def _changed_now(self) -> None:
+        async with self._changed:
+            self._changes += 1
+            self._changed.notify_all()

@@ -4,7 +4,7 @@ connection, and named in logs and errors without their password."""
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 SCHEMES = ("postgresql", "postgres")
 _HIDDEN = "***"
@@ -37,6 +37,25 @@ def redacted(url: str) -> str:
         [(k, _HIDDEN if k == "password" else v) for k, v in parse_qsl(parts.query, True)]
     )
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def scrubbed(text: str, url: str, password: str | None = None) -> str:
+    """`text` (an error of libpq's, which quotes the URL's parts it cannot read, a password
+    holding a raw `%` among them) with the URL's password, in its authority or its `password`
+    parameter, raw or decoded, and `password` replaced."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    secrets = {password or "", parts.password or ""} if parts else {password or ""}
+    for field in parts.query.split("&") if parts else ():
+        name, _, value = field.partition("=")
+        if unquote(name) == "password":
+            secrets.add(value)
+    for secret in sorted(secrets | {unquote(s) for s in secrets}, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, _HIDDEN)
+    return text
 
 
 def read_password(path: Path | None) -> str | None:

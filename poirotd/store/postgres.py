@@ -27,8 +27,9 @@ replica. Message indexes are reserved by one upsert of `message_counters` (its r
 serialises two replicas' reservations).
 
 A connection the server dropped (a restart, a failover, an idle timeout) is replaced by a new one
-at the next call: the write that met the loss fails (its items are not acknowledged, so their
-producers send them again), a read is tried once more on the new connection.
+at the next call: an idle write connection the server ended is found so before a write is sent
+on it; a write that met the loss fails (its items are not acknowledged, so their producers send
+them again); a read is tried once more on the new connection.
 
 Sessions: `has_session` answers from memory (the sessions this process committed or found);
 `find_session` asks the database on a miss, and `commit_ingest` looks up in its transaction
@@ -314,6 +315,7 @@ class PostgresStore(StoreReads):
 
     async def _write_connection(self) -> Connection:
         """The write connection, replaced if the server dropped it; hold `_writing`."""
+        _notice_loss(self._writer)
         if self._writer.broken:
             self._writer = await self._connect()
         return self._writer
@@ -724,6 +726,16 @@ class PostgresStore(StoreReads):
 
 
 # ------------------------------------------------------------ statements (write transaction)
+
+
+def _notice_loss(conn: Connection) -> None:
+    """Reads what the server sent the idle connection since its last use: one the server ended
+    (a restart, a failover, an idle timeout: its error, then the end of the stream) is then
+    broken, to be replaced before a write is sent on it rather than fail the write."""
+    if not conn.broken:
+        with contextlib.suppress(psycopg.OperationalError):
+            conn.pgconn.consume_input()  # the server's error, if it sent one
+            conn.pgconn.consume_input()  # the end of the stream after it
 
 
 def _first_of_each(items: Sequence[CommitItem]) -> list[AgentMessage]:

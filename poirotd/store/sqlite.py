@@ -793,7 +793,10 @@ _RUNNING = InvestigationState.RUNNING.value
 
 
 def _clock_us() -> int:
-    return time.time_ns() // 1000
+    """Leases' clock: monotonic, as one process holds them all (a wall-clock step must not end
+    a run's lease). Its values do not outlive the boot, nor need to: a daemon starting on its
+    file interrupts every unfinished investigation before any claim."""
+    return time.monotonic_ns() // 1000
 
 
 def _lease_end(lease_seconds: float) -> int:

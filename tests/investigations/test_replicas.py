@@ -13,12 +13,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
+from poirotd.store.pg_schema import CHAIN_LOCK
 from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon
 from tests.support.ingest import OVERHEAT, motor_temp, session, start
@@ -213,3 +216,34 @@ async def test_a_draining_replica_hands_its_work_to_the_others(
     assert rerun.count("started") == 2 and rerun[-1] == "attribution_ready"
     assert "interrupted" not in rerun
     assert kinds[waiting.investigation_id].count("started") == 1
+
+
+async def test_a_worker_whose_run_cannot_reach_the_store_lives_on(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A run's write, then the write of its failure, meet lost connections (the server ended
+    them): the run is left to its lease, and the worker goes on to the next investigation."""
+    db = PostgresDb(postgres_url)
+    waiting = (
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND wait_event = 'advisory' AND datname = current_database()"
+    )
+    spec = clinic(hazard_space=PINNED)
+    settings = {"db_url": postgres_url, "concurrent_investigations": 1, "lease_seconds": 60}
+    async with (
+        in_process_daemon(tmp_path, spec, _slow(0.5), **settings) as daemon,
+        client_of(daemon) as client,
+    ):
+        assert await client.send(session(3)) == 4
+        first = await client.trigger("s1", "meets a lost connection")
+        await _running(db, first.investigation_id)
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as holder:
+            await holder.execute("SELECT pg_advisory_lock(%s)", (CHAIN_LOCK,))
+            for _ in range(2):  # the run's next write, then the one storing its failure
+                async with asyncio.timeout(30):
+                    await eventually(lambda: bool(db.query(waiting)))
+                db.query(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) AS w")
+        second = await client.trigger("s1", "runs on the same worker")
+        async with asyncio.timeout(30):
+            events = [e async for e in client.watch(second.investigation_id)]
+        assert events[-1].HasField("attribution_ready")

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.config import Settings
+from poirotd.daemon import StoreUnavailableError, open_store
 from poirotd.demo.main import demo_file
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
@@ -93,3 +96,19 @@ def test_run_exits_2_naming_the_setting_without_the_password(tmp_path: Path) -> 
         assert secret not in result.stderr + result.stdout
         assert "Traceback" not in result.stderr
     assert not (tmp_path / "poirotd.db").exists()
+
+
+async def test_a_password_libpq_cannot_decode_is_not_repeated_in_the_error(
+    tmp_path: Path,
+) -> None:
+    """libpq quotes a percent-encoded token it cannot decode: a raw password holding `%`, in
+    the URL's authority or in its `password` parameter, must not reach the error (a log line)."""
+    for url, secret in (
+        ("postgresql://poirot@127.0.0.1:1/db?password=pw%zz-secret", "pw%zz-secret"),
+        ("postgresql://poirot:pw%zz-secret@127.0.0.1:1/db", "pw%zz-secret"),
+    ):
+        settings = Settings(db_path=tmp_path / "unused.db", db_url=url)
+        with pytest.raises(StoreUnavailableError) as refused:
+            await open_store(settings)
+        assert "POIROTD_DB_URL: cannot use the database" in str(refused.value)
+        assert secret not in str(refused.value)

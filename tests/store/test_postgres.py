@@ -16,10 +16,11 @@ from poirotd.cli.main import app
 from poirotd.model import SessionEnd
 from poirotd.store import PostgresStore, UnknownSessionError
 from poirotd.store.audit import AuditError, verify
-from poirotd.store.pg_schema import MIGRATIONS, SCHEMA_VERSION, NewerSchemaError
+from poirotd.store.pg_schema import CHAIN_LOCK, MIGRATIONS, SCHEMA_VERSION, NewerSchemaError
 from tests.support.postgres import PostgresServer
-from tests.support.store import T0, message, session
+from tests.support.store import T0, investigation, message, session
 from tests.support.stores import PostgresDb, write_as_a_daemon
+from tests.support.waiting import eventually
 
 
 def migrations(url: str) -> list[tuple[int, str]]:
@@ -154,23 +155,51 @@ async def test_a_session_another_daemon_started_can_be_ended(postgres_url: str) 
     ]
 
 
-async def test_a_lost_connection_fails_its_write_and_the_next_call_reconnects(
+async def test_a_connection_lost_while_idle_is_replaced_before_the_next_write(
+    postgres_url: str,
+) -> None:
+    """A server restart, a failover or an idle timeout ends the store's idle connections: the
+    next write goes on a new one rather than failing (an investigation's write would fail the
+    investigation), and a read is tried once more."""
+    store = await PostgresStore.open(postgres_url, where="db")
+    try:
+        await store.commit_ingest([session("s1")])
+        _terminate_others(postgres_url)
+        await asyncio.sleep(0.2)  # the server's error and its end of the stream arrive
+        await store.commit_ingest([message(0)])
+        assert await store.session_messages("s1") == [message(0)]
+    finally:
+        await store.close()
+    assert verify(postgres_url).ok
+
+
+async def test_a_connection_lost_in_a_write_fails_it_and_the_next_call_reconnects(
     postgres_url: str,
 ) -> None:
     store = await PostgresStore.open(postgres_url, where="db")
     try:
         await store.commit_ingest([session("s1")])
-        PostgresDb(postgres_url).query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        with pytest.raises(psycopg.OperationalError):
-            await store.commit_ingest([message(0)])  # not acknowledged: its producer resends
+        with psycopg.connect(postgres_url, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (CHAIN_LOCK,))
+            write = asyncio.create_task(store.commit_ingest([message(0)]))
+            await asyncio.sleep(0.3)  # the write's transaction waits for the chain's lock
+            _terminate_others(postgres_url, but=holder.info.backend_pid)
+            with pytest.raises(psycopg.OperationalError):
+                await write  # not acknowledged: its producer sends it again
         await store.commit_ingest([message(0)])
-        assert await store.session_messages("s1") == [message(0)]  # the read retried once
+        assert await store.session_messages("s1") == [message(0)]
     finally:
         await store.close()
     assert verify(postgres_url).ok
+
+
+def _terminate_others(url: str, but: int = 0) -> None:
+    """Ends the database's other connections, as a server restart would."""
+    PostgresDb(url).query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid() AND pid <> ?",
+        but,
+    )
 
 
 async def test_long_records_are_compressed_with_lz4(postgres_url: str) -> None:
@@ -184,3 +213,40 @@ async def test_long_records_are_compressed_with_lz4(postgres_url: str) -> None:
     assert db.query(
         "SELECT pg_column_compression(payload) FROM audit WHERE kind = 'message_block'"
     ) == [("lz4",)]
+
+
+def test_audit_does_not_repeat_a_password_libpq_cannot_decode() -> None:
+    """libpq's error quotes the percent-encoded token it cannot decode: here, the password."""
+    secret = "pw%zz-secret"
+    for url in (
+        f"postgresql://poirot:{secret}@127.0.0.1:1/none",
+        f"postgresql://poirot@127.0.0.1:1/none?password={secret}",
+    ):
+        result = CliRunner().invoke(app, ["audit", "verify", "--db-url", url])
+        assert result.exit_code == 2 and "cannot connect to postgresql://poirot" in result.stderr
+        assert secret not in result.output, result.output
+
+
+async def test_a_change_while_the_listener_reconnects_still_wakes_the_waiters(
+    postgres_url: str,
+) -> None:
+    """A notification sent while no connection listens reaches no one: once listening again,
+    the store wakes its waiters to read for themselves, rather than leave them to their bound."""
+    db = PostgresDb(postgres_url)
+    listening = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND state = 'idle'"
+    waiter = await PostgresStore.open(postgres_url, where="db")
+    writer = await PostgresStore.open(postgres_url, where="db")
+    try:
+        await writer.commit_ingest([session("s1")])
+        waiter.change_mark()
+        async with asyncio.timeout(10):
+            await eventually(lambda: bool(db.query(listening)))
+        mark = waiter.change_mark()
+        db.query(f"SELECT pg_terminate_backend(pid) FROM ({listening}) AS listener")
+        await asyncio.sleep(0.2)  # the listener finds its connection lost, and pauses
+        await writer.queue_investigation(investigation("i1"))  # notified to no one
+        async with asyncio.timeout(10):
+            await waiter.wait_for_change(mark)
+    finally:
+        await waiter.close()
+        await writer.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import closing
 from datetime import timedelta
@@ -253,3 +254,22 @@ async def test_a_schema_8_sqlite_store_gains_the_lease_columns(tmp_path: Path) -
     with closing(sqlite3.connect(db)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (store_schema.SCHEMA_VERSION,)
     assert verify(db).ok
+
+
+async def test_a_wall_clock_step_does_not_end_a_sqlite_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One daemon on its file: a run's lease ends only if its heartbeat stops, not because the
+    wall clock stepped (NTP setting the clock of a device that booted without one)."""
+    store = await SqliteStore.open(tmp_path / "poirotd.db")
+    try:
+        await store.save_investigation(investigation("i1"))
+        claim = await store.claim_investigation("me", _LEASE)
+        assert claim is not None
+        running = claim[0].model_copy(update={"state": InvestigationState.RUNNING})
+        await store.save_investigation(running, lease=claim[1])
+        stepped = time.time_ns() + 3600 * 10**9
+        monkeypatch.setattr(time, "time_ns", lambda: stepped)
+        assert await store.claim_investigation("me", _LEASE) is None
+    finally:
+        await store.close()
