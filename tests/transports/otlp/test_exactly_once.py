@@ -128,14 +128,27 @@ async def test_spans_resent_in_another_batch_are_stored_once(daemon: Daemon) -> 
 
 
 def _message(trace_id: str, span_id: str, position: int = 0) -> MappedMessage:
+    start = 1_767_225_600 * 10**9
     return MappedMessage(
-        "s", MessageKind.AGENT, "doctor", "", "hi", (), "", 0, trace_id, span_id, position
+        "s",
+        MessageKind.AGENT,
+        "doctor",
+        "",
+        "hi",
+        (),
+        "",
+        start + 5,
+        trace_id,
+        span_id,
+        position,
+        start,
     )
 
 
 def test_a_message_is_keyed_by_its_span_and_its_place_in_it() -> None:
     trace_id, span_id = "ab" * 16, "cd" * 8
-    assert _message(trace_id, span_id, 2).key() == ItemKey(f"otlp:{trace_id}{span_id}", 2)
+    producer = f"otlp:18867251edfa0000{trace_id}{span_id}"
+    assert _message(trace_id, span_id, 2).key() == ItemKey(producer, 2)
 
 
 @pytest.mark.parametrize(
