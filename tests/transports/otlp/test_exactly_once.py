@@ -4,6 +4,7 @@ copies are dropped by their spans' keys, counted, and the retry is answered as s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -105,6 +106,18 @@ async def test_the_same_export_sent_twice_is_stored_once(daemon: Daemon, send: S
     again = await _stored(daemon, "retried")
     assert len(again) == 2 * MESSAGES
     assert again[MESSAGES][0] > stored[-1][0]
+
+
+async def test_a_retry_sent_before_the_first_copy_is_answered_is_stored_once(
+    daemon: Daemon,
+) -> None:
+    """An exporter that timed out resends while its first export still waits for its commit:
+    both may be committed together, and the batch keeps the first holder of each key."""
+    export = live_export("raced")
+    answers = await asyncio.gather(_grpc(daemon, export), _http_protobuf(daemon, export))
+    assert [a.partial_success.rejected_spans for a in answers] == [REJECTED, REJECTED]
+    assert len(await _stored(daemon, "raced")) == MESSAGES
+    assert _duplicates(daemon) == MESSAGES
 
 
 async def test_spans_resent_in_another_batch_are_stored_once(daemon: Daemon) -> None:
