@@ -22,9 +22,9 @@ crash (500, INTERNAL, UNKNOWN, UNAVAILABLE, no answer in time, an error without 
 An acknowledged input is then checked stored: the daemon's own mapping of it (pure, so run again
 here) gives the messages it must hold, and every span whose messages are missing must be one of
 the spans the answer reported rejected, or a copy: a message whose idempotency key (its span's
-trace and span id and its place in the span) another input's message, or an earlier one of its
-own, has too, and that one is stored (mutations repeat spans, splice other seeds' spans in, set
-two inputs' trace ids alike; the store keeps one message a key). Any other is
+start, trace and span id and its place in it) another input's message, or an earlier one of its
+own, has too, and that one is stored (a mutation may repeat a span, splice another seed's spans
+in, or make two inputs' ids alike; the store keeps one message a key). Any other is
 acknowledged-but-lost. Goals: 0 crashes, 0 lost. The result replaces this bench's section of
 BENCHMARKS.md.
 """
@@ -719,7 +719,8 @@ def section(tally: Tally, seed: int, seconds: float) -> str:
 
 Acknowledged but lost (goal 0): **{tally.lost_spans}** spans; {tally.stored_messages:,} messages
 of acknowledged inputs were read back stored, and {tally.copies:,} were copies the store dropped
-(a message whose key, its span's ids and its place in the span, a stored message has).
+(a message whose key, its span's start and ids and its place in the span, a stored message
+has).
 Inputs are mutations of the four recorded runs of `tests/data/otlp` (one of them Microsoft
 Agent Framework's own spans), each with its own trace and conversation: protobuf byte mutations
 over gRPC (raw bytes) and HTTP (some gzipped), OTLP/JSON structure mutations over HTTP and, when
