@@ -52,8 +52,9 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import AgentMessage, MessageKind, Session
+from poirotd.model import AgentMessage, ItemKey, MessageKind, Session
 from poirotd.observability.gc_tuning import tune_for_daemon
+from poirotd.store.sqlite import SqliteStore
 from poirotd.transports.otlp.mapping import map_export
 from tests.support.answers import schema_answer
 from tests.support.otlp_runs import SPEC, provider
@@ -254,8 +255,76 @@ def mapping_cpu_us(messages: int, repeats: int = 5) -> float:
     return best / messages * 1e6
 
 
+class KeyCost(NamedTuple):
+    """CPU microseconds a message of `Store.commit_ingest` on SQLite, without and with keys."""
+
+    without: float
+    keyed: float
+
+
+def keys_cpu_us(messages: int, repeats: int = 5) -> KeyCost:
+    """What the messages' idempotency keys cost the commit: one round's messages, mapped from
+    their exports and committed an export at a time to a new SQLite store, without keys and
+    with them (a producer per span, as the receiver gives), alternating; best of `repeats`
+    each. CPU of every thread (the store's writer thread does the work)."""
+    agents = SPEC.agents_by_alias()
+    exports = [
+        map_export(export, agents, session_by="conversation").messages
+        for export in otlp_exports("keys", messages)
+    ]
+    now = datetime.now(UTC)
+    batches = [
+        [
+            AgentMessage(
+                session_id="keys",
+                index=i * SPANS_PER_EXPORT + j,
+                kind=m.kind,
+                sender=m.sender,
+                content=m.content,
+                sent_at=now,
+                trace_id=m.trace_id,
+                span_id=m.span_id,
+            )
+            for j, m in enumerate(mapped)
+        ]
+        for i, mapped in enumerate(exports)
+    ]
+    keys = [[m.key() for m in mapped] for mapped in exports]
+    best = {False: float("inf"), True: float("inf")}
+    for _ in range(repeats):
+        for keyed in (False, True):
+            best[keyed] = min(best[keyed], asyncio.run(_commit_cpu(batches, keys, keyed)))
+    return KeyCost(best[False] / messages * 1e6, best[True] / messages * 1e6)
+
+
+async def _commit_cpu(
+    batches: Sequence[Sequence[AgentMessage]],
+    keys: Sequence[Sequence[ItemKey | None]],
+    keyed: bool,
+) -> float:
+    """CPU seconds the commits of `batches` took a new store."""
+    with tempfile.TemporaryDirectory() as folder:
+        store = await SqliteStore.open(Path(folder) / "keys.db")
+        try:
+            start = Session(
+                session_id="keys", system=SPEC.system.name, started_at=datetime.now(UTC)
+            )
+            await store.commit_ingest([start])
+            cpu = time.process_time()
+            for batch, batch_keys in zip(batches, keys, strict=True):
+                await store.commit_ingest(batch, batch_keys if keyed else ())
+            return time.process_time() - cpu
+        finally:
+            await store.close()
+
+
 def section(
-    rates: dict[str, list[Rates]], messages: int, rounds: int, exporters: int, mapping_us: float
+    rates: dict[str, list[Rates]],
+    messages: int,
+    rounds: int,
+    exporters: int,
+    mapping_us: float,
+    keys: KeyCost,
 ) -> str:
     ways = _ways(exporters)
     rows = []
@@ -301,7 +370,11 @@ placing the span in its trace) and a durable commit per export of {SPANS_PER_EXP
 the native stream commits some 1,400 messages at a time. The mapping alone took
 {mapping_us:.1f} µs of CPU a span in this run (best of 5 passes over {messages:,} decoded spans),
 against {1e6 / statistics.median(r.cpu for r in rates["native"]):.1f} µs a message for all of the
-native way (daemon and client).
+native way (daemon and client). The messages' idempotency keys (a producer per span: here a key
+per message, the most a message can cost; a span of several messages is one lookup and one run)
+cost the commit {keys.keyed - keys.without:.1f} µs of CPU a message: the same {messages:,}
+messages committed to a new SQLite store an export at a time took {keys.without:.1f} µs a message
+without keys and {keys.keyed:.1f} µs with them (best of 5 each, alternating).
 {report.end_marker(SECTION)}"""
 
 
@@ -331,7 +404,8 @@ def main() -> None:
     tune_for_daemon()
     rates = asyncio.run(run(args.messages, args.rounds, args.exporters))
     mapping_us = mapping_cpu_us(args.messages)
-    text = section(rates, args.messages, args.rounds, args.exporters, mapping_us)
+    keys = keys_cpu_us(args.messages)
+    text = section(rates, args.messages, args.rounds, args.exporters, mapping_us, keys)
     print(text)
     if not args.no_report:
         report.write_section(SECTION, text)

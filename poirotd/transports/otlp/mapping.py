@@ -34,7 +34,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from poirotd.errors import quote
-from poirotd.model import MessageKind
+from poirotd.model import ItemKey, MessageKind
 
 SessionBy = Literal["conversation", "trace"]
 
@@ -58,6 +58,11 @@ _CHOICE_EVENT = "gen_ai.choice"
 # A parent chain longer than this is a loop (or an attack), not a trace.
 _MAX_DEPTH = 64
 _MAX_SESSION_ID = 256
+# The producer of a message's idempotency key: this prefix, then the span's start time, trace id
+# and span id (hex).
+KEY_PREFIX = "otlp:"
+_TRACE_ID_HEX = 32
+_SPAN_ID_HEX = 16
 
 
 class MappedMessage(NamedTuple):
@@ -75,6 +80,25 @@ class MappedMessage(NamedTuple):
     trace_id: str
     span_id: str
     position: int
+    span_start_ns: int
+
+    def key(self) -> ItemKey | None:
+        """Its idempotency key: the span's identity and its place among the span's messages,
+        which an exporter's retry (the same export, or the span batched anew) resends unchanged
+        (a span's messages depend on the span alone; who receives a tool result and which
+        session they join may depend on the export's other spans, so neither is part of it).
+        The span's start time leads the producer (fixed-width hex): keys then reach the
+        store's table in about their order, appended to its B-tree rather than written all
+        over it (measured on SQLite: 8 µs a message more at commit than without keys,
+        against 18-20 µs, growing with the table, with trace and span ids first; BENCHMARKS.md).
+        None for a span without a valid trace and span id (all zeros, or not 16 and 8 bytes):
+        such spans would share a key, so they are stored at least once, as before."""
+        if len(self.trace_id) != _TRACE_ID_HEX or len(self.span_id) != _SPAN_ID_HEX:
+            return None
+        if not self.trace_id.strip("0") or not self.span_id.strip("0"):
+            return None
+        producer = f"{KEY_PREFIX}{self.span_start_ns:016x}{self.trace_id}{self.span_id}"
+        return ItemKey(producer, self.position)
 
 
 # A message's place: the time it happened, ties by span id, then its place in its span.
@@ -309,6 +333,7 @@ def _message(
         span.trace_id,
         span.span_id,
         position,
+        span.start_ns,
     )
 
 

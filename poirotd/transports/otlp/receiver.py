@@ -7,6 +7,10 @@ Sessions: a session the store does not have is started (system, the time of its 
 labels input=otlp and the trace id) in the same batch as its first messages. Numbering: the
 daemon's (ingest.numbering), in the order the mapping gives; a span exported after later spans
 of its session were stored is numbered after them.
+Exactly once: every message carries its span's key (`MappedMessage.key`), so an exporter's retry
+of an export that was stored (its answer lost, a timeout) is dropped by the store's commit,
+counted in poirot_ingest_duplicates_total and answered as success. A dropped copy was numbered
+before the store knew it for one: its index stays unused (indexes need not be contiguous).
 Back-pressure: at most `max_pending` messages of all exports wait for their commit; an export
 beyond that is refused as throttled (RESOURCE_EXHAUSTED / 429 with a retry delay) before
 anything of it is admitted, so the exporter resends all of it.
@@ -116,7 +120,8 @@ class OtlpReceiver:
             )
         await self._indexes.learn(m.session_id for m in messages)
         items, sources = self._numbered(messages)
-        admission = self._pipeline.accept(items, self._scope, skip_invalid=True)
+        keys = [None if source is None else source.key() for source in sources]
+        admission = self._pipeline.accept(items, self._scope, skip_invalid=True, keys=keys)
         self._pending += len(items)
         try:
             await admission.wait()
