@@ -173,3 +173,16 @@ def test_drop_seen_given_the_wanted_keys_keeps_all_only_when_no_key_repeats() ->
     kept = drop_seen(mixed, mixed_keys, set(), wanted(mixed, mixed_keys))
     assert kept.duplicates == {1: 1}
     assert {p: sorted(s) for p, s in kept.new_keys.items()} == {"bridge-a": [1, 3]}
+
+
+async def test_copies_are_found_among_producers_that_sort_above_and_below_them(
+    store: Store,
+) -> None:
+    """A batch's producers that sort above every stored one are new (SQLite does not look them
+    up); a stored producer between the batch's, or above them all, does not hide a copy."""
+    await store.commit_ingest([session()])
+    stored = [key(1, "m"), key(1, "z"), key(5, "b")]
+    await store.commit_ingest([sample(i, 1.0) for i in range(3)], stored)
+    batch = [key(1, "a"), key(1, "m"), key(1, "n"), key(5, "b"), key(2, "zz")]
+    assert await store.commit_ingest([sample(i, 2.0) for i in range(3, 8)], batch) == {1: 1, 3: 1}
+    assert await store.commit_ingest([sample(8, 3.0)], [key(1, "z")]) == {0: 1}
