@@ -12,7 +12,7 @@ pruned: a copy that arrives later than that after its first was committed is sto
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from poirotd.model import CommitItem, ItemKey, TelemetryBatch
@@ -55,15 +55,26 @@ class Kept:
     items: list[CommitItem] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     duplicates: Duplicates = field(default_factory=dict)
-    new_keys: dict[str, list[int]] = field(default_factory=dict)
+    new_keys: Mapping[str, Collection[int]] = field(default_factory=dict)
 
 
 def drop_seen(
-    items: Sequence[CommitItem], keys: Sequence[ItemKey | None], seen: set[ItemKey]
+    items: Sequence[CommitItem],
+    keys: Sequence[ItemKey | None],
+    seen: set[ItemKey],
+    wanted: dict[str, set[int]] | None = None,
 ) -> Kept:
     """Leaves out every item (or row) whose key is in `seen` or held by an earlier item or row
-    of the batch; a telemetry batch loses those rows (and is left out when none remains)."""
-    kept = Kept()
+    of the batch; a telemetry batch loses those rows (and is left out when none remains).
+    `wanted`, the batch's `wanted` keys, when given: if none is seen and no key repeats (the
+    batch has as many keys as `wanted` holds), every item is kept and `wanted` is the new keys,
+    without a look at each key (the usual commit: about 0.5 µs a key less on SQLite)."""
+    if wanted is not None and not seen:
+        distinct = sum(map(len, wanted.values()))
+        if distinct == sum(1 for _ in _all_keys(items, keys)):
+            return Kept(list(items), list(range(len(items))), {}, wanted)
+    new_keys: dict[str, list[int]] = {}
+    kept = Kept(new_keys=new_keys)
     claimed: set[ItemKey] = set()
 
     def fresh(key: ItemKey | None) -> bool:
@@ -73,7 +84,7 @@ def drop_seen(
         if key in seen or key in claimed:
             return False
         claimed.add(key)
-        kept.new_keys.setdefault(key.producer, []).append(key.seq)
+        new_keys.setdefault(key.producer, []).append(key.seq)
         return True
 
     for position, item in enumerate(items):
@@ -119,8 +130,11 @@ class KeyWindow:
         return now_us - self.window_us
 
 
-def runs(seqs: Iterable[int]) -> list[tuple[int, int]]:
+def runs(seqs: Collection[int]) -> list[tuple[int, int]]:
     """The seqs as (first, last) runs of consecutive numbers, ascending."""
+    if len(seqs) == 1:  # a producer with one key in the commit: an OTLP span's one message
+        (seq,) = seqs
+        return [(seq, seq)]
     result: list[tuple[int, int]] = []
     for seq in sorted(set(seqs)):
         if result and result[-1][1] + 1 == seq:

@@ -425,7 +425,7 @@ class PostgresStore(StoreReads):
         answer = await conn.execute(_SEEN_KEYS, (producers, *bounds))
         held = answer if optimistic else None
         seen = set() if optimistic else _seen(await answer.fetchall(), wanted)
-        kept = idempotency.drop_seen(items, keys, seen)
+        kept = idempotency.drop_seen(items, keys, seen, wanted)
         now_us = micros(datetime.now(UTC))
         new_runs = [
             (producer, last, first, now_us)

@@ -110,10 +110,15 @@ _UPSERT_SESSION = (
 )
 _INSERT_MESSAGE_INDEX = "INSERT OR IGNORE INTO message_indices (session_id, idx) VALUES (?, ?)"
 _INSERT_MESSAGE_BLOCK = "INSERT INTO message_blocks (id, session_id, record) VALUES (?, ?, ?)"
+# The stored runs that overlap each wanted producer's (lowest, highest) seq, for all of a
+# commit's producers in one statement (a JSON array of [producer, lowest, highest]): a statement
+# a producer cost about 0.6 µs a key more when each OTLP span is its own producer.
 _SEEN_KEYS = (
-    "SELECT first_seq, last_seq FROM ingest_keys"
-    " WHERE producer = ? AND last_seq >= ? AND first_seq <= ?"
+    "SELECT k.producer, k.first_seq, k.last_seq FROM json_each(?) AS w"
+    " JOIN ingest_keys AS k ON k.producer = w.value ->> 0"
+    " AND k.last_seq >= w.value ->> 1 AND k.first_seq <= w.value ->> 2"
 )
+_HIGHEST_PRODUCER_UP_TO = "SELECT max(producer) FROM ingest_keys WHERE producer <= ?"
 _INSERT_KEYS = (
     "INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us) VALUES (?, ?, ?, ?)"
 )
@@ -490,11 +495,7 @@ def _drop_seen_keys(
     by_producer = idempotency.wanted(items, keys)
     if not by_producer:
         return idempotency.Kept(list(items), list(range(len(items))))
-    seen: set[ItemKey] = set()
-    for producer, seqs in by_producer.items():
-        ranges = conn.execute(_SEEN_KEYS, (producer, min(seqs), max(seqs)))
-        seen |= idempotency.seen_in(ranges, producer, seqs)
-    kept = idempotency.drop_seen(items, keys, seen)
+    kept = idempotency.drop_seen(items, keys, _stored_keys(conn, by_producer), by_producer)
     now_us = micros(datetime.now(UTC))
     conn.executemany(
         _INSERT_KEYS,
@@ -507,6 +508,22 @@ def _drop_seen_keys(
     if (before := window.prune_before(now_us)) is not None:
         conn.execute(_PRUNE_KEYS, (before,))
     return kept
+
+
+def _stored_keys(conn: sqlite3.Connection, by_producer: dict[str, set[int]]) -> set[ItemKey]:
+    """The wanted keys the table holds. Only producers up to the highest stored one that is not
+    above the batch's highest can be stored: OTLP's time-led producers of new spans sort above
+    every stored one, and are not looked up (one seek a commit instead of one a span)."""
+    (highest,) = conn.execute(_HIGHEST_PRODUCER_UP_TO, (max(by_producer),)).fetchone()
+    if highest is None:
+        return set()
+    bounds = [(p, min(seqs), max(seqs)) for p, seqs in by_producer.items() if p <= highest]
+    seen: set[ItemKey] = set()
+    if not bounds:
+        return seen
+    for producer, first, last in conn.execute(_SEEN_KEYS, (json.dumps(bounds),)):
+        seen |= idempotency.seen_in([(first, last)], producer, by_producer[producer])
+    return seen
 
 
 def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:

@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-from poirotd.model import ItemKey, SampleRow, TelemetryBatch
+from poirotd.model import CommitItem, ItemKey, SampleRow, TelemetryBatch
 from poirotd.store import Store
 from poirotd.store.audit import verify
-from poirotd.store.idempotency import KeyWindow, drop_seen, runs
+from poirotd.store.idempotency import KeyWindow, drop_seen, runs, wanted
 from tests.support.store import T0, message, sample, session
 from tests.support.stores import StoreDb
 
@@ -149,6 +149,7 @@ async def test_a_delivery_and_its_redelivery_in_one_batch_keep_the_first(
 def test_runs_group_consecutive_seqs() -> None:
     assert runs([5, 1, 2, 3, 7, 8, 3]) == [(1, 3), (5, 5), (7, 8)]
     assert runs([]) == []
+    assert runs({4}) == [(4, 4)]
 
 
 def test_drop_seen_keeps_unkeyed_items_and_reports_positions() -> None:
@@ -158,3 +159,30 @@ def test_drop_seen_keeps_unkeyed_items_and_reports_positions() -> None:
     assert kept.positions == [0, 1]
     assert kept.new_keys == {"bridge-a": [2, 3]}
     assert isinstance(kept.items[1], TelemetryBatch) and len(kept.items[1].rows) == 2
+
+
+def test_drop_seen_given_the_wanted_keys_keeps_all_only_when_no_key_repeats() -> None:
+    """The shortcut that skips the look at each key is taken only when it cannot matter."""
+    items, keys = [sample(0, 1.0), sample(1, 2.0)], [key(1), key(2, "bridge-b")]
+    kept = drop_seen(items, keys, set(), wanted(items, keys))
+    assert kept.positions == [0, 1] and kept.duplicates == {}
+    assert kept.new_keys == {"bridge-a": {1}, "bridge-b": {2}}
+    batch = TelemetryBatch("s1", _rows(2), [key(3), key(1)])  # repeats the first item's key
+    mixed: list[CommitItem] = [sample(0, 1.0), batch]
+    mixed_keys: list[ItemKey | None] = [key(1), None]
+    kept = drop_seen(mixed, mixed_keys, set(), wanted(mixed, mixed_keys))
+    assert kept.duplicates == {1: 1}
+    assert {p: sorted(s) for p, s in kept.new_keys.items()} == {"bridge-a": [1, 3]}
+
+
+async def test_copies_are_found_among_producers_that_sort_above_and_below_them(
+    store: Store,
+) -> None:
+    """A batch's producers that sort above every stored one are new (SQLite does not look them
+    up); a stored producer between the batch's, or above them all, does not hide a copy."""
+    await store.commit_ingest([session()])
+    stored = [key(1, "m"), key(1, "z"), key(5, "b")]
+    await store.commit_ingest([sample(i, 1.0) for i in range(3)], stored)
+    batch = [key(1, "a"), key(1, "m"), key(1, "n"), key(5, "b"), key(2, "zz")]
+    assert await store.commit_ingest([sample(i, 2.0) for i in range(3, 8)], batch) == {1: 1, 3: 1}
+    assert await store.commit_ingest([sample(8, 3.0)], [key(1, "z")]) == {0: 1}
