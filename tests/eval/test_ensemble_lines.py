@@ -16,10 +16,11 @@ from poirot_eval.results import CaseResult
 from poirotd.config.spec import EchoSpec, EnsembleSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
+from poirotd.model import EnsembleMember
 from tests.eval.helpers import case, lines, run
 from tests.support.answers import schema_answer
 
-MEMBERS = ("baseline", "echo")
+MEMBERS: tuple[EnsembleMember, ...] = ("baseline", "echo")
 
 
 def two_member_case(case_id: str) -> EvalCase:
@@ -122,7 +123,7 @@ async def test_a_failed_member_is_left_out_and_a_timed_out_one_is_not_combined(
     crashed = failed.model_copy(update={"error": "internal error: KeyError: 'x'"})
     assert ensemble_line(the_case, {**recorded, "echo": crashed}, model) is None
     assert ensemble_line(the_case, recorded, "another model") is None
-    nobody = {m: failed.model_copy(update={"method": m}) for m in MEMBERS}
+    nobody: dict[str, CaseResult] = {m: failed.model_copy(update={"method": m}) for m in MEMBERS}
     none_left = ensemble_line(the_case, nobody, model)
     assert none_left is not None and none_left.status == "failed"
     assert "every member failed" in none_left.error
