@@ -12,6 +12,7 @@ from typing import Any
 from poirot_eval.cases import EvalCase
 from poirot_eval.ensemble_lines import ensemble_line
 from poirot_eval.journal import RunJournal
+from poirot_eval.report import render_report
 from poirot_eval.results import CaseResult
 from poirotd.config.spec import EchoSpec, EnsembleSpec
 from poirotd.llm.base import ChatMessage
@@ -90,6 +91,10 @@ async def test_the_combined_line_is_what_the_ensemble_computes_and_calls_no_llm(
     ]
     assert reused[0].tokens.prompt == sum(m.tokens.prompt for m in members)
     assert reused[0].seconds == sum(m.seconds for m in members)
+    report = render_report(RunJournal(tmp_path / "reused").results(), tmp_path / "reused")
+    assert "2 of 2 lines were combined from the lines of its members (baseline, echo)" in (
+        report.read_text()
+    )
 
 
 async def test_a_missing_member_line_means_the_ensemble_runs(tmp_path: Path) -> None:
