@@ -118,6 +118,13 @@ def run_command(
             "this command once per core; the processes share the cases",
         ),
     ] = 1,
+    reuse_members: Annotated[
+        bool,
+        typer.Option(
+            help="ensemble: combine the member lines this directory already holds for a case "
+            "(same model) instead of running the members again; the line says so (ensemble_of)",
+        ),
+    ] = True,
 ) -> None:
     """Run cases through the daemon's core, one fresh store per case and one model for all.
 
@@ -166,6 +173,7 @@ def run_command(
                 "case_timeout": case_timeout,
                 "retry_failed": retry_failed,
                 "concurrency": concurrency,
+                "reuse_members": reuse_members,
             },
         )
     except RunMismatch as exc:
@@ -186,6 +194,7 @@ def run_command(
                     case_timeout=case_timeout,
                     retry=("failed", "timeout") if retry_failed else (),
                     concurrency=concurrency,
+                    reuse_members=reuse_members,
                 )
             )
     except KeyboardInterrupt:

@@ -103,6 +103,16 @@ class RunJournal:
         self._status[key] = result.status
         self._known[key] += 1
 
+    def case_lines(self, dataset: str, case_id: str) -> dict[str, CaseResult]:
+        """The case's last line per method, as the file holds them now (other processes'
+        included)."""
+        last = {
+            str(line.get("method")): line
+            for line in _lines(self.results_path)
+            if _key(line)[:2] == (dataset, case_id)
+        }
+        return {method: CaseResult.model_validate(line) for method, line in last.items()}
+
     def results(self) -> list[CaseResult]:
         """One result per case and method, its last line, in the order cases were first run."""
         last = {_key(line): line for line in _lines(self.results_path)}

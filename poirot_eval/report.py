@@ -87,6 +87,7 @@ def render_report(results: Sequence[CaseResult], out_dir: Path) -> Path:
     lines += [_row((*key, *_accuracy(s))) for key, s in summaries.items()]
     lines += ["", "## Cost and reliability", "", _COST_NOTES, *_table(_COST)]
     lines += [_row((*key, *_cost(s))) for key, s in summaries.items()]
+    lines += _combined(grouped)
     lines += _agreement(results)
     for key, rows in grouped.items():
         lines += _figures(key, rows, out_dir)
@@ -131,6 +132,21 @@ def _cost(s: Summary) -> tuple[str, ...]:
         str(s.forced_at_limit),
         str(s.forced_by_context),
     )
+
+
+def _combined(grouped: dict[tuple[str, str, str], list[CaseResult]]) -> list[str]:
+    """Says which ensemble rows were combined from recorded member lines (ensemble_lines.py)."""
+    notes = []
+    for (dataset, method, model), rows in grouped.items():
+        combined = [r for r in rows if r.ensemble_of]
+        if combined:
+            members = ", ".join(combined[0].ensemble_of)
+            notes.append(
+                f"{dataset} / {method} / {model}: {len(combined)} of {len(rows)} lines were "
+                f"combined from the lines of its members ({members}) recorded for the same case, "
+                "not run again; their tokens and seconds are the sums of those members' runs."
+            )
+    return ["", *notes] if notes else []
 
 
 def _agreement(results: Sequence[CaseResult]) -> list[str]:

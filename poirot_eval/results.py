@@ -47,6 +47,9 @@ class CaseResult(Frozen):
     seconds: float = Field(default=0.0, ge=0.0)
     # How many messages the context-budget policy dropped or shortened.
     context_cuts: int = Field(default=0, ge=0)
+    # An ensemble line combined from the member lines recorded for the same case and model,
+    # instead of running the members again: their methods (see ensemble_lines.py). Empty: run.
+    ensemble_of: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _vectors_fit_the_space(self) -> CaseResult:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from poirot_eval.cases import EvalCase
 from poirot_eval.claims import CaseClaims
+from poirot_eval.ensemble_lines import ensemble_line
 from poirot_eval.journal import RunJournal
 from poirot_eval.results import CaseResult, Status, TokenUsage
 from poirot_eval.session import session_id_of, session_items
@@ -58,6 +59,7 @@ async def run_cases(
     case_timeout: float | None = None,
     retry: Collection[Status] = (),
     concurrency: int = 1,
+    reuse_members: bool = True,
 ) -> None:
     """Runs every case not yet in the journal (or recorded with a status in `retry`), up to
     `concurrency` at once, taken in order and recorded each as it finishes. A case another
@@ -67,16 +69,22 @@ async def run_cases(
     unless one is given; each case's spec is pointed at `llm`, so its record is what that model
     answered. Cancellation (Ctrl-C) abandons the cases in flight, which are then not recorded.
     A case's `seconds` include any wait for a backend shared with the cases beside it.
+    With `reuse_members`, an ensemble case whose member lines the journal already holds is
+    combined from them instead of run (ensemble_lines.py); the backend is then not opened.
     """
     settings = settings or Settings()
     todo = [c for c in cases if journal.status(c.dataset, c.case_id, method) in (None, *retry)]
     observer.planned(len(cases), len(cases) - len(todo))
     if not todo:
         return
+    claims = CaseClaims(journal.folder)
+    if method == "ensemble" and reuse_members:
+        todo = _combine_recorded(todo, journal, claims, model_label(llm), observer)
+        if not todo:
+            return
     own = backend is None
     backend = backend or await open_backend(llm)
     queue = iter(todo)
-    claims = CaseClaims(journal.folder)
 
     async def work(backend: LLMBackend) -> None:
         for case in queue:  # shared by the workers: each case is taken once
@@ -112,6 +120,33 @@ async def run_cases(
         await asyncio.gather(*workers, return_exceptions=True)
         if own:
             await backend.aclose()
+
+
+def _combine_recorded(
+    cases: Sequence[EvalCase],
+    journal: RunJournal,
+    claims: CaseClaims,
+    model: str,
+    observer: Observer,
+) -> list[EvalCase]:
+    """Records the ensemble line of every case whose members' lines can stand in for a run;
+    returns the cases that must run."""
+    left = []
+    for case in cases:
+        key = (case.dataset, case.case_id, "ensemble")
+        if not claims.take(key):
+            observer.case_skipped(case, "being run by another process")
+            continue
+        try:
+            line = ensemble_line(case, journal.case_lines(case.dataset, case.case_id), model)
+            if line is None:
+                left.append(case)
+            elif not journal.recorded_elsewhere(*key):
+                journal.append(line)
+                observer.case_finished(line)
+        finally:
+            claims.release(key)
+    return left
 
 
 def model_label(llm: LLMSpec) -> str:

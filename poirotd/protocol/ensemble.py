@@ -24,26 +24,34 @@ from poirotd.protocol.method import Case, Method, MethodResult
 from poirotd.protocol.reputation import accuracy, updated_beta
 from poirotd.protocol.run import RunContext
 
+# One member's run: its name, its result (None when it failed) and why it failed ("" if not).
+MemberRun = tuple[EnsembleMember, MethodResult | None, str]
+
 
 async def attribute(case: Case, run: RunContext, *, members: Mapping[str, Method]) -> MethodResult:
-    settings = case.spec.protocol.ensemble
-    reliability = _reliability_of(case, settings.reliability)
-    ran: list[tuple[EnsembleMember, MethodResult | None, str]] = []
-    for name in settings.members:
+    ran: list[MemberRun] = []
+    for name in case.spec.protocol.ensemble.members:
         try:
             ran.append((name, await members[name](case, run), ""))
         except ProtocolError as exc:
             ran.append((name, None, str(exc)))
-    done = [(name, result) for name, result, _ in ran if result is not None]
-    if not done:
-        reasons = "; ".join(f"{name}: {error}" for name, _, error in ran)
-        raise ProtocolError(f"ensemble: every member failed: {reasons}")
+    _require_a_member(ran)
     async with run.phase(Phase.AGGREGATION):
-        weights = {
-            name: member_weight(reliability[name], result.attribution, case.space.size)
-            for name, result in done
-        }
-        attribution = combine(case, [(weights[name], result.attribution) for name, result in done])
+        return combined(case, ran)
+
+
+def combined(case: Case, ran: Sequence[MemberRun]) -> MethodResult:
+    """The ensemble's result from its members' runs, in the spec's member order: what
+    `attribute` returns once they have run. `poirotd eval` calls it too, on member results it
+    has already recorded for the same case (poirot_eval/ensemble_lines.py)."""
+    _require_a_member(ran)
+    reliability = _reliability_of(case, case.spec.protocol.ensemble.reliability)
+    done = [(name, result) for name, result, _ in ran if result is not None]
+    weights = {
+        name: member_weight(reliability[name], result.attribution, case.space.size)
+        for name, result in done
+    }
+    attribution = combine(case, [(weights[name], result.attribution) for name, result in done])
     members_json: list[dict[str, Any]] = [
         {
             "method": name,
@@ -65,6 +73,12 @@ async def attribute(case: Case, run: RunContext, *, members: Mapping[str, Method
         findings={"method": "ensemble", "members": members_json},
         lacks=tuple(lacks),
     )
+
+
+def _require_a_member(ran: Sequence[MemberRun]) -> None:
+    if all(result is None for _, result, _ in ran):
+        reasons = "; ".join(f"{name}: {error}" for name, _, error in ran)
+        raise ProtocolError(f"ensemble: every member failed: {reasons}")
 
 
 def member_weight(reliability: float, attribution: Attribution, regions: int) -> float:

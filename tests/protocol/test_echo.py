@@ -223,7 +223,7 @@ class Panel:
         self.events: list[ProtocolEvent] = []
 
     def __call__(self, messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
-        role = next(r for r, focus in ROLE_FOCUS.items() if focus in messages[0].content)
+        role = next(r for r, focus in ROLE_FOCUS.items() if focus in messages[1].content)
         answer = self.conclusions[role]
         return answer if isinstance(answer, str) else json.dumps(answer)
 
@@ -256,12 +256,18 @@ async def test_echo_runs_the_panel_and_records_the_consensus() -> None:
     calls = panel.backend.calls
     assert len(calls) == 6
     by_role = {
-        next(r for r, f in ROLE_FOCUS.items() if f in c.messages[0].content): c for c in calls
+        next(r for r, f in ROLE_FOCUS.items() if f in c.messages[1].content): c for c in calls
     }
     assert {a.role: a.temperature for a in drawn} == {r: c.temperature for r, c in by_role.items()}
     user = calls[0].messages[1].content
     assert "Immediate context" in user and "[#7 physio → all]" in user and "fall alarm" in user
-    assert all(c.messages[1] == calls[0].messages[1] for c in calls), "one context for all"
+    assert all(c.messages[0] == calls[0].messages[0] for c in calls), "one system turn"
+    # One context for all, and only the role after it: a prefix cache serves the rest.
+    shared = {c.messages[1].content.split("# Your role on the panel")[0] for c in calls}
+    assert len(shared) == 1 and "[#7 physio → all]" in shared.pop()
+    assert {c.messages[1].content.rsplit("# Answer format", 1)[0][-40:] for c in calls} == {
+        f"{focus[-38:]}\n\n" for focus in ROLE_FOCUS.values()
+    }
 
     votes = {v.agent_id: v for v in outcome.votes}
     assert set(votes) == {f"echo.{r}" for r in ROLE_FOCUS}

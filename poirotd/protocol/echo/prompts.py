@@ -1,9 +1,12 @@
 """Every prompt of ECHO, in this project's own words.
 
-An analyst's request: its role and the task (system turn), then one user turn with the system,
-the regions it may blame, the incident, the session as a hierarchical context (layer by layer,
-each message quoted with the investigation's spotlight under its [#N sender → recipient] header)
-and the answer format. The analysts of one panel share everything but the system turn.
+An analyst's request: the panel's task (system turn), then one user turn with the system, the
+regions it may blame, the incident, the session as a hierarchical context (layer by layer, each
+message quoted with the investigation's spotlight under its [#N sender → recipient] header), the
+analyst's own role and the answer format. The analysts of one panel share everything before their
+role, so a backend's prefix cache evaluates the session once per panel, not once per analyst
+(with the role in the system turn, SmolLM2 on one core re-read ~8k tokens of a Who&When
+Hand-Crafted session for every analyst).
 """
 
 from __future__ import annotations
@@ -68,9 +71,8 @@ _LAYER_TITLES: dict[Layer, str] = {
 _TASK = """\
 You investigate a failure of a multi-agent AI system, one analyst on a panel. Each analyst \
 works alone and the panel's conclusions are combined afterwards, weighted by each analyst's \
-confidence: an honest, calibrated confidence is worth more than a bold one.
-
-{focus}
+confidence: an honest, calibrated confidence is worth more than a bold one. Your own role on \
+the panel is given at the end of the request, after the log.
 
 Your task:
 1. Evaluate EVERY region of the system listed in the request: how likely is it that the fault \
@@ -85,8 +87,8 @@ compressed the further they are from it. A compressed message may still be where
 began. Rely only on what the log shows."""
 
 
-def analyst_system(role: EchoRole) -> str:
-    return _TASK.format(focus=ROLE_FOCUS[role], alternatives=MAX_ALTERNATIVES)
+def analyst_system() -> str:
+    return _TASK.format(alternatives=MAX_ALTERNATIVES)
 
 
 def analysis_request(
@@ -110,8 +112,9 @@ def analysis_request(
         shown = context.in_layer(layer, view)
         if shown:
             sections.append(f"## {title}\n\n{prompts.session_log(shown, spotlight)}")
+    sections.append(f"# Your role on the panel\n\n{ROLE_FOCUS[role]}")
     return request(
-        analyst_system(role),
+        analyst_system(),
         sections,
         '{"summary": "<how you investigated, what you found>", '
         '"evaluations": [{"region": "<id>", "likelihood": <level>, "evidence": "<from the '
