@@ -5,6 +5,7 @@ schemas left) stays in it, and so does the one expression that differs (`_CONFIR
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,13 +29,13 @@ from poirotd.store.common import (
 from poirotd.store.records import event_from_row
 
 
-class StoreReads:
+class StoreReads(ABC):
     # SQL: the investigation's record has a confirmed outcome.
     _CONFIRMED = "json_extract(record, '$.confirmed') IS NOT NULL"
 
+    @abstractmethod
     async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Runs one read statement (`?` placeholders) on the adapter's read connection."""
-        raise NotImplementedError
 
     async def get_session(self, session_id: str) -> Session | None:
         rows = await self._query("SELECT record FROM sessions WHERE session_id = ?", (session_id,))
