@@ -69,8 +69,12 @@ async def _replicas(
 
 async def _running(db: PostgresDb, investigation_id: str) -> None:
     query = "SELECT state FROM investigations WHERE investigation_id = ?"
+
+    async def running() -> bool:
+        return await db.aquery(query, investigation_id) == [("running",)]
+
     async with asyncio.timeout(30):
-        await eventually(lambda: db.query(query, investigation_id) == [("running",)])
+        await eventually(running)
 
 
 def _folder(tmp_path: Path, name: str) -> Path:
@@ -158,11 +162,11 @@ async def test_a_replica_that_lost_its_lease_stops_and_writes_nothing_more(
         queued = await to_a.trigger("s1", "stolen")
         iid = queued.investigation_id
         await _running(db, iid)
-        (holder,) = db.query(
+        (holder,) = await db.aquery(
             "SELECT lease_owner FROM investigations WHERE investigation_id = ?", iid
         )
         # As if the holder had stalled past its lease: another replica claims the investigation.
-        db.query(
+        await db.aquery(
             "UPDATE investigations SET lease_until_us = 0 WHERE investigation_id = ? RETURNING 1",
             iid,
         )
@@ -237,12 +241,16 @@ async def test_a_worker_whose_run_cannot_reach_the_store_lives_on(
         assert await client.send(session(3)) == 4
         first = await client.trigger("s1", "meets a lost connection")
         await _running(db, first.investigation_id)
+
+        async def blocked() -> bool:
+            return bool(await db.aquery(waiting))
+
         async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as holder:
             await holder.execute("SELECT pg_advisory_lock(%s)", (CHAIN_LOCK,))
             for _ in range(2):  # the run's next write, then the one storing its failure
                 async with asyncio.timeout(30):
-                    await eventually(lambda: bool(db.query(waiting)))
-                db.query(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) AS w")
+                    await eventually(blocked)
+                await db.aquery(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) AS w")
         second = await client.trigger("s1", "runs on the same worker")
         async with asyncio.timeout(30):
             events = [e async for e in client.watch(second.investigation_id)]

@@ -75,6 +75,13 @@ class PostgresDb:
             cursor = conn.execute(_pg(sql), params)
             return cursor.fetchall() if cursor.description else []
 
+    async def aquery(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
+        """`query` without holding up the event loop: a daemon running in the test's process may
+        hold the row lock the query waits for, and can only release it if the loop runs."""
+        async with await psycopg.AsyncConnection.connect(self.target, autocommit=True) as conn:
+            cursor = await conn.execute(_pg(sql), params)
+            return await cursor.fetchall() if cursor.description else []
+
     def tamper(self, sql: str, *params: object) -> None:
         with psycopg.connect(self.target) as conn:
             conn.execute(b"DROP TRIGGER IF EXISTS audit_no_update ON audit")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
 from poirotd.model import TelemetryBatch, TelemetrySample
 
@@ -26,7 +27,13 @@ class Collector:
             await self._changed.wait()
 
 
-async def eventually(check: Callable[[], bool]) -> None:
-    """Polls `check` until it holds; callers bound the wait with asyncio.timeout."""
-    while not check():  # noqa: ASYNC110 - polling counters that have no event to wait on
+async def eventually(check: Callable[[], bool | Awaitable[bool]]) -> None:
+    """Polls `check` (a function or a coroutine function) until it holds; callers bound the wait
+    with asyncio.timeout."""
+    while True:
+        held = check()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
         await asyncio.sleep(0.01)
