@@ -199,6 +199,11 @@ def test_the_format_checks_regions_kinds_levels_and_steps() -> None:
     parsed = answer.parse(json.dumps(analysis()))
     assert parsed.conclusion.regions == ("exo",) and parsed.conclusion.step == 6
     assert answer.parse(json.dumps(analysis(step=2))).conclusion.step is None, "not shown"
+    # One region named twice as "multiple" blames that region alone.
+    repeated = analysis(("exo", "exo"))
+    assert repeated["conclusion"]["kind"] == "multiple"
+    once = answer.parse(json.dumps(repeated)).conclusion
+    assert (once.kind, once.regions) == ("single", ("exo",))
     two_as_single = analysis(("exo", "doctor"))
     two_as_single["conclusion"]["kind"] = "single"
     bad = [

@@ -112,16 +112,21 @@ def analysis_format(space: HazardSpace, steps: Collection[int]) -> AnswerFormat[
 
 
 def _checked(conclusion: Conclusion, steps: Collection[int], where: str) -> Conclusion:
-    """Regions deduplicated and matching the kind; a step the analyst was not shown dropped."""
+    """Regions deduplicated and matching the kind; a step the analyst was not shown dropped.
+
+    A "multiple" conclusion that names one region more than once blames that region alone, so it
+    reads as "single": the schema can ask for two items but not for two distinct ones (llama.cpp's
+    grammars have no uniqueItems), and a small model fills the second with the first."""
     regions = tuple(dict.fromkeys(conclusion.regions))
     if not regions:
         raise InvalidAnswer(f"{where}.regions names no region")
     if conclusion.kind == "single" and len(regions) != 1:
         raise InvalidAnswer(f"{where}: kind 'single' names exactly one region")
-    if conclusion.kind == "multiple" and len(regions) < 2:
+    if conclusion.kind == "multiple" and len(conclusion.regions) < 2:
         raise InvalidAnswer(f"{where}: kind 'multiple' names at least two regions")
+    kind = "single" if len(regions) == 1 else conclusion.kind
     step = conclusion.step if conclusion.step in steps else None
-    return conclusion.model_copy(update={"regions": regions, "step": step})
+    return conclusion.model_copy(update={"kind": kind, "regions": regions, "step": step})
 
 
 def _first_per_region(
