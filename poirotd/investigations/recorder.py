@@ -22,6 +22,7 @@ from poirotd.model import (
     InvestigationEvent,
     InvestigationState,
     LLMExchange,
+    LLMUsage,
     PhaseTiming,
     Vote,
 )
@@ -163,10 +164,16 @@ class InvestigationRecorder:
         )
         self._count_finished(InvestigationState.SUCCEEDED)
 
-    async def failed(self, error: str) -> None:
-        final = self.record.model_copy(
-            update={"state": InvestigationState.FAILED, "error": error, "finished_at": now()}
-        )
+    async def failed(self, error: str, usage: LLMUsage | None = None) -> None:
+        """`usage`: what the run spent before it failed, when the protocol could tell."""
+        changes: dict[str, object] = {
+            "state": InvestigationState.FAILED,
+            "error": error,
+            "finished_at": now(),
+        }
+        if usage is not None:
+            changes["usage"] = usage
+        final = self.record.model_copy(update=changes)
         await self._events.finish(final, EventKind.FAILED, lease=self._lease, reason=error)
         self.record = final
         self.log.warning("investigation failed", error=error)

@@ -35,6 +35,7 @@ from poirotd.model import (
     Investigation,
     InvestigationMethod,
     InvestigationState,
+    LLMUsage,
     Reading,
 )
 from poirotd.observability.metrics import Metrics
@@ -305,7 +306,7 @@ class InvestigationRunner:
             self._lease_lost(lease)
             recorder.cancelled()
         except ProtocolError as exc:
-            await self._failed(recorder, lease, str(exc))
+            await self._failed(recorder, lease, str(exc), exc.usage)
         except asyncio.CancelledError:
             recorder.cancelled()  # drain() stores the record as INTERRUPTED
             raise
@@ -339,8 +340,14 @@ class InvestigationRunner:
             investigation_id=investigation.investigation_id,
         )
 
-    async def _failed(self, recorder: InvestigationRecorder, lease: Lease, error: str) -> None:
-        await self._ended(recorder, lease, recorder.failed(error))
+    async def _failed(
+        self,
+        recorder: InvestigationRecorder,
+        lease: Lease,
+        error: str,
+        usage: LLMUsage | None = None,
+    ) -> None:
+        await self._ended(recorder, lease, recorder.failed(error, usage))
 
     async def _ended(
         self, recorder: InvestigationRecorder, lease: Lease, end: Awaitable[None]

@@ -31,6 +31,7 @@ from poirotd.model import (
 from poirotd.protocol import baseline, echo, ensemble, errorprobe, injection, prompts
 from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.errorprobe.memory import DiagnosisMemory
+from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import AttributionReady, InjectionFound, ProtocolEvent
 from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
 from poirotd.protocol.interrogation import closing_request, interrogate, one_more_round
@@ -132,7 +133,11 @@ class InvestigationEngine:
             reliabilities=reliabilities or {},
             investigation_id=investigation_id,
         )
-        result = await self._methods[method](case, run)
+        try:
+            result = await self._methods[method](case, run)
+        except ProtocolError as exc:
+            exc.usage = run.usage
+            raise
         await run.emit(AttributionReady(attribution=result.attribution, hazard_space=space))
         return ProtocolOutcome(
             hazard_space=space,

@@ -96,3 +96,7 @@ async def test_a_budget_spent_before_any_vote_fails_the_investigation_naming_it(
     assert run.record.error.startswith("no agent cast a valid vote")
     assert BUDGET_SPENT in run.record.error
     assert run.budget_rejections == 1
+    # A failed run still says what it spent.
+    assert run.record.llm_calls == 3
+    assert run.record.prompt_tokens + run.record.completion_tokens == tokens(run.record.exchanges)
+    assert run.record.prompt_tokens > 0
