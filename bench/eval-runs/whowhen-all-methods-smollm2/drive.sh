@@ -3,14 +3,15 @@
 # 8 Hand-Crafted ones, case by case (AG and HC interleaved), the four member methods each as its
 # own `poirotd eval run`, then the ensemble combined from their lines (ensemble_of). Start it once
 # per core: the lanes share the (case, method) pairs through the run directory's claims, and a
-# rerun skips what results.jsonl already holds.
+# rerun skips what results.jsonl already holds. AG_CASES / HC_CASES (space-separated ids, may be
+# empty) replace the case lists, e.g. to resume only the Hand-Crafted cases.
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=bench/eval-runs/whowhen-all-methods-smollm2
 PY=${PY:-/work/main/.venv/bin/python}
 DATA=${DATA:-../shared/data}
-AG=(38 93 19 47 12 73 58 66 30 81)
-HC=(12 45 53 1 3 44 51 56)
+read -ra AG <<< "${AG_CASES-38 93 19 47 12 73 58 66 30 81}"
+read -ra HC <<< "${HC_CASES-12 45 53 1 3 44 51 56}"
 MEMBERS=(baseline echo errorprobe poirot)
 
 run() {  # dataset-args... -- method id
@@ -49,7 +50,7 @@ PYEOF
 }
 
 for i in $(seq 0 9); do
-  for pair in "whowhen ${AG[$i]}" "whowhen-hand-crafted ${HC[$i]:-}"; do
+  for pair in "whowhen ${AG[$i]:-}" "whowhen-hand-crafted ${HC[$i]:-}"; do
     set -- $pair
     ds=$1; id=${2:-}
     [ -z "$id" ] && continue
