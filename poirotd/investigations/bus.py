@@ -39,7 +39,13 @@ class EventBus:
     async def follow(self, store: Store, interval: float) -> None:
         """Announces the newest event in the store (whichever replica stored it) whenever the
         store says another process wrote, and at least every `interval` seconds; runs until
-        cancelled."""
+        cancelled. It starts from the store's newest event: what is older was announced (or
+        is read by a Watch from the store) already, and a store of long standing would otherwise
+        be read through from its first event."""
+        try:
+            await self.published(await store.latest_event_id())
+        except Exception:  # the store is unreachable: read from the first event, as it comes
+            log.exception("reading the store's newest event failed")
         while True:
             mark = store.change_mark()
             try:

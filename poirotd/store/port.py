@@ -272,6 +272,9 @@ class Store(Protocol):
         self, after_event_id: int, *, investigation_id: str | None = None, limit: int = 500
     ) -> list[InvestigationEvent]: ...
 
+    async def latest_event_id(self) -> int:
+        """The newest stored event's id, 0 if there is none."""
+
     async def record_exchange(
         self, investigation_id: str, exchange: LLMExchange, *, lease: Lease | None = None
     ) -> None: ...

@@ -127,6 +127,11 @@ class StoreReads(ABC):
         rows = await self._query(sql + " ORDER BY event_id LIMIT ?", (*params, limit))
         return [event_from_row(row) for row in rows]
 
+    async def latest_event_id(self) -> int:
+        """The newest stored event's id (0 if none): where a follower of the store starts."""
+        ((latest,),) = await self._query("SELECT coalesce(max(event_id), 0) FROM events", ())
+        return int(latest)
+
     async def exchanges(self, investigation_id: str) -> list[LLMExchange]:
         rows = await self._query(
             "SELECT record FROM exchanges WHERE investigation_id = ? ORDER BY id",

@@ -525,6 +525,7 @@ async def test_interrupt_unfinished_marks_queued_and_running(store: Store) -> No
 
 
 async def test_events_get_increasing_ids_and_resume_after_any_id(store: Store) -> None:
+    assert await store.latest_event_id() == 0
     await store.save_investigation(investigation("a"))
     await store.save_investigation(investigation("b"))
     vote = Vote(agent_id="planner", location=(1, 0))
@@ -544,6 +545,7 @@ async def test_events_get_increasing_ids_and_resume_after_any_id(store: Store) -
     assert await store.events_after(0, investigation_id="a") == [stored[0], stored[2]]
     assert await store.events_after(1, investigation_id="a") == [stored[2]]
     assert await store.events_after(3) == []
+    assert await store.latest_event_id() == 3
 
     with pytest.raises(UnknownInvestigationError, match="'ghost'"):
         await store.append_event(event("ghost"))
