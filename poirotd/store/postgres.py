@@ -48,6 +48,7 @@ from typing import Any, TypeAlias
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 
 from poirotd.model import (
     AccessDenial,
@@ -119,6 +120,21 @@ from poirotd.store.records import (
     session_row,
     telemetry_block_row,
 )
+
+# libpq settings of the daemon's connections, unless the URL sets them: a server or a network
+# path that died silently is noticed within about a minute (idle, or with data unacknowledged)
+# rather than when the kernel gives up, hours later, with the chain lock's waiters behind it.
+CONNECTION_DEFAULTS: dict[str, object] = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,
+}
+# A daemon that stalls inside a transaction (stopped, or its loop blocked) holds the chain lock
+# every other replica's writes wait for: the server ends such a session after this long. The
+# daemon's own transactions are a few statements sent back to back.
+_IDLE_IN_TRANSACTION = b"SET idle_in_transaction_session_timeout = '60s'"
 
 Connection: TypeAlias = psycopg.AsyncConnection[tuple[Any, ...]]
 Cursor: TypeAlias = psycopg.AsyncCursor[tuple[Any, ...]]
@@ -245,10 +261,14 @@ class PostgresStore(StoreReads):
         kept after its commit. Raises psycopg.OperationalError when the server cannot be
         reached, pg_schema.NewerSchemaError for a newer database."""
         KeyWindow(idempotency_window)  # refuses a window that is not positive
-        extra: dict[str, Any] = {"password": password} if password is not None else {}
+        given = conninfo_to_dict(url)
+        extra: dict[str, Any] = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+        if password is not None:
+            extra["password"] = password
 
         async def connect() -> Connection:
             conn = await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
+            await conn.execute(_IDLE_IN_TRANSACTION)
             # Records are long texts: lz4 compresses them at a fraction of pglz's CPU. A server
             # built without lz4, or older than PostgreSQL 14, keeps pglz.
             with contextlib.suppress(pg_errors.InvalidParameterValue, pg_errors.UndefinedObject):

@@ -250,3 +250,21 @@ async def test_a_change_while_the_listener_reconnects_still_wakes_the_waiters(
     finally:
         await waiter.close()
         await writer.close()
+
+
+async def test_connections_notice_a_dead_peer_and_end_a_stalled_transaction(
+    postgres_url: str,
+) -> None:
+    """TCP keepalives and a user timeout unless the URL sets its own, and the server told to end
+    a session left idle inside a transaction (it would hold the chain lock for every replica)."""
+    joined = "&" if "?" in postgres_url else "?"
+    store = await PostgresStore.open(f"{postgres_url}{joined}keepalives_idle=45", where="db")
+    try:
+        conn = store._writer  # the daemon's own connection, as libpq and the server see it
+        parameters = conn.info.get_parameters()
+        assert parameters["keepalives"] == "1" and parameters["keepalives_idle"] == "45"
+        assert parameters["tcp_user_timeout"] == "60000"
+        shown = await (await conn.execute("SHOW idle_in_transaction_session_timeout")).fetchone()
+        assert shown == ("1min",)
+    finally:
+        await store.close()
