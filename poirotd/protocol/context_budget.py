@@ -6,7 +6,10 @@ The cuts, in order, each making the prompt smaller:
    cut: tool outputs first, then any other body, longest first;
 2. drop middle messages that are neither the viewer's own nor addressed to it (broadcasts by
    others; for the baseline, whose viewer is "", any middle message), oldest first, since the
-   turns near the incident tend to matter most.
+   turns near the incident tend to matter most;
+3. as a last resort, drop the viewer's own middle messages and those addressed to it, oldest
+   first: an agent that said a great deal (an orchestrator of a long Who&When Hand-Crafted run)
+   still votes on its latest turns rather than not at all.
 The first and the last message of the view are never dropped. The fewest cuts that fit are
 found by bisection. When even every cut is not enough, the view is returned whole and `fits` is
 False: its requests then fail with context_exceeded, like any request too long for the model.
@@ -84,12 +87,15 @@ def fit_view(
 def _plan(viewer: str, view: Sequence[AgentMessage]) -> list[_Cut]:
     long = [i for i, m in enumerate(view) if len(m.content) > SHORTEN_OVER]
     long.sort(key=lambda i: (view[i].kind is not MessageKind.TOOL, -len(view[i].content), i))
-    middle = [i for i in range(1, len(view) - 1) if not _kept_whole(viewer, view[i])]
-    return [_Cut(i, "shortened") for i in long] + [_Cut(i, "dropped") for i in middle]
+    middle = range(1, len(view) - 1)
+    others = [i for i in middle if not _concerns(viewer, view[i])]
+    own = [i for i in middle if _concerns(viewer, view[i])]
+    return [_Cut(i, "shortened") for i in long] + [_Cut(i, "dropped") for i in others + own]
 
 
-def _kept_whole(viewer: str, m: AgentMessage) -> bool:
-    """The viewer's own messages and those addressed to it are never dropped."""
+def _concerns(viewer: str, m: AgentMessage) -> bool:
+    """The viewer's own messages and those addressed to it: dropped only when nothing else is
+    left to cut."""
     return bool(viewer) and viewer in (m.sender, m.recipient)
 
 

@@ -94,6 +94,16 @@ def test_the_baseline_viewer_may_lose_any_middle_turn() -> None:
     assert {i for i, action in cuts if action == "dropped"} == {1, 2, 3, 4, 5}
 
 
+def test_last_the_viewers_own_and_addressed_turns_oldest_first() -> None:
+    others_dropped = 100 + SHORT + 200 + 300 + 500  # #0, #2 shortened, #3, #4, #6
+    cuts, kept = fit(others_dropped - 1)
+    assert (2, "dropped") in cuts and kept == [0, 3, 4, 6]  # a's tool output, the oldest
+    cuts, kept = fit(100 + 300 + 500)
+    assert kept == [0, 4, 6] and (3, "dropped") in cuts
+    cuts, kept = fit(100 + 500)
+    assert kept == [0, 6], "first and last are kept"
+
+
 def test_a_view_that_cannot_fit_is_left_whole_and_says_so() -> None:
     fitted = fit_view("a", VIEW, chars, 100)
     assert not fitted.fits
