@@ -14,7 +14,7 @@ import pytest
 
 from poirotd.config.spec import DiagnosisMemorySpec, ErrorProbeSpec
 from poirotd.llm.base import ChatMessage
-from poirotd.llm.scripted import ScriptedBackend
+from poirotd.llm.scripted import ScriptedBackend, ScriptedCall
 from poirotd.model import (
     AgentMessage,
     ConfirmedOutcome,
@@ -48,6 +48,8 @@ from poirotd.store import SqliteStore
 from tests.support.protocol import SESSION, MemoryCache, agent_message, make_spec
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
+# A model context that a padded session does not fit whole.
+CONTEXT = 6000
 
 # A trip planner: the booking chain leads to the symptom (#8); the welcome note is a parallel
 # branch between two agents that never hand anything to it.
@@ -525,3 +527,25 @@ def investigation(
             at=T0 + timedelta(hours=1),
         ),
     )
+
+
+async def test_the_strategist_and_investigators_share_the_cut_chain_as_a_prompt_prefix() -> None:
+    """One system turn for every role, the role after the material: the Investigators' requests
+    repeat the Strategist's up to the end of the causal chain, cut to fit once (a prefix cache
+    evaluates it once), and every request fits the model."""
+    padded = [m.model_copy(update={"content": f"{m.content} {'reading ' * 500}"}) for m in SESSION]
+    team = Team(hypotheses=hypotheses(("exo", 6, "MAST-10"), ("doctor", 7, "MAST-10")))
+    team.backend.context_tokens = CONTEXT
+    await diagnose(team, None, session=padded)
+
+    def asked(role: str) -> list[ScriptedCall]:
+        return [c for c in team.backend.calls if c.schema and role in c.schema["properties"]]
+
+    (strategist,), investigators = asked("hypotheses"), asked("claims")
+    assert len(investigators) == 2
+    chain = strategist.messages[1].content.split("# Failure mode tags")[0]
+    assert "chars cut by poirotd" in chain, "the chain was cut to fit"
+    for call in (strategist, *investigators):
+        assert call.messages[0] == strategist.messages[0]
+        assert call.messages[1].content.startswith(chain)
+        assert team.backend.count_tokens(call.messages) + call.max_tokens <= CONTEXT

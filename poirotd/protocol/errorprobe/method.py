@@ -105,9 +105,9 @@ async def attribute(case: Case, run: RunContext, *, memory: DiagnosisMemory | No
         chain_messages = tuple(m for m in case.messages if m.index in kept)
         recalled = await _recall(memory, case, tags)
     async with run.phase(Phase.DIAGNOSIS):
-        hypotheses = await _strategise(case, chain_messages, chain, tags, recalled, run)
+        hypotheses, view = await _strategise(case, chain_messages, chain, tags, recalled, run)
         investigated = await concurrently(
-            _investigate(case, chain_messages, chain, h, run) for h in hypotheses
+            _investigate(case, view, chain, h, run) for h in hypotheses
         )
         choices = [n for n, x in enumerate(investigated, 1) if x.supported]
         if not choices:
@@ -178,7 +178,8 @@ async def _strategise(
     tags: Sequence[Tag],
     recalled: Sequence[Recalled],
     run: RunContext,
-) -> tuple[Hypothesis, ...]:
+) -> tuple[tuple[Hypothesis, ...], tuple[AgentMessage, ...]]:
+    """The Strategist's hypotheses, and the causal chain as it saw it (cut to fit)."""
     spec, settings = case.spec, case.spec.protocol.errorprobe
     recipes = [r.entry for r in recalled]
 
@@ -198,28 +199,40 @@ async def _strategise(
         )
     except AnswerFailed as exc:
         raise ProtocolError(f"errorprobe: the Strategist gave no valid hypotheses: {exc}") from exc
-    return answer.hypotheses
+    return answer.hypotheses, view
 
 
 async def _investigate(
     case: Case,
-    chain_messages: Sequence[AgentMessage],
+    strategist_view: Sequence[AgentMessage],
     chain: CausalChain,
     hypothesis: Hypothesis,
     run: RunContext,
 ) -> _Investigated:
-    """The Investigator's claims for one hypothesis, each checked by the daemon."""
+    """The Investigator's claims for one hypothesis, each checked by the daemon. It reads the
+    causal chain as the Strategist did (so their prompts share a prefix), cut further only if
+    its own request would not fit."""
     spec, settings = case.spec, case.spec.protocol.errorprobe
-    steps = [m.index for m in chain_messages]
-    calling = [m.index for m in chain_messages if m.tool_calls]
     signals = sorted({(r.component, r.signal) for r in case.readings})
-    tools = ["quote", *(["tool_result"] if calling else []), *(["telemetry"] if signals else [])]
+    calling_in_chain = any(m.tool_calls for m in strategist_view)
+    tools = [
+        "quote",
+        *(["tool_result"] if calling_in_chain else []),
+        *(["telemetry"] if signals else []),
+    ]
+
+    def request(view: Sequence[AgentMessage]) -> list[ChatMessage]:
+        return investigator_request(
+            spec, case.space, view, chain.masked, case.incident, hypothesis, tools, case.spotlight
+        )
+
+    view = await run.fit(INVESTIGATOR, strategist_view, request, reserve=settings.role_max_tokens)
+    steps = [m.index for m in view]
+    calling = [m.index for m in view if m.tool_calls]
     try:
         evidence = await run.until_valid(
             CallSite(Phase.DIAGNOSIS, INVESTIGATOR, "evidence"),
-            investigator_request(
-                spec, chain_messages, chain.masked, hypothesis, tools, case.spotlight
-            ),
+            request(view),
             evidence_format(steps, calling, signals, settings.max_evidence),
             max_tokens=settings.role_max_tokens,
             retries=spec.protocol.invalid_json_retries,

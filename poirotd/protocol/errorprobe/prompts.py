@@ -1,11 +1,14 @@
 """Every prompt of ErrorProbe, in this project's own words: the MAST detector, then the three
 roles of the diagnosis (Strategist, Investigator, Arbiter).
 
-Each request is a system turn (the role and its rules) and one user turn: what the system is,
-then the material of the role (the session or its causal chain, tags, memory, hypotheses,
-checked evidence), then the answer format. Every text the session or a model wrote (messages,
-the incident, tag notes, remembered guards, claims, assessments) is quoted with the
-investigation's spotlight under a header built outside the quote.
+Each request is the team's system turn (the same for every role) and one user turn: what the
+system is, the regions and the incident, then the material of the role (the session or its
+causal chain, tags, memory, hypotheses, checked evidence), then the role and its rules, then
+the answer format. The role comes after the material so that the Strategist's and the
+Investigators' requests share their prompt up to the end of the causal chain: a prefix cache
+(vLLM's, llama.cpp's) evaluates the chain once for the whole diagnosis. Every text the session
+or a model wrote (messages, the incident, tag notes, remembered guards, claims, assessments) is
+quoted with the investigation's spotlight under a header built outside the quote.
 """
 
 from __future__ import annotations
@@ -29,11 +32,19 @@ from poirotd.protocol.errorprobe.tools import MIN_QUOTE_CHARS, CheckedClaim
 from poirotd.protocol.prompts import Incident
 from poirotd.protocol.spotlight import Spotlight
 
+_TEAM = """\
+You are a member of a diagnosis team that finds out which part of a multi-agent AI system \
+caused a failure. The team has four roles: a DETECTOR tags symptoms of known failure modes in \
+the log, a STRATEGIST proposes hypotheses about the fault's origin, an INVESTIGATOR tests one \
+hypothesis with evidence the monitoring system checks, and an ARBITER upholds the best-supported \
+hypothesis. The material of your task comes first; your role and its rules follow it, just \
+before the answer format."""
+
 _DETECTOR = """\
-You screen the log of a multi-agent AI system for local symptoms of known failure modes. You do \
-not decide who caused the failure: you point at steps where something looks off, so that the \
-diagnosis that follows knows where to look. Tag only what the log shows; no tags is a valid \
-answer."""
+You are the DETECTOR. You screen the log of a multi-agent AI system for local symptoms of known \
+failure modes. You do not decide who caused the failure: you point at steps where something \
+looks off, so that the diagnosis that follows knows where to look. Tag only what the log \
+shows; no tags is a valid answer."""
 
 _STRATEGIST = """\
 You are the STRATEGIST of a diagnosis team investigating a failure of a multi-agent AI system. \
@@ -68,9 +79,10 @@ def detector_request(
         *incident_sections(incident, spotlight),
         f"# The session\n\n{prompts.session_log(view, spotlight)}",
         f"# Failure modes (MAST)\n\n{taxonomy_text()}",
+        _role(_DETECTOR),
     ]
     return request(
-        _DETECTOR,
+        _TEAM,
         sections,
         '{"tags": [{"step": <N of the message [#N ...]>, "mode": "<MAST id>", '
         '"note": "<what looks off there>"}, ...]}',
@@ -109,9 +121,10 @@ def strategist_request(
             else "(none similar enough: reason from first principles)"
         ),
         f"# Failure modes (MAST)\n\n{taxonomy_text()}",
+        _role(_STRATEGIST),
     ]
     return request(
-        _STRATEGIST,
+        _TEAM,
         sections,
         '{"hypotheses": [{"region": "<region id>", "step": <N>, "mode": "<MAST id>", '
         '"claim": "<what went wrong there, checkably>"}, ...]}',
@@ -121,8 +134,10 @@ def strategist_request(
 
 def investigator_request(
     spec: SystemSpec,
+    space: HazardSpace,
     chain: Sequence[AgentMessage],
     masked: int,
+    incident: Incident | None,
     hypothesis: Hypothesis,
     tools: Sequence[str],
     spotlight: Spotlight,
@@ -146,15 +161,18 @@ def investigator_request(
     }
     sections = [
         system_section(spec),
+        regions_section(space),
+        *incident_sections(incident, spotlight),
         _chain(chain, masked, spotlight),
         "# The hypothesis to test\n\n"
         f"Region {hypothesis.region}, step #{hypothesis.step}, failure mode {mode.id} "
         f"{mode.name} ({mode.description})\nClaim:\n{spotlight.quote(hypothesis.claim)}",
         "# Your tools (each claim is checked by the system)\n\n"
         + "\n".join(f"- {offered[tool]}" for tool in tools),
+        _role(_INVESTIGATOR),
     ]
     return request(
-        _INVESTIGATOR,
+        _TEAM,
         sections,
         '{"claims": [<claims, as above>], "assessment": "<does the evidence support the '
         'hypothesis, and why>"}',
@@ -193,15 +211,20 @@ def arbiter_request(
         system_section(spec),
         regions_section(space),
         "# Hypotheses and their checked evidence\n\n" + "\n\n".join(blocks),
+        _role(_ARBITER),
     ]
     return request(
-        _ARBITER,
+        _TEAM,
         sections,
         f'{{"hypothesis": <one of {list(choices)}>, "confidence": <level>, "reasoning": '
         '"<why this one>", "guard": "<what a future diagnosis should check for this kind of '
         f'failure>"}}\n{levels_text()}',
         spotlight,
     )
+
+
+def _role(text: str) -> str:
+    return f"# Your role\n\n{text}"
 
 
 def _chain(chain: Sequence[AgentMessage], masked: int, spotlight: Spotlight) -> str:
