@@ -48,9 +48,6 @@ from poirotd.store import Lease, LeaseLostError, Store
 
 log = structlog.get_logger(__name__)
 
-# A draining replica's lease on a run it stops: ended at once (the store's clock passes it), so
-# that another replica claims the investigation without waiting out the lease.
-_HANDED_BACK_SECONDS = 1e-6
 # Telemetry samples summarised into the incident description (and checked by ErrorProbe).
 _EVIDENCE_SAMPLES = 2000
 
@@ -176,7 +173,7 @@ class InvestigationRunner:
             return
         for lease in unfinished:
             with contextlib.suppress(Exception):  # unreachable store: the lease expires anyway
-                await self._store.renew_lease(lease, _HANDED_BACK_SECONDS)
+                await self._store.hand_back_lease(lease)
                 log.info("investigation handed back", investigation_id=lease.investigation_id)
 
     async def recover(self) -> None:

@@ -197,6 +197,10 @@ class Store(Protocol):
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
         """Extends the lease to the store's clock + lease_seconds; False when it was lost."""
 
+    async def hand_back_lease(self, lease: Lease) -> None:
+        """Ends the lease now (a draining replica's run it stops): another replica may claim the
+        investigation at once, and the others are told so."""
+
     # other replicas' writes
     def change_mark(self) -> int:
         """A mark of the writes other processes made known so far (events stored, investigations

@@ -602,16 +602,24 @@ class PostgresStore(StoreReads):
         await self._changes.wait(since)
 
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
-        span = lease_micros(lease_seconds)
+        # No notification: a renewal changes nothing another replica could act on.
+        return await self._set_lease_end(lease, lease_micros(lease_seconds), notify=False)
+
+    async def hand_back_lease(self, lease: Lease) -> None:
+        await self._set_lease_end(lease, 0, notify=True)  # claimable at once: say so
+
+    async def _set_lease_end(self, lease: Lease, span_us: int, *, notify: bool) -> bool:
+        """The lease to end `span_us` after the server's clock; False when it was lost."""
         async with self._transaction() as (conn, _):
-            await conn.execute(NOTIFY)  # a lease handed back is claimable at once
+            if notify:
+                await conn.execute(NOTIFY)
             cursor = await conn.execute(
                 sql(
                     f"UPDATE investigations SET lease_until_us = {_NOW_US} + %s"
                     " WHERE investigation_id = %s AND lease_owner = %s AND lease_token = %s"
                     " RETURNING 1"  # pipeline mode: a row fetched, not a rowcount
                 ),
-                (span, lease.investigation_id, lease.owner, lease.token),
+                (span_us, lease.investigation_id, lease.owner, lease.token),
             )
             return await cursor.fetchone() is not None
 

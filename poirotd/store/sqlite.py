@@ -307,6 +307,9 @@ class SqliteStore(StoreReads):
     async def renew_lease(self, lease: Lease, lease_seconds: float) -> bool:
         return await self._write(_renew_lease, lease, _lease_end(lease_seconds))
 
+    async def hand_back_lease(self, lease: Lease) -> None:
+        await self._write(_renew_lease, lease, 0)  # before any reading of the monotonic clock
+
     def change_mark(self) -> int:
         return 0  # one process: no other writes to be told of
 

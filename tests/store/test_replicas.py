@@ -157,6 +157,33 @@ async def test_a_renewed_lease_is_not_taken_over(pair: tuple[Store, Store]) -> N
         assert await b.claim_investigation("b", _LEASE) is None
 
 
+async def test_a_lease_handed_back_is_claimable_at_once_and_only_that_is_announced(
+    store_db: StoreDb, pair: tuple[Store, Store]
+) -> None:
+    a, b = pair
+    await a.save_investigation(investigation("i1", state=InvestigationState.RUNNING))
+    claim = await a.claim_investigation("a", _LEASE)
+    assert claim is not None
+    lease = claim[1]
+    shared = store_db.name == "postgres"  # one SQLite process has no one to tell
+    if shared:
+        async with asyncio.timeout(10):
+            await b.wait_for_change(b.change_mark())  # b listens from now on
+    mark = b.change_mark()
+    assert await a.renew_lease(lease, _LEASE)
+    if shared:  # a renewal changes nothing the others could act on: no notification
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await b.wait_for_change(mark)
+    assert await b.claim_investigation("b", _LEASE) is None
+    await a.hand_back_lease(lease)
+    if shared:
+        async with asyncio.timeout(10):
+            await b.wait_for_change(mark)
+    taken = await b.claim_investigation("b", _LEASE)
+    assert taken is not None and taken[1].token == lease.token + 1
+
+
 async def test_a_hazard_within_the_cooldown_of_any_replica_opens_nothing(
     pair: tuple[Store, Store],
 ) -> None:
