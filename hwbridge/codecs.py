@@ -18,15 +18,16 @@ from typing import Literal, Protocol, TypeAlias
 import cbor2
 import orjson
 
+from poirotd.model import producer_problem
+
 TimestampUnit = Literal["s", "ms", "us", "ns"]
 _PER_SECOND: dict[TimestampUnit, float] = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
 # A payload's idempotency key: its producer ("": the topic it came on) and its seq; the bounds
-# are the daemon's (poirotd.store.port.MAX_INTEGER, a producer named like a session).
+# are the daemon's (poirotd.store.port.MAX_INTEGER, poirotd.model.producer_problem).
 PayloadKey: TypeAlias = tuple[str, int]
 MAX_SEQ = 2**63 - 1
-MAX_PRODUCER_CHARS = 256
 
 
 class DecodeError(ValueError):
@@ -158,11 +159,10 @@ class DocumentCodec:
         if self._producer_field is None:
             return "", seq
         producer = document.get(self._producer_field)
-        if not isinstance(producer, str) or not 0 < len(producer) <= MAX_PRODUCER_CHARS:
-            raise DecodeError(
-                f"producer field {self._producer_field!r} is not a string of 1 to "
-                f"{MAX_PRODUCER_CHARS} characters"
-            )
+        if not isinstance(producer, str) or not producer:
+            raise DecodeError(f"producer field {self._producer_field!r} is not a name")
+        if problem := producer_problem(producer):
+            raise DecodeError(f"producer field {self._producer_field!r}: {problem}")
         return producer, seq
 
     def _readings(self, document: object, received_at: datetime) -> list[Reading]:

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, NamedTuple, TypeVar
 
-from hwbridge.codecs import MAX_PRODUCER_CHARS, DecodeError, DocumentCodec
+from hwbridge.codecs import DecodeError, DocumentCodec
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.messages import MessageRoute, ReceivedMessage
 from hwbridge.topics import Route, Router, RouteT
-from poirotd.model import ItemKey, SampleRow, TelemetryBatch
+from poirotd.model import ItemKey, SampleRow, TelemetryBatch, producer_problem
 
 # The in-process consumer interfaces: return once the sink has taken responsibility for the
 # batch; raising means it has not, and nothing from that batch on is acknowledged.
@@ -217,8 +217,8 @@ def _row_keys(key: ItemKey, rows: int) -> list[ItemKey]:
     copy of the payload): the first the payload's, the j-th the payload's with `#j` after the
     producer. Every sample is an item of its own downstream (the forwarder sends each alone)."""
     keys = [key] + [ItemKey(f"{key.producer}#{j}", key.seq) for j in range(1, rows)]
-    if len(keys[-1].producer) > MAX_PRODUCER_CHARS:
-        raise DecodeError(f"the producer's name with #{rows - 1} is over {MAX_PRODUCER_CHARS}")
+    if problem := producer_problem(keys[-1].producer):
+        raise DecodeError(f"the producer's name with #{rows - 1}: {problem}")
     return keys
 
 
@@ -249,8 +249,8 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
         if isinstance(codec, DocumentCodec) and codec.keyed:
             readings, (producer, seq) = codec.decode_keyed(delivery.payload, delivery.received_at)
             key = ItemKey(producer or source, seq)
-            if len(key.producer) > MAX_PRODUCER_CHARS:
-                raise DecodeError(f"topic names the producer, and is over {MAX_PRODUCER_CHARS}")
+            if problem := producer_problem(key.producer):
+                raise DecodeError(problem)
         else:
             readings = codec.decode(delivery.payload, delivery.received_at)
         for field, value, measured_at in readings:

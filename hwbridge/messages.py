@@ -29,9 +29,15 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hwbridge.codecs import MAX_PRODUCER_CHARS, MAX_SEQ, DecodeError
+from hwbridge.codecs import MAX_SEQ, DecodeError
 from hwbridge.topics import Template, TopicFilter
-from poirotd.model import AgentMessage, ItemKey, MessageKind
+from poirotd.model import (
+    MAX_PRODUCER_CHARS,
+    AgentMessage,
+    ItemKey,
+    MessageKind,
+    producer_problem,
+)
 
 
 class MessagePayload(BaseModel):
@@ -105,8 +111,8 @@ class MessageRoute:
         key = None
         if body.seq is not None:
             key = ItemKey(body.producer or topic, body.seq)
-            if len(key.producer) > MAX_PRODUCER_CHARS:
-                raise DecodeError(f"topic names the producer, and is over {MAX_PRODUCER_CHARS}")
+            if problem := producer_problem(key.producer):
+                raise DecodeError(problem)
         elif body.producer:
             raise DecodeError("producer needs seq")
         return ReceivedMessage(message, body.index is not None, payload, key)

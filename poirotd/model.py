@@ -93,6 +93,22 @@ class Reading(NamedTuple):
 SampleRow: TypeAlias = tuple[str, str, float, datetime]
 
 
+# The longest producer name a door takes.
+MAX_PRODUCER_CHARS = 256
+# The OTLP receiver's producers: this prefix, then a span's identity. No other door takes a name
+# with it, so nobody's keys can pass for a span's (and have its message dropped as a copy).
+OTLP_PRODUCER_PREFIX = "otlp:"
+
+
+def producer_problem(producer: str) -> str:
+    """Why a door refuses `producer` as a client's idempotency scope ("" if it does not)."""
+    if len(producer) > MAX_PRODUCER_CHARS:
+        return f"producer is {len(producer)} characters, the limit is {MAX_PRODUCER_CHARS}"
+    if producer.startswith(OTLP_PRODUCER_PREFIX):
+        return f"producer names starting {OTLP_PRODUCER_PREFIX!r} are the OTLP receiver's"
+    return ""
+
+
 class ItemKey(NamedTuple):
     """A producer's idempotency key: the store keeps an item (or the rows of one delivery) with
     a key at most once. `producer` names one incarnation of a producer, `seq` its item."""

@@ -49,6 +49,7 @@ def test_the_payload_schema() -> None:
         ({"index": -1}, "index: Input should be greater than or equal to 0"),
         ({"kind": "robot"}, "kind: Input should be"),
         ({"sender": "chief"}, "sender 'chief' is not the topic's sender 'doctor'"),
+        ({"seq": 1, "producer": "otlp:1"}, "producer names starting 'otlp:' are the OTLP"),
     ]:
         with pytest.raises(DecodeError, match=says):
             decode(body)

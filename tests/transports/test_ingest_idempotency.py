@@ -86,6 +86,7 @@ async def test_another_producer_with_the_same_seqs_is_not_a_copy(
     [
         ("", 3, "seq 2: producer_seq needs a producer"),
         ("p" * 257, 3, "producer is 257 characters, the limit is 256"),
+        ("otlp:abc", 3, "producer names starting 'otlp:' are the OTLP receiver's"),
         ("bridge", 2**63, "is beyond 9223372036854775807"),
     ],
 )

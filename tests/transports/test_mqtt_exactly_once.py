@@ -166,3 +166,18 @@ def test_a_keyed_payload_needs_an_integer_seq() -> None:
     for bad in (b'{"seq": "7", "v": 1}', b'{"seq": 0, "v": 1}', b'[{"seq": 1, "v": 1}]'):
         with pytest.raises(DecodeError):
             codec.decode_keyed(bad, now)
+
+
+def test_a_payloads_producer_is_a_name_other_doors_do_not_own() -> None:
+    codec = DocumentCodec(
+        "json", timestamp_field=None, timestamp_unit="s", key_field="seq", producer_field="by"
+    )
+    now = datetime.now(UTC)
+    assert codec.decode_keyed(b'{"seq": 2, "by": "bridge-a", "v": 1}', now)[1] == ("bridge-a", 2)
+    for bad, says in [
+        (b'{"seq": 2, "by": "", "v": 1}', "is not a name"),
+        (b'{"seq": 2, "by": "otlp:0a", "v": 1}', "are the OTLP receiver's"),
+        (b'{"seq": 2, "by": "' + b"p" * 257 + b'", "v": 1}', "the limit is 256"),
+    ]:
+        with pytest.raises(DecodeError, match=says):
+            codec.decode_keyed(bad, now)

@@ -33,7 +33,7 @@ from poirotd.errors import (
 )
 from poirotd.ingest.pipeline import Admission, IngestPipeline
 from poirotd.ingest.validation import IngestScope
-from poirotd.model import AgentMessage, IngestItem, ItemKey
+from poirotd.model import AgentMessage, IngestItem, ItemKey, producer_problem
 from poirotd.observability.metrics import Metrics
 from poirotd.store.port import MAX_INTEGER
 from poirotd.transports.grpc.clients import ClientLimits, client_identity
@@ -44,7 +44,6 @@ log = structlog.get_logger(__name__)
 _RPC = "Ingest.Stream"
 _MAX_SEQ = 2**64 - 1
 # A producer names itself like a session: the same bound.
-MAX_PRODUCER_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -332,12 +331,8 @@ class IngestServicer(pb_grpc.IngestServicer):
 def _producer(request: pb.IngestRequest) -> str:
     """The request's idempotency scope, checked ("": its items carry no keys)."""
     producer = request.producer
-    if len(producer) > MAX_PRODUCER_CHARS:
-        raise InvalidArgument(
-            f"seq {request.seq}: producer is {len(producer)} characters, "
-            f"the limit is {MAX_PRODUCER_CHARS}",
-            reason="invalid",
-        )
+    if problem := producer_problem(producer):
+        raise InvalidArgument(f"seq {request.seq}: {problem}", reason="invalid")
     return producer
 
 

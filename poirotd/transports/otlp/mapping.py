@@ -34,7 +34,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from poirotd.errors import quote
-from poirotd.model import ItemKey, MessageKind
+from poirotd.model import OTLP_PRODUCER_PREFIX, ItemKey, MessageKind
 
 SessionBy = Literal["conversation", "trace"]
 
@@ -58,9 +58,6 @@ _CHOICE_EVENT = "gen_ai.choice"
 # A parent chain longer than this is a loop (or an attack), not a trace.
 _MAX_DEPTH = 64
 _MAX_SESSION_ID = 256
-# The producer of a message's idempotency key: this prefix, then the span's start time, trace id
-# and span id (hex).
-KEY_PREFIX = "otlp:"
 _TRACE_ID_HEX = 32
 _SPAN_ID_HEX = 16
 
@@ -99,7 +96,7 @@ class MappedMessage(NamedTuple):
             return None
         if not self.trace_id.strip("0") or not self.span_id.strip("0"):
             return None
-        producer = f"{KEY_PREFIX}{self.span_start_ns:016x}{self.trace_id}{self.span_id}"
+        producer = f"{OTLP_PRODUCER_PREFIX}{self.span_start_ns:016x}{self.trace_id}{self.span_id}"
         return ItemKey(producer, self.position)
 
 
