@@ -25,7 +25,11 @@ from tests.support.kubernetes import (
 
 SHARED = K8S / "shared"
 SHARED_MANIFESTS = sorted(p for p in SHARED.glob("*.yaml") if p.name != "kustomization.yaml")
-CRD_KINDS = {("postgresql.cnpg.io/v1", "Cluster"), ("cert-manager.io/v1", "Certificate")}
+CRD_KINDS = {
+    ("postgresql.cnpg.io/v1", "Cluster"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+}
 KUBERNETES_VERSIONS = ("1.29.0", kv.latest_version())
 RPC_GRACE_SECONDS = 5  # poirotd/daemon.py _RPC_GRACE_SECONDS
 
@@ -174,3 +178,28 @@ def test_the_network_policy_admits_the_sidecar_modes_peers_to_the_replicas() -> 
     assert policy["spec"]["ingress"] == sidecar["spec"]["ingress"]
     admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
     assert admitted == {p["containerPort"] for p in poirotd["ports"]}
+
+
+def test_the_servicemonitor_scrapes_each_replica_over_mutual_tls() -> None:
+    monitor = _one("ServiceMonitor", "poirotd-replicas")
+    (service,) = [
+        s
+        for s in _resources()
+        if s["kind"] == "Service"
+        and manifest_selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+    ]
+    assert service["metadata"]["name"] == "poirotd"  # its endpoints: one target per replica
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics" and endpoint["scheme"] == "https"
+    certificate = _one("Certificate", "poirotd-replicas-tls")
+    assert endpoint["tlsConfig"]["serverName"] in certificate["spec"]["dnsNames"]
+    (client,) = [
+        r
+        for r in load_yaml_documents(K8S / "certificates.yaml")
+        if r["kind"] == "Certificate"
+        and r["spec"]["secretName"] == endpoint["tlsConfig"]["cert"]["secret"]["name"]
+    ]
+    assert "client auth" in client["spec"]["usages"]
+    kustomization = yaml.safe_load((SHARED / "kustomization.yaml").read_text())
+    assert "../prometheusrule.yaml" in kustomization["resources"]  # the alerts come along
