@@ -2,11 +2,14 @@
 
     .venv/bin/python -m bench.otlp                    # about a minute
     .venv/bin/python -m bench.otlp --messages 50000 --rounds 5
+    .venv/bin/python -m bench.otlp --messages-per-span 2  # chat spans with their new input
 
 One in-process daemon (the tests' scripted LLM, no rules) takes the same agent messages five
 ways, round by round, alternating: the native `poirot.v1.Ingest` stream (the client's batched
 requests, acked once durable), OTLP/gRPC `TraceService/Export` and OTLP/HTTP `POST /v1/traces`
-(protobuf), each message one GenAI chat span with its output message, built by the real
+(protobuf), each message one GenAI chat span with its output message (the keys' worst case: a
+key a message), or with `--messages-per-span 2` each chat span its new user input and its
+output (a key per two messages, as a conversational agent's model calls give), built by the real
 OpenTelemetry SDK and encoded by its exporter's encoder, in exports of 512 spans as the SDK's
 BatchSpanProcessor makes them. Every way's requests are built before its clock starts.
 
@@ -69,44 +72,55 @@ def _content(i: int) -> str:
     return f"{CONTENT[i % len(CONTENT)]} (#{i})"
 
 
-def native_requests(session_id: str, count: int) -> list[pb.IngestRequest]:
+def native_requests(session_id: str, count: int, per_span: int = 1) -> list[pb.IngestRequest]:
+    """`count` messages: with `per_span` 2, a user's request to an agent, then its answer."""
     now = datetime.now(UTC)
     items: list[Session | AgentMessage] = [
         Session(session_id=session_id, system=SPEC.system.name, started_at=now)
     ]
-    items += [
-        AgentMessage(
-            session_id=session_id,
-            index=i,
-            kind=MessageKind.AGENT,
-            sender=AGENTS[i % 2],
-            content=_content(i),
-            sent_at=now,
+    for i in range(count):
+        agent = AGENTS[i // per_span % 2]
+        asked = per_span == 2 and i % 2 == 0
+        items.append(
+            AgentMessage(
+                session_id=session_id,
+                index=i,
+                kind=MessageKind.HUMAN if asked else MessageKind.AGENT,
+                sender="user" if asked else agent,
+                recipient=agent if asked else "",
+                content=_content(i),
+                sent_at=now,
+            )
         )
-        for i in range(count)
-    ]
     return [convert.ingest_request(item) for item in items]
 
 
-def otlp_exports(conversation: str, count: int) -> list[ExportTraceServiceRequest]:
-    """The same messages as GenAI chat spans, one message each, in exports of 512 spans."""
+def otlp_exports(
+    conversation: str, count: int, per_span: int = 1
+) -> list[ExportTraceServiceRequest]:
+    """The same messages as GenAI chat spans, `per_span` each (its output; with 2, the user's
+    request as its input before it), in exports of 512 spans."""
+    if per_span not in (1, 2):
+        raise ValueError(f"messages per span: 1 or 2, not {per_span}")
     memory = InMemorySpanExporter()
     traced = provider(SimpleSpanProcessor(memory))
     tracer = traced.get_tracer("bench")
     t0 = time.time_ns() - 10_000_000_000
-    for i in range(count):
+    for n in range(count // per_span):
+        i = n * per_span + per_span - 1  # the answer's number among the messages
         reply = [{"role": "assistant", "parts": [{"type": "text", "content": _content(i)}]}]
-        span = tracer.start_span(
-            "chat small-model",
-            start_time=t0 + i * 1000,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.agent.name": AGENTS[i % 2],
-                "gen_ai.conversation.id": conversation,
-                "gen_ai.output.messages": json.dumps(reply),
-            },
-        )
-        span.end(end_time=t0 + i * 1000 + 500)
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.agent.name": AGENTS[n % 2],
+            "gen_ai.conversation.id": conversation,
+            "gen_ai.output.messages": json.dumps(reply),
+        }
+        if per_span == 2:
+            request = [{"role": "user", "parts": [{"type": "text", "content": _content(i - 1)}]}]
+            attributes["gen_ai.input.messages"] = json.dumps(request)
+        start = t0 + n * 1000
+        span = tracer.start_span("chat small-model", start_time=start, attributes=attributes)
+        span.end(end_time=start + 500)
     traced.shutdown()
     spans = memory.get_finished_spans()
     return [
@@ -171,7 +185,9 @@ async def started_daemon(folder: Path, spec: SystemSpec) -> Daemon:
     return daemon
 
 
-async def run(messages: int, rounds: int, exporters: int) -> dict[str, list[Rates]]:
+async def run(
+    messages: int, rounds: int, exporters: int, per_span: int = 1
+) -> dict[str, list[Rates]]:
     spec = SPEC.model_copy(update={"rules": ()})
     ways = _ways(exporters)
     rates: dict[str, list[Rates]] = {way: [] for way in ways}
@@ -198,17 +214,18 @@ async def run(messages: int, rounds: int, exporters: int) -> dict[str, list[Rate
                     assert answer.status_code == 200, answer.text
 
                 for r in range(rounds):
-                    batches = list(batched(native_requests(f"native-{r}", messages)))
+                    native = native_requests(f"native-{r}", messages, per_span)
+                    batches = list(batched(native))
                     sends: dict[str, Callable[[], Awaitable[None]]] = {
                         "native": partial(_stream, client, batches)
                     }
                     for way, count in (("otlp_grpc", 1), ("otlp_grpc_n", exporters)):
-                        shares = _shares(otlp_exports(f"{way}-{r}", messages), count)
+                        exports = otlp_exports(f"{way}-{r}", messages, per_span)
+                        shares = _shares(exports, count)
                         sends[way] = partial(_concurrently, shares, export_grpc)
                     for way, count in (("otlp_http", 1), ("otlp_http_n", exporters)):
-                        bodies = [
-                            e.SerializeToString() for e in otlp_exports(f"{way}-{r}", messages)
-                        ]
+                        exports = otlp_exports(f"{way}-{r}", messages, per_span)
+                        bodies = [e.SerializeToString() for e in exports]
                         sends[way] = partial(_concurrently, _shares(bodies, count), export_http)
                     for way, send in sends.items():
                         rates[way].append(await _measured(messages, send))
@@ -241,10 +258,11 @@ async def _stream(client: PoirotClient, batches: Sequence[pb.IngestRequest]) -> 
     assert durable == batches[-1].seq + len(batches[-1].items) - 1, durable
 
 
-def mapping_cpu_us(messages: int, repeats: int = 5) -> float:
-    """CPU microseconds the span mapping alone takes a span (best of `repeats` passes over one
-    round's exports, already decoded): the part of OTLP's cost the native stream does not have."""
-    exports = otlp_exports("mapping", messages)
+def mapping_cpu_us(messages: int, per_span: int = 1, repeats: int = 5) -> float:
+    """CPU microseconds the span mapping alone takes a message (best of `repeats` passes over
+    one round's exports, already decoded): the part of OTLP's cost the native stream does not
+    have."""
+    exports = otlp_exports("mapping", messages, per_span)
     agents = SPEC.agents_by_alias()
     best = float("inf")
     for _ in range(repeats):
@@ -262,7 +280,7 @@ class KeyCost(NamedTuple):
     keyed: float
 
 
-def keys_cpu_us(messages: int, repeats: int = 5) -> KeyCost:
+def keys_cpu_us(messages: int, per_span: int = 1, repeats: int = 5) -> KeyCost:
     """What the messages' idempotency keys cost the commit: one round's messages, mapped from
     their exports and committed an export at a time to a new SQLite store, without keys and
     with them (a producer per span, as the receiver gives), alternating; best of `repeats`
@@ -270,16 +288,17 @@ def keys_cpu_us(messages: int, repeats: int = 5) -> KeyCost:
     agents = SPEC.agents_by_alias()
     exports = [
         map_export(export, agents, session_by="conversation").messages
-        for export in otlp_exports("keys", messages)
+        for export in otlp_exports("keys", messages, per_span)
     ]
     now = datetime.now(UTC)
     batches = [
         [
             AgentMessage(
                 session_id="keys",
-                index=i * SPANS_PER_EXPORT + j,
+                index=i * SPANS_PER_EXPORT * per_span + j,
                 kind=m.kind,
                 sender=m.sender,
+                recipient=m.recipient,
                 content=m.content,
                 sent_at=now,
                 trace_id=m.trace_id,
@@ -325,6 +344,7 @@ def section(
     exporters: int,
     mapping_us: float,
     keys: KeyCost,
+    per_span: int = 1,
 ) -> str:
     ways = _ways(exporters)
     rows = []
@@ -341,8 +361,9 @@ def section(
         )
     table = "\n".join(rows)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""{report.begin_marker(SECTION)}
-## OTLP trace ingest against the native stream (`python -m bench.otlp`)
+    name, shape = _shaped(per_span)
+    return f"""{report.begin_marker(name)}
+## OTLP trace ingest against the native stream (`python -m bench.otlp{shape.flag}`)
 
 {when}, commit {report.commit_text()}; {_cpus()} CPUs, Python {platform.python_version()};
 the garbage collector set as `poirotd run` sets it (`gc_tuning.tune_for_daemon`).
@@ -356,9 +377,8 @@ OTLP exports of {SPANS_PER_EXPORT} spans (protobuf).
 Every round's messages are checked stored (all {messages:,} of each way) before the figures
 are written. Ratios are the median of each round's ratio (the ways of a round ran back to back,
 under about the same load); the CPU columns count the whole process's CPU time (daemon and
-clients, every thread), which the machine's other tenants disturb less than the clock. Each
-message is one GenAI chat span (agent name, conversation id, its output message as
-`gen_ai.output.messages` JSON), built by the OpenTelemetry SDK and encoded by its exporter's
+clients, every thread), which the machine's other tenants disturb less than the clock. {shape.text}
+built by the OpenTelemetry SDK and encoded by its exporter's
 encoder before the clock starts; the native requests are built and batched (64 KB requests,
 some 1,400 messages each) before it too. Like with like: the native stream has two requests in
 flight (the daemon admits the next while the one before commits); an exporter waits for each
@@ -368,14 +388,38 @@ sends from 10 consumers by default) have {exporters}. The goal applies to those 
 adds per message is the span's decoding and mapping (attributes to a dict, the messages' JSON,
 placing the span in its trace) and a durable commit per export of {SPANS_PER_EXPORT} spans where
 the native stream commits some 1,400 messages at a time. The mapping alone took
-{mapping_us:.1f} µs of CPU a span in this run (best of 5 passes over {messages:,} decoded spans),
+{mapping_us:.1f} µs of CPU a message in this run (best of 5 passes over the decoded spans),
 against {1e6 / statistics.median(r.cpu for r in rates["native"]):.1f} µs a message for all of the
-native way (daemon and client). The messages' idempotency keys (a producer per span: here a key
-per message, the most a message can cost; a span of several messages is one lookup and one run)
-cost the commit {keys.keyed - keys.without:.1f} µs of CPU a message: the same {messages:,}
-messages committed to a new SQLite store an export at a time took {keys.without:.1f} µs a message
-without keys and {keys.keyed:.1f} µs with them (best of 5 each, alternating).
-{report.end_marker(SECTION)}"""
+native way (daemon and client). The messages' idempotency keys (a producer per span, a seq per
+message in it: {shape.keys}) cost the commit {keys.keyed - keys.without:.1f} µs of CPU a
+message: the same {messages:,} messages committed to a new SQLite store an export at a time took
+{keys.without:.1f} µs a message without keys and {keys.keyed:.1f} µs with them (best of 5 each,
+alternating).
+{report.end_marker(name)}"""
+
+
+class _Shape(NamedTuple):
+    flag: str  # the option that gives it, as the section's title shows it
+    text: str  # what a span carries
+    keys: str  # what that means for the keys
+
+
+def _shaped(per_span: int) -> tuple[str, _Shape]:
+    """The report section of a run with `per_span` messages a span, and how it reads."""
+    if per_span == 1:
+        return SECTION, _Shape(
+            "",
+            "Each message is one GenAI chat span (agent name, conversation id, its output "
+            "message as `gen_ai.output.messages` JSON),",
+            "here a key a message, the most a message can cost",
+        )
+    return f"{SECTION}.{per_span}", _Shape(
+        f" --messages-per-span {per_span}",
+        "Each GenAI chat span (agent name, conversation id) carries two messages: the user's "
+        "request as `gen_ai.input.messages` and the agent's answer as "
+        "`gen_ai.output.messages`; the native way sends the same requests and answers,",
+        "here one key row for each span's two messages",
+    )
 
 
 def _median_ratio(rates: list[float], native: list[float]) -> float:
@@ -396,19 +440,27 @@ def main() -> None:
         "--exporters", type=int, default=2, help="concurrent exporters of the like-with-like rows"
     )
     parser.add_argument(
+        "--messages-per-span",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: each chat span its answer; 2: its new user input too",
+    )
+    parser.add_argument(
         "--no-report", action="store_true", help="print, do not write BENCHMARKS.md"
     )
     args = parser.parse_args()
     # The daemon's process runs with this collector setting (Daemon.run_until_signalled), as
     # bench.ingest's in-process runs do.
     tune_for_daemon()
-    rates = asyncio.run(run(args.messages, args.rounds, args.exporters))
-    mapping_us = mapping_cpu_us(args.messages)
-    keys = keys_cpu_us(args.messages)
-    text = section(rates, args.messages, args.rounds, args.exporters, mapping_us, keys)
+    per_span = args.messages_per_span
+    rates = asyncio.run(run(args.messages, args.rounds, args.exporters, per_span))
+    mapping_us = mapping_cpu_us(args.messages, per_span)
+    keys = keys_cpu_us(args.messages, per_span)
+    text = section(rates, args.messages, args.rounds, args.exporters, mapping_us, keys, per_span)
     print(text)
     if not args.no_report:
-        report.write_section(SECTION, text)
+        report.write_section(_shaped(per_span)[0], text)
 
 
 if __name__ == "__main__":
