@@ -20,7 +20,10 @@ concurrently (default 2: two requests in flight, as the native stream; several i
 processes, or a Collector, whose exporter sends from 10 consumers by default). A rate is
 messages durable per second from the first request to the last answer; the figures are the
 median rate over rounds and the median of each round's ratio to the native rate (goal ≥ 0.5,
-for the like-with-like rows). The result replaces this bench's section of BENCHMARKS.md.
+for the like-with-like rows). The clients run in the daemon's process (its CPU counts theirs):
+grpc's for both gRPC ways, aiohttp's for OTLP/HTTP (httpx, measured first, cost the HTTP rows
+several hundredths of the ratio). The result replaces this bench's section of BENCHMARKS.md
+(one section per shape).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 import grpc
-import httpx
+import aiohttp
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -199,7 +202,7 @@ async def run(
             async with (
                 PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client,
                 grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel,
-                httpx.AsyncClient(timeout=60) as http,
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http,
             ):
                 stub = trace_service_pb2_grpc.TraceServiceStub(channel)
 
@@ -208,10 +211,10 @@ async def run(
                     assert not answer.partial_success.rejected_spans, answer
 
                 async def export_http(body: bytes) -> None:
-                    answer = await http.post(
-                        url, content=body, headers={"Content-Type": "application/x-protobuf"}
-                    )
-                    assert answer.status_code == 200, answer.text
+                    headers = {"Content-Type": "application/x-protobuf"}
+                    async with http.post(url, data=body, headers=headers) as answer:
+                        assert answer.status == 200, await answer.text()
+                        await answer.read()
 
                 for r in range(rounds):
                     native = native_requests(f"native-{r}", messages, per_span)
@@ -377,7 +380,8 @@ OTLP exports of {SPANS_PER_EXPORT} spans (protobuf).
 Every round's messages are checked stored (all {messages:,} of each way) before the figures
 are written. Ratios are the median of each round's ratio (the ways of a round ran back to back,
 under about the same load); the CPU columns count the whole process's CPU time (daemon and
-clients, every thread), which the machine's other tenants disturb less than the clock. {shape.text}
+clients, every thread: grpc's clients, aiohttp's for OTLP/HTTP), which the machine's other
+tenants disturb less than the clock. {shape.text}
 built by the OpenTelemetry SDK and encoded by its exporter's
 encoder before the clock starts; the native requests are built and batched (64 KB requests,
 some 1,400 messages each) before it too. Like with like: the native stream has two requests in
