@@ -41,8 +41,8 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
-import grpc
 import aiohttp
+import grpc
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
