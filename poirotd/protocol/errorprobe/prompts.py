@@ -2,7 +2,8 @@
 roles of the diagnosis (Strategist, Investigator, Arbiter).
 
 Each request is the team's system turn (the same for every role) and one user turn: what the
-system is, the regions and the incident, then the material of the role (the session or its
+system is (with the regions and the incident where the role needs them), then the material of
+the role (the session or its
 causal chain, tags, memory, hypotheses, checked evidence), then the role and its rules, then
 the answer format. The role comes after the material so that the Strategist's and the
 Investigators' requests share their prompt up to the end of the causal chain: a prefix cache
