@@ -39,12 +39,23 @@ def _all_keys(items: Sequence[CommitItem], keys: Sequence[ItemKey | None]) -> It
             yield from (key for key in item.keys if key is not None)
 
 
-def seen_in(ranges: Iterable[tuple[int, int]], producer: str, seqs: set[int]) -> set[ItemKey]:
-    """The keys among `seqs` that stored ranges (first, last) of `producer` hold."""
+def seen_in(stored: Iterable[tuple[str, int, int]], wanted: Mapping[str, set[int]]) -> set[ItemKey]:
+    """The batch's `wanted` keys that stored runs (producer, first, last) hold."""
     found: set[ItemKey] = set()
-    for first, last in ranges:
-        found.update(ItemKey(producer, seq) for seq in seqs if first <= seq <= last)
+    for producer, first, last in stored:
+        found.update(ItemKey(producer, seq) for seq in wanted[producer] if first <= seq <= last)
     return found
+
+
+def key_rows(
+    new_keys: Mapping[str, Collection[int]], stored_us: int
+) -> list[tuple[str, int, int, int]]:
+    """The rows (producer, last, first, stored_us) that record a commit's new keys, a run each."""
+    return [
+        (producer, last, first, stored_us)
+        for producer, seqs in new_keys.items()
+        for first, last in runs(seqs)
+    ]
 
 
 @dataclass

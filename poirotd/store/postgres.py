@@ -404,7 +404,7 @@ class PostgresStore(StoreReads):
                 stored_ids = {session_id for (session_id,) in await found.fetchall()}
                 if missing := [s for s in unknown if s not in stored_ids]:
                     raise UnknownSessionError(missing[0])
-            if held is not None and _seen(await held.fetchall(), wanted):
+            if held is not None and idempotency.seen_in(await held.fetchall(), wanted):
                 raise _CopiesFound
             stored = [
                 (SESSIONS, row)
@@ -444,15 +444,10 @@ class PostgresStore(StoreReads):
         bounds = ([min(wanted[p]) for p in producers], [max(wanted[p]) for p in producers])
         answer = await conn.execute(_SEEN_KEYS, (producers, *bounds))
         held = answer if optimistic else None
-        seen = set() if optimistic else _seen(await answer.fetchall(), wanted)
+        seen = set() if optimistic else idempotency.seen_in(await answer.fetchall(), wanted)
         kept = idempotency.drop_seen(items, keys, seen, wanted)
         now_us = micros(datetime.now(UTC))
-        new_runs = [
-            (producer, last, first, now_us)
-            for producer, seqs in kept.new_keys.items()
-            for first, last in idempotency.runs(seqs)
-        ]
-        if new_runs:
+        if new_runs := idempotency.key_rows(kept.new_keys, now_us):
             columns = [list(column) for column in zip(*new_runs, strict=True)]
             await conn.execute(_INSERT_KEYS, columns)
         if (before := self._key_window.prune_before(now_us)) is not None:
@@ -780,14 +775,6 @@ def _first_of_each(items: Sequence[CommitItem]) -> list[AgentMessage]:
 
 class _CopiesFound(Exception):
     """An optimistic commit met keys the store holds: it is rolled back and written again."""
-
-
-def _seen(runs: Sequence[tuple[Any, ...]], wanted: dict[str, set[int]]) -> set[ItemKey]:
-    """The batch's keys that stored runs (producer, first, last) hold."""
-    seen: set[ItemKey] = set()
-    for producer, first, last in runs:
-        seen |= idempotency.seen_in([(first, last)], producer, wanted[producer])
-    return seen
 
 
 class _Head:

@@ -502,14 +502,7 @@ def _drop_seen_keys(
         return idempotency.Kept(list(items), list(range(len(items))))
     kept = idempotency.drop_seen(items, keys, _stored_keys(conn, by_producer), by_producer)
     now_us = micros(datetime.now(UTC))
-    conn.executemany(
-        _INSERT_KEYS,
-        [
-            (producer, last, first, now_us)
-            for producer, seqs in kept.new_keys.items()
-            for first, last in idempotency.runs(seqs)
-        ],
-    )
+    conn.executemany(_INSERT_KEYS, idempotency.key_rows(kept.new_keys, now_us))
     if (before := window.prune_before(now_us)) is not None:
         conn.execute(_PRUNE_KEYS, (before,))
     return kept
@@ -523,12 +516,9 @@ def _stored_keys(conn: sqlite3.Connection, by_producer: dict[str, set[int]]) -> 
     if highest is None:
         return set()
     bounds = [(p, min(seqs), max(seqs)) for p, seqs in by_producer.items() if p <= highest]
-    seen: set[ItemKey] = set()
     if not bounds:
-        return seen
-    for producer, first, last in conn.execute(_SEEN_KEYS, (json.dumps(bounds),)):
-        seen |= idempotency.seen_in([(first, last)], producer, by_producer[producer])
-    return seen
+        return set()
+    return idempotency.seen_in(conn.execute(_SEEN_KEYS, (json.dumps(bounds),)), by_producer)
 
 
 def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:
