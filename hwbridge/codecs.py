@@ -19,15 +19,16 @@ import cbor2
 import orjson
 
 from poirotd.model import producer_problem
+from poirotd.store.port import MAX_INTEGER
 
 TimestampUnit = Literal["s", "ms", "us", "ns"]
 _PER_SECOND: dict[TimestampUnit, float] = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
 # A payload's idempotency key: its producer ("": the topic it came on) and its seq; the bounds
-# are the daemon's (poirotd.store.port.MAX_INTEGER, poirotd.model.producer_problem).
+# are the daemon's (the store's largest integer, poirotd.model.producer_problem).
 PayloadKey: TypeAlias = tuple[str, int]
-MAX_SEQ = 2**63 - 1
+MAX_SEQ = MAX_INTEGER
 
 
 class DecodeError(ValueError):

@@ -43,7 +43,6 @@ log = structlog.get_logger(__name__)
 
 _RPC = "Ingest.Stream"
 _MAX_SEQ = 2**64 - 1
-# A producer names itself like a session: the same bound.
 
 
 @dataclass(frozen=True)
