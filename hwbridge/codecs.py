@@ -18,8 +18,7 @@ from typing import Literal, Protocol, TypeAlias
 import cbor2
 import orjson
 
-from poirotd.model import producer_problem
-from poirotd.store.port import MAX_INTEGER
+from poirotd.model import MAX_INTEGER, producer_problem
 
 TimestampUnit = Literal["s", "ms", "us", "ns"]
 _PER_SECOND: dict[TimestampUnit, float] = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}

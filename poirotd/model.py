@@ -93,6 +93,9 @@ class Reading(NamedTuple):
 SampleRow: TypeAlias = tuple[str, str, float, datetime]
 
 
+# The largest integer every store adapter keeps (SQLite's INTEGER, PostgreSQL's bigint): indexes,
+# event ids, producer seqs and the like are checked against it before they reach a store.
+MAX_INTEGER = 2**63 - 1
 # The longest producer name a door takes.
 MAX_PRODUCER_CHARS = 256
 # The OTLP receiver's producers: this prefix, then a span's identity. No other door takes a name

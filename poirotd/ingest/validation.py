@@ -14,8 +14,16 @@ from datetime import UTC, datetime, timedelta
 
 from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, quote
-from poirotd.model import AgentMessage, IngestItem, MessageKind, SampleRow, Session, TelemetrySample
-from poirotd.store import MAX_INTEGER, Store
+from poirotd.model import (
+    MAX_INTEGER,
+    AgentMessage,
+    IngestItem,
+    MessageKind,
+    SampleRow,
+    Session,
+    TelemetrySample,
+)
+from poirotd.store import Store
 
 # The most telemetry streams a scope remembers as passed; then it starts over.
 _PASSED_STREAMS = 4096

@@ -16,6 +16,7 @@ from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.runner import InvestigationRunner
 from poirotd.model import (
+    MAX_INTEGER,
     AgentReputation,
     ConfirmedOutcome,
     EventKind,
@@ -30,7 +31,7 @@ from poirotd.observability.metrics import Metrics
 from poirotd.protocol.errorprobe.memory import learn_from_confirmation
 from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.reputation import betas_in_use, reassess
-from poirotd.store import MAX_INTEGER, AlreadyConfirmedError, Store
+from poirotd.store import AlreadyConfirmedError, Store
 
 log = structlog.get_logger(__name__)
 

@@ -5,7 +5,6 @@ for several daemons over one database."""
 
 from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.port import (
-    MAX_INTEGER,
     AlreadyConfirmedError,
     Lease,
     LeaseLostError,
@@ -18,7 +17,6 @@ from poirotd.store.sqlite import SqliteStore
 
 __all__ = [
     "GENESIS_HASH",
-    "MAX_INTEGER",
     "AlreadyConfirmedError",
     "Lease",
     "LeaseLostError",

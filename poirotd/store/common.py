@@ -13,6 +13,7 @@ from operator import itemgetter
 from typing import TypeAlias, TypeVar
 
 from poirotd.model import (
+    MAX_INTEGER,
     AgentMessage,
     CommitItem,
     ConfirmedOutcome,
@@ -25,7 +26,7 @@ from poirotd.model import (
     TelemetrySample,
     row_of,
 )
-from poirotd.store.port import MAX_INTEGER, AlreadyConfirmedError, MemoryUpdate
+from poirotd.store.port import AlreadyConfirmedError, MemoryUpdate
 from poirotd.store.records import MessageBlock, TelemetryBlock, message_row_of, micros
 
 _T = TypeVar("_T")

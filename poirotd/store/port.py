@@ -44,9 +44,6 @@ from poirotd.model import (
 )
 from poirotd.store.idempotency import Duplicates
 
-# The largest integer every adapter stores (SQLite's INTEGER, PostgreSQL's bigint): indexes, event
-# ids and the like are checked against it before they reach a store.
-MAX_INTEGER = 2**63 - 1
 # Seconds an ingest item's idempotency key is kept after its commit (POIROTD_IDEMPOTENCY_WINDOW_
 # SECONDS): a copy arriving later is stored again.
 DEFAULT_IDEMPOTENCY_WINDOW = 3600.0

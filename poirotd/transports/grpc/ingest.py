@@ -33,9 +33,8 @@ from poirotd.errors import (
 )
 from poirotd.ingest.pipeline import Admission, IngestPipeline
 from poirotd.ingest.validation import IngestScope
-from poirotd.model import AgentMessage, IngestItem, ItemKey, producer_problem
+from poirotd.model import MAX_INTEGER, AgentMessage, IngestItem, ItemKey, producer_problem
 from poirotd.observability.metrics import Metrics
-from poirotd.store.port import MAX_INTEGER
 from poirotd.transports.grpc.clients import ClientLimits, client_identity
 from poirotd.transports.grpc.status import abort
 
