@@ -28,11 +28,10 @@ from collections.abc import Mapping
 
 from poirot_eval.cases import EvalCase
 from poirot_eval.results import CaseResult, TokenUsage
-from poirotd.model import Attribution
 from poirotd.protocol.ensemble import MemberRun, combined
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.hazard_space import pinned_hazard_space
-from poirotd.protocol.method import Case, MethodResult
+from poirotd.protocol.method import Case, MethodResult, argmax_attribution
 from poirotd.protocol.spotlight import Spotlight
 
 # A failed member line whose error says the daemon itself broke, not the method.
@@ -109,14 +108,8 @@ def _error(line: CaseResult) -> str:
 def _method_result(line: CaseResult) -> MethodResult | None:
     if line.status != "ok":
         return None
-    top = tuple(j for j, s in enumerate(line.scores) if s == max(line.scores) and s > 0)
-    attribution = Attribution(
-        scores=line.scores,
-        top=top,
-        tie=len(top) > 1,
-        decision=line.decision,
-        rule=f"recorded {line.method} line",
-        beta=0.0,
-        step=line.step,
-    )
-    return MethodResult(attribution=attribution, votes=line.votes)
+    # Its top regions as the daemon finds them; its decision as recorded (a member may decide
+    # by a threshold rule).
+    attribution = argmax_attribution(line.scores, f"recorded {line.method} line", line.step)
+    recorded = attribution.model_copy(update={"decision": line.decision})
+    return MethodResult(attribution=recorded, votes=line.votes)
