@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import cast
 
 import pytest
 
 from poirot_eval import blame
-from poirot_eval.cases import EvalCase
+from poirot_eval.cases import Dataset, EvalCase
 from poirot_eval.loaders import DATASETS, load_cases
 from poirot_eval.parts import region_ids
 from poirot_eval.session import session_id_of, session_items
@@ -135,6 +136,16 @@ def test_filters_select_limit_and_reject_unknown_ids() -> None:
     assert len(load_cases("tracertraj", DATA, limit=2)) == 2
     with pytest.raises(KeyError, match="nope"):
         load_cases("blame-cortex", DATA, ids=["nope"])
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_a_dataset_missing_from_the_data_folder_says_where_to_get_it(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    with pytest.raises(FileNotFoundError) as missing:
+        load_cases(dataset, tmp_path)
+    assert str(missing.value).startswith(f"no {tmp_path}/")
+    assert f'lacks {dataset}; README.md, "Evaluation on public benchmarks"' in str(missing.value)
 
 
 class _EmptyStore:
