@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMPS := .stamps
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint proto bench bench-tta clean
+.PHONY: demo test test-fast lint proto bench-tta clean
 
 demo: $(STAMPS)/python-deps $(STAMPS)/system-deps
 	$(BIN)/poirotd demo
@@ -50,6 +50,7 @@ $(STAMPS)/system-deps:
 	@mkdir -p $(STAMPS) && touch $@
 
 # poirotd against poirot-framework 0.2.0 (own venv, made on first use) on Who&When: about an hour.
+# The cases come from POIROTD_EVAL_DATA, the data folder holding whowhen/ (README.md: Evaluation).
 bench-tta: $(STAMPS)/python-deps
 	$(BIN)/python -m bench.tta
 

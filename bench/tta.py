@@ -1,7 +1,10 @@
 """Time to attribution (issue #3): poirotd against poirot-framework 0.2.0's full mode (C3).
 
-    .venv/bin/python -m bench.tta                  # the fixed cases, about an hour on 2 cores
-    .venv/bin/python -m bench.tta --cases 38 --no-write    # one case, to try the set-up
+    .venv/bin/python -m bench.tta --data DIR       # the fixed cases, about an hour on 2 cores
+    .venv/bin/python -m bench.tta --data DIR --cases 38 --no-write    # one case, to try the set-up
+
+DIR is the data folder `poirotd eval --data-dir` reads (POIROTD_EVAL_DATA when --data is not
+given): the cases come from its whowhen/Algorithm-Generated (README.md says where to get it).
 
 Both sides investigate the same Who&When Algorithm-Generated cases against one llama.cpp server
 (`python -m llama_cpp.server`, the embedded SmolLM2-135M, one slot: that server serves one request
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import os
 import platform
 import re
 import signal
@@ -52,7 +56,7 @@ from poirotd.protocol.hazard_space import agent_region
 from poirotd.protocol.prompts import Incident
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "whowhen" / "Algorithm-Generated"
+CASES_FOLDER = Path("whowhen") / "Algorithm-Generated"
 LIBRARY = "poirot-framework==0.2.0"
 LIBRARY_VENV = ROOT / ".venv-bench-lib"
 LIBRARY_DRIVER = Path(__file__).with_name("tta_library.py")
@@ -835,7 +839,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES))
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=os.environ.get("POIROTD_EVAL_DATA"),
+        help="the data folder holding whowhen/ (default: POIROTD_EVAL_DATA)",
+    )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
@@ -854,6 +863,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sittings, max_tokens, runs = load_runs(args.render)
         _report(sittings, max_tokens, runs, write=not args.no_write)
         return
+    if args.data is None:
+        parser.error("--data (or POIROTD_EVAL_DATA): the data folder holding whowhen/")
     ensure_library_venv()
     logs = Path(tempfile.mkdtemp(prefix="bench-tta-"))
     print(f"logs: {logs}", flush=True)
@@ -869,7 +880,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     done = {(r.case_id, r.side) for r in runs}
     # The section is rewritten after every case: an interrupted run still leaves its figures.
     for case_id in args.cases:
-        case = load_case(args.data / f"{case_id}.json")
+        case = load_case(args.data / CASES_FOLDER / f"{case_id}.json")
         for side in args.sides:
             if (case_id, side) in done:
                 continue

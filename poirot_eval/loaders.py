@@ -21,9 +21,15 @@ def load_cases(
 ) -> list[EvalCase]:
     """The dataset's cases in its own order; `ids` keeps those (all must exist), then `limit`.
 
-    `data_dir` is the shared data folder (the one holding blame/, whowhen/, tracertraj/).
+    `data_dir` is the data folder the user names (the one holding blame/, whowhen/,
+    tracertraj/); the datasets are not in the repository, so a missing one says where to look.
     """
     where = source(dataset, data_dir)
+    if not where.exists():
+        raise FileNotFoundError(
+            f"no {where}: the data folder (--data-dir, POIROTD_EVAL_DATA) lacks {dataset}; "
+            'README.md, "Evaluation on public benchmarks", says where to get it'
+        )
     if dataset == "tracertraj":
         by_id = {c.case_id: c for c in tracertraj.load_all(data_dir)}
         return [by_id[i] for i in _chosen(list(by_id), ids, limit, where)]

@@ -148,7 +148,8 @@ def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
     monkeypatch.setattr(tta, "ensure_library_venv", lambda: None)
     monkeypatch.setattr(tta, "load_case", lambda path: SimpleNamespace(case_id=path.stem))
     monkeypatch.setattr(tta, "investigate", investigate)
-    tta.main(["--cases", "7", "8", "--runs", str(saved), "--no-write", "--note", "idle"])
+    data = ["--data", str(tmp_path)]
+    tta.main([*data, "--cases", "7", "8", "--runs", str(saved), "--no-write", "--note", "idle"])
 
     assert ran == [("8", "poirotd"), ("8", "library")]
     sittings, _, runs = load_runs(saved)
@@ -158,7 +159,28 @@ def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
     section = " ".join(render(runs, 512, sittings).split())
     assert "commit `abc1234`: cases not recorded." in section and ": cases 8; idle." in section
     with pytest.raises(SystemExit):
-        tta.main(["--cases", "7", "--runs", str(saved), "--max-tokens", "256", "--no-write"])
+        tta.main([*data, "--cases", "7", "--runs", str(saved), "--max-tokens", "256", "--no-write"])
+
+
+def test_the_cases_come_from_the_data_folder_the_user_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Read(Exception):
+        """Stops the bench at its first case, carrying the file it would read."""
+
+    def load_case(path: Path) -> None:
+        raise Read(path)
+
+    monkeypatch.setattr(tta, "ensure_library_venv", lambda: None)
+    monkeypatch.setattr(tta, "load_case", load_case)
+    monkeypatch.delenv("POIROTD_EVAL_DATA", raising=False)
+    with pytest.raises(SystemExit):
+        tta.main(["--cases", "7", "--no-write"])
+    assert "--data (or POIROTD_EVAL_DATA)" in capsys.readouterr().err
+    monkeypatch.setenv("POIROTD_EVAL_DATA", str(tmp_path))
+    with pytest.raises(Read) as read:
+        tta.main(["--cases", "7", "--no-write"])
+    assert read.value.args == (tmp_path / "whowhen" / "Algorithm-Generated" / "7.json",)
 
 
 def test_a_run_without_attribution_makes_its_side_a_lower_bound() -> None:

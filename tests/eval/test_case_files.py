@@ -20,7 +20,6 @@ from tests.support.data import DATA, RUNS
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-@pytest.mark.skipif(not (DATA / "whowhen").is_dir(), reason="needs the shared data")
 def test_export_writes_a_case_every_command_reads_back(tmp_path: Path) -> None:
     first, again = tmp_path / "case.json", tmp_path / "again.json"
     exported = poirotd(
@@ -47,7 +46,6 @@ def test_a_file_that_is_not_a_case_names_its_fields(tmp_path: Path) -> None:
     assert 'expected a one-case JSON file {"dataset": DATASET' in message
 
 
-@pytest.mark.skipif(not RUNS.is_dir(), reason="needs the shared data")
 def test_replaying_a_web_tool_run_says_how_to_import_it() -> None:
     run = RUNS / "cortex_182.json"
     replay = poirotd("replay", str(run), "--target", "127.0.0.1:1")

@@ -1,24 +1,33 @@
-"""Loaders: each dataset becomes EvalCases with a pinned space, the session only, and its truth."""
+"""Loaders: each dataset becomes EvalCases with a pinned space, the session only, and its truth.
+The cases in the repository (tests/data/eval) are checked one by one; the checks over every case
+also read the full published sets when POIROTD_EVAL_DATA names them."""
 
 from __future__ import annotations
 
 import json
 import re
-from typing import cast
+from pathlib import Path
+from typing import Literal, cast
 
 import pytest
 
 from poirot_eval import blame
-from poirot_eval.cases import EvalCase
+from poirot_eval.cases import Dataset, EvalCase
 from poirot_eval.loaders import DATASETS, load_cases
 from poirot_eval.parts import region_ids
 from poirot_eval.session import session_id_of, session_items
 from poirotd.ingest.validation import IngestScope, SignalNames
 from poirotd.model import MessageKind
 from poirotd.store import Store
-from tests.support.data import DATA
+from tests.support.data import DATA, full_data
 
 ID = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+Where = Literal["subset", "full"]
+
+
+def _folder(where: Where, dataset: Dataset) -> Path:
+    """The cases in the repository, or the full published set (skipped when not at hand)."""
+    return DATA if where == "subset" else full_data(dataset)
 
 
 def _check_common(case: EvalCase) -> None:
@@ -32,9 +41,10 @@ def _check_common(case: EvalCase) -> None:
     assert all(m.session_id == case.case_id for m in case.messages)
 
 
+@pytest.mark.parametrize("where", ["subset", "full"])
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_every_case_loads_consistently(dataset: str) -> None:
-    cases = load_cases(dataset, DATA)  # type: ignore[arg-type]
+def test_every_case_loads_consistently(dataset: Dataset, where: Where) -> None:
+    cases = load_cases(dataset, _folder(where, dataset))
     assert cases
     for case in cases:
         _check_common(case)
@@ -137,6 +147,16 @@ def test_filters_select_limit_and_reject_unknown_ids() -> None:
         load_cases("blame-cortex", DATA, ids=["nope"])
 
 
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_a_dataset_missing_from_the_data_folder_says_where_to_get_it(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    with pytest.raises(FileNotFoundError) as missing:
+        load_cases(dataset, tmp_path)
+    assert str(missing.value).startswith(f"no {tmp_path}/")
+    assert f'lacks {dataset}; README.md, "Evaluation on public benchmarks"' in str(missing.value)
+
+
 class _EmptyStore:
     """Stands in for a fresh store: no session exists before the case's own session_start."""
 
@@ -144,10 +164,11 @@ class _EmptyStore:
         return False
 
 
+@pytest.mark.parametrize("where", ["subset", "full"])
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_every_case_passes_the_daemons_ingest_checks(dataset: str) -> None:
+def test_every_case_passes_the_daemons_ingest_checks(dataset: Dataset, where: Where) -> None:
     """A loader whose messages the daemon refuses would turn a case into a failed run."""
-    for case in load_cases(dataset, DATA):  # type: ignore[arg-type]
+    for case in load_cases(dataset, _folder(where, dataset)):
         scope = IngestScope(case.spec, cast(Store, _EmptyStore()), SignalNames(1024))
         for item in session_items(case, session_id_of(case)):
             scope.check(item)

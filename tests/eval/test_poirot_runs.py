@@ -27,8 +27,6 @@ from tests.support.answers import schema_answer
 from tests.support.cli import poirotd
 from tests.support.data import DATA, RUNS
 
-pytestmark = pytest.mark.skipif(not RUNS.is_dir(), reason="needs the shared data")
-
 
 @pytest.mark.parametrize("name", ["cortex_182.json", "trading_10.json"])
 def test_both_runs_re_aggregate_within_their_rounding(name: str) -> None:

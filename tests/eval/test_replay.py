@@ -94,8 +94,6 @@ def test_a_case_is_named_by_dataset_and_id_or_by_a_case_file(tmp_path: Path) -> 
     assert resolve_case(str(path), DATA) == case("7")
     with pytest.raises(ValueError, match="neither DATASET:CASE_ID"):
         resolve_case("nowhere:1", DATA)
-    if not (DATA / "whowhen").is_dir():
-        pytest.skip(f"no Who&When data under {DATA}")
     whowhen = resolve_case("whowhen:1", DATA)
     assert (whowhen.dataset, whowhen.case_id) == ("whowhen", "1")
     with pytest.raises(ValueError, match=r"whowhen:9999: no case \['9999'\] in .*Algorithm-Gen"):

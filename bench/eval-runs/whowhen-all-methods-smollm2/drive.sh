@@ -9,7 +9,8 @@ set -u
 cd "$(dirname "$0")/../../.."
 OUT=bench/eval-runs/whowhen-all-methods-smollm2
 PY=${PY:-/work/main/.venv/bin/python}
-DATA=${DATA:-../shared/data}
+# The data folder holding whowhen/ (README.md, "Evaluation on public benchmarks").
+DATA=${DATA:-${POIROTD_EVAL_DATA:?name the data folder holding whowhen/ in POIROTD_EVAL_DATA}}
 read -ra AG <<< "${AG_CASES-38 93 19 47 12 73 58 66 30 81}"
 read -ra HC <<< "${HC_CASES-12 45 53 1 3 44 51 56}"
 MEMBERS=(baseline echo errorprobe poirot)
