@@ -8,6 +8,11 @@ certificate lacked. Any other 4xx is the request's fault and is raised at once, 
 "context_exceeded" when the server says the prompt is too long and "bad_request" otherwise. The
 server that last answered stays first for later calls: vLLM's prefix cache lives on one server,
 and staying there keeps the shared session prefix warm.
+
+The served model's control tokens (control_tokens.py) are asked of the server once, before the
+first investigation needs them: vLLM's ``POST /tokenize`` of every built-in family's spellings
+with ``return_token_strs`` tells which come back as one token of their own. A server without
+that endpoint (llama-cpp-python's, OpenAI's) leaves the configured ``template_family``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from poirotd.api.client_tls import ClientTLSError
 from poirotd.api.secrets import SecretError
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool, ToolCall
+from poirotd.llm.control_tokens import ControlTokens, family_spellings
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +96,13 @@ class _ChatResponse(BaseModel):
 
 class _ModelCard(BaseModel):
     id: str
+
+
+class _Tokenized(BaseModel):
+    """vLLM's /tokenize answer; token_strs only when asked for (vLLM >= 0.8)."""
+
+    tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class _ModelList(BaseModel):
@@ -198,6 +211,8 @@ class OpenAIBackend:
         self._roots = [_api_root(str(url)) for url in spec.base_urls]
         self._preferred = 0
         self._slots = asyncio.Semaphore(spec.concurrency)
+        # Learned once; None until the server answered (or showed it cannot).
+        self._control_tokens: ControlTokens | None = None
         headers = {"Accept": "application/json"}
         try:
             api_key = spec.resolved_api_key()
@@ -309,6 +324,67 @@ class OpenAIBackend:
             log.warning("llm_probe_failed", base_url=_display(root), reason=failure.reason)
         assert failure is not None  # base_urls has at least one entry
         raise LLMError(f"no LLM server answered: {failure.detail}", reason=failure.reason)
+
+    async def control_tokens(self) -> ControlTokens:
+        """The served model's control spellings, learned from the first server whose /tokenize
+        answers (kept for the backend's life); while none answers, the configured family. One
+        pass over the servers, each bounded by the connect timeout, as for `probe`."""
+        if self._control_tokens is not None:
+            return self._control_tokens
+        configured = self._spec.template_family
+        for index in self._order():
+            root = self._roots[index]
+            try:
+                async with asyncio.timeout(self._spec.connect_timeout_seconds):
+                    learned = await self._ask_control_tokens(root)
+            except LLMError as exc:  # the server has no such endpoint: ask no more
+                log.info("llm_control_tokens_not_served", base_url=_display(root), detail=str(exc))
+                learned = ControlTokens(
+                    family=configured, source="configured" if configured else "unknown"
+                )
+            except (TimeoutError, _Retryable) as exc:
+                reason = exc.reason if isinstance(exc, _Retryable) else "timeout"
+                log.warning(
+                    "llm_control_tokens_unavailable", base_url=_display(root), reason=reason
+                )
+                continue
+            if configured and learned.family and learned.family != configured:
+                log.warning(
+                    "llm_template_family_mismatch", configured=configured, served=learned.family
+                )
+            log.info(
+                "llm_control_tokens",
+                template_family=learned.family,
+                source=learned.source,
+                control_tokens=len(learned.vocabulary),
+            )
+            self._control_tokens = learned
+            return learned
+        return ControlTokens(family=configured, source="configured" if configured else "unknown")
+
+    async def _ask_control_tokens(self, root: str) -> ControlTokens:
+        """Which built-in spellings the server's tokenizer keeps whole. Raises LLMError when
+        it cannot say (no /tokenize, or no token strings in its answer)."""
+        candidates = family_spellings()
+        body = {
+            "model": self._spec.model,
+            "prompt": "\n".join(candidates),
+            "add_special_tokens": False,
+            "return_token_strs": True,
+        }
+        response = await self._send("POST", f"{root}/tokenize", json=body)
+        try:
+            pieces = _Tokenized.model_validate_json(response.content).token_strs
+        except ValidationError as exc:
+            raise LLMError(
+                f"malformed /tokenize answer ({_first_error(exc)})", reason="bad_response"
+            ) from None
+        if pieces is None:
+            raise LLMError("/tokenize returned no token strings", reason="bad_response")
+        whole = set(pieces)
+        return ControlTokens.learned(
+            [c for c in candidates if c in whole], "server", self._spec.template_family
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

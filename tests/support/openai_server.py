@@ -44,12 +44,15 @@ def schema_replies(delay: float) -> Callable[[Any], Reply]:
 
 class ScriptedServer:
     """Answers each request with the next scripted Reply; an empty script answers 599, or what
-    `otherwise` makes of the request body. With `tls`, a server-side context, it speaks https."""
+    `otherwise` makes of the request body. With `tls`, a server-side context, it speaks https.
+    `POST /tokenize` (vLLM's) is answered by `tokenize` when given, else 404 as llama-cpp-python's
+    server does, outside the script."""
 
     def __init__(
         self,
         tls: ssl.SSLContext | None = None,
         otherwise: Callable[[Any], Reply] | None = None,
+        tokenize: Callable[[Any], Reply] | None = None,
     ) -> None:
         self.replies: deque[Reply] = deque()
         self.seen: list[Seen] = []
@@ -71,7 +74,9 @@ class ScriptedServer:
             def _answer(self, body: Any) -> None:
                 with server._lock:
                     server.seen.append(Seen(self.command, self.path, dict(self.headers), body))
-                    if server.replies:
+                    if self.path == "/tokenize":
+                        reply = tokenize(body) if tokenize else Reply(404, {"detail": "Not Found"})
+                    elif server.replies:
                         reply = server.replies.popleft()
                     elif otherwise is not None and isinstance(body, dict):
                         reply = otherwise(body)
