@@ -132,6 +132,7 @@ FAMILIES: dict[TemplateFamilyName, TemplateFamily] = {
                 "[MIDDLE]",
                 "[SUFFIX]",
             ),
+            (r"\[control_\d+\]",),
         ),
         TemplateFamily(
             "harmony",  # gpt-oss

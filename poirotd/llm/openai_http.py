@@ -10,9 +10,11 @@ server that last answered stays first for later calls: vLLM's prefix cache lives
 and staying there keeps the shared session prefix warm.
 
 The served model's control tokens (control_tokens.py) are asked of the server once, before the
-first investigation needs them: vLLM's ``POST /tokenize`` of every built-in family's spellings
-with ``return_token_strs`` tells which come back as one token of their own. A server without
-that endpoint (llama-cpp-python's, OpenAI's) leaves the configured ``template_family``.
+first investigation needs them: vLLM's ``GET /tokenizer_info`` (with
+``--enable-tokenizer-info-endpoint``) lists every added token of its tokenizer; without it, vLLM's
+``POST /tokenize`` of every built-in family's spellings with ``return_token_strs`` tells which of
+those come back as one token of their own. A server with neither (llama-cpp-python's, OpenAI's)
+leaves the configured ``template_family``.
 """
 
 from __future__ import annotations
@@ -96,6 +98,33 @@ class _ChatResponse(BaseModel):
 
 class _ModelCard(BaseModel):
     id: str
+
+
+# An added token as vLLM's /tokenizer_info writes it: its content, or HF's AddedToken as a dict.
+_AddedToken = str | dict[str, Any]
+
+
+def _content(token: _AddedToken | None) -> str:
+    if isinstance(token, dict):
+        content = token.get("content")
+        return content if isinstance(content, str) else ""
+    return token or ""
+
+
+class _TokenizerInfo(BaseModel):
+    """The parts of vLLM's /tokenizer_info (the tokenizer's init kwargs) that name its tokens."""
+
+    added_tokens_decoder: dict[str, _AddedToken] = Field(default_factory=dict)
+    additional_special_tokens: list[_AddedToken] = Field(default_factory=list)
+    bos_token: _AddedToken | None = None
+    eos_token: _AddedToken | None = None
+    unk_token: _AddedToken | None = None
+    pad_token: _AddedToken | None = None
+
+    def spellings(self) -> list[str]:
+        named = [self.bos_token, self.eos_token, self.unk_token, self.pad_token]
+        tokens = [*self.added_tokens_decoder.values(), *self.additional_special_tokens, *named]
+        return [text for text in map(_content, tokens) if text]
 
 
 class _Tokenized(BaseModel):
@@ -363,8 +392,33 @@ class OpenAIBackend:
         return ControlTokens(family=configured, source="configured" if configured else "unknown")
 
     async def _ask_control_tokens(self, root: str) -> ControlTokens:
-        """Which built-in spellings the server's tokenizer keeps whole. Raises LLMError when
-        it cannot say (no /tokenize, or no token strings in its answer)."""
+        """The server's tokenizer's added tokens when it lists them, else which built-in
+        spellings it keeps whole. Raises LLMError when it can say neither."""
+        try:
+            return await self._ask_tokenizer_info(root)
+        except LLMError as exc:
+            log.debug("llm_tokenizer_info_not_served", base_url=_display(root), detail=str(exc))
+        return await self._ask_tokenize(root)
+
+    async def _ask_tokenizer_info(self, root: str) -> ControlTokens:
+        """vLLM's GET /tokenizer_info (served with --enable-tokenizer-info-endpoint): its
+        tokenizer config, whose added tokens are every spelling the tokenizer matches whole,
+        model-specific ones included."""
+        response = await self._send("GET", f"{root}/tokenizer_info")
+        try:
+            info = _TokenizerInfo.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise LLMError(
+                f"malformed /tokenizer_info answer ({_first_error(exc)})", reason="bad_response"
+            ) from None
+        spellings = info.spellings()
+        if not spellings:
+            raise LLMError("/tokenizer_info lists no added tokens", reason="bad_response")
+        return ControlTokens.learned(spellings, "server", self._spec.template_family)
+
+    async def _ask_tokenize(self, root: str) -> ControlTokens:
+        """vLLM's POST /tokenize of every built-in spelling, one a line: those that come back as
+        a token of their own are the served model's."""
         candidates = family_spellings()
         body = {
             "model": self._spec.model,

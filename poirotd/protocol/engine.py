@@ -114,8 +114,10 @@ class InvestigationEngine:
         Raises ProtocolError when every voter abstains;
         cancellation propagates and cancels every LLM call in flight.
         """
-        spec, run = self._spec, RunContext(self._backend, on_event, token_budget=self._token_budget)
-        controls = await self._backend.control_tokens()
+        spec, controls = self._spec, await self._backend.control_tokens()
+        run = RunContext(
+            self._backend, on_event, token_budget=self._token_budget, controls=controls
+        )
         spotlight = Spotlight.fresh(spec.protocol.spotlighting, controls)
         findings = injection.scan(messages, incident.texts() if incident else (), controls)
         if findings:
