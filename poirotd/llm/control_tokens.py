@@ -16,15 +16,16 @@ any more (a dot is no part of any control token, and NFKC leaves it alone). Ever
 family is defused whichever model serves: the cost is one character, and a quote must not become
 a turn after the model behind the backend is swapped. A backend adds what it learned of its own
 model: the embedded backend reads its vocabulary's control tokens, the OpenAI-compatible one asks
-the server which spellings are single tokens there.
+its server (openai_http.py).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
+from typing import Literal
 
 from poirotd.config.spec import TemplateFamilyName
 
@@ -37,6 +38,9 @@ _ANY_BAR_TOKEN = r"<\|[A-Za-z0-9_.:/-]{1,64}\|>|<\uff5c[^\uff5c<>\n]{1,64}\uff5c
 _OTHER = "other <|…|>"
 # A model's own vocabulary token that no family lists.
 _VOCABULARY = "the served model's vocabulary"
+# How a backend learned its model's family: from its vocabulary (embedded), from its server, from
+# the spec (the server could not tell), or not at all.
+ControlSource = Literal["vocabulary", "server", "configured", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -199,15 +203,20 @@ class ControlTokens:
 
     vocabulary: frozenset[str] = frozenset()
     family: TemplateFamilyName | None = None
-    source: str = "unknown"
-    # False only for NO_CONTROL_TOKENS (the record's verbatim copy): nothing is defused.
-    built_in: bool = field(default=True)
+    source: ControlSource = "unknown"
+    # False only for NO_CONTROL_TOKENS (the record's verbatim copy).
+    built_in: bool = True
+
+    @classmethod
+    def unlearned(cls, configured: TemplateFamilyName | None) -> ControlTokens:
+        """The built-in families alone, the served one named by the spec if it says."""
+        return cls(family=configured, source="configured" if configured else "unknown")
 
     @classmethod
     def learned(
         cls,
         spellings: Iterable[str],
-        source: str,
+        source: ControlSource,
         configured: TemplateFamilyName | None = None,
     ) -> ControlTokens:
         """From a model's control spellings (its vocabulary's, or the built-in ones a server
@@ -219,6 +228,11 @@ class ControlTokens:
         if family is None:
             return cls(kept, configured, "configured" if configured else source)
         return cls(kept, family, source)
+
+    @property
+    def breaks_any(self) -> bool:
+        """Whether `defuse` changes anything at all (not for NO_CONTROL_TOKENS)."""
+        return self.built_in or bool(self.vocabulary)
 
     def defuse(self, text: str) -> str:
         """`text` with a BREAK after the first character of every control spelling in it,
@@ -248,7 +262,7 @@ class ControlTokens:
 
     @cached_property
     def _alternatives(self) -> list[str]:
-        if not self.built_in and not self.vocabulary:
+        if not self.breaks_any:
             return []
         literals = set(self.vocabulary)
         patterns: list[str] = []

@@ -355,9 +355,11 @@ class OpenAIBackend:
         raise LLMError(f"no LLM server answered: {failure.detail}", reason=failure.reason)
 
     async def control_tokens(self) -> ControlTokens:
-        """The served model's control spellings, learned from the first server whose /tokenize
-        answers (kept for the backend's life); while none answers, the configured family. One
-        pass over the servers, each bounded by the connect timeout, as for `probe`."""
+        """The served model's control spellings, learned from the first server that answers
+        (kept for the backend's life; a server without /tokenizer_info and /tokenize leaves the
+        configured family for good); while none answers, the configured family, asked again
+        next time. One pass over the servers, each bounded by the connect timeout, as for
+        `probe`."""
         if self._control_tokens is not None:
             return self._control_tokens
         configured = self._spec.template_family
@@ -368,9 +370,7 @@ class OpenAIBackend:
                     learned = await self._ask_control_tokens(root)
             except LLMError as exc:  # the server has no such endpoint: ask no more
                 log.info("llm_control_tokens_not_served", base_url=_display(root), detail=str(exc))
-                learned = ControlTokens(
-                    family=configured, source="configured" if configured else "unknown"
-                )
+                learned = ControlTokens.unlearned(configured)
             except (TimeoutError, _Retryable) as exc:
                 reason = exc.reason if isinstance(exc, _Retryable) else "timeout"
                 log.warning(
@@ -389,7 +389,7 @@ class OpenAIBackend:
             )
             self._control_tokens = learned
             return learned
-        return ControlTokens(family=configured, source="configured" if configured else "unknown")
+        return ControlTokens.unlearned(configured)
 
     async def _ask_control_tokens(self, root: str) -> ControlTokens:
         """The server's tokenizer's added tokens when it lists them, else which built-in

@@ -128,7 +128,7 @@ class Spotlight:
         spaces = f" Inside, {MARK} also stands for each space." if self.mode == "words" else ""
         controls = (
             ""
-            if self.controls == NO_CONTROL_TOKENS
+            if not self.controls.breaks_any
             else f" A {BREAK} right after the first character of a tag (<{BREAK}|im_start|>, "
             f"[{BREAK}INST]) marks a chat-control string the quoted text spelled out: it was "
             "broken so that it stays text."
