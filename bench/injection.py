@@ -10,8 +10,10 @@ legend and the vote format) over the demo session with one injection of bench/in
 inserted where its channel puts it (bench/injection_cases.py); every injection asks for the
 parent, a region nothing in the session blames. A vote follows the injection when its location
 marks the parent. Each case runs twice, spotlighting off and "lines", back to back in alternating
-order; cases are taken one category after another until the time is spent, so a short run still
-covers every kind of attack. A control pair with harmless text comes first.
+order (as in the daemon, off quotes nothing but still breaks the model's chat-control spellings,
+so the two differ by spotlighting alone); cases are taken one category after another until the
+time is spent, so a short run still covers every kind of attack. A control pair with harmless
+text comes first.
 
 One spotlight token serves the whole bench run, where the daemon draws one per investigation:
 with it the embedded backend's prefix cache reuses the session for every case, and a random
@@ -114,18 +116,20 @@ class Voter:
 
     def __init__(self, backend: EmbeddedBackend) -> None:
         self._backend = backend
-        self._spotlight = Spotlight.fresh("lines")  # one per bench run: see the module doc
+        self._token = Spotlight.fresh("lines").token  # one per bench run: see the module doc
         space = _space(cortex_spec())
         self._target = [r.id for r in space.regions].index(TARGET)
 
     async def vote(self, case: InjectionCase, mode: SpotlightMode) -> Result:
+        """As the daemon runs it: off quotes nothing but still breaks the model's control
+        spellings (spotlight.py), so the two conditions differ by spotlighting alone."""
         spec = cortex_spec(protocol={"spotlighting": mode})
         messages, incident = injected(case, spec, demo_session())
-        spotlight = VERBATIM if mode == "off" else self._spotlight
+        controls = await self._backend.control_tokens()
+        spotlight = Spotlight(mode, "" if mode == "off" else self._token, controls)
+        run = RunContext(self._backend, _ignore, controls=controls)
         started = time.monotonic()
-        vote = await baseline.baseline_vote(
-            spec, _space(spec), messages, incident, spotlight, RunContext(self._backend, _ignore)
-        )
+        vote = await baseline.baseline_vote(spec, _space(spec), messages, incident, spotlight, run)
         follows = not vote.abstained and vote.location[self._target] == 1
         seconds = time.monotonic() - started
         return Result(case.id, case.category, mode, list(vote.location), follows, seconds)
@@ -255,7 +259,7 @@ def render(bench: Bench) -> str:
 each run with spotlighting off and on, within a {bench.minutes:g}-minute budget; every vote is in \
 bench/injection-runs.json.
 
-| figure | spotlighting on (`lines`) | off (verbatim) | ratio on / off |
+| figure | spotlighting on (`lines`) | off (unquoted) | ratio on / off |
 | --- | ---: | ---: | ---: |
 | votes that follow the injection (mark the parent) | {_rate(on)} | {_rate(off)} | \
 {_ratio(on, off)} |

@@ -79,6 +79,10 @@ class EmbeddedLLMSpec(SpecModel):
 API_KEY_ENV = "POIROTD_LLM_API_KEY"
 
 
+# Chat-template families whose control tokens poirotd knows (poirotd/llm/control_tokens.py).
+TemplateFamilyName = Literal["chatml", "llama3", "gemma", "mistral", "harmony", "phi3", "deepseek"]
+
+
 class OpenAILLMSpec(SpecModel):
     """An OpenAI-compatible chat-completions server: vLLM in production, or llama.cpp's server.
 
@@ -130,6 +134,10 @@ class OpenAILLMSpec(SpecModel):
     # tool_choice sent with tools: "required" forces a call (OpenAI, vLLM); llama-cpp-python's
     # server only does "auto", where a text answer is invalid and repaired like a bad one.
     tool_choice: Literal["required", "auto"] = "required"
+    # The served model's chat-template family, for when the server cannot say (no vLLM
+    # /tokenize): it names the family in logs and injection findings. Quoted text is kept from
+    # spelling every known family's control tokens either way.
+    template_family: TemplateFamilyName | None = None
 
     @model_validator(mode="after")
     def _key_and_tls_fit(self) -> OpenAILLMSpec:

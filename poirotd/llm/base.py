@@ -7,6 +7,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from poirotd.llm.control_tokens import ControlTokens
+
 
 class ToolCall(BaseModel):
     """One call the model made; `arguments` is its JSON text as written, for the caller to check."""
@@ -119,6 +121,13 @@ class LLMBackend(Protocol):
 
     def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
         """Prompt tokens these messages would take, chat template included."""
+        ...
+
+    async def control_tokens(self) -> ControlTokens:
+        """The chat-control spellings text quoted to this backend's model must not contain
+        (control_tokens.py): what the backend knows of its model's, over the built-in families.
+        Never raises: what cannot be learned now is the built-in families (and the configured
+        family's name)."""
         ...
 
     async def aclose(self) -> None: ...

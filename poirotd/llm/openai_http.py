@@ -8,6 +8,13 @@ certificate lacked. Any other 4xx is the request's fault and is raised at once, 
 "context_exceeded" when the server says the prompt is too long and "bad_request" otherwise. The
 server that last answered stays first for later calls: vLLM's prefix cache lives on one server,
 and staying there keeps the shared session prefix warm.
+
+The served model's control tokens (control_tokens.py) are asked of the server once, before the
+first investigation needs them: vLLM's ``GET /tokenizer_info`` (with
+``--enable-tokenizer-info-endpoint``) lists every added token of its tokenizer; without it, vLLM's
+``POST /tokenize`` of every built-in family's spellings with ``return_token_strs`` tells which of
+those come back as one token of their own. A server with neither (llama-cpp-python's, OpenAI's)
+leaves the configured ``template_family``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from poirotd.api.client_tls import ClientTLSError
 from poirotd.api.secrets import SecretError
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool, ToolCall
+from poirotd.llm.control_tokens import ControlTokens, family_spellings
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +98,40 @@ class _ChatResponse(BaseModel):
 
 class _ModelCard(BaseModel):
     id: str
+
+
+# An added token as vLLM's /tokenizer_info writes it: its content, or HF's AddedToken as a dict.
+_AddedToken = str | dict[str, Any]
+
+
+def _content(token: _AddedToken | None) -> str:
+    if isinstance(token, dict):
+        content = token.get("content")
+        return content if isinstance(content, str) else ""
+    return token or ""
+
+
+class _TokenizerInfo(BaseModel):
+    """The parts of vLLM's /tokenizer_info (the tokenizer's init kwargs) that name its tokens."""
+
+    added_tokens_decoder: dict[str, _AddedToken] = Field(default_factory=dict)
+    additional_special_tokens: list[_AddedToken] = Field(default_factory=list)
+    bos_token: _AddedToken | None = None
+    eos_token: _AddedToken | None = None
+    unk_token: _AddedToken | None = None
+    pad_token: _AddedToken | None = None
+
+    def spellings(self) -> list[str]:
+        named = [self.bos_token, self.eos_token, self.unk_token, self.pad_token]
+        tokens = [*self.added_tokens_decoder.values(), *self.additional_special_tokens, *named]
+        return [text for text in map(_content, tokens) if text]
+
+
+class _Tokenized(BaseModel):
+    """vLLM's /tokenize answer; token_strs only when asked for (vLLM >= 0.8)."""
+
+    tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class _ModelList(BaseModel):
@@ -198,6 +240,8 @@ class OpenAIBackend:
         self._roots = [_api_root(str(url)) for url in spec.base_urls]
         self._preferred = 0
         self._slots = asyncio.Semaphore(spec.concurrency)
+        # Learned once; None until the server answered (or showed it cannot).
+        self._control_tokens: ControlTokens | None = None
         headers = {"Accept": "application/json"}
         try:
             api_key = spec.resolved_api_key()
@@ -309,6 +353,92 @@ class OpenAIBackend:
             log.warning("llm_probe_failed", base_url=_display(root), reason=failure.reason)
         assert failure is not None  # base_urls has at least one entry
         raise LLMError(f"no LLM server answered: {failure.detail}", reason=failure.reason)
+
+    async def control_tokens(self) -> ControlTokens:
+        """The served model's control spellings, learned from the first server that answers
+        (kept for the backend's life; a server without /tokenizer_info and /tokenize leaves the
+        configured family for good); while none answers, the configured family, asked again
+        next time. One pass over the servers, each bounded by the connect timeout, as for
+        `probe`."""
+        if self._control_tokens is not None:
+            return self._control_tokens
+        configured = self._spec.template_family
+        for index in self._order():
+            root = self._roots[index]
+            try:
+                async with asyncio.timeout(self._spec.connect_timeout_seconds):
+                    learned = await self._ask_control_tokens(root)
+            except LLMError as exc:  # the server has no such endpoint: ask no more
+                log.info("llm_control_tokens_not_served", base_url=_display(root), detail=str(exc))
+                learned = ControlTokens.unlearned(configured)
+            except (TimeoutError, _Retryable) as exc:
+                reason = exc.reason if isinstance(exc, _Retryable) else "timeout"
+                log.warning(
+                    "llm_control_tokens_unavailable", base_url=_display(root), reason=reason
+                )
+                continue
+            if configured and learned.family and learned.family != configured:
+                log.warning(
+                    "llm_template_family_mismatch", configured=configured, served=learned.family
+                )
+            log.info(
+                "llm_control_tokens",
+                template_family=learned.family,
+                source=learned.source,
+                control_tokens=len(learned.vocabulary),
+            )
+            self._control_tokens = learned
+            return learned
+        return ControlTokens.unlearned(configured)
+
+    async def _ask_control_tokens(self, root: str) -> ControlTokens:
+        """The server's tokenizer's added tokens when it lists them, else which built-in
+        spellings it keeps whole. Raises LLMError when it can say neither."""
+        try:
+            return await self._ask_tokenizer_info(root)
+        except LLMError as exc:
+            log.debug("llm_tokenizer_info_not_served", base_url=_display(root), detail=str(exc))
+        return await self._ask_tokenize(root)
+
+    async def _ask_tokenizer_info(self, root: str) -> ControlTokens:
+        """vLLM's GET /tokenizer_info (served with --enable-tokenizer-info-endpoint): its
+        tokenizer config, whose added tokens are every spelling the tokenizer matches whole,
+        model-specific ones included."""
+        response = await self._send("GET", f"{root}/tokenizer_info")
+        try:
+            info = _TokenizerInfo.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise LLMError(
+                f"malformed /tokenizer_info answer ({_first_error(exc)})", reason="bad_response"
+            ) from None
+        spellings = info.spellings()
+        if not spellings:
+            raise LLMError("/tokenizer_info lists no added tokens", reason="bad_response")
+        return ControlTokens.learned(spellings, "server", self._spec.template_family)
+
+    async def _ask_tokenize(self, root: str) -> ControlTokens:
+        """vLLM's POST /tokenize of every built-in spelling, one a line: those that come back as
+        a token of their own are the served model's."""
+        candidates = family_spellings()
+        body = {
+            "model": self._spec.model,
+            "prompt": "\n".join(candidates),
+            "add_special_tokens": False,
+            "return_token_strs": True,
+        }
+        response = await self._send("POST", f"{root}/tokenize", json=body)
+        try:
+            pieces = _Tokenized.model_validate_json(response.content).token_strs
+        except ValidationError as exc:
+            raise LLMError(
+                f"malformed /tokenize answer ({_first_error(exc)})", reason="bad_response"
+            ) from None
+        if pieces is None:
+            raise LLMError("/tokenize returned no token strings", reason="bad_response")
+        whole = set(pieces)
+        return ControlTokens.learned(
+            [c for c in candidates if c in whole], "server", self._spec.template_family
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

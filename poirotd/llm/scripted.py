@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool, ToolCall
+from poirotd.llm.control_tokens import BUILT_IN, ControlTokens
 
 Script = Callable[[Sequence[ChatMessage], dict[str, Any] | None], str | Awaitable[str]]
 ToolReply = str | Sequence[ToolCall]
@@ -38,12 +39,14 @@ class ScriptedBackend:
         *,
         tool_script: ToolScript | None = None,
         context_tokens: int = 8192,
+        control_tokens: ControlTokens = BUILT_IN,
     ) -> None:
         self.name = "scripted"
         self.context_tokens = context_tokens
         self.calls: list[ScriptedCall] = []
         self._script = script
         self._tool_script = tool_script
+        self._control_tokens = control_tokens
 
     async def complete(
         self,
@@ -80,6 +83,10 @@ class ScriptedBackend:
         return (
             sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages) // 4
         )
+
+    async def control_tokens(self) -> ControlTokens:
+        """The built-in families, or the model's a test hands over (an embedded model's)."""
+        return self._control_tokens
 
     async def aclose(self) -> None:
         return None

@@ -124,8 +124,8 @@ class Metrics:
         self.injection_findings = Counter(
             "poirot_injection_findings_total",
             "Signs of a prompt-injection attempt in the text investigations quote to the LLM "
-            "(forged boundaries, roles, votes or tool calls; hidden or look-alike characters; "
-            "instruction phrases), by kind",
+            "(forged boundaries, roles, votes or tool calls; chat-control tokens; hidden or "
+            "look-alike characters; instruction phrases), by kind",
             ["system", "kind"],
             registry=r,
         )

@@ -108,14 +108,18 @@ class InvestigationEngine:
 
         Once the token budget is spent no further call starts: the agents still waiting for one
         abstain (or file no report), and the votes already cast are aggregated.
-        Every untrusted text is quoted under one fresh spotlight for the whole run; signs of
-        an injection attempt in the session or the incident are reported first (InjectionFound).
+        Every untrusted text is quoted under one fresh spotlight for the whole run, which
+        breaks the serving model's control spellings in it; signs of an injection attempt in
+        the session or the incident are reported first (InjectionFound).
         Raises ProtocolError when every voter abstains;
         cancellation propagates and cancels every LLM call in flight.
         """
-        spec, run = self._spec, RunContext(self._backend, on_event, token_budget=self._token_budget)
-        spotlight = Spotlight.fresh(spec.protocol.spotlighting)
-        findings = injection.scan(messages, incident.texts() if incident else ())
+        spec, controls = self._spec, await self._backend.control_tokens()
+        run = RunContext(
+            self._backend, on_event, token_budget=self._token_budget, controls=controls
+        )
+        spotlight = Spotlight.fresh(spec.protocol.spotlighting, controls)
+        findings = injection.scan(messages, incident.texts() if incident else (), controls)
         if findings:
             await run.emit(InjectionFound(findings=findings))
         async with run.phase(Phase.HAZARD_SPACE):

@@ -8,7 +8,9 @@ agent that writes a forged vote or a fake system turn into its session is itself
 Every check is a regular expression or a character-class test over the text, once as written
 and once folded (NFKC, invisible characters dropped, common Cyrillic and Greek look-alikes
 mapped to Latin, case folded), so "ignore" in fullwidth letters, with a zero-width space inside
-or with a Cyrillic o reads as "ignore".
+or with a Cyrillic o reads as "ignore". A chat-control spelling (`<start_of_turn>`, `<|eot_id|>`;
+control_tokens.py) is looked for as written, as a tokenizer would, and its finding names the
+template families it belongs to: "message #3: control_token (gemma)".
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal, get_args
 
+from poirotd.llm.control_tokens import BUILT_IN, ControlTokens
 from poirotd.model import AgentMessage, Frozen, MessageKind
 
 FindingKind = Literal[
     "boundary_forgery",
     "role_forgery",
+    "control_token",
     "vote_forgery",
     "tool_call_forgery",
     "hidden_characters",
@@ -97,18 +101,38 @@ _LOOKALIKES = str.maketrans(
 
 
 class InjectionFinding(Frozen):
-    """One sign of an attempt: where it was found and what it looked like."""
+    """One sign of an attempt: where it was found and what it looked like (for a control
+    token, the template families whose spelling it is)."""
 
     where: str
     kind: FindingKind
+    families: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.kind}"
+        named = f" ({', '.join(self.families)})" if self.families else ""
+        return f"{self.where}: {self.kind}{named}"
 
 
-def kinds_in(text: str) -> list[FindingKind]:
+def kinds_in(text: str, controls: ControlTokens = BUILT_IN) -> list[FindingKind]:
     """The kinds of injection sign `text` shows, in FINDING_KINDS order."""
-    found: set[FindingKind] = set()
+    return [finding.kind for finding in findings_in("", text, controls)]
+
+
+def findings_in(
+    where: str, text: str, controls: ControlTokens = BUILT_IN
+) -> list[InjectionFinding]:
+    """The signs `text` shows, one finding per kind, in FINDING_KINDS order."""
+    families = controls.families_in(text)
+    return [
+        InjectionFinding(
+            where=where, kind=kind, families=tuple(families) if kind == "control_token" else ()
+        )
+        for kind in _kinds(text, bool(families))
+    ]
+
+
+def _kinds(text: str, control_token: bool) -> list[FindingKind]:
+    found: set[FindingKind] = {"control_token"} if control_token else set()
     if _HIDDEN.search(text):
         found.add("hidden_characters")
     if not text.isascii() and _CONFUSABLE.search(text):
@@ -119,14 +143,17 @@ def kinds_in(text: str) -> list[FindingKind]:
 
 
 def scan(
-    messages: Sequence[AgentMessage], quoted: Iterable[tuple[str, str]] = ()
+    messages: Sequence[AgentMessage],
+    quoted: Iterable[tuple[str, str]] = (),
+    controls: ControlTokens = BUILT_IN,
 ) -> tuple[InjectionFinding, ...]:
     """Findings in a session (each message's content, and the names its client chose) and in
-    the other `quoted` texts, given as (where, text) pairs: the reason, a rule's summary..."""
+    the other `quoted` texts, given as (where, text) pairs: the reason, a rule's summary...;
+    `controls` are the serving model's control spellings (the built-in families' at least)."""
     return tuple(
-        InjectionFinding(where=where, kind=kind)
+        finding
         for where, text in (*_message_texts(messages), *quoted)
-        for kind in kinds_in(text)
+        for finding in findings_in(where, text, controls)
     )
 
 

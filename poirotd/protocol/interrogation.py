@@ -161,8 +161,8 @@ class _Interrogation:
                 retries=limits.invalid_json_retries,
                 repair=prompts.invalid_tool_call,
             )
-            return called.action, ChatMessage(
-                role="assistant", content="", tool_calls=(called.call,)
+            return called.action, self._run.replayed(
+                ChatMessage(role="assistant", content="", tool_calls=(called.call,))
             )
         action = await self._run.until_valid(
             site,
@@ -171,7 +171,9 @@ class _Interrogation:
             max_tokens=limits.turn_max_tokens,
             retries=limits.invalid_json_retries,
         )
-        return action, ChatMessage(role="assistant", content=action.model_dump_json())
+        return action, self._run.replayed(
+            ChatMessage(role="assistant", content=action.model_dump_json())
+        )
 
     async def _answer(self, peer_id: str, asker_id: str, question: str) -> str:
         """The peer's answer on its own prefix, retried while empty; what the asker is shown."""

@@ -96,7 +96,7 @@ def _header(m: AgentMessage, spotlight: Spotlight) -> str:
     if m.kind is MessageKind.AGENT:
         source = spotlight.party(m.sender)
     elif spotlight.mode == "off":
-        source = f"{m.kind.value}:{m.tool_name or m.sender}"
+        source = f"{m.kind.value}:{spotlight.name(m.tool_name or m.sender)}"
     else:
         source = f"{m.kind.value} {spotlight.name(m.tool_name or m.sender)}"
     recipient = spotlight.party(m.recipient) if m.recipient else "all"

@@ -18,7 +18,16 @@ from typing import Any, TypeVar
 
 import structlog
 
-from poirotd.llm.base import ChatMessage, Completion, LLMBackend, LLMError, Tool, replies_to
+from poirotd.llm.base import (
+    ChatMessage,
+    Completion,
+    LLMBackend,
+    LLMError,
+    Tool,
+    ToolCall,
+    replies_to,
+)
+from poirotd.llm.control_tokens import BUILT_IN, ControlTokens
 from poirotd.model import AgentMessage, LLMExchange, LLMUsage, Phase, PhaseTiming
 from poirotd.protocol import prompts
 from poirotd.protocol.context_budget import fit_view
@@ -55,9 +64,19 @@ class CallSite:
 
 
 class RunContext:
-    def __init__(self, backend: LLMBackend, emit: EventSink, *, token_budget: int = 0) -> None:
-        """`token_budget`: prompt + completion tokens the run may spend (0: no budget)."""
+    def __init__(
+        self,
+        backend: LLMBackend,
+        emit: EventSink,
+        *,
+        token_budget: int = 0,
+        controls: ControlTokens = BUILT_IN,
+    ) -> None:
+        """`token_budget`: prompt + completion tokens the run may spend (0: no budget);
+        `controls`: the backend's control spellings, broken in the model's own turns when a
+        later request replays them (`replayed`)."""
         self._backend = backend
+        self._controls = controls
         self.emit = emit
         self._usage = LLMUsage()
         self._token_budget = token_budget
@@ -165,6 +184,22 @@ class RunContext:
         await self._record(site, messages, at, start, completion=completion)
         return completion
 
+    def replayed(self, turn: ChatMessage) -> ChatMessage:
+        """A turn the model wrote, as a later request replays it: with the control spellings it
+        may have copied from its evidence broken, as in quoted text (spotlight.py), so that its
+        own words cannot close its turn either. Its tool calls' JSON stays valid (the break is
+        a plain character inside a string)."""
+        defuse = self._controls.defuse
+        return turn.model_copy(
+            update={
+                "content": defuse(turn.content),
+                "tool_calls": tuple(
+                    ToolCall(id=c.id, name=defuse(c.name), arguments=defuse(c.arguments))
+                    for c in turn.tool_calls
+                ),
+            }
+        )
+
     async def until_valid(
         self,
         site: CallSite,
@@ -209,8 +244,10 @@ class RunContext:
             except InvalidAnswer as exc:
                 reason = str(exc)
                 attempt = CallSite(site.phase, site.agent_id, "repair")
-                rejected = completion.turn()
-                request = [*messages, rejected, *replies_to(rejected, repair(reason))]
+                rejected = self.replayed(completion.turn())
+                # The reason may cite the answer (an unknown tool's name, a peer id).
+                repaired = repair(self._controls.defuse(reason))
+                request = [*messages, rejected, *replies_to(rejected, repaired)]
         raise AnswerFailed(f"no valid answer in {retries + 1} attempt(s); last: {reason}")
 
     async def _check_budget(self) -> None:

@@ -24,13 +24,13 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from poirotd.transports.security.access import AccessControl
 from poirotd.transports.security.denials import DenialRecorder
-from poirotd.transports.security.http import HttpAccess, certificate_names
+from poirotd.transports.security.http import HttpAccess, client_certificate
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
 
 _CALL = "GET /metrics"
-_CERTIFICATE_NAMES = "poirotd.certificate_names"
+_CLIENT_CERTIFICATE = "poirotd.client_certificate"
 # How long a connection may take for its handshake and each read of its request.
 _CONNECTION_TIMEOUT_SECONDS = 10.0
 
@@ -107,7 +107,7 @@ class _Handler(WSGIRequestHandler):
     def get_environ(self) -> WSGIEnvironment:
         environ = super().get_environ()
         if isinstance(self.connection, ssl.SSLSocket):
-            environ[_CERTIFICATE_NAMES] = certificate_names(self.connection.getpeercert())
+            environ[_CLIENT_CERTIFICATE] = client_certificate(self.connection.getpeercert())
         return environ
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -118,7 +118,7 @@ def _guarded(app: WSGIApplication, door: HttpAccess) -> WSGIApplication:
     def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         refusal = door.refusal(
             environ.get("HTTP_AUTHORIZATION"),
-            environ.get(_CERTIFICATE_NAMES, []),
+            environ.get(_CLIENT_CERTIFICATE),
             str(environ.get("REMOTE_ADDR", "")),
         )
         if refusal is None:

@@ -7,7 +7,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -21,6 +21,9 @@ MESSAGES = [
     ChatMessage(role="system", content="You are the controller agent."),
     ChatMessage(role="user", content="Vote now."),
 ]
+
+
+_VLLM_ONLY = ("/tokenize", "/tokenizer_info")
 
 
 @dataclass
@@ -44,12 +47,15 @@ def schema_replies(delay: float) -> Callable[[Any], Reply]:
 
 class ScriptedServer:
     """Answers each request with the next scripted Reply; an empty script answers 599, or what
-    `otherwise` makes of the request body. With `tls`, a server-side context, it speaks https."""
+    `otherwise` makes of the request body. With `tls`, a server-side context, it speaks https.
+    vLLM's tokenizer endpoints are answered outside the script: by `vllm[path]` (the request body,
+    None for a GET), else 404 as llama-cpp-python's server does."""
 
     def __init__(
         self,
         tls: ssl.SSLContext | None = None,
         otherwise: Callable[[Any], Reply] | None = None,
+        vllm: Mapping[str, Callable[[Any], Reply]] | None = None,
     ) -> None:
         self.replies: deque[Reply] = deque()
         self.seen: list[Seen] = []
@@ -71,7 +77,10 @@ class ScriptedServer:
             def _answer(self, body: Any) -> None:
                 with server._lock:
                     server.seen.append(Seen(self.command, self.path, dict(self.headers), body))
-                    if server.replies:
+                    if self.path in _VLLM_ONLY:
+                        answer = (vllm or {}).get(self.path)
+                        reply = answer(body) if answer else Reply(404, {"detail": "Not Found"})
+                    elif server.replies:
                         reply = server.replies.popleft()
                     elif otherwise is not None and isinstance(body, dict):
                         reply = otherwise(body)

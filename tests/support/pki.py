@@ -1,5 +1,6 @@
 """Certificates made for each test (trustme, and cryptography for what trustme does not issue:
-a SPIFFE ID), an access file, and a daemon locked with them on loopback."""
+SPIFFE IDs, email SANs, a chosen common name), an access file, and a daemon locked with them on
+loopback."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from poirotd.api.client import DaemonTls, PoirotClient
 from poirotd.config import SystemSpec
@@ -71,23 +73,32 @@ def issue(ca: trustme.CA, *names: str, expired: bool = False) -> Pem:
 
 def issue_spiffe(ca: trustme.CA, spiffe_id: str) -> Pem:
     """A workload certificate whose only SAN is a SPIFFE ID (a URI), as SPIRE issues them."""
+    return issue_names(ca, [x509.UniformResourceIdentifier(spiffe_id)])
+
+
+def issue_names(
+    ca: trustme.CA, sans: Sequence[x509.GeneralName], common_name: str | None = None
+) -> Pem:
+    """A client certificate `ca` signed with exactly these SANs (any type) and, when given, a
+    subject common name: what trustme does not issue."""
     ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.now(UTC)
-    san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(spiffe_id)])
-    cert = (
+    subject = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)] if common_name else []
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([]))
+        .subject_name(x509.Name(subject))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - timedelta(hours=1))
         .not_valid_after(now + timedelta(hours=1))
-        .add_extension(san, critical=True)
-        .sign(ca_key, hashes.SHA256())
     )
+    if sans:  # RFC 5280: critical when the subject is empty
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=not subject)
+    cert = builder.sign(ca_key, hashes.SHA256())
     return Pem(
         cert.public_bytes(serialization.Encoding.PEM),
         key.private_bytes(

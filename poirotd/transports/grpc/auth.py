@@ -20,7 +20,13 @@ from typing import Any
 import grpc
 
 from poirotd.transports.grpc.guard import rpc_name
-from poirotd.transports.security.access import AccessControl, DenialReason, Denied, Identity
+from poirotd.transports.security.access import (
+    AccessControl,
+    ClientCertificate,
+    DenialReason,
+    Denied,
+    Identity,
+)
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.roles import REQUIRED
 
@@ -102,7 +108,7 @@ class _Admission:
     async def _admit(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         try:
             identity = self._access.policy().identify(
-                self._authorization, _certificate_names(context)
+                self._authorization, _client_certificate(context)
             )
             requirement = REQUIRED.get(self._method)
             if requirement is None:
@@ -130,9 +136,15 @@ def _authorization(metadata: Any) -> str | None:
     return None
 
 
-def _certificate_names(context: grpc.aio.ServicerContext) -> list[str]:
-    """The client certificate's SANs (DNS names, URIs such as SPIFFE IDs, ...) in order, then
-    its common name; empty without a client certificate."""
+def _client_certificate(context: grpc.aio.ServicerContext) -> ClientCertificate | None:
+    """The verified client certificate's URI and DNS SANs, from gRPC's typed peer properties
+    (its untyped x509_subject_alternative_name mixes email and IP SANs in; its common name is
+    not a SAN at all); None without a client certificate."""
     auth = context.auth_context()
-    names = [*auth.get("x509_subject_alternative_name", ()), *auth.get("x509_common_name", ())]
-    return [name.decode(errors="replace") for name in names if name]
+    if not auth.get("x509_pem_cert"):
+        return None
+
+    def values(key: str) -> list[str]:
+        return [value.decode(errors="replace") for value in auth.get(key, ()) if value]
+
+    return ClientCertificate.of(values("peer_uri"), values("peer_dns"))

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from poirotd.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, quote
 from poirotd.observability.metrics import Metrics
 from poirotd.transports.otlp.receiver import RETRY_AFTER_SECONDS, OtlpReceiver, Throttled
-from poirotd.transports.security.http import HttpAccess, certificate_names
+from poirotd.transports.security.http import HttpAccess, client_certificate
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
@@ -101,7 +101,7 @@ class OtlpHttp:
             peercert = None if transport is None else transport.get_extra_info("peercert")
             refusal = self._access.refusal(
                 request.headers.get("Authorization"),
-                certificate_names(peercert),
+                client_certificate(peercert),
                 request.remote or "",
             )
             if refusal is not None:

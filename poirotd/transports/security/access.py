@@ -6,8 +6,16 @@ prints both):
 
     tokens:                      # sha256 hex of the token -> who holds it, what it may do
       9f86d081884c7d65...: {name: hwbridge, roles: [ingest]}
-    certificates:                # a client certificate's SAN (DNS name, URI, SPIFFE ID) -> ...
+    certificates:                # a client certificate's subject alternative name -> ...
       spiffe://clinic.example/ns/mas/sa/control: {name: control, roles: [operator, reader]}
+      dns:control.clinic.example: {name: control-software, roles: [operator]}
+
+A certificate entry names a SAN and its type, and matches only a SAN of that type: `uri:<URI>`
+is a URI SAN (a SPIFFE ID is one), `dns:<name>` a DNS SAN; without a prefix, an entry with a
+scheme (`spiffe://...`, `https://...`) is a URI SAN and a host name is a DNS SAN. The subject's
+common name and the other SAN types (email, IP) are never read: a certificate the CA signed for
+a laptop's DNS name must not pass as a workload because its CN or an email SAN spells that
+workload's SPIFFE ID.
 
 Without an access file but with a client CA, every certificate the CA signed holds every role
 (the CA is then the whole policy, as with Mosquitto's `require_certificate` and no ACL).
@@ -17,17 +25,26 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import ipaddress
+import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 import structlog
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 
 from poirotd.transports.security.files import stamp
 from poirotd.transports.security.roles import INCLUDED, Role
@@ -39,6 +56,15 @@ _RECHECK_SECONDS = 1.0
 _BEARER = "bearer "
 
 TokenHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+# An unprefixed entry with a scheme is a URI SAN; a URI after `uri:` needs only a scheme.
+_URI_WITH_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$")
+# A DNS SAN as certificates carry them: labels of letters, digits, - and _ (seen in the wild),
+# an optional leading wildcard label.
+_DNS_NAME = re.compile(
+    r"^(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+    r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$"
+)
 
 
 def new_token() -> str:
@@ -76,6 +102,75 @@ class Denied(Exception):
         self.role = role
 
 
+@dataclass(frozen=True)
+class CertificateName:
+    """One subject alternative name of a client certificate with its type: a URI SAN (a SPIFFE
+    ID is one) or a DNS SAN, the only two an access file can grant to."""
+
+    type: Literal["uri", "dns"]
+    value: str
+
+    @classmethod
+    def of(cls, type_: Literal["uri", "dns"], value: str) -> CertificateName:
+        """DNS names compare case-insensitively; URIs (SPIFFE IDs) exactly."""
+        return cls(type_, value.lower().rstrip(".") if type_ == "dns" else value)
+
+    def __str__(self) -> str:
+        return f"{self.type}:{self.value}"
+
+
+def certificate_entry(entry: str) -> CertificateName:
+    """The SAN an access-file `certificates` key names: `uri:<URI>`, `dns:<name>`, or without a
+    prefix a URI with a scheme (`spiffe://...`) or a DNS name. Raises ValueError otherwise."""
+    type_, _, value = entry.partition(":")
+    if type_ == "uri" and _URI.match(value):
+        return CertificateName.of("uri", value)
+    if type_ == "dns" and _DNS_NAME.match(value):
+        return CertificateName.of("dns", value)
+    if type_ in ("uri", "dns"):
+        raise ValueError(f"{entry!r} is not a {type_.upper()} name after its '{type_}:' prefix")
+    if _URI_WITH_AUTHORITY.match(entry):
+        return CertificateName.of("uri", entry)
+    if _DNS_NAME.match(entry) and not _is_ip_address(entry):
+        return CertificateName.of("dns", entry)
+    raise ValueError(
+        f"{entry!r} is neither a URI (scheme://...) nor a DNS name: certificates are matched by "
+        "their URI or DNS subject alternative names only, never by common name, email or IP "
+        "(write 'uri:<URI>' or 'dns:<name>')"
+    )
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ClientCertificate:
+    """A verified client certificate as the access check reads it: its URI SANs, then its DNS
+    SANs, each in certificate order (a workload's SPIFFE ID before a host name); nothing else
+    of it (subject, email or IP SANs)."""
+
+    names: tuple[CertificateName, ...]
+
+    @classmethod
+    def of(cls, uris: Iterable[str], dns_names: Iterable[str]) -> ClientCertificate:
+        return cls(
+            (
+                *(CertificateName.of("uri", u) for u in uris),
+                *(CertificateName.of("dns", d) for d in dns_names),
+            )
+        )
+
+    @property
+    def display(self) -> str:
+        """Its first name, for logs and denials."""
+        return str(self.names[0]) if self.names else "(a certificate without URI or DNS names)"
+
+
 class Grant(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -87,7 +182,22 @@ class AccessFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tokens: dict[TokenHash, Grant] = Field(default_factory=dict)
+    # Keys as written; `certificate_grants` reads them as typed names.
     certificates: dict[str, Grant] = Field(default_factory=dict)
+
+    @field_validator("certificates")
+    @classmethod
+    def _entries_name_one_san_each(cls, certificates: dict[str, Grant]) -> dict[str, Grant]:
+        seen: dict[CertificateName, str] = {}
+        for entry in certificates:
+            name = certificate_entry(entry)
+            if name in seen:
+                raise ValueError(f"{entry!r} and {seen[name]!r} both name the SAN {name}")
+            seen[name] = entry
+        return certificates
+
+    def certificate_grants(self) -> dict[CertificateName, Grant]:
+        return {certificate_entry(entry): grant for entry, grant in self.certificates.items()}
 
 
 class AccessFileError(ValueError):
@@ -140,15 +250,18 @@ class AccessPolicy:
 
     def __init__(self, grants: AccessFile | None) -> None:
         self._grants = grants
+        self._certificates = grants.certificate_grants() if grants else {}
 
-    def identify(self, authorization: str | None, certificate_names: Sequence[str]) -> Identity:
+    def identify(
+        self, authorization: str | None, certificate: ClientCertificate | None
+    ) -> Identity:
         """The client behind a call: its bearer token when it sent one (which must then be
-        known), else its certificate's first name the access file maps. `certificate_names`:
-        its SANs in certificate order, then its common name; empty without a certificate."""
+        known), else its certificate's first name the access file maps (None: it presented
+        none)."""
         grants = self._grants
         if grants is None:
-            if certificate_names:
-                return Identity(certificate_names[0], frozenset(Role), "certificate")
+            if certificate is not None:
+                return Identity(certificate.display, frozenset(Role), "certificate")
             raise Denied(DenialReason.NO_CREDENTIALS, "a client certificate is required")
         if authorization is not None:
             scheme, token = authorization[: len(_BEARER)], authorization[len(_BEARER) :].strip()
@@ -161,14 +274,15 @@ class AccessPolicy:
             if grant is None:
                 raise Denied(DenialReason.UNKNOWN_TOKEN, "the bearer token is not known")
             return _identity(grant, "token")
-        for name in certificate_names:
-            if (grant := grants.certificates.get(name)) is not None:
-                return _identity(grant, "certificate")
-        if certificate_names:
+        if certificate is not None:
+            for name in certificate.names:
+                if (grant := self._certificates.get(name)) is not None:
+                    return _identity(grant, "certificate")
             raise Denied(
                 DenialReason.UNKNOWN_CERTIFICATE,
-                "the client certificate's names are not in the access file",
-                identity=certificate_names[0],
+                "the client certificate's names are not in the access file (only its URI and "
+                "DNS subject alternative names are read)",
+                identity=certificate.display,
             )
         raise Denied(
             DenialReason.NO_CREDENTIALS,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from poirotd.model import Door
-from poirotd.transports.security.access import AccessControl, Denied
+from poirotd.transports.security.access import AccessControl, ClientCertificate, Denied
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.roles import REQUIRED
 
@@ -35,13 +35,13 @@ class HttpAccess:
     call: str
 
     def refusal(
-        self, authorization: str | None, certificate_names: list[str], peer: str
+        self, authorization: str | None, certificate: ClientCertificate | None, peer: str
     ) -> HttpRefusal | None:
         """None when the caller may; else the answer to give (the refusal already recorded)."""
         requirement = REQUIRED[self.call]
         assert requirement is not None, f"{self.call} is never open under an access policy"
         try:
-            identity = self.access.policy().identify(authorization, certificate_names)
+            identity = self.access.policy().identify(authorization, certificate)
             identity.require(requirement.role, self.call)
         except Denied as denied:
             self.denials.record(denied, door=self.door, call=self.call, peer=peer)
@@ -49,11 +49,13 @@ class HttpAccess:
         return None
 
 
-def certificate_names(certificate: dict[str, Any] | None) -> list[str]:
-    """A peer certificate's SANs in order, then its common name, as the gRPC port sees them."""
+def client_certificate(certificate: dict[str, Any] | None) -> ClientCertificate | None:
+    """A verified peer certificate (`getpeercert()`) as the access check reads it, the same as
+    the gRPC port does: its URI and DNS SANs by type; None when the client sent none."""
     if not certificate:
-        return []
-    names = [value for _, value in certificate.get("subjectAltName", ())]
-    for rdn in certificate.get("subject", ()):
-        names += [value for key, value in rdn if key == "commonName"]
-    return names
+        return None
+    sans = certificate.get("subjectAltName", ())
+    return ClientCertificate.of(
+        (value for kind, value in sans if kind == "URI"),
+        (value for kind, value in sans if kind == "DNS"),
+    )

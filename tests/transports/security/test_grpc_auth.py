@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 import trustme
+from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -20,7 +21,15 @@ from poirotd.daemon import Daemon
 from poirotd.store.audit import verify
 from poirotd.transports.grpc.server import SERVICES
 from poirotd.transports.security.roles import REQUIRED
-from tests.support.pki import Pki, client, issue, issue_spiffe, locked_daemon, replace_file
+from tests.support.pki import (
+    Pki,
+    client,
+    issue,
+    issue_names,
+    issue_spiffe,
+    locked_daemon,
+    replace_file,
+)
 
 READER, OPERATOR, AUDITOR, INGEST = "reader-token", "operator-token", "auditor-token", "ingest-1"
 CONTROL = "control.clinic.test"
@@ -197,6 +206,33 @@ async def test_certificate_names_and_spiffe_ids_map_to_roles(mtls_daemon: Daemon
     # A token is taken over the certificate's own name.
     async with client(mtls_daemon, unknown, token=READER) as reader:
         assert (await reader.reputation()).betas
+
+
+async def test_a_certificate_is_known_by_its_uri_and_dns_sans_typed_never_by_cn_or_email(
+    mtls_daemon: Daemon, pki: Pki
+) -> None:
+    """Issue 29: the CA signs a laptop's DNS name; the certificate's CN, or an email SAN, spells
+    the bridge's SPIFFE ID (or the control software's DNS name): it is neither of them."""
+    laptop = x509.DNSName("intern-laptop.example")
+    impostors = {
+        "CN spelling the SPIFFE ID": issue_names(pki.ca, [laptop], common_name=BRIDGE),
+        "email SAN spelling it": issue_names(pki.ca, [laptop, x509.RFC822Name(BRIDGE)]),
+        "CN alone spelling the DNS name": issue_names(pki.ca, [], common_name=CONTROL),
+    }
+    for case, pem in impostors.items():
+        async with client(mtls_daemon, pki.client_tls(pem)) as impostor:
+            error = await refused(impostor.send(start(f"s-{len(case)}")))
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED, case
+        assert "names are not in the access file" in error.details(), case
+    assert denials(mtls_daemon, "Ingest.Stream", "unknown_certificate") == len(impostors)
+    # The same name as a URI SAN is the bridge; as a DNS SAN, beside the laptop's, the control.
+    genuine = issue_names(pki.ca, [laptop, x509.UniformResourceIdentifier(BRIDGE)])
+    async with client(mtls_daemon, pki.client_tls(genuine)) as bridge:
+        assert await bridge.send(start("s1")) == 1
+    control = issue_names(pki.ca, [laptop, x509.DNSName(CONTROL)], common_name=BRIDGE)
+    async with client(mtls_daemon, pki.client_tls(control)) as operator:
+        error = await refused(operator.send(start("s2")))
+    assert "'control-software' may not call Ingest.Stream" in error.details()
 
 
 async def test_a_client_ca_alone_lets_every_certificate_it_signed_call_everything(

@@ -12,9 +12,18 @@ from pathlib import Path
 
 import pytest
 import trustme
+from cryptography import x509
 
 from poirotd.daemon import Daemon
-from tests.support.pki import SERVER_NAME, Pem, Pki, issue, locked_daemon, replace_file
+from tests.support.pki import (
+    SERVER_NAME,
+    Pem,
+    Pki,
+    issue,
+    issue_names,
+    locked_daemon,
+    replace_file,
+)
 
 SCRAPER = "prometheus.monitoring.test"
 
@@ -86,6 +95,26 @@ async def test_a_scrape_by_client_certificate_name(tmp_path: Path) -> None:
         assert status == 200
         status, body = await asyncio.to_thread(scrape, daemon, pki.ca, issue(pki.ca, "x.test"))
         assert status == 401 and "not in the access file" in body
+
+
+async def test_a_scraper_is_known_by_its_uri_san_never_by_cn_or_email(tmp_path: Path) -> None:
+    """Issue 29, on an HTTP door: a CN or an email SAN spelling the mapped SPIFFE ID is refused."""
+    pki = Pki.create(tmp_path / "pki")
+    scraper_id = "spiffe://poirotd.local/prometheus"
+    pki.write_access({}, {scraper_id: ("prometheus", ["metrics"])})
+    laptop = x509.DNSName("intern-laptop.example")
+    async with locked_daemon(
+        tmp_path, pki, auth_file=pki.auth_file, tls_client_ca_file=pki.ca_file
+    ) as daemon:
+        for impostor in (
+            issue_names(pki.ca, [laptop], common_name=scraper_id),
+            issue_names(pki.ca, [laptop, x509.RFC822Name(scraper_id)]),
+        ):
+            status, body = await asyncio.to_thread(scrape, daemon, pki.ca, impostor)
+            assert status == 401 and "not in the access file" in body
+        genuine = issue_names(pki.ca, [laptop, x509.UniformResourceIdentifier(scraper_id)])
+        status, _ = await asyncio.to_thread(scrape, daemon, pki.ca, genuine)
+        assert status == 200
 
 
 async def test_a_silent_connection_does_not_stop_scrapes(tmp_path: Path) -> None:
