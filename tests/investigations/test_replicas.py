@@ -115,9 +115,9 @@ async def test_an_idle_replica_claims_what_a_busy_one_queued_at_once(
 ) -> None:
     backends = [_slow(0.5), _slow(0.5)]  # a run is several calls: seconds
     async with _replicas(tmp_path, postgres_url, backends, shared_poll_seconds=_RARE) as (a, b):
-        assert await a.client.send(session(3)) == 4
+        assert await a.client.send([*session(3), *session(3, "s2")]) == 8
         first = await a.client.trigger("s1", "one")
-        second = await a.client.trigger("s1", "two")
+        second = await a.client.trigger("s2", "two")  # s1's would join the first
         async with asyncio.timeout(_RARE / 3):
             for queued in (first, second):
                 events = [e async for e in b.client.watch(queued.investigation_id)]
@@ -195,10 +195,10 @@ async def test_a_draining_replica_hands_its_work_to_the_others(
         in_process_daemon(_folder(tmp_path, "a"), spec, _slow(5), replica_id="a", **common) as a,
         client_of(a) as to_a,
     ):
-        assert await to_a.send(session(3)) == 4
+        assert await to_a.send([*session(3), *session(3, "s2")]) == 8
         running = await to_a.trigger("s1", "runs on a")
         await _running(db, running.investigation_id)
-        waiting = await to_a.trigger("s1", "still queued")
+        waiting = await to_a.trigger("s2", "still queued")
     # Neither was interrupted: the run's lease ended at once, the queued one was left queued.
     states = dict(db.query("SELECT investigation_id, state FROM investigations"))
     assert states == {running.investigation_id: "running", waiting.investigation_id: "queued"}
@@ -251,7 +251,8 @@ async def test_a_worker_whose_run_cannot_reach_the_store_lives_on(
                 async with asyncio.timeout(30):
                     await eventually(blocked)
                 await db.aquery(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) AS w")
-        second = await client.trigger("s1", "runs on the same worker")
+        assert await client.send(session(3, "s2")) == 4
+        second = await client.trigger("s2", "runs on the same worker")
         async with asyncio.timeout(30):
             events = [e async for e in client.watch(second.investigation_id)]
         assert events[-1].HasField("attribution_ready")
