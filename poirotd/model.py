@@ -425,15 +425,16 @@ MAX_COALESCED = 32
 class CoalescedTrigger(Frozen):
     """A trigger that found its session's investigation already open (deferred, queued or
     running, or opened by a hazard within the rule's cooldown) and joined it instead of opening
-    another: its reason is kept on that investigation."""
+    another: its reason is kept on that investigation, for the operator (the agents are told the
+    reason the investigation was opened for; the session's data they read is the same)."""
 
     reason: str
     # The rule that fired ("" for a Trigger call) and when: the event's time for a rule, the
     # call's for a Trigger.
     rule: str = ""
     at: datetime
-    # The investigation's state when the trigger joined it: a reason that joined a running (or
-    # finished) investigation was not in what its agents were told.
+    # The investigation's state when the trigger joined it: one that joined a running or finished
+    # investigation came after its run had read the session.
     state: InvestigationState
     # Who asked, for a Trigger call (`requested_by`).
     requested_by: str = ""

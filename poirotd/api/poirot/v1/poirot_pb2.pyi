@@ -1202,7 +1202,9 @@ Global___Investigation: _TypeAlias = Investigation  # noqa: Y015
 
 @_typing.final
 class CoalescedTrigger(_message.Message):
-    """A trigger that found its session's investigation open and joined it."""
+    """A trigger that found its session's investigation open and joined it: its reason is kept for
+    the operator (the agents are told the reason the investigation was opened for).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1215,8 +1217,8 @@ class CoalescedTrigger(_message.Message):
     rule: _builtins.str
     """The rule that fired; empty for a Trigger call."""
     state: Global___InvestigationState.ValueType
-    """The investigation's state when it joined: a reason that joined a running (or finished)
-    investigation was not in what its agents were told.
+    """The investigation's state when it joined: one that joined a running or finished
+    investigation came after its run had read the session.
     """
     requested_by: _builtins.str
     @_builtins.property
