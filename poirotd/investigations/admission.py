@@ -7,7 +7,7 @@ call is refused (RESOURCE_EXHAUSTED) once the rest is full, or once its caller h
 POIROTD_MAX_QUEUED_TRIGGERS_PER_CLIENT investigations waiting, so one client cannot take the
 queue from the others nor from the rules. A hazard rule's investigation is never refused: one
 that finds the whole queue full, or older hazards still waiting, is DEFERRED (kept in the store)
-and queued, oldest first, once a claim frees a place (`Store.queue_deferred`).
+and queued, oldest first, once a run starts and frees a place (`Store.queue_deferred`).
 
 A trigger of a session that has an investigation by the same method deferred, queued or running
 joins it instead of opening another (coalesced: its reason is kept on that investigation), and

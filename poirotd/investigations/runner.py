@@ -7,12 +7,13 @@ the investigation runs and writes under it (fenced: a replica that lost its leas
 nothing more of that investigation, its completion least of all). A replica that dies leaves its
 lease to expire; another then claims the investigation and re-runs it from the start
 (`poirotd.store.leases`). Who gets a place in the bounded queue, and what a hazard that finds it
-full becomes (DEFERRED, queued once a claim frees a place), is `poirotd.investigations.admission`.
-On shutdown, alone on its store, the daemon keeps what Trigger calls asked for and it could not
-finish in time (queued or running) as INTERRUPTED with whatever it had produced, and at start-up
-what a crash left; a hazard rule's is queued again instead, to run from the start (a hazard is
-never lost). A replica of a shared store leaves its queued work to the others and hands its
-unfinished runs back (their leases end at once): another replica re-runs them.
+full becomes (DEFERRED, queued once a run starts and frees a place), is
+`poirotd.investigations.admission`. On shutdown, alone on its store, the daemon keeps what
+Trigger calls asked for and it could not finish in time (queued or running) as INTERRUPTED with
+whatever it had produced, and at start-up what a crash left; a hazard rule's is queued again
+instead, to run from the start (a hazard is never lost). A replica of a shared store leaves its
+queued work to the others and hands its unfinished runs back (their leases end at once): another
+replica re-runs them.
 """
 
 from __future__ import annotations
@@ -194,6 +195,12 @@ class InvestigationRunner:
         if queued:
             self._wake.set()
 
+    async def _left_queue(self) -> None:
+        """A run started: its place in the queue is free for the oldest deferred hazard, and
+        it waits no more."""
+        await self._queue_deferred()
+        await self._count_queued()
+
     def _hazard_wait(self) -> float:
         """The oldest waiting hazard's age, from the time last read (the gauge's callback)."""
         if self._oldest_waiting is None:
@@ -269,8 +276,6 @@ class InvestigationRunner:
                     await self._count_queued()
                 await self._idle(mark)
                 continue
-            await self._queue_deferred()  # the claim freed a place in the queue
-            await self._count_queued()
             await self._run_leased(*claim)
             await self._count_queued()
 
@@ -357,6 +362,7 @@ class InvestigationRunner:
         )
         try:
             await recorder.started()
+            await self._left_queue()
             outcome = await self._investigate(investigation, recorder)
         except LeaseLostError:
             self._lease_lost(lease)
