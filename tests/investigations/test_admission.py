@@ -9,7 +9,7 @@ the queue stays as the test filled it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,7 @@ import pytest
 from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
-from poirotd.llm.base import ChatMessage
-from poirotd.llm.scripted import ScriptedBackend
-from tests.support.answers import schema_answer
+from tests.support.answers import gated
 from tests.support.daemon import client_of, in_process_daemon, limit_rejections
 from tests.support.ingest import OVERHEAT, motor_temp, session
 from tests.support.spec import CLINIC_REGIONS, clinic
@@ -38,14 +36,6 @@ SETTINGS: dict[str, Any] = {
     "drain_seconds": 0.5,
 }
 V4, V6 = "127.0.0.1", "[::1]"
-
-
-def gated(gate: asyncio.Event) -> ScriptedBackend:
-    async def answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
-        await gate.wait()
-        return schema_answer(messages, schema)
-
-    return ScriptedBackend(answer)
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
 from poirotd.store.pg_schema import CHAIN_LOCK
-from tests.support.answers import schema_answer
+from tests.support.answers import gated, schema_answer
 from tests.support.daemon import client_of, in_process_daemon
 from tests.support.ingest import OVERHEAT, motor_temp, session, start
 from tests.support.spec import CLINIC_REGIONS, clinic
@@ -149,6 +149,39 @@ async def test_a_rule_over_data_reaching_both_replicas_opens_one_investigation(
         assert hazards == [1.0, 1.0]  # each replica's rules fired on its own data
         listed = await to_b.investigations.List(pb.ListInvestigationsRequest(session_id="s1"))
         assert len(listed.investigations) == 1
+
+
+async def test_replicas_run_each_deferred_hazard_once(tmp_path: Path, postgres_url: str) -> None:
+    """Both replicas' workers held, the shared queue full (two places, one kept for rules): two
+    hazards are deferred. Once the LLM answers, each replica's started runs free places, and
+    each deferred hazard is queued by one of them and run once."""
+    gate = asyncio.Event()
+    backends = [gated(gate), gated(gate)]
+    shares = {"queue_capacity": 2, "queue_reserved_for_rules": 1, "trigger_rate_per_client": 0}
+    db = PostgresDb(postgres_url)
+    async with _replicas(tmp_path, postgres_url, backends, **shares) as (a, b):
+        sessions = [f"s{n}" for n in range(1, 7)]
+        assert await a.client.send([r for s in sessions for r in session(3, s)]) == 24
+        for s in ("s1", "s2"):  # one run on each replica
+            await _running(db, (await a.client.trigger(s, "holds a worker")).investigation_id)
+        await a.client.trigger("s3", "queued")
+        for s, client in (("s4", a.client), ("s5", b.client), ("s6", a.client)):
+            assert await client.send([motor_temp(1.0, 90.0, s)]) == 1
+        states = dict(await db.aquery("SELECT session_id, state FROM investigations"))
+        assert [states[s] for s in sessions] == [
+            *["running"] * 2,
+            *["queued"] * 2,
+            *["deferred"] * 2,
+        ]
+        gate.set()
+        for s in sessions:
+            (inv,) = (
+                await b.client.investigations.List(pb.ListInvestigationsRequest(session_id=s))
+            ).investigations
+            async with asyncio.timeout(60):
+                kinds = [e.WhichOneof("event") async for e in b.client.watch(inv.investigation_id)]
+            assert kinds.count("started") == 1 and kinds[-1] == "attribution_ready", (s, kinds)
+    assert verify(postgres_url).ok
 
 
 async def test_a_replica_that_lost_its_lease_stops_and_writes_nothing_more(
