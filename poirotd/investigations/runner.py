@@ -165,7 +165,9 @@ class InvestigationRunner:
             log.info("investigation queued", **context)
         elif admitted.admission is Admission.DEFERRED:
             self._metrics.investigations_deferred.labels(system).inc()
-            log.warning("investigation deferred: the queue is full", **context)
+            log.warning(
+                "investigation deferred: the queue is full, or older hazards wait", **context
+            )
             await self._queue_deferred()  # a place may have freed meanwhile
         else:
             trigger = "manual" if candidate.trigger is None else "rule"
@@ -180,7 +182,7 @@ class InvestigationRunner:
 
     async def _queue_deferred(self) -> None:
         """Queues deferred hazards into the places the queue has (oldest first); a store that
-        cannot be reached leaves them to the next claim."""
+        cannot be reached leaves them to the next run's start, or the next idle worker."""
         try:
             queued = await self._store.queue_deferred(self._shares.capacity)
         except Exception:
