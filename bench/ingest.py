@@ -496,12 +496,10 @@ def probes(probe: Probe) -> Iterator[None]:
         probe.events.extend(now - event.at.timestamp() for event in events)
         return events
 
-    async def timed_open(
-        self: HazardTriggers, events: Sequence[HazardEvent], ended: Sequence[str]
-    ) -> None:
+    async def timed_open(self: HazardTriggers, events: Sequence[HazardEvent]) -> None:
         now = time.time()
         probe.opened.extend(now - event.at.timestamp() for event in events)
-        await open_events(self, events, ended)
+        await open_events(self, events)
 
     async def timed_commit(
         self: SqliteStore, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()

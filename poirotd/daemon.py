@@ -16,6 +16,7 @@ import structlog
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import load_spec
 from poirotd.ingest.pipeline import IngestPipeline
+from poirotd.investigations.admission import QueueShares
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.replica import Replica
 from poirotd.investigations.runner import InvestigationRunner
@@ -79,7 +80,7 @@ def build_core(
         bus,
         metrics,
         backend_name=backend.name,
-        capacity=settings.queue_capacity,
+        shares=QueueShares.from_settings(settings),
         workers=settings.concurrent_investigations,
         replica=Replica.from_settings(settings, shared=store.shared),
     )

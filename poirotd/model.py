@@ -230,6 +230,9 @@ class HazardSpace(Frozen):
 
 
 class InvestigationState(enum.StrEnum):
+    # A hazard rule's investigation that found the queue full: kept in the store, and queued
+    # (oldest first) as soon as the queue has room, by whichever replica frees it.
+    DEFERRED = "deferred"
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -238,7 +241,13 @@ class InvestigationState(enum.StrEnum):
 
     @property
     def finished(self) -> bool:
-        return self not in (InvestigationState.QUEUED, InvestigationState.RUNNING)
+        return self not in UNFINISHED_STATES
+
+
+# What a later trigger of the same session joins rather than opening another investigation.
+UNFINISHED_STATES = frozenset(
+    {InvestigationState.DEFERRED, InvestigationState.QUEUED, InvestigationState.RUNNING}
+)
 
 
 class Phase(enum.StrEnum):
@@ -409,6 +418,28 @@ class DiagnosisMemoryEntry(Frozen):
     deleted_at: datetime | None = None
 
 
+# The coalesced triggers an investigation keeps; later ones are only counted (`coalesced_omitted`).
+MAX_COALESCED = 32
+
+
+class CoalescedTrigger(Frozen):
+    """A trigger that found its session's investigation already open (deferred, queued or
+    running, or opened by a hazard within the rule's cooldown) and joined it instead of opening
+    another: its reason is kept on that investigation, for the operator (the agents are told the
+    reason the investigation was opened for; the session's data they read is the same)."""
+
+    reason: str
+    # The rule that fired ("" for a Trigger call) and when: the event's time for a rule, the
+    # call's for a Trigger.
+    rule: str = ""
+    at: datetime
+    # The investigation's state when the trigger joined it: one that joined a running or finished
+    # investigation came after its run had read the session.
+    state: InvestigationState
+    # Who asked, for a Trigger call (`requested_by`).
+    requested_by: str = ""
+
+
 class Investigation(Frozen):
     investigation_id: str
     system: str
@@ -452,6 +483,21 @@ class Investigation(Frozen):
     # Earlier confirmed outcomes an operator's correction replaced, oldest first. Left out of the
     # record while empty, so records stored before corrections existed keep their audited form.
     superseded: tuple[ConfirmedOutcome, ...] = Field(default=(), exclude_if=lambda v: not v)
+    # Who asked for it: the Trigger caller's identity (poirotd.transports.grpc.clients.
+    # client_identity), "" for a hazard rule's. Its queued investigations count against its
+    # share of the queue. Left out while empty, like `superseded`.
+    requested_by: str = Field(default="", exclude_if=lambda v: not v)
+    # The triggers that joined it instead of opening another investigation, oldest first (at most
+    # MAX_COALESCED; `coalesced_omitted` counts those beyond). Kept by the store: a run's own
+    # writes of the record never drop them. Left out while empty, like `superseded`.
+    coalesced: tuple[CoalescedTrigger, ...] = Field(default=(), exclude_if=lambda v: not v)
+    coalesced_omitted: int = Field(default=0, ge=0, exclude_if=lambda v: not v)
+
+    def joined_by(self, trigger: CoalescedTrigger) -> Investigation:
+        """The record with `trigger` coalesced into it (counted only, beyond MAX_COALESCED)."""
+        if len(self.coalesced) >= MAX_COALESCED:
+            return self.model_copy(update={"coalesced_omitted": self.coalesced_omitted + 1})
+        return self.model_copy(update={"coalesced": (*self.coalesced, trigger)})
 
 
 # ------------------------------------------------------------------ access

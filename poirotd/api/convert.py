@@ -15,6 +15,7 @@ from poirotd.model import (
     AgentMessage,
     AgentReputation,
     Attribution,
+    CoalescedTrigger,
     ConfirmedOutcome,
     ContextCut,
     EventKind,
@@ -41,6 +42,7 @@ _KINDS = {
 }
 _KINDS_TO_PB = {v: k for k, v in _KINDS.items()}
 _STATES = {
+    InvestigationState.DEFERRED: pb.INVESTIGATION_STATE_DEFERRED,
     InvestigationState.QUEUED: pb.INVESTIGATION_STATE_QUEUED,
     InvestigationState.RUNNING: pb.INVESTIGATION_STATE_RUNNING,
     InvestigationState.SUCCEEDED: pb.INVESTIGATION_STATE_SUCCEEDED,
@@ -281,6 +283,9 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
         degraded_reason=inv.degraded_reason,
         injection_findings=inv.injection_findings,
         findings_json=json.dumps(inv.findings) if inv.findings else "",
+        coalesced=[coalesced_trigger(c) for c in inv.coalesced],
+        coalesced_omitted=inv.coalesced_omitted,
+        requested_by=inv.requested_by,
     )
     if inv.confirmed is not None:
         message.confirmed.CopyFrom(confirmed_outcome(inv.confirmed))
@@ -292,6 +297,16 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
     if inv.attribution is not None:
         message.attribution.CopyFrom(attribution(inv.attribution))
     return message
+
+
+def coalesced_trigger(trigger: CoalescedTrigger) -> pb.CoalescedTrigger:
+    return pb.CoalescedTrigger(
+        reason=trigger.reason,
+        rule=trigger.rule,
+        at=_ts(trigger.at),
+        state=_STATES[trigger.state],
+        requested_by=trigger.requested_by,
+    )
 
 
 def confirmed_outcome(outcome: ConfirmedOutcome) -> pb.ConfirmedOutcome:

@@ -57,8 +57,15 @@ class Settings(BaseSettings):
     # starts and it ends degraded with the votes it has. 0: no budget beyond the spec's own
     # bounds (agents, max_invocations, retries, max_tokens), which already make every run finite.
     llm_token_budget: int = Field(default=0, ge=0)
-    # Investigations waiting to run; a full queue refuses Trigger with RESOURCE_EXHAUSTED.
+    # Investigations waiting to run (QUEUED), all replicas of a shared store together. The last
+    # queue_reserved_for_rules places are kept for hazard rules: Trigger is refused with
+    # RESOURCE_EXHAUSTED once the rest is full, and once its client (as for the rates above) has
+    # max_queued_triggers_per_client waiting. A hazard rule's investigation that finds the whole
+    # queue full is DEFERRED in the store and queued once there is room (poirotd.investigations.
+    # admission).
     queue_capacity: int = Field(default=16, ge=1)
+    queue_reserved_for_rules: int = Field(default=4, ge=1)
+    max_queued_triggers_per_client: int = Field(default=4, ge=1)
     concurrent_investigations: int = Field(default=1, ge=1)
     # On SIGTERM, how long running investigations may take before they are kept as interrupted.
     drain_seconds: float = Field(default=30.0, ge=0.0)
@@ -108,6 +115,15 @@ class Settings(BaseSettings):
     allow_insecure_bind: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
+
+    @model_validator(mode="after")
+    def _queue_has_room_for_triggers(self) -> Settings:
+        if self.queue_reserved_for_rules >= self.queue_capacity:
+            raise ValueError(
+                f"POIROTD_QUEUE_RESERVED_FOR_RULES ({self.queue_reserved_for_rules}) must be "
+                f"less than POIROTD_QUEUE_CAPACITY ({self.queue_capacity}): Trigger needs a place"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_files_together(self) -> Settings:

@@ -61,8 +61,7 @@ _KIND_LABELS: dict[type, str] = {
 class InvestigationOpener(Protocol):
     """Opens what hazard events call for, once their evidence is committed (investigations)."""
 
-    async def open(self, events: Sequence[HazardEvent], ended: Sequence[str]) -> None:
-        """`ended`: sessions whose end was committed with the events."""
+    async def open(self, events: Sequence[HazardEvent]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -214,7 +213,7 @@ class IngestPipeline:
         """Evaluates time-based rules (no data within a timeout) once per interval."""
         while True:
             await asyncio.sleep(interval)
-            await self._opener.open(self._rules.tick(datetime.now(UTC)), ())
+            await self._opener.open(self._rules.tick(datetime.now(UTC)))
 
     async def drain(self) -> None:
         """Returns once everything admitted so far is committed (or its commit failed)."""
@@ -261,10 +260,9 @@ class IngestPipeline:
             log.exception("ingest commit failed", items=len(current.items))
             done.set_exception(exc)
             return
-        ended = [item.session_id for item in current.items if isinstance(item, SessionEnd)]
         try:
             # Before the acks: a producer that sees its ack finds the investigations opened.
-            await self._opener.open(sorted(current.events, key=_event_time), ended)
+            await self._opener.open(sorted(current.events, key=_event_time))
         except Exception:
             log.exception("opening investigations for committed items failed")
         self._count(current.items, duplicates)

@@ -6,11 +6,14 @@ any other queued: a worker claims one with a lease (`Store.claim_investigation`)
 the investigation runs and writes under it (fenced: a replica that lost its lease can store
 nothing more of that investigation, its completion least of all). A replica that dies leaves its
 lease to expire; another then claims the investigation and re-runs it from the start
-(`poirotd.store.leases`). The queue is bounded (a full queue refuses new triggers). On shutdown,
-alone on its store, the daemon keeps what it could not finish in time (queued or running) as
-INTERRUPTED with whatever it had produced, and at start-up what a crash left; a replica of a
-shared store leaves its queued work to the others and hands its unfinished runs back (their
-leases end at once): another replica re-runs them.
+(`poirotd.store.leases`). Who gets a place in the bounded queue, and what a hazard that finds it
+full becomes (DEFERRED, queued once a run starts and frees a place), is
+`poirotd.investigations.admission`. On shutdown, alone on its store, the daemon keeps what
+Trigger calls asked for and it could not finish in time (queued or running) as INTERRUPTED with
+whatever it had produced, and at start-up what a crash left; a hazard rule's is queued again
+instead, to run from the start (a hazard is never lost). A replica of a shared store leaves its
+queued work to the others and hands its unfinished runs back (their leases end at once): another
+replica re-runs them.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Awaitable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import structlog
 
 from poirotd.config import SystemSpec
-from poirotd.errors import ResourceExhausted, Unavailable
+from poirotd.errors import Unavailable
 from poirotd.hazards import summarise_window
+from poirotd.investigations.admission import QueueShares
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.recorder import EventLog, InvestigationRecorder, now
 from poirotd.investigations.replica import Replica
@@ -44,7 +48,7 @@ from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.ensemble import method_reliabilities
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.reputation import betas_in_use
-from poirotd.store import Lease, LeaseLostError, Store
+from poirotd.store import Admission, Admitted, Lease, LeaseLostError, Store
 
 log = structlog.get_logger(__name__)
 
@@ -62,7 +66,7 @@ class InvestigationRunner:
         metrics: Metrics,
         *,
         backend_name: str,
-        capacity: int,
+        shares: QueueShares,
         workers: int,
         replica: Replica,
     ) -> None:
@@ -72,18 +76,20 @@ class InvestigationRunner:
         self._events = EventLog(store, bus)
         self._metrics = metrics
         self._backend = backend_name
-        self._capacity = capacity
+        self._shares = shares
         self._workers = workers
         self.replica = replica
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
-        self._submitting = asyncio.Lock()
         # Set when this daemon queued something (or drains), so idle workers claim at once.
         self._wake = asyncio.Event()
         # The leases of the runs in progress, and of those stopped because another replica took
         # their investigation over.
         self._running: set[Lease] = set()
         self._lost_leases: set[Lease] = set()
+        # When the oldest hazard's investigation not started yet was opened, as last read.
+        self._oldest_waiting: datetime | None = None
+        metrics.oldest_hazard_wait.labels(spec.system.name).set_function(self._hazard_wait)
 
     def start(self) -> None:
         self._tasks = [
@@ -96,70 +102,119 @@ class InvestigationRunner:
         return not self._draining
 
     async def submit(
-        self, session_id: str, reason: str, *, method: InvestigationMethod = "poirot"
-    ) -> Investigation:
-        """Queues an investigation over a stored session, to be run by `method`, and returns
-        its QUEUED record."""
-        queued = await self._queue(session_id, reason, None, method, None)
-        assert queued is not None, "only a cooldown leaves an investigation unopened"
-        return queued
-
-    async def open_for(self, event: HazardEvent, cooldown: timedelta) -> Investigation | None:
-        """Queues an investigation of a rule's hazard event unless one of its session was opened
-        by a hazard event less than `cooldown` from it, by any replica (then None)."""
-        reason = f"rule {event.rule}: {event.summary}"
-        return await self._queue(event.session_id, reason, event, "poirot", cooldown)
-
-    async def _queue(
         self,
         session_id: str,
         reason: str,
-        trigger: HazardEvent | None,
-        method: InvestigationMethod,
-        cooldown: timedelta | None,
-    ) -> Investigation | None:
-        async with self._submitting:  # the capacity check holds until the record is queued
-            if self._draining:
-                raise Unavailable(
-                    "the daemon is shutting down; no new investigations", reason="draining"
-                )
-            waiting = await self._store.count_investigations(InvestigationState.QUEUED)
-            if waiting >= self._capacity:
-                raise ResourceExhausted(
-                    f"investigation queue is full ({waiting} waiting)", reason="queue_full"
-                )
-            investigation = Investigation(
-                investigation_id=uuid.uuid4().hex,
-                system=self._spec.system.name,
-                session_id=session_id,
-                state=InvestigationState.QUEUED,
-                reason=reason,
-                method=method,
-                trigger=trigger,
-                created_at=now(),
+        *,
+        method: InvestigationMethod = "poirot",
+        requested_by: str = "",
+    ) -> Investigation:
+        """Queues an investigation over a stored session, to be run by `method`, for
+        `requested_by` (counted against its share of the queue), and returns its QUEUED record;
+        or the session's open investigation by `method`, which the request joined.
+        ResourceExhausted beyond the shares of Trigger calls (`admission.QueueShares`)."""
+        if self._draining:
+            raise Unavailable(
+                "the daemon is shutting down; no new investigations", reason="draining"
             )
-            opened = await self._store.queue_investigation(investigation, cooldown=cooldown)
-            if opened is not None:
-                log.info(
-                    "hazard event within the cooldown of an opened investigation",
-                    session_id=session_id,
-                    opened=opened,
-                )
-                return None
-        self._wake.set()
-        self._metrics.queue_depth.labels(self._spec.system.name).set(waiting + 1)
-        log.info(
-            "investigation queued",
-            investigation_id=investigation.investigation_id,
+        candidate = self._candidate(session_id, reason, method=method, requested_by=requested_by)
+        return (await self._admit(candidate, None)).investigation
+
+    async def open_for(self, event: HazardEvent, cooldown: timedelta) -> Admitted:
+        """Opens the investigation of a rule's hazard event; never refused, also while the
+        daemon drains: it is queued, deferred until the queue has room, or coalesced into the
+        session's open investigation (or the one a hazard of the session opened within
+        `cooldown` of this one, by any replica)."""
+        reason = f"rule {event.rule}: {event.summary}"
+        candidate = self._candidate(event.session_id, reason, trigger=event)
+        return await self._admit(candidate, cooldown)
+
+    def _candidate(
+        self,
+        session_id: str,
+        reason: str,
+        *,
+        method: InvestigationMethod = "poirot",
+        trigger: HazardEvent | None = None,
+        requested_by: str = "",
+    ) -> Investigation:
+        return Investigation(
+            investigation_id=uuid.uuid4().hex,
+            system=self._spec.system.name,
             session_id=session_id,
+            state=InvestigationState.QUEUED,
+            reason=reason,
+            method=method,
+            trigger=trigger,
+            created_at=now(),
+            requested_by=requested_by,
         )
-        return investigation
+
+    async def _admit(self, candidate: Investigation, cooldown: timedelta | None) -> Admitted:
+        admitted = await self._store.admit_investigation(
+            candidate, self._shares.admit(candidate), cooldown=cooldown
+        )
+        investigation = admitted.investigation
+        context = {
+            "investigation_id": investigation.investigation_id,
+            "session_id": investigation.session_id,
+        }
+        system = self._spec.system.name
+        if admitted.admission is Admission.QUEUED:
+            self._wake.set()
+            log.info("investigation queued", **context)
+        elif admitted.admission is Admission.DEFERRED:
+            self._metrics.investigations_deferred.labels(system).inc()
+            log.warning(
+                "investigation deferred: the queue is full, or older hazards wait", **context
+            )
+            await self._queue_deferred()  # a place may have freed meanwhile
+        else:
+            trigger = "manual" if candidate.trigger is None else "rule"
+            self._metrics.investigations_coalesced.labels(system, trigger).inc()
+            log.info(
+                "trigger coalesced into the session's open investigation",
+                state=investigation.state.value,
+                **context,
+            )
+        await self._count_queued()
+        return admitted
+
+    async def _queue_deferred(self) -> None:
+        """Queues deferred hazards into the places the queue has (oldest first); a store that
+        cannot be reached leaves them to the next run's start, or the next idle worker."""
+        try:
+            queued = await self._store.queue_deferred(self._shares.capacity)
+        except Exception:
+            log.exception("queueing deferred investigations failed")
+            return
+        for investigation in queued:
+            log.info(
+                "deferred investigation queued",
+                investigation_id=investigation.investigation_id,
+                session_id=investigation.session_id,
+            )
+        if queued:
+            self._wake.set()
+
+    async def _left_queue(self) -> None:
+        """A run started: its place in the queue is free for the oldest deferred hazard, and
+        it waits no more."""
+        await self._queue_deferred()
+        await self._count_queued()
+
+    def _hazard_wait(self) -> float:
+        """The oldest waiting hazard's age, from the time last read (the gauge's callback)."""
+        if self._oldest_waiting is None:
+            return 0.0
+        return max((now() - self._oldest_waiting).total_seconds(), 0.0)
 
     async def drain(self, seconds: float) -> None:
-        """Refuses new work and lets running investigations (alone on the store: the queued
-        ones too) finish for up to `seconds`, then cancels the rest. Alone on the store, what
-        did not finish is stored as INTERRUPTED; with replicas, its leases end at once, so that
-        another replica takes those investigations over and runs them again."""
+        """Refuses new Trigger calls and lets running investigations (alone on the store: the
+        queued ones too) finish for up to `seconds`, then cancels the rest. Alone on the store,
+        what did not finish is stored as INTERRUPTED, or queued again for a hazard rule's; with
+        replicas, its leases end at once, so that another replica takes those investigations
+        over and runs them again."""
         self._draining = True
         self._wake.set()
         if self._tasks:
@@ -169,7 +224,7 @@ class InvestigationRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if not self.replica.shared:
-            await self.interrupt_unfinished("daemon stopped before the investigation finished")
+            await self._settle_unfinished("daemon stopped before the investigation finished")
             return
         for lease in unfinished:
             with contextlib.suppress(Exception):  # unreachable store: the lease expires anyway
@@ -178,19 +233,25 @@ class InvestigationRunner:
 
     async def recover(self) -> None:
         """At start-up, alone on the store: what a crash left queued or running is kept as
-        INTERRUPTED. With replicas nothing is touched: live replicas' investigations run on,
-        and a dead one's are taken over once their leases expire."""
+        INTERRUPTED (a hazard rule's is queued again), and deferred hazards get the queue's free
+        places. With replicas nothing is touched: live replicas' investigations run on, a dead
+        one's are taken over once their leases expire, and idle workers queue deferred ones."""
         if not self.replica.shared:
-            await self.interrupt_unfinished("daemon restarted before the investigation finished")
+            await self._settle_unfinished("daemon restarted before the investigation finished")
+            await self._queue_deferred()
+        await self._count_queued()
 
-    async def interrupt_unfinished(self, reason: str) -> None:
-        """Marks every QUEUED or RUNNING investigation INTERRUPTED (alone on the store),
-        keeping what they had produced."""
-        for investigation_id in await self._store.interrupt_unfinished(reason, now()):
+    async def _settle_unfinished(self, reason: str) -> None:
+        """Alone on the store: Trigger calls' QUEUED or RUNNING investigations INTERRUPTED
+        (keeping what they had produced), hazard rules' queued again (`Store.settle_unfinished`)."""
+        settled = await self._store.settle_unfinished(reason, now())
+        for investigation_id in settled.interrupted:
             await self._events.emit(investigation_id, EventKind.INTERRUPTED, reason=reason)
             record = await self._store.get_investigation(investigation_id)
             method = record.method if record is not None else "poirot"
             self._metrics.investigations.labels(self._spec.system.name, "interrupted", method).inc()
+        for investigation_id in settled.requeued:
+            log.info("hazard's investigation kept queued", investigation_id=investigation_id)
 
     async def _work(self) -> None:
         """Claims and runs investigations until the daemon drains (with replicas, it leaves the
@@ -208,10 +269,13 @@ class InvestigationRunner:
                 await asyncio.sleep(replica.poll_seconds)
                 continue
             if claim is None:
-                # Nothing claimable: nothing waits that a worker could start.
+                # Nothing claimable: nothing waits that a worker could start, unless deferred.
                 self._metrics.queue_depth.labels(self._spec.system.name).set(0)
                 if self._draining:
                     return
+                await self._queue_deferred()
+                if self._oldest_waiting is not None:
+                    await self._count_queued()
                 await self._idle(mark)
                 continue
             await self._run_leased(*claim)
@@ -232,11 +296,13 @@ class InvestigationRunner:
             await asyncio.gather(*waits, return_exceptions=True)
 
     async def _count_queued(self) -> None:
-        """The queue-depth gauge: the store's queue, every replica's submissions included."""
+        """The queue-depth gauge (the store's queue, every replica's submissions included) and
+        the time the oldest waiting hazard's wait is measured from."""
         with contextlib.suppress(Exception):  # a gauge is not worth a failed worker
             self._metrics.queue_depth.labels(self._spec.system.name).set(
                 await self._store.count_investigations(InvestigationState.QUEUED)
             )
+            self._oldest_waiting = await self._store.oldest_waiting_hazard()
 
     async def _run_leased(self, investigation: Investigation, lease: Lease) -> None:
         """Runs the investigation while a heartbeat renews its lease; a lease lost (renewal
@@ -298,6 +364,7 @@ class InvestigationRunner:
         )
         try:
             await recorder.started()
+            await self._left_queue()
             outcome = await self._investigate(investigation, recorder)
         except LeaseLostError:
             self._lease_lost(lease)

@@ -62,11 +62,13 @@ class InvestigationService:
         self.metrics = metrics
 
     async def trigger(
-        self, session_id: str, reason: str, *, method: str = "poirot"
+        self, session_id: str, reason: str, *, method: str = "poirot", requested_by: str = ""
     ) -> Investigation:
         """Queues an investigation of a stored session by `method` (InvestigationMethod):
         "poirot" (the protocol), "baseline" (one LLM call over the full session, the paper's
-        comparator), "echo", "errorprobe" or "ensemble"."""
+        comparator), "echo", "errorprobe" or "ensemble"; or returns the session's open one by
+        that method, which the trigger joined. `requested_by`: the caller, whose share of the
+        queue it takes (`poirotd.investigations.admission`)."""
         if not session_id:
             raise InvalidArgument("session_id is empty", reason="invalid")
         _check_text("reason", reason)
@@ -78,7 +80,10 @@ class InvestigationService:
         if not await self._store.find_session(session_id):
             raise NotFound(f"session {quote(session_id)} is not known", reason="unknown_session")
         investigation = await self._runner.submit(
-            session_id, reason or "manual trigger", method=cast(InvestigationMethod, method)
+            session_id,
+            reason or "manual trigger",
+            method=cast(InvestigationMethod, method),
+            requested_by=requested_by,
         )
         self.metrics.hazard_events.labels(self.spec.system.name, "manual", "warning").inc()
         return investigation

@@ -2,11 +2,13 @@
 
 Rules fire HazardEvents (each rule has its own per-session cooldown in the rule engine); on top of
 that, a session gets at most one investigation per cooldown whichever rule fires, so one incident
-seen by several rules is investigated once. Every event is counted, opened or not.
+seen by several rules is investigated once. Every event is counted and none is lost: one that
+opens no investigation of its own is coalesced into the one it belongs to (its reason is kept
+there), and one that finds the queue full is deferred (`poirotd.investigations.admission`).
 
 With replicas, each evaluates the rules over the data it ingests, and the store decides: a
 session's investigation opened by any replica's hazard event holds off every other replica's
-within the cooldown (`Store.queue_investigation`), so an incident whose data reached several
+within the cooldown (`Store.admit_investigation`), so an incident whose data reached several
 replicas is investigated once. What a replica's rules cannot see is the other replicas' data: a
 rule over a window, or a composite over signals, fires only on what reached one replica.
 """
@@ -14,12 +16,11 @@ rule over a window, or a composite over signals, fires only on what reached one 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import structlog
 
 from poirotd.config import SystemSpec
-from poirotd.errors import ServiceError
 from poirotd.investigations.runner import InvestigationRunner
 from poirotd.model import HazardEvent
 from poirotd.observability.metrics import Metrics
@@ -37,34 +38,19 @@ class HazardTriggers:
         }
         self._runner = runner
         self._metrics = metrics
-        # Sample time of the latest investigation opened per session; dropped at session end.
-        self._opened: dict[str, datetime] = {}
 
-    async def open(self, events: Sequence[HazardEvent], ended: Sequence[str]) -> None:
+    async def open(self, events: Sequence[HazardEvent]) -> None:
+        """Each event in turn; one the store fails (it is not reached) is logged, and the next
+        one tried: the data it fired on is committed, a Trigger call can open it again."""
         for event in events:
-            await self._open(event)
-        for session_id in ended:
-            self._opened.pop(session_id, None)
-
-    async def _open(self, event: HazardEvent) -> None:
-        self._metrics.hazard_events.labels(self._spec.system.name, event.rule, event.severity).inc()
-        last = self._opened.get(event.session_id)
-        if last is not None and abs(event.at - last) < self._cooldowns[event.rule]:
-            log.info(
-                "hazard event within cooldown; no new investigation",
-                rule=event.rule,
-                session_id=event.session_id,
-            )
-            return
-        try:
-            opened = await self._runner.open_for(event, self._cooldowns[event.rule])
-        except ServiceError as exc:
-            log.warning(
-                "hazard event could not open an investigation",
-                rule=event.rule,
-                session_id=event.session_id,
-                error=str(exc),
-            )
-            return
-        if opened is not None:
-            self._opened[event.session_id] = event.at
+            self._metrics.hazard_events.labels(
+                self._spec.system.name, event.rule, event.severity
+            ).inc()
+            try:
+                await self._runner.open_for(event, self._cooldowns[event.rule])
+            except Exception:
+                log.exception(
+                    "hazard event could not open an investigation: the store failed",
+                    rule=event.rule,
+                    session_id=event.session_id,
+                )

@@ -67,6 +67,32 @@ class Metrics:
             ["system"],
             registry=r,
         )
+        self.investigations_coalesced = Counter(
+            "poirot_investigations_coalesced_total",
+            "Triggers that joined their session's open investigation (deferred, queued, running, "
+            "or opened by a hazard within the rule's cooldown) instead of opening another, by "
+            "trigger (rule: a hazard rule's event; manual: a Trigger call)",
+            ["system", "trigger"],
+            registry=r,
+        )
+        self.investigations_deferred = Counter(
+            "poirot_investigations_deferred_total",
+            "Hazard rules' investigations that found the queue full and were kept DEFERRED in "
+            "the store, to be queued once it has room",
+            ["system"],
+            registry=r,
+        )
+        # At 0 from the start: the first deferral or coalescing is a rise.
+        for trigger in ("rule", "manual"):
+            self.investigations_coalesced.labels(system, trigger)
+        self.investigations_deferred.labels(system)
+        self.oldest_hazard_wait = Gauge(
+            "poirot_investigation_oldest_hazard_wait_seconds",
+            "How long the oldest hazard rule's investigation that has not started (deferred or "
+            "queued) has waited; 0 when none waits",
+            ["system"],
+            registry=r,
+        )
         self.phase_duration = Histogram(
             "poirot_phase_duration_seconds",
             "Duration of each protocol phase",

@@ -5,9 +5,14 @@ for several daemons over one database."""
 
 from poirotd.store.chain import GENESIS_HASH, canonical_json, entry_hash
 from poirotd.store.port import (
+    Admission,
+    Admit,
+    Admitted,
     AlreadyConfirmedError,
     Lease,
     LeaseLostError,
+    QueueView,
+    Settled,
     Store,
     UnknownInvestigationError,
     UnknownSessionError,
@@ -17,10 +22,15 @@ from poirotd.store.sqlite import SqliteStore
 
 __all__ = [
     "GENESIS_HASH",
+    "Admission",
+    "Admit",
+    "Admitted",
     "AlreadyConfirmedError",
     "Lease",
     "LeaseLostError",
     "PostgresStore",
+    "QueueView",
+    "Settled",
     "SqliteStore",
     "Store",
     "UnknownInvestigationError",

@@ -1,7 +1,7 @@
 """What every store adapter decides alike, apart from its SQL: which sessions a batch needs, how a
 commit's messages and samples become blocks, the newest samples of a session from its blocks, how
-an outcome confirmation, an interruption or a memory deletion changes a record, and the page
-tokens of `list_investigations`."""
+an admission, an outcome confirmation, the end of a daemon's unfinished work or a memory deletion
+changes a record, and the page tokens of `list_investigations`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from datetime import datetime
 from operator import itemgetter
 from typing import TypeAlias, TypeVar
 
+from pydantic import TypeAdapter
+
 from poirotd.model import (
     MAX_INTEGER,
     AgentMessage,
+    CoalescedTrigger,
     CommitItem,
     ConfirmedOutcome,
     DiagnosisMemoryEntry,
@@ -26,7 +29,8 @@ from poirotd.model import (
     TelemetrySample,
     row_of,
 )
-from poirotd.store.port import AlreadyConfirmedError, MemoryUpdate
+from poirotd.store.leases import queued_form
+from poirotd.store.port import Admission, AlreadyConfirmedError, MemoryUpdate
 from poirotd.store.records import MessageBlock, TelemetryBlock, message_row_of, micros
 
 _T = TypeVar("_T")
@@ -138,10 +142,55 @@ def confirmation(
     return inv.model_copy(update={"confirmed": outcome, "superseded": superseded})
 
 
-UNFINISHED = (InvestigationState.QUEUED.value, InvestigationState.RUNNING.value)
+# The states a worker claims from (a RUNNING one once its lease expired).
+CLAIMABLE = (InvestigationState.QUEUED.value, InvestigationState.RUNNING.value)
+# The states a new trigger of the session joins rather than opening another investigation.
+UNFINISHED = (InvestigationState.DEFERRED.value, *CLAIMABLE)
 
 
-def interrupted(inv: Investigation, reason: str, at: datetime) -> Investigation:
+def open_of_method(unfinished: Iterable[Investigation], method: str) -> Investigation | None:
+    """Of a session's unfinished investigations, oldest first, the first by `method`."""
+    return next((inv for inv in unfinished if inv.method == method), None)
+
+
+def admitted(inv: Investigation, admission: Admission) -> Investigation:
+    """The new investigation as stored when queued or deferred."""
+    state = InvestigationState(admission.value)
+    return inv if inv.state is state else inv.model_copy(update={"state": state})
+
+
+def coalesced(into: Investigation, candidate: Investigation) -> Investigation:
+    """`into` with the candidate's trigger joined to it."""
+    trigger = candidate.trigger
+    return into.joined_by(
+        CoalescedTrigger(
+            reason=candidate.reason,
+            rule=trigger.rule if trigger is not None else "",
+            at=trigger.at if trigger is not None else candidate.created_at,
+            state=into.state,
+            requested_by=candidate.requested_by,
+        )
+    )
+
+
+_COALESCED = TypeAdapter(tuple[CoalescedTrigger, ...])
+
+
+def with_stored_coalesced(inv: Investigation, stored: str | None, omitted: object) -> Investigation:
+    """A run's copy of the record with the coalesced triggers the store holds (`stored`: their
+    JSON array, None when there are none; `omitted`: the stored count beyond them)."""
+    joined = _COALESCED.validate_json(stored) if stored else ()
+    beyond = int(str(omitted)) if omitted is not None else 0
+    if (joined, beyond) == (inv.coalesced, inv.coalesced_omitted):
+        return inv
+    return inv.model_copy(update={"coalesced": joined, "coalesced_omitted": beyond})
+
+
+def settled(inv: Investigation, reason: str, at: datetime) -> Investigation:
+    """What `Store.settle_unfinished` makes of a QUEUED or RUNNING investigation: a hazard
+    rule's is queued again (nothing it ran is kept), a Trigger call's is INTERRUPTED."""
+    if inv.trigger is not None:
+        return queued_form(inv)
     return inv.model_copy(
         update={"state": InvestigationState.INTERRUPTED, "error": reason, "finished_at": at}
     )

@@ -1,6 +1,7 @@
 """What claiming an investigation does to it, the same on every adapter: the fencing token moves
 on, and a run whose replica died (RUNNING, its lease expired) is reset to its queued form, to be
-run again from the start by the claimant.
+run again from the start by the claimant (as a hazard rule's run is when its daemon, alone on its
+store, stops: `Store.settle_unfinished`).
 
 A taken-over investigation is re-run, not resumed: a run's intermediate state (the LLM's
 conversation, the method's working memory) lives in its replica's process, and what the record
@@ -28,7 +29,14 @@ def claimed(
     one) under which token."""
     if inv.state is not InvestigationState.RUNNING:
         return inv, Lease(inv.investigation_id, owner, token + 1)
-    queued = Investigation(
+    taken_over = Lease(inv.investigation_id, owner, token + 1, taken_over_from=held_by or "?")
+    return queued_form(inv), taken_over
+
+
+def queued_form(inv: Investigation) -> Investigation:
+    """The record as it was queued, before any run: what it was opened for and who joined it,
+    nothing a run produced."""
+    return Investigation(
         investigation_id=inv.investigation_id,
         system=inv.system,
         session_id=inv.session_id,
@@ -37,5 +45,7 @@ def claimed(
         method=inv.method,
         trigger=inv.trigger,
         created_at=inv.created_at,
+        requested_by=inv.requested_by,
+        coalesced=inv.coalesced,
+        coalesced_omitted=inv.coalesced_omitted,
     )
-    return queued, Lease(inv.investigation_id, owner, token + 1, taken_over_from=held_by or "?")

@@ -195,10 +195,20 @@ CREATE TABLE message_counters (
 );
 """
 
+# SQLite schema 11: records may be DEFERRED and carry coalesced triggers and their requester.
+# No table changes: the version keeps an older poirotd, which would refuse such records, off the
+# database; the states are written down where psql shows them.
+_V4 = """
+COMMENT ON COLUMN investigations.state IS
+    'deferred (a hazard rule''s, waiting for room in the queue), queued, running, succeeded,'
+    ' failed or interrupted';
+"""
+
 MIGRATIONS = (
     Migration(1, "the tables of SQLite schema 8 and the audit chain", _V1),
     Migration(2, "idempotency keys of ingest items (SQLite schema 9)", _V2),
     Migration(3, "replicas: investigation leases, hazard openings, message counters", _V3),
+    Migration(4, "deferred investigations and coalesced triggers (SQLite schema 11)", _V4),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -15,12 +15,15 @@ stored.
 
 Replicas (several daemons over one shared store, `Store.shared`) coordinate only through it: an
 investigation is run by the replica holding its `Lease`, whose writes are fenced by the lease's
-token; a hazard rule's investigation is opened once per session and cooldown whichever replica
-saw the data; daemon-assigned message indexes are reserved in the store.
+token; an investigation is admitted (queued, deferred or coalesced into the session's open one)
+in one transaction with what it was decided on, so a session's trigger seen by several replicas
+opens one investigation, and a deferred one is queued by one replica; daemon-assigned message
+indexes are reserved in the store.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -54,6 +57,40 @@ Reassess: TypeAlias = Callable[
 ]
 # Given a memory entry as stored (None: there is none), the entry to store (None: leave it).
 MemoryUpdate: TypeAlias = Callable[[DiagnosisMemoryEntry | None], DiagnosisMemoryEntry | None]
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """What admitting a new investigation is decided on, read in the transaction that stores the
+    decision: of replicas admitting at once, each decides on what the one before stored."""
+
+    # QUEUED investigations (every replica's) and DEFERRED ones.
+    queued: int
+    deferred: int
+    # Of the QUEUED ones, those the candidate's requester asked for (0 for a hazard rule's).
+    queued_by_requester: int
+    # What the candidate would join: its session's oldest deferred, queued or running
+    # investigation by the same method; else, for a hazard rule's, the investigation a hazard
+    # of the session opened less than the cooldown from this one (any state).
+    open: Investigation | None
+
+
+class Admission(enum.StrEnum):
+    QUEUED = "queued"
+    DEFERRED = "deferred"
+    # Joined `QueueView.open`: no investigation opened, the candidate's reason kept on that one.
+    COALESCED = "coalesced"
+
+
+# Given the view, how to admit the candidate; raises (and nothing is stored) to refuse it.
+Admit: TypeAlias = Callable[[QueueView], Admission]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    admission: Admission
+    # As stored: the candidate (queued or deferred), or the investigation it joined.
+    investigation: Investigation
 
 
 class UnknownSessionError(ValueError):
@@ -96,6 +133,14 @@ class LeaseLostError(RuntimeError):
             f"(token {lease.token}) was taken over"
         )
         self.lease = lease
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The ids `Store.settle_unfinished` marked INTERRUPTED, and those it queued again."""
+
+    interrupted: list[str]
+    requeued: list[str]
 
 
 @dataclass(frozen=True)
@@ -163,7 +208,9 @@ class Store(Protocol):
     # investigations
     async def save_investigation(self, inv: Investigation, *, lease: Lease | None = None) -> None:
         """Upserts the record. Under a lease, only while the lease is the investigation's
-        current one, else LeaseLostError (the completion write of a replica that lost it)."""
+        current one, else LeaseLostError (the completion write of a replica that lost it); and
+        the triggers coalesced into the stored record are kept (the run's copy of the record
+        dates from its claim, they may have joined since)."""
 
     async def finish_investigation(
         self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
@@ -172,14 +219,23 @@ class Store(Protocol):
         id) in one transaction, fenced like `save_investigation`: a run that stops between the
         two never leaves a finished record that no event announces."""
 
-    async def queue_investigation(
-        self, inv: Investigation, *, cooldown: timedelta | None = None
-    ) -> str | None:
-        """Stores a new QUEUED investigation for any replica to claim and returns None. With a
-        trigger and `cooldown`: when another investigation of the session was opened by a hazard
-        event less than `cooldown` (in sample time) from this one's, stores nothing and returns
-        that one's id; the check and the insert are one transaction, so of two replicas seeing
-        one incident only one opens it."""
+    async def admit_investigation(
+        self, inv: Investigation, admit: Admit, *, cooldown: timedelta | None = None
+    ) -> Admitted:
+        """Reads the `QueueView` of a new investigation `inv` (its trigger and `cooldown`, in
+        sample time, say which hazard openings it is held off by) and stores what `admit`
+        decides, in one transaction: `inv` QUEUED, for any replica to claim, or DEFERRED; or
+        `inv` coalesced into the view's open investigation (a `CoalescedTrigger` added to it).
+        What `admit` raises propagates, with nothing stored."""
+
+    async def queue_deferred(self, capacity: int) -> list[Investigation]:
+        """Queues the oldest DEFERRED investigations while fewer than `capacity` are QUEUED, in
+        one transaction (of replicas freeing queue slots at once, one queues each); returns
+        those queued, as stored."""
+
+    async def oldest_waiting_hazard(self) -> datetime | None:
+        """When the oldest hazard rule's investigation that has not started yet (DEFERRED or
+        QUEUED) was opened; None when none waits."""
 
     async def count_investigations(self, state: InvestigationState) -> int: ...
 
@@ -221,8 +277,12 @@ class Store(Protocol):
     ) -> tuple[list[Investigation], str | None]:
         """Newest first, keyset-paginated by an opaque token; ValueError for a bad token."""
 
-    async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
-        """Marks every QUEUED or RUNNING investigation INTERRUPTED; returns their ids."""
+    async def settle_unfinished(self, reason: str, at: datetime) -> Settled:
+        """What a daemon alone on its store leaves when it stops, or finds when it starts: every
+        QUEUED or RUNNING investigation a Trigger call opened is marked INTERRUPTED (with
+        `reason`, at `at`); a hazard rule's is kept QUEUED (a RUNNING one reset to its queued
+        form, as a takeover does) with no lease, to run once a worker claims it. DEFERRED ones
+        stay deferred: a hazard's investigation is never dropped."""
 
     async def confirm_outcome(
         self,

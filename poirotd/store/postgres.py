@@ -19,12 +19,13 @@ commits later. A transaction's statements go in pipeline mode: those whose resul
 yet share a round trip.
 
 Replicas: every write transaction holds the chain's lock, so claiming an investigation, checking a
-lease before a fenced write and checking a hazard cooldown before opening an investigation are
+lease before a fenced write, admitting an investigation (the queue's counts, the session's open
+investigation and the hazard cooldown it is decided on) and queueing a deferred one are
 serialised across daemons by the same lock (no row lock or SKIP LOCKED is needed on top); a claim
-first asks the read connection whether anything is claimable, so idle replicas polling for work
-take no lock. Leases are timed by the server's clock (`clock_timestamp()`), one clock for every
-replica. Message indexes are reserved by one upsert of `message_counters` (its row lock
-serialises two replicas' reservations).
+or a queueing of deferred ones first asks the read connection whether there is anything to take,
+so idle replicas polling for work take no lock. Leases are timed by the server's clock
+(`clock_timestamp()`), one clock for every replica. Message indexes are reserved by one upsert
+of `message_counters` (its row lock serialises two replicas' reservations).
 
 A connection the server dropped (a restart, a failover, an idle timeout) is replaced by a new one
 at the next call: an idle write connection the server ended is found so before a write is sent
@@ -70,16 +71,21 @@ from poirotd.model import (
 from poirotd.store import idempotency
 from poirotd.store.chain import APPEND_AUDIT, GENESIS_HASH, Links, Row
 from poirotd.store.common import (
+    CLAIMABLE,
     UNFINISHED,
     NewestReadings,
+    admitted,
     check_limit,
     checked_memory_update,
+    coalesced,
     confirmation,
-    interrupted,
     message_blocks,
+    open_of_method,
+    settled,
     telemetry_blocks,
     tombstone,
     unknown_sessions,
+    with_stored_coalesced,
 )
 from poirotd.store.idempotency import Duplicates, KeyWindow
 from poirotd.store.leases import claimed, lease_micros
@@ -87,10 +93,15 @@ from poirotd.store.pg_changes import NOTIFY, ChangeListener
 from poirotd.store.pg_schema import CHAIN_LOCK, migrate
 from poirotd.store.port import (
     DEFAULT_IDEMPOTENCY_WINDOW,
+    Admission,
+    Admit,
+    Admitted,
     Lease,
     LeaseLostError,
     MemoryUpdate,
+    QueueView,
     Reassess,
+    Settled,
     UnknownInvestigationError,
     UnknownSessionError,
 )
@@ -226,6 +237,7 @@ class PostgresStore(StoreReads):
     default: a commit returned is flushed to its WAL)."""
 
     _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
+    _TRIGGERED = "(record::jsonb ->> 'trigger') IS NOT NULL"
 
     def __init__(
         self,
@@ -522,48 +534,81 @@ class PostgresStore(StoreReads):
 
     async def save_investigation(self, inv: Investigation, *, lease: Lease | None = None) -> None:
         async with self._transaction() as (conn, links):
-            await _check_lease(conn, lease)
+            inv = await _leased_record(conn, inv, lease)
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
 
     async def finish_investigation(
         self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
     ) -> InvestigationEvent:
         async with self._transaction() as (conn, links):
-            await _check_lease(conn, lease)
+            inv = await _leased_record(conn, inv, lease)
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
             stored = await _insert_row(conn, EVENTS, event_row(event, None))
             links.append(EVENTS.kind, EVENTS.ref(stored), stored[-1])
             await conn.execute(NOTIFY)
         return event.model_copy(update={"event_id": stored[0]})
 
-    async def queue_investigation(
-        self, inv: Investigation, *, cooldown: timedelta | None = None
-    ) -> str | None:
+    async def admit_investigation(
+        self, inv: Investigation, admit: Admit, *, cooldown: timedelta | None = None
+    ) -> Admitted:
+        """As the port says, under the chain's lock: replicas admitting at once decide one
+        after the other, each on what the one before stored."""
         async with self._transaction() as (conn, links):
-            if inv.trigger is not None and cooldown is not None:
-                at, span = micros(inv.trigger.at), cooldown // timedelta(microseconds=1)
-                row = await (
+            view = await _queue_view(conn, inv, cooldown)
+            admission = admit(view)
+            if admission is Admission.COALESCED:
+                assert view.open is not None, "only an open investigation is joined"
+                inv = coalesced(view.open, inv)
+            else:
+                inv = admitted(inv, admission)
+                if inv.trigger is not None and cooldown is not None:
                     await conn.execute(
-                        b"SELECT investigation_id FROM hazard_openings"
-                        b" WHERE session_id = %s AND at_us > %s AND at_us < %s LIMIT 1",
-                        (inv.session_id, at - span, at + span),
+                        b"INSERT INTO hazard_openings VALUES (%s, %s, %s)",
+                        (inv.session_id, micros(inv.trigger.at), inv.investigation_id),
                     )
-                ).fetchone()
-                if row is not None:
-                    return str(row[0])
-                await conn.execute(
-                    b"INSERT INTO hazard_openings VALUES (%s, %s, %s)",
-                    (inv.session_id, at, inv.investigation_id),
-                )
             await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
-            await conn.execute(NOTIFY)
-        return None
+            if admission is Admission.QUEUED:
+                await conn.execute(NOTIFY)
+        return Admitted(admission, inv)
+
+    async def queue_deferred(self, capacity: int) -> list[Investigation]:
+        """As the port says, under the chain's lock; the read connection is asked first whether
+        anything is deferred, so that replicas finding nothing take no lock."""
+        deferred = InvestigationState.DEFERRED.value
+        if not await self._all(
+            b"SELECT 1 FROM investigations WHERE state = %s LIMIT 1", (deferred,)
+        ):
+            return []
+        async with self._transaction() as (conn, links):
+            row = await (
+                await conn.execute(
+                    b"SELECT count(*) FROM investigations WHERE state = %s",
+                    (InvestigationState.QUEUED.value,),
+                )
+            ).fetchone()
+            room = max(capacity - (int(row[0]) if row else 0), 0)
+            rows = await (
+                await conn.execute(
+                    b"SELECT record FROM investigations WHERE state = %s"
+                    b" ORDER BY created_us, investigation_id LIMIT %s",
+                    (deferred, room),
+                )
+            ).fetchall()
+            done = [
+                admitted(Investigation.model_validate_json(record), Admission.QUEUED)
+                for (record,) in rows
+            ]
+            for inv in done:
+                await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+            if done:
+                await conn.execute(NOTIFY)
+        return done
 
     async def claim_investigation(
         self, owner: str, lease_seconds: float
     ) -> tuple[Investigation, Lease] | None:
         span = lease_micros(lease_seconds)
-        if not await self._all(sql(f"SELECT 1{_CLAIMABLE} LIMIT 1"), (list(UNFINISHED),)):
+        if not await self._all(sql(f"SELECT 1{_CLAIMABLE} LIMIT 1"), (list(CLAIMABLE),)):
             return None
         async with self._transaction() as (conn, links):
             row = await (
@@ -572,7 +617,7 @@ class PostgresStore(StoreReads):
                         f"SELECT record, lease_owner, lease_token{_CLAIMABLE}"
                         " ORDER BY state = %s, created_us, investigation_id LIMIT 1"
                     ),
-                    (list(UNFINISHED), InvestigationState.RUNNING.value),
+                    (list(CLAIMABLE), InvestigationState.RUNNING.value),
                 )
             ).fetchone()
             if row is None:
@@ -618,24 +663,33 @@ class PostgresStore(StoreReads):
             )
             return await cursor.fetchone() is not None
 
-    async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
-        """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest
-        first; emitting the matching events is the caller's job."""
+    async def settle_unfinished(self, reason: str, at: datetime) -> Settled:
+        """As the port says, in one transaction, oldest first; emitting the matching events is
+        the caller's job."""
+        result = Settled([], [])
         async with self._transaction() as (conn, links):
             rows = await (
                 await conn.execute(
                     b"SELECT record FROM investigations WHERE state = ANY(%s)"
                     b" ORDER BY created_us, investigation_id",
-                    (list(UNFINISHED),),
+                    (list(CLAIMABLE),),
                 )
             ).fetchall()
-            done = [
-                interrupted(Investigation.model_validate_json(record), reason, at)
-                for (record,) in rows
-            ]
-            for inv in done:
-                await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
-        return [inv.investigation_id for inv in done]
+            for (record,) in rows:
+                before = Investigation.model_validate_json(record)
+                inv = settled(before, reason, at)
+                if inv != before:
+                    await _chained(conn, links, INVESTIGATIONS, investigation_row(inv))
+                if inv.state is InvestigationState.QUEUED:
+                    await conn.execute(
+                        b"UPDATE investigations SET lease_owner = NULL, lease_until_us = NULL"
+                        b" WHERE investigation_id = %s",
+                        (inv.investigation_id,),
+                    )
+                    result.requeued.append(inv.investigation_id)
+                else:
+                    result.interrupted.append(inv.investigation_id)
+        return result
 
     # ------------------------------------------------------------ confirmed outcomes
 
@@ -842,6 +896,62 @@ async def _insert_row(conn: Connection, table: AuditedTable, row: Row) -> Row:
     """Inserts `row` (its first column None: the database assigns it); returns it with its id."""
     answer = await conn.execute(_insert_with_id(table), row[1:])
     return (await _assigned_id(answer), *row[1:])
+
+
+async def _leased_record(
+    conn: Connection, inv: Investigation, lease: Lease | None
+) -> Investigation:
+    """Under the chain's lock: a run's copy of the record, checked against its lease, with the
+    triggers coalesced into the stored record since the claim. Without a lease, `inv`."""
+    if lease is None:
+        return inv
+    row = await (
+        await conn.execute(
+            b"SELECT lease_owner, lease_token, record::jsonb ->> 'coalesced',"
+            b" record::jsonb ->> 'coalesced_omitted' FROM investigations"
+            b" WHERE investigation_id = %s",
+            (lease.investigation_id,),
+        )
+    ).fetchone()
+    if row is None or tuple(row[:2]) != (lease.owner, lease.token):
+        raise LeaseLostError(lease)
+    return with_stored_coalesced(inv, row[2], row[3])
+
+
+async def _queue_view(
+    conn: Connection, inv: Investigation, cooldown: timedelta | None
+) -> QueueView:
+    queued, deferred = InvestigationState.QUEUED.value, InvestigationState.DEFERRED.value
+    counts = await conn.execute(
+        b"SELECT count(*) FILTER (WHERE state = %s), count(*) FILTER (WHERE state = %s),"
+        b" count(*) FILTER (WHERE state = %s AND record::jsonb ->> 'requested_by' = %s)"
+        b" FROM investigations WHERE state = ANY(%s)",
+        (queued, deferred, queued, inv.requested_by or None, [queued, deferred]),
+    )
+    unfinished = await conn.execute(
+        b"SELECT record FROM investigations WHERE session_id = %s AND state = ANY(%s)"
+        b" ORDER BY created_us, investigation_id",
+        (inv.session_id, list(UNFINISHED)),
+    )
+    records = [Investigation.model_validate_json(r) for (r,) in await unfinished.fetchall()]
+    found = open_of_method(records, inv.method)
+    if found is None and inv.trigger is not None and cooldown is not None:
+        at, span = micros(inv.trigger.at), cooldown // timedelta(microseconds=1)
+        opened = await (
+            await conn.execute(
+                b"SELECT i.record FROM hazard_openings AS h JOIN investigations AS i"
+                b" ON i.investigation_id = h.investigation_id"
+                b" WHERE h.session_id = %s AND h.at_us > %s AND h.at_us < %s"
+                b" ORDER BY h.at_us LIMIT 1",
+                (inv.session_id, at - span, at + span),
+            )
+        ).fetchone()
+        found = Investigation.model_validate_json(opened[0]) if opened else None
+    row = await counts.fetchone()
+    assert row is not None, "an aggregate returns a row"
+    return QueueView(
+        queued=int(row[0]), deferred=int(row[1]), queued_by_requester=int(row[2]), open=found
+    )
 
 
 async def _check_lease(conn: Connection, lease: Lease | None) -> None:

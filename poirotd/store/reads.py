@@ -1,12 +1,13 @@
 """The port's reads that are the same query on every adapter: written once, with `?` placeholders,
 over the one method an adapter provides (`_query`, on its read connection). What an adapter reads
 its own way (a session's messages and newest samples, where SQLite also reads the rows older
-schemas left) stays in it, and so does the one expression that differs (`_CONFIRMED`)."""
+schemas left) stays in it, and so do the expressions that differ (`_CONFIRMED`, `_TRIGGERED`)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from poirotd.model import (
@@ -26,12 +27,14 @@ from poirotd.store.common import (
     investigations_page_query,
     newest_verified_first,
 )
-from poirotd.store.records import event_from_row
+from poirotd.store.records import event_from_row, from_micros
 
 
 class StoreReads(ABC):
     # SQL: the investigation's record has a confirmed outcome.
     _CONFIRMED = "json_extract(record, '$.confirmed') IS NOT NULL"
+    # SQL: a hazard rule opened the investigation (its record has a trigger).
+    _TRIGGERED = "json_extract(record, '$.trigger') IS NOT NULL"
 
     @abstractmethod
     async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
@@ -78,6 +81,15 @@ class StoreReads(ABC):
             "SELECT count(*) FROM investigations WHERE state = ?", (state.value,)
         )
         return int(rows[0][0])
+
+    async def oldest_waiting_hazard(self) -> datetime | None:
+        """The creation time of the oldest DEFERRED or QUEUED investigation a rule opened."""
+        ((oldest,),) = await self._query(
+            "SELECT min(created_us) FROM investigations"
+            f" WHERE state IN (?, ?) AND {self._TRIGGERED}",
+            (InvestigationState.DEFERRED.value, InvestigationState.QUEUED.value),
+        )
+        return None if oldest is None else from_micros(int(oldest))
 
     async def reputations(self, system: str) -> dict[str, AgentReputation]:
         """The stored reputation of each agent of `system` that has one, by agent id."""

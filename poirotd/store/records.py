@@ -332,3 +332,8 @@ def micros(at: datetime) -> int:
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
     return (at - _EPOCH) // _MICROSECOND
+
+
+def from_micros(us: int) -> datetime:
+    """The UTC time `micros` gave `us` for."""
+    return _EPOCH + us * _MICROSECOND

@@ -38,7 +38,10 @@ from poirotd.store.records import (
 # 10: replicas over one store: an investigation's lease (owner, end, fencing token; operational
 #    state beside the record, not chained) and the hazard openings a cooldown is checked against
 #    (derived, like message_indices). A schema-8 or -9 store gains them when opened.
-SCHEMA_VERSION = 10
+# 11: a hazard is never lost: investigation records may be DEFERRED (a rule's, while the queue is
+#    full) and carry the triggers coalesced into them and who requested them. No table changes;
+#    the version keeps an older poirotd, which would refuse such records, off the store.
+SCHEMA_VERSION = 11
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """

@@ -52,26 +52,36 @@ from poirotd.model import (
 from poirotd.store import idempotency
 from poirotd.store.chain import Chain, Row, transaction
 from poirotd.store.common import (
+    CLAIMABLE,
     UNFINISHED,
     NewestReadings,
     SampleKey,
+    admitted,
     check_limit,
     checked_memory_update,
+    coalesced,
     confirmation,
-    interrupted,
     message_blocks,
+    open_of_method,
+    settled,
     telemetry_blocks,
     tombstone,
     unknown_sessions,
+    with_stored_coalesced,
 )
 from poirotd.store.idempotency import Duplicates, KeyWindow
 from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.port import (
     DEFAULT_IDEMPOTENCY_WINDOW,
+    Admission,
+    Admit,
+    Admitted,
     Lease,
     LeaseLostError,
     MemoryUpdate,
+    QueueView,
     Reassess,
+    Settled,
     UnknownInvestigationError,
     UnknownSessionError,
 )
@@ -294,10 +304,13 @@ class SqliteStore(StoreReads):
         event_id = await self._write(_finish_investigation, inv, event, lease)
         return event.model_copy(update={"event_id": event_id})
 
-    async def queue_investigation(
-        self, inv: Investigation, *, cooldown: timedelta | None = None
-    ) -> str | None:
-        return await self._write(_queue_investigation, inv, cooldown)
+    async def admit_investigation(
+        self, inv: Investigation, admit: Admit, *, cooldown: timedelta | None = None
+    ) -> Admitted:
+        return await self._write(_admit_investigation, inv, admit, cooldown)
+
+    async def queue_deferred(self, capacity: int) -> list[Investigation]:
+        return await self._write(_queue_deferred, capacity)
 
     async def claim_investigation(
         self, owner: str, lease_seconds: float
@@ -316,10 +329,10 @@ class SqliteStore(StoreReads):
     async def wait_for_change(self, since: int) -> None:
         await asyncio.Event().wait()  # never: no other process writes this store
 
-    async def interrupt_unfinished(self, reason: str, at: datetime) -> list[str]:
-        """Marks every QUEUED or RUNNING investigation INTERRUPTED (one transaction), oldest first;
-        emitting the matching events is the caller's job."""
-        return await self._write(_interrupt_unfinished, reason, at)
+    async def settle_unfinished(self, reason: str, at: datetime) -> Settled:
+        """As the port says, in one transaction, oldest first; emitting the matching events is
+        the caller's job."""
+        return await self._write(_settle_unfinished, reason, at)
 
     # ------------------------------------------------------------ confirmed outcomes
 
@@ -611,7 +624,7 @@ def _save_investigation(
     conn: sqlite3.Connection, inv: Investigation, lease: Lease | None = None
 ) -> None:
     with transaction(conn) as chain:
-        _check_lease(conn, lease)
+        inv = _leased_record(conn, inv, lease)
         _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
 
 
@@ -619,7 +632,7 @@ def _finish_investigation(
     conn: sqlite3.Connection, inv: Investigation, event: InvestigationEvent, lease: Lease | None
 ) -> int:
     with transaction(conn) as chain:
-        _check_lease(conn, lease)
+        inv = _leased_record(conn, inv, lease)
         _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
         stored = _write(conn, chain, EVENTS, _INSERT_EVENT, event_row(event, None))
     assert stored is not None, "a plain insert is never ignored"
@@ -638,22 +651,98 @@ def _check_lease(conn: sqlite3.Connection, lease: Lease | None) -> None:
         raise LeaseLostError(lease)
 
 
-def _queue_investigation(
-    conn: sqlite3.Connection, inv: Investigation, cooldown: timedelta | None
-) -> str | None:
+def _leased_record(
+    conn: sqlite3.Connection, inv: Investigation, lease: Lease | None
+) -> Investigation:
+    """Within a write transaction: a run's copy of the record, checked against its lease, with
+    the triggers coalesced into the stored record since the claim. Without a lease, `inv`."""
+    if lease is None:
+        return inv
+    row = conn.execute(
+        "SELECT lease_owner, lease_token, json_extract(record, '$.coalesced'),"
+        " json_extract(record, '$.coalesced_omitted') FROM investigations"
+        " WHERE investigation_id = ?",
+        (lease.investigation_id,),
+    ).fetchone()
+    if row is None or tuple(row[:2]) != (lease.owner, lease.token):
+        raise LeaseLostError(lease)
+    return with_stored_coalesced(inv, row[2], row[3])
+
+
+def _admit_investigation(
+    conn: sqlite3.Connection, inv: Investigation, admit: Admit, cooldown: timedelta | None
+) -> Admitted:
     with transaction(conn) as chain:
-        if inv.trigger is not None and cooldown is not None:
-            at, span = micros(inv.trigger.at), cooldown // timedelta(microseconds=1)
-            row = conn.execute(
-                "SELECT investigation_id FROM hazard_openings"
-                " WHERE session_id = ? AND at_us > ? AND at_us < ? LIMIT 1",
-                (inv.session_id, at - span, at + span),
-            ).fetchone()
-            if row is not None:
-                return str(row[0])
-            conn.execute(_INSERT_OPENING, (inv.session_id, at, inv.investigation_id))
+        view = _queue_view(conn, inv, cooldown)
+        admission = admit(view)
+        if admission is Admission.COALESCED:
+            assert view.open is not None, "only an open investigation is joined"
+            inv = coalesced(view.open, inv)
+        else:
+            inv = admitted(inv, admission)
+            if inv.trigger is not None and cooldown is not None:
+                at = micros(inv.trigger.at)
+                conn.execute(_INSERT_OPENING, (inv.session_id, at, inv.investigation_id))
         _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
-    return None
+    return Admitted(admission, inv)
+
+
+def _queue_view(
+    conn: sqlite3.Connection, inv: Investigation, cooldown: timedelta | None
+) -> QueueView:
+    queued, deferred, by_requester = conn.execute(
+        "SELECT coalesce(sum(state = ?), 0), coalesce(sum(state = ?), 0),"
+        " coalesce(sum(state = ? AND json_extract(record, '$.requested_by') = ?), 0)"
+        " FROM investigations WHERE state IN (?, ?)",
+        (_QUEUED, _DEFERRED, _QUEUED, inv.requested_by or None, _QUEUED, _DEFERRED),
+    ).fetchone()
+    return QueueView(
+        queued=queued,
+        deferred=deferred,
+        queued_by_requester=by_requester,
+        open=_open_investigation(conn, inv, cooldown),
+    )
+
+
+def _open_investigation(
+    conn: sqlite3.Connection, inv: Investigation, cooldown: timedelta | None
+) -> Investigation | None:
+    """`QueueView.open`."""
+    unfinished = conn.execute(
+        "SELECT record FROM investigations WHERE session_id = ? AND state IN (?, ?, ?)"
+        " ORDER BY created_us, investigation_id",
+        (inv.session_id, *UNFINISHED),
+    )
+    records = (Investigation.model_validate_json(record) for (record,) in unfinished)
+    if (found := open_of_method(records, inv.method)) is not None:
+        return found
+    if inv.trigger is None or cooldown is None:
+        return None
+    at, span = micros(inv.trigger.at), cooldown // timedelta(microseconds=1)
+    row = conn.execute(
+        "SELECT i.record FROM hazard_openings AS h JOIN investigations AS i"
+        " ON i.investigation_id = h.investigation_id"
+        " WHERE h.session_id = ? AND h.at_us > ? AND h.at_us < ? ORDER BY h.at_us LIMIT 1",
+        (inv.session_id, at - span, at + span),
+    ).fetchone()
+    return Investigation.model_validate_json(row[0]) if row else None
+
+
+def _queue_deferred(conn: sqlite3.Connection, capacity: int) -> list[Investigation]:
+    with transaction(conn) as chain:
+        ((queued,),) = conn.execute(
+            "SELECT count(*) FROM investigations WHERE state = ?", (_QUEUED,)
+        ).fetchall()
+        rows = conn.execute(
+            "SELECT record FROM investigations WHERE state = ?"
+            " ORDER BY created_us, investigation_id LIMIT ?",
+            (_DEFERRED, max(capacity - queued, 0)),
+        ).fetchall()
+        waiting = [Investigation.model_validate_json(record) for (record,) in rows]
+        done = [admitted(inv, Admission.QUEUED) for inv in waiting]
+        for inv in done:
+            _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
+    return done
 
 
 def _claim_investigation(
@@ -665,7 +754,7 @@ def _claim_investigation(
             "SELECT record, lease_owner, lease_token FROM investigations"
             " WHERE state IN (?, ?) AND (lease_until_us IS NULL OR lease_until_us < ?)"
             " ORDER BY state = ?, created_us, investigation_id LIMIT 1",
-            (_QUEUED, _RUNNING, now_us, _RUNNING),
+            (*CLAIMABLE, now_us, _RUNNING),
         ).fetchone()
         if row is None:
             return None
@@ -752,19 +841,30 @@ def _reputations(conn: sqlite3.Connection, system: str) -> dict[str, AgentReputa
     return {r.agent_id: r for r in reputations}
 
 
-def _interrupt_unfinished(conn: sqlite3.Connection, reason: str, at: datetime) -> list[str]:
+def _settle_unfinished(conn: sqlite3.Connection, reason: str, at: datetime) -> Settled:
     with transaction(conn) as chain:
         rows = conn.execute(
             "SELECT record FROM investigations WHERE state IN (?, ?)"
             " ORDER BY created_us, investigation_id",
-            UNFINISHED,
+            CLAIMABLE,
         ).fetchall()
-        done = [
-            interrupted(Investigation.model_validate_json(record), reason, at) for (record,) in rows
-        ]
-        for inv in done:
-            _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
-    return [inv.investigation_id for inv in done]
+        result = Settled([], [])
+        for (record,) in rows:
+            before = Investigation.model_validate_json(record)
+            inv = settled(before, reason, at)
+            if inv != before:
+                _write(conn, chain, INVESTIGATIONS, _SAVE_INVESTIGATION, investigation_row(inv))
+            if inv.state is InvestigationState.QUEUED:
+                # No lease from this boot's clock: claimable at once by the next worker.
+                conn.execute(
+                    "UPDATE investigations SET lease_owner = NULL, lease_until_us = NULL"
+                    " WHERE investigation_id = ?",
+                    (inv.investigation_id,),
+                )
+                result.requeued.append(inv.investigation_id)
+            else:
+                result.interrupted.append(inv.investigation_id)
+    return result
 
 
 def _append_event(conn: sqlite3.Connection, event: InvestigationEvent, lease: Lease | None) -> int:
@@ -800,6 +900,7 @@ def _insert_for_investigation(
 
 # ------------------------------------------------------------ helpers
 
+_DEFERRED = InvestigationState.DEFERRED.value
 _QUEUED = InvestigationState.QUEUED.value
 _RUNNING = InvestigationState.RUNNING.value
 
@@ -807,7 +908,7 @@ _RUNNING = InvestigationState.RUNNING.value
 def _clock_us() -> int:
     """Leases' clock: monotonic, as one process holds them all (a wall-clock step must not end
     a run's lease). Its values do not outlive the boot, nor need to: a daemon starting on its
-    file interrupts every unfinished investigation before any claim."""
+    file settles every unfinished investigation, leases cleared, before any claim."""
     return time.monotonic_ns() // 1000
 
 

@@ -66,7 +66,7 @@ class Opener:
         self.store = store
         self.opened: list[tuple[str, bool]] = []
 
-    async def open(self, events: Sequence[HazardEvent], ended: Sequence[str]) -> None:
+    async def open(self, events: Sequence[HazardEvent]) -> None:
         for event in events:
             readings = await self.store.newest_readings(event.session_id)
             self.opened.append((event.rule, any(r.value > 50 for r in readings)))

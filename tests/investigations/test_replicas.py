@@ -22,7 +22,7 @@ from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
 from poirotd.store.pg_schema import CHAIN_LOCK
-from tests.support.answers import schema_answer
+from tests.support.answers import gated, schema_answer
 from tests.support.daemon import client_of, in_process_daemon
 from tests.support.ingest import OVERHEAT, motor_temp, session, start
 from tests.support.spec import CLINIC_REGIONS, clinic
@@ -115,9 +115,9 @@ async def test_an_idle_replica_claims_what_a_busy_one_queued_at_once(
 ) -> None:
     backends = [_slow(0.5), _slow(0.5)]  # a run is several calls: seconds
     async with _replicas(tmp_path, postgres_url, backends, shared_poll_seconds=_RARE) as (a, b):
-        assert await a.client.send(session(3)) == 4
+        assert await a.client.send([*session(3), *session(3, "s2")]) == 8
         first = await a.client.trigger("s1", "one")
-        second = await a.client.trigger("s1", "two")
+        second = await a.client.trigger("s2", "two")  # s1's would join the first
         async with asyncio.timeout(_RARE / 3):
             for queued in (first, second):
                 events = [e async for e in b.client.watch(queued.investigation_id)]
@@ -149,6 +149,39 @@ async def test_a_rule_over_data_reaching_both_replicas_opens_one_investigation(
         assert hazards == [1.0, 1.0]  # each replica's rules fired on its own data
         listed = await to_b.investigations.List(pb.ListInvestigationsRequest(session_id="s1"))
         assert len(listed.investigations) == 1
+
+
+async def test_replicas_run_each_deferred_hazard_once(tmp_path: Path, postgres_url: str) -> None:
+    """Both replicas' workers held, the shared queue full (two places, one kept for rules): two
+    hazards are deferred. Once the LLM answers, each replica's started runs free places, and
+    each deferred hazard is queued by one of them and run once."""
+    gate = asyncio.Event()
+    backends = [gated(gate), gated(gate)]
+    shares = {"queue_capacity": 2, "queue_reserved_for_rules": 1, "trigger_rate_per_client": 0}
+    db = PostgresDb(postgres_url)
+    async with _replicas(tmp_path, postgres_url, backends, **shares) as (a, b):
+        sessions = [f"s{n}" for n in range(1, 7)]
+        assert await a.client.send([r for s in sessions for r in session(3, s)]) == 24
+        for s in ("s1", "s2"):  # one run on each replica
+            await _running(db, (await a.client.trigger(s, "holds a worker")).investigation_id)
+        await a.client.trigger("s3", "queued")
+        for s, client in (("s4", a.client), ("s5", b.client), ("s6", a.client)):
+            assert await client.send([motor_temp(1.0, 90.0, s)]) == 1
+        states = dict(await db.aquery("SELECT session_id, state FROM investigations"))
+        assert [states[s] for s in sessions] == [
+            *["running"] * 2,
+            *["queued"] * 2,
+            *["deferred"] * 2,
+        ]
+        gate.set()
+        for s in sessions:
+            (inv,) = (
+                await b.client.investigations.List(pb.ListInvestigationsRequest(session_id=s))
+            ).investigations
+            async with asyncio.timeout(60):
+                kinds = [e.WhichOneof("event") async for e in b.client.watch(inv.investigation_id)]
+            assert kinds.count("started") == 1 and kinds[-1] == "attribution_ready", (s, kinds)
+    assert verify(postgres_url).ok
 
 
 async def test_a_replica_that_lost_its_lease_stops_and_writes_nothing_more(
@@ -195,10 +228,10 @@ async def test_a_draining_replica_hands_its_work_to_the_others(
         in_process_daemon(_folder(tmp_path, "a"), spec, _slow(5), replica_id="a", **common) as a,
         client_of(a) as to_a,
     ):
-        assert await to_a.send(session(3)) == 4
+        assert await to_a.send([*session(3), *session(3, "s2")]) == 8
         running = await to_a.trigger("s1", "runs on a")
         await _running(db, running.investigation_id)
-        waiting = await to_a.trigger("s1", "still queued")
+        waiting = await to_a.trigger("s2", "still queued")
     # Neither was interrupted: the run's lease ended at once, the queued one was left queued.
     states = dict(db.query("SELECT investigation_id, state FROM investigations"))
     assert states == {running.investigation_id: "running", waiting.investigation_id: "queued"}
@@ -251,7 +284,8 @@ async def test_a_worker_whose_run_cannot_reach_the_store_lives_on(
                 async with asyncio.timeout(30):
                     await eventually(blocked)
                 await db.aquery(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) AS w")
-        second = await client.trigger("s1", "runs on the same worker")
+        assert await client.send(session(3, "s2")) == 4
+        second = await client.trigger("s2", "runs on the same worker")
         async with asyncio.timeout(30):
             events = [e async for e in client.watch(second.investigation_id)]
         assert events[-1].HasField("attribution_ready")

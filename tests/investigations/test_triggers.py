@@ -84,6 +84,9 @@ async def test_a_message_rule_fires_and_a_second_rule_in_the_cooldown_does_not_r
         opened = await investigations(client)
         assert len(opened) == 1
         assert opened[0].reason.startswith("rule fall_reported: ")
+        # The second rule's reason is not lost: it joined the investigation.
+        (joined,) = (await client.get(opened[0].investigation_id)).coalesced
+        assert joined.rule == "exo_overheat" and joined.reason.startswith("rule exo_overheat: ")
     counted = {
         rule: daemon.metrics.registry.get_sample_value(
             "poirot_hazard_events_total", {"system": "clinic", "rule": rule, "severity": sev}

@@ -18,7 +18,7 @@ from poirotd.store import PostgresStore, UnknownSessionError
 from poirotd.store.audit import AuditError, verify
 from poirotd.store.pg_schema import CHAIN_LOCK, MIGRATIONS, SCHEMA_VERSION, NewerSchemaError
 from tests.support.postgres import PostgresServer
-from tests.support.store import T0, investigation, message, session
+from tests.support.store import T0, investigation, message, queue, session
 from tests.support.stores import PostgresDb, write_as_a_daemon
 from tests.support.waiting import eventually
 
@@ -244,7 +244,7 @@ async def test_a_change_while_the_listener_reconnects_still_wakes_the_waiters(
         mark = waiter.change_mark()
         db.query(f"SELECT pg_terminate_backend(pid) FROM ({listening}) AS listener")
         await asyncio.sleep(0.2)  # the listener finds its connection lost, and pauses
-        await writer.queue_investigation(investigation("i1"))  # notified to no one
+        await queue(writer, investigation("i1"))  # notified to no one
         async with asyncio.timeout(10):
             await waiter.wait_for_change(mark)
     finally:

@@ -1,7 +1,8 @@
 """What replicas over one store ask of it, on both adapters: claims with leases and fencing tokens,
-takeover of a dead replica's investigation, the cooldown that opens a hazard's investigation once,
-reserved message indexes. On PostgreSQL the two "replicas" are two stores (two daemons' worth of
-connections) on one database; SQLite has one process, so both are the same store."""
+takeover of a dead replica's investigation, admission that opens a session's investigation once,
+deferred investigations queued once, reserved message indexes. On PostgreSQL the two "replicas"
+are two stores (two daemons' worth of connections) on one database; SQLite has one process, so
+both are the same store."""
 
 from __future__ import annotations
 
@@ -15,20 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from poirotd.investigations.admission import QueueShares
 from poirotd.model import (
     AgentReputation,
     ConfirmedOutcome,
     EventKind,
-    HazardEvent,
     Investigation,
     InvestigationState,
     LLMExchange,
     Phase,
 )
-from poirotd.store import Lease, LeaseLostError, SqliteStore, Store
+from poirotd.store import Admission, Lease, LeaseLostError, SqliteStore, Store
 from poirotd.store import schema as store_schema
 from poirotd.store.audit import verify
-from tests.support.store import T0, event, investigation, message, session
+from tests.support.store import T0, event, investigation, message, queue, session, triggered
 from tests.support.stores import StoreDb
 
 _LEASE = 30.0
@@ -46,17 +47,6 @@ async def pair(store_db: StoreDb) -> AsyncIterator[tuple[Store, Store]]:
     yield first, second
     await first.close()
     await second.close()
-
-
-def _triggered(iid: str, seconds: float, rule: str = "spike") -> Investigation:
-    trigger = HazardEvent(
-        rule=rule,
-        severity="warning",
-        session_id="s1",
-        at=T0 + timedelta(seconds=seconds),
-        summary="torque spike",
-    )
-    return investigation(iid).model_copy(update={"trigger": trigger})
 
 
 async def test_claims_take_the_oldest_queued_once(pair: tuple[Store, Store]) -> None:
@@ -184,22 +174,50 @@ async def test_a_lease_handed_back_is_claimable_at_once_and_only_that_is_announc
     assert taken is not None and taken[1].token == lease.token + 1
 
 
-async def test_a_hazard_within_the_cooldown_of_any_replica_opens_nothing(
+async def test_a_sessions_triggers_at_two_replicas_open_one_investigation(
     pair: tuple[Store, Store],
 ) -> None:
+    """Admission reads and writes in one transaction: of two replicas' hazards for one session
+    at once, one opens the investigation and the other joins it; a hazard within the cooldown
+    of a finished one joins that one; past the cooldown, a hazard opens a new one, and a Trigger
+    call by the same method joins it."""
     a, b = pair
     await a.commit_ingest([session()])
     cooldown = timedelta(seconds=30)
-    first, near, far = (_triggered("h1", 0), _triggered("h2", 29, "other"), _triggered("h3", 61))
+    shares = QueueShares(capacity=16, reserved_for_rules=4, per_client=4)
+    first, near = triggered("h1", 0), triggered("h2", 29, "other")
     results = await asyncio.gather(
-        a.queue_investigation(first, cooldown=cooldown),
-        b.queue_investigation(near, cooldown=cooldown),
+        a.admit_investigation(first, shares.admit(first), cooldown=cooldown),
+        b.admit_investigation(near, shares.admit(near), cooldown=cooldown),
     )
-    assert sorted(results, key=str) == [None, "h1"] or sorted(results, key=str) == [None, "h2"]
-    assert await b.queue_investigation(far, cooldown=cooldown) is None
-    # A manual trigger (no hazard event) is never held off.
-    assert await a.queue_investigation(investigation("m1"), cooldown=cooldown) is None
-    assert await a.count_investigations(InvestigationState.QUEUED) == 3
+    assert sorted(r.admission for r in results) == [Admission.COALESCED, Admission.QUEUED]
+    opened, joined = sorted(results, key=lambda r: r.admission != Admission.QUEUED)
+    assert joined.investigation.investigation_id == opened.investigation.investigation_id
+    (coalesced,) = joined.investigation.coalesced
+    assert coalesced.state is InvestigationState.QUEUED
+    assert await a.get_investigation(opened.investigation.investigation_id) == joined.investigation
+
+    done = joined.investigation.model_copy(update={"state": _SUCCEEDED})
+    await a.save_investigation(done)
+    late = triggered("h3", 20, "late")
+    within = await b.admit_investigation(late, shares.admit(late), cooldown=cooldown)
+    assert within.admission is Admission.COALESCED
+    assert [c.rule for c in within.investigation.coalesced][-1] == "late"
+    assert within.investigation.coalesced[-1].state is _SUCCEEDED
+
+    far = triggered("h4", 61)
+    assert (await b.admit_investigation(far, shares.admit(far), cooldown=cooldown)).admission is (
+        Admission.QUEUED
+    )
+    manual = investigation("m1").model_copy(update={"requested_by": "ops"})
+    again = await a.admit_investigation(manual, shares.admit(manual), cooldown=cooldown)
+    assert again.admission is Admission.COALESCED
+    assert again.investigation.investigation_id == "h4"
+    assert again.investigation.coalesced[-1].requested_by == "ops"
+    other_method = investigation("m2").model_copy(update={"method": "baseline"})
+    other = await a.admit_investigation(other_method, shares.admit(other_method))
+    assert other.admission is Admission.QUEUED
+    assert await a.count_investigations(InvestigationState.QUEUED) == 2
 
 
 async def test_confirmations_through_two_replicas_each_see_the_other(
@@ -275,7 +293,8 @@ async def test_a_schema_8_sqlite_store_gains_the_lease_columns(tmp_path: Path) -
         claim = await store.claim_investigation("a", _LEASE)
         assert claim is not None and claim[1] == Lease("old", "a", 1)
         assert await store.renew_lease(claim[1], _LEASE)
-        assert await store.queue_investigation(_triggered("h1", 0), cooldown=timedelta(1)) is None
+        admitted = await queue(store, triggered("h1", 0))
+        assert admitted.admission is Admission.QUEUED
     finally:
         await store.close()
     with closing(sqlite3.connect(db)) as conn:

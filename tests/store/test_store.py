@@ -46,7 +46,17 @@ from poirotd.store import schema as store_schema
 from poirotd.store import sqlite as store_sql
 from poirotd.store.audit import verify
 from tests.support.hazards import readings
-from tests.support.store import T0, event, investigation, message, sample, session, space
+from tests.support.store import (
+    T0,
+    event,
+    investigation,
+    message,
+    queue,
+    sample,
+    session,
+    space,
+    triggered,
+)
 from tests.support.stores import StoreDb
 
 CEST = timezone(timedelta(hours=2))
@@ -497,16 +507,32 @@ async def test_a_malformed_page_token_is_refused(store: Store, token: str) -> No
         await store.list_investigations(page_token=token)
 
 
-async def test_interrupt_unfinished_marks_queued_and_running(store: Store) -> None:
+async def test_settling_interrupts_trigger_calls_and_keeps_hazards_queued(store: Store) -> None:
+    """What a daemon alone on its store leaves when it stops: a Trigger call's queued or running
+    investigation is INTERRUPTED; a hazard rule's is queued again (a run reset to its queued
+    form, claimable at once), and a deferred one stays deferred: a hazard is never lost."""
     await store.save_investigation(investigation("q", created_at=T0))
     await store.save_investigation(
         investigation("r", state=InvestigationState.RUNNING, created_at=T0 + timedelta(seconds=1))
     )
     done = investigation("d", state=InvestigationState.SUCCEEDED)
     await store.save_investigation(done)
+    hazard = triggered("h", sid="s2").model_copy(update={"created_at": T0 + timedelta(seconds=2)})
+    await queue(store, hazard)
+    claim = await store.claim_investigation("me", 30.0)
+    assert claim is not None and claim[0].investigation_id == "q"
+    claim = await store.claim_investigation("me", 30.0)
+    assert claim is not None and claim[0].investigation_id == "h"
+    running = hazard.model_copy(
+        update={"state": InvestigationState.RUNNING, "reports": {"a": None}}
+    )
+    await store.save_investigation(running, lease=claim[1])
+    deferred = triggered("w", sid="s3").model_copy(update={"state": InvestigationState.DEFERRED})
+    await store.save_investigation(deferred)
 
     stop = T0 + timedelta(minutes=1)
-    assert await store.interrupt_unfinished("daemon stopped", stop) == ["q", "r"]
+    settled = await store.settle_unfinished("daemon stopped", stop)
+    assert (settled.interrupted, settled.requeued) == (["q", "r"], ["h"])
     for iid in ("q", "r"):
         inv = await store.get_investigation(iid)
         assert inv is not None
@@ -515,10 +541,15 @@ async def test_interrupt_unfinished_marks_queued_and_running(store: Store) -> No
             "daemon stopped",
             stop,
         )
+    assert await store.get_investigation("h") == hazard
     assert await store.get_investigation("d") == done
+    assert await store.get_investigation("w") == deferred
     interrupted, _ = await store.list_investigations(state=InvestigationState.INTERRUPTED)
     assert {i.investigation_id for i in interrupted} == {"q", "r"}
-    assert await store.interrupt_unfinished("again", stop) == []
+    again = await store.claim_investigation("next boot", 30.0)  # no lease left behind
+    assert again is not None and again[0] == hazard
+    settled = await store.settle_unfinished("again", stop)
+    assert (settled.interrupted, settled.requeued) == ([], ["h"])
 
 
 # ------------------------------------------------------------ events and exchanges
@@ -586,7 +617,7 @@ async def test_each_write_appends_its_entries_in_commit_order(
     await store.commit_ingest([session(), message(0), sample(0, 1.0), message(0), end, session()])
     await store.put_hazard_space(space())
     await store.save_investigation(investigation("q"))
-    await store.interrupt_unfinished("daemon stopped", T0)
+    await store.settle_unfinished("daemon stopped", T0)
     await store.append_event(event("q"))
     exchange = LLMExchange(
         phase=Phase.VOTING, agent_id="planner", purpose="vote", messages=(), at=T0

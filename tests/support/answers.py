@@ -1,20 +1,33 @@
 """Scripted LLM answers: the smallest JSON value that satisfies whatever schema the protocol asks
-for (so scripted backends follow the protocol instead of hard-coding answers), and the body an
-OpenAI-compatible server answers a chat completion with.
+for (so scripted backends follow the protocol instead of hard-coding answers), a backend that
+gives them only once a test lets it, and the body an OpenAI-compatible server answers a chat
+completion with.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from poirotd.llm import ChatMessage
+from poirotd.llm.scripted import ScriptedBackend
 
 
 def schema_answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
     """A ScriptedBackend script: a schema-valid answer (every vote names region 0), or prose."""
     return json.dumps(fill(schema)) if schema is not None else "I saw nothing unusual."
+
+
+def gated(gate: asyncio.Event) -> ScriptedBackend:
+    """`schema_answer`s once the test sets `gate`: until then every run holds its worker."""
+
+    async def answer(messages: Sequence[ChatMessage], schema: dict[str, Any] | None) -> str:
+        await gate.wait()
+        return schema_answer(messages, schema)
+
+    return ScriptedBackend(answer)
 
 
 def fill(schema: dict[str, Any], *, prefer: str = "vote", bit: int = 1) -> Any:

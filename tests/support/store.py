@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from poirotd.model import (
     AgentMessage,
     EventKind,
+    HazardEvent,
     HazardRegion,
     HazardSpace,
     Investigation,
@@ -17,6 +18,7 @@ from poirotd.model import (
     Session,
     TelemetrySample,
 )
+from poirotd.store import Admission, Admitted, Store
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -63,6 +65,25 @@ def investigation(
         reason="torque spike",
         created_at=created_at,
     )
+
+
+def triggered(iid: str, seconds: float = 0, rule: str = "spike", sid: str = "s1") -> Investigation:
+    """A hazard rule's investigation, its event `seconds` after T0."""
+    trigger = HazardEvent(
+        rule=rule,
+        severity="warning",
+        session_id=sid,
+        at=T0 + timedelta(seconds=seconds),
+        summary="torque spike",
+    )
+    return investigation(iid, sid=sid).model_copy(
+        update={"trigger": trigger, "reason": f"rule {rule}: torque spike"}
+    )
+
+
+async def queue(store: Store, inv: Investigation) -> Admitted:
+    """Stores `inv` QUEUED, whatever the queue holds (an admission that always queues)."""
+    return await store.admit_investigation(inv, lambda _: Admission.QUEUED)
 
 
 def event(iid: str, kind: EventKind = EventKind.STARTED) -> InvestigationEvent:

@@ -160,7 +160,7 @@ def test_a_mapping_to_an_undeclared_component_is_refused_with_the_spec(
 
 
 class _NoInvestigations:
-    async def open(self, events: Sequence[HazardEvent], ended: Sequence[str]) -> None:
+    async def open(self, events: Sequence[HazardEvent]) -> None:
         assert not events, "the spec has no rules"
 
 

@@ -26,11 +26,15 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
     async def Trigger(
         self, request: pb.TriggerRequest, context: grpc.aio.ServicerContext
     ) -> pb.Investigation:
+        client = client_identity(context)
         try:
             if self._limits.triggers is not None:  # first: refused triggers cost a token too
-                self._limits.triggers.take(client_identity(context))
+                self._limits.triggers.take(client)
             investigation = await self._service.trigger(
-                request.session_id, request.reason, method=request.method or "poirot"
+                request.session_id,
+                request.reason,
+                method=request.method or "poirot",
+                requested_by=client,
             )
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.Trigger", error)

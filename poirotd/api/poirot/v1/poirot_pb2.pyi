@@ -64,6 +64,8 @@ class _InvestigationStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_In
     INVESTIGATION_STATE_FAILED: _InvestigationState.ValueType  # 4
     INVESTIGATION_STATE_INTERRUPTED: _InvestigationState.ValueType  # 5
     """The daemon stopped before the investigation finished; its partial record is kept."""
+    INVESTIGATION_STATE_DEFERRED: _InvestigationState.ValueType  # 6
+    """A hazard rule's investigation that found the queue full: kept, and queued when it has room."""
 
 class InvestigationState(_InvestigationState, metaclass=_InvestigationStateEnumTypeWrapper): ...
 
@@ -74,6 +76,8 @@ INVESTIGATION_STATE_SUCCEEDED: InvestigationState.ValueType  # 3
 INVESTIGATION_STATE_FAILED: InvestigationState.ValueType  # 4
 INVESTIGATION_STATE_INTERRUPTED: InvestigationState.ValueType  # 5
 """The daemon stopped before the investigation finished; its partial record is kept."""
+INVESTIGATION_STATE_DEFERRED: InvestigationState.ValueType  # 6
+"""A hazard rule's investigation that found the queue full: kept, and queued when it has room."""
 Global___InvestigationState: _TypeAlias = InvestigationState  # noqa: Y015
 
 @_typing.final
@@ -1074,6 +1078,9 @@ class Investigation(_message.Message):
     INJECTION_FINDINGS_FIELD_NUMBER: _builtins.int
     FINDINGS_JSON_FIELD_NUMBER: _builtins.int
     SUPERSEDED_FIELD_NUMBER: _builtins.int
+    COALESCED_FIELD_NUMBER: _builtins.int
+    COALESCED_OMITTED_FIELD_NUMBER: _builtins.int
+    REQUESTED_BY_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -1095,6 +1102,9 @@ class Investigation(_message.Message):
     ECHO's panel, analyses, consensus and disagreement report; ErrorProbe's tags, causal chain,
     hypotheses with checked evidence, verdict and memory report; an ensemble's members.
     """
+    coalesced_omitted: _builtins.int
+    requested_by: _builtins.str
+    """Who asked for it (a Trigger caller's identity); empty for a hazard rule's."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1142,6 +1152,12 @@ class Investigation(_message.Message):
         oldest first; `confirmed` is the one in force.
         """
 
+    @_builtins.property
+    def coalesced(self) -> _containers.RepeatedCompositeFieldContainer[Global___CoalescedTrigger]:
+        """The triggers that joined this investigation instead of opening another, oldest first (at
+        most 32; coalesced_omitted counts the others).
+        """
+
     def __init__(
         self,
         *,
@@ -1172,14 +1188,57 @@ class Investigation(_message.Message):
         injection_findings: _abc.Iterable[_builtins.str] | None = ...,
         findings_json: _builtins.str = ...,
         superseded: _abc.Iterable[Global___ConfirmedOutcome] | None = ...,
+        coalesced: _abc.Iterable[Global___CoalescedTrigger] | None = ...,
+        coalesced_omitted: _builtins.int = ...,
+        requested_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Investigation: _TypeAlias = Investigation  # noqa: Y015
+
+@_typing.final
+class CoalescedTrigger(_message.Message):
+    """A trigger that found its session's investigation open and joined it: its reason is kept for
+    the operator (the agents are told the reason the investigation was opened for).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REQUESTED_BY_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    rule: _builtins.str
+    """The rule that fired; empty for a Trigger call."""
+    state: Global___InvestigationState.ValueType
+    """The investigation's state when it joined: one that joined a running or finished
+    investigation came after its run had read the session.
+    """
+    requested_by: _builtins.str
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        rule: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        state: Global___InvestigationState.ValueType = ...,
+        requested_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "reason", b"reason", "requested_by", b"requested_by", "rule", b"rule", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoalescedTrigger: _TypeAlias = CoalescedTrigger  # noqa: Y015
 
 @_typing.final
 class ContextCut(_message.Message):

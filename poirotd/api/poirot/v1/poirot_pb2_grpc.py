@@ -166,7 +166,11 @@ class InvestigationsServicer:
     """
 
     def Trigger(self, request, context):
-        """Opens an investigation over a session (an operator's or control software's request).
+        """Opens an investigation over a session (an operator's or control software's request). When
+        the session already has one of the same method deferred, queued or running, the trigger
+        joins it (its reason is kept in Investigation.coalesced) and that one is returned.
+        RESOURCE_EXHAUSTED: the part of the queue Trigger may use is full (the rest is kept for
+        hazard rules), or the caller has its share of the queue waiting already.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -86,7 +86,12 @@ class InvestigationsStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> InvestigationsAsyncStub: ...
     Trigger: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.TriggerRequest, _poirot_pb2.Investigation]
-    """Opens an investigation over a session (an operator's or control software's request)."""
+    """Opens an investigation over a session (an operator's or control software's request). When
+    the session already has one of the same method deferred, queued or running, the trigger
+    joins it (its reason is kept in Investigation.coalesced) and that one is returned.
+    RESOURCE_EXHAUSTED: the part of the queue Trigger may use is full (the rest is kept for
+    hazard rules), or the caller has its share of the queue waiting already.
+    """
     Get: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.GetInvestigationRequest, _poirot_pb2.Investigation]
     List: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.ListInvestigationsRequest, _poirot_pb2.ListInvestigationsResponse]
     Watch: _grpc.UnaryStreamMultiCallable[_poirot_pb2.WatchRequest, _poirot_pb2.InvestigationEvent]
@@ -116,7 +121,12 @@ class InvestigationsAsyncStub(InvestigationsStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Trigger: _aio.UnaryUnaryMultiCallable[_poirot_pb2.TriggerRequest, _poirot_pb2.Investigation]  # type: ignore[assignment]
-    """Opens an investigation over a session (an operator's or control software's request)."""
+    """Opens an investigation over a session (an operator's or control software's request). When
+    the session already has one of the same method deferred, queued or running, the trigger
+    joins it (its reason is kept in Investigation.coalesced) and that one is returned.
+    RESOURCE_EXHAUSTED: the part of the queue Trigger may use is full (the rest is kept for
+    hazard rules), or the caller has its share of the queue waiting already.
+    """
     Get: _aio.UnaryUnaryMultiCallable[_poirot_pb2.GetInvestigationRequest, _poirot_pb2.Investigation]  # type: ignore[assignment]
     List: _aio.UnaryUnaryMultiCallable[_poirot_pb2.ListInvestigationsRequest, _poirot_pb2.ListInvestigationsResponse]  # type: ignore[assignment]
     Watch: _aio.UnaryStreamMultiCallable[_poirot_pb2.WatchRequest, _poirot_pb2.InvestigationEvent]  # type: ignore[assignment]
@@ -149,7 +159,12 @@ class InvestigationsServicer(metaclass=_abc_1.ABCMeta):
         request: _poirot_pb2.TriggerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_poirot_pb2.Investigation, _abc.Awaitable[_poirot_pb2.Investigation]]:
-        """Opens an investigation over a session (an operator's or control software's request)."""
+        """Opens an investigation over a session (an operator's or control software's request). When
+        the session already has one of the same method deferred, queued or running, the trigger
+        joins it (its reason is kept in Investigation.coalesced) and that one is returned.
+        RESOURCE_EXHAUSTED: the part of the queue Trigger may use is full (the rest is kept for
+        hazard rules), or the caller has its share of the queue waiting already.
+        """
 
     @_abc_1.abstractmethod
     def Get(
