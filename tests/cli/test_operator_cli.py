@@ -12,6 +12,8 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -19,9 +21,13 @@ from google.protobuf import json_format
 from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
+from tests.support.answers import gated
 from tests.support.cli import poirotd as run
-from tests.support.ingest import message, motor_temp, session
+from tests.support.daemon import client_of, in_process_daemon
+from tests.support.ingest import OVERHEAT, message, motor_temp, session
+from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import eventually
 
 # Each command is a Python process of its own: a few seconds apiece on a busy machine.
 pytestmark = pytest.mark.timeout(180)
@@ -153,6 +159,56 @@ async def test_what_the_agents_wrote_cannot_restyle_or_drive_the_terminal(
     shown = ok(await poirotd(daemon, "sessions", "show", "s1", "--messages"))
     assert "[bold red]ALL CLEAR[/] <U+001B>[2J<U+001B>]0;owned<U+0007> <U+202E>right" in shown
     assert "\x1b" not in shown and "\u202e" not in shown
+
+
+async def test_show_says_why_a_hazard_waits_and_which_triggers_joined(tmp_path: Path) -> None:
+    """The LLM answers only once the gate opens, so the first run holds the only worker: s2's
+    trigger queues, s3's hazard takes the place kept for rules, s4's finds the queue full."""
+    spec = clinic(
+        rules=[OVERHEAT], hazard_space={"regions": [r.model_dump() for r in CLINIC_REGIONS]}
+    )
+    settings: dict[str, Any] = {
+        "queue_capacity": 2,
+        "queue_reserved_for_rules": 1,
+        "concurrent_investigations": 1,
+        "trigger_rate_per_client": 0,
+        "drain_seconds": 0.5,
+    }
+    gate = asyncio.Event()
+    async with (
+        in_process_daemon(tmp_path, spec, gated(gate), **settings) as daemon,
+        client_of(daemon) as client,
+    ):
+        await client.send([r for n in range(1, 5) for r in session(3, f"s{n}")])
+        running = await client.trigger("s1", "holds the worker")
+
+        async def runs() -> bool:
+            return (await client.get(running.investigation_id)).state == (
+                pb.INVESTIGATION_STATE_RUNNING
+            )
+
+        async with asyncio.timeout(30):
+            await eventually(runs)
+        queued = await client.trigger("s2", "first look")
+        await client.send([motor_temp(1, 95, "s3"), motor_temp(1, 95, "s4")])
+        ((deferred,),) = [(await client.list_investigations(session_id="s4")).investigations]
+
+        joined = ok(
+            await poirotd(daemon, "investigations", "trigger", "s2", "--reason", "once more")
+        )
+        assert joined.startswith(
+            f"joined the open investigation {queued.investigation_id} (QUEUED, opened for: "
+            "first look)"
+        )
+        shown = ok(await poirotd(daemon, "investigations", "show", deferred.investigation_id))
+        assert re.search(r"state +DEFERRED \(a hazard rule's investigation that found the", shown)
+        assert re.search(r"trigger +rule exo_overheat \(critical\) at ", shown)
+        assert re.search(r"requested by +a hazard rule", shown)
+        coalesced = ok(await poirotd(daemon, "investigations", "show", queued.investigation_id))
+        assert "coalesced triggers" in coalesced
+        assert re.search(r"│ Trigger +│ once more +│ QUEUED +│ 127\.0\.0\.1 +│", coalesced)
+        waiting = ok(await poirotd(daemon, "investigations", "list", "--state", "deferred"))
+        assert deferred.investigation_id in waiting and queued.investigation_id not in waiting
 
 
 @pytest.mark.timeout(120)

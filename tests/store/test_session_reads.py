@@ -97,8 +97,6 @@ async def test_investigations_list_by_method(store: Store) -> None:
     )
     by_baseline, _ = await store.list_investigations(method="baseline")
     assert [i.investigation_id for i in by_baseline] == ["b1"]
-    by_poirot, _ = await store.list_investigations(
-        method="poirot", state=InvestigationState.QUEUED
-    )
+    by_poirot, _ = await store.list_investigations(method="poirot", state=InvestigationState.QUEUED)
     assert [i.investigation_id for i in by_poirot] == ["p1"]
     assert (await store.list_investigations(method="echo"))[0] == []

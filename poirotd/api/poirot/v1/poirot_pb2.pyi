@@ -535,7 +535,7 @@ class SessionDetail(_message.Message):
     @_builtins.property
     def telemetry(self) -> _containers.RepeatedCompositeFieldContainer[Global___SignalSummary]:
         """Per component and signal, over the session's newest telemetry_window samples (all of them
-        when it has fewer): what a hazard rule and an investigation's evidence draw from.
+        when it has fewer).
         """
 
     def __init__(
