@@ -1,5 +1,6 @@
-"""How the commands that talk to a running daemon reach it: one set of options, added to each
-such command by `@connects`, and one way to call the daemon and report its refusal.
+"""What the commands that talk to a running daemon share: one set of options to reach it,
+added to each such command by `@connects`, one way to call the daemon and report its refusal,
+and one --json form of its answers.
 
 The options are --target and those of a locked port (README, Security): --tls, --ca, --cert,
 --key and --token-file, the last four also read from POIROTD_CLIENT_CA_FILE, ..._CERT_FILE,
