@@ -16,7 +16,7 @@ from rich.table import Table
 from poirot_eval.cases import Dataset, EvalCase
 from poirot_eval.poirot_runs import Reaggregation, ZeroPosition
 from poirot_eval.whowhen import SUBSETS, Subset
-from poirotd.cli.main import DEFAULT_TARGET, TargetOption, refused
+from poirotd.cli.connection import DEFAULT_TARGET, TargetOption, refused
 from poirotd.config import LLMSpec, OpenAILLMSpec
 from poirotd.llm import LLMError
 from poirotd.model import InvestigationMethod

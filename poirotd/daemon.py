@@ -16,6 +16,7 @@ import structlog
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import load_spec
 from poirotd.ingest.pipeline import IngestPipeline
+from poirotd.ingest.session_reads import SessionReads
 from poirotd.investigations.admission import QueueShares
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.replica import Replica
@@ -59,6 +60,7 @@ class Core:
     pipeline: IngestPipeline
     investigations: InvestigationService
     runner: InvestigationRunner
+    sessions: SessionReads
 
 
 def build_core(
@@ -94,7 +96,7 @@ def build_core(
         signals_per_component=settings.max_signals_per_component,
     )
     investigations = InvestigationService(spec, store, runner, bus, metrics)
-    return Core(pipeline, investigations, runner)
+    return Core(pipeline, investigations, runner, SessionReads(store))
 
 
 class StoreUnavailableError(Exception):
@@ -212,6 +214,7 @@ class Daemon:
         grpc = GrpcServer(
             core.pipeline,
             core.investigations,
+            core.sessions,
             ClientLimits.from_settings(s),
             host=s.grpc_host,
             port=s.grpc_port,

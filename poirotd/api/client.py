@@ -120,6 +120,7 @@ class PoirotClient:
         )
         self.ingest = pb_grpc.IngestStub(self._channel)
         self.investigations = pb_grpc.InvestigationsStub(self._channel)
+        self.sessions = pb_grpc.SessionsStub(self._channel)
 
     async def __aenter__(self) -> Self:
         return self
@@ -159,11 +160,66 @@ class PoirotClient:
         )
         return investigation
 
-    async def get(self, investigation_id: str) -> pb.Investigation:
+    async def get(
+        self, investigation_id: str, *, include_exchanges: bool = False
+    ) -> pb.Investigation:
+        """With `include_exchanges`, every prompt and answer too (the auditor role)."""
         investigation: pb.Investigation = await self.investigations.Get(
-            pb.GetInvestigationRequest(investigation_id=investigation_id)
+            pb.GetInvestigationRequest(
+                investigation_id=investigation_id, include_exchanges=include_exchanges
+            )
         )
         return investigation
+
+    async def list_investigations(
+        self,
+        *,
+        session_id: str = "",
+        state: pb.InvestigationState.ValueType = pb.INVESTIGATION_STATE_UNSPECIFIED,
+        method: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> pb.ListInvestigationsResponse:
+        """A page of investigations, newest first; an empty filter matches every one."""
+        response: pb.ListInvestigationsResponse = await self.investigations.List(
+            pb.ListInvestigationsRequest(
+                session_id=session_id,
+                state=state,
+                method=method,
+                page_size=page_size,
+                page_token=page_token,
+            )
+        )
+        return response
+
+    async def list_sessions(
+        self, *, page_size: int = 0, page_token: str = ""
+    ) -> pb.ListSessionsResponse:
+        """A page of stored sessions, newest started first, with their counts."""
+        response: pb.ListSessionsResponse = await self.sessions.List(
+            pb.ListSessionsRequest(page_size=page_size, page_token=page_token)
+        )
+        return response
+
+    async def get_session(
+        self,
+        session_id: str,
+        *,
+        include_messages: bool = False,
+        from_index: int = 0,
+        max_messages: int = 0,
+    ) -> pb.SessionDetail:
+        """One session's counts and telemetry summary; with `include_messages` (the auditor
+        role) a page of its messages from `from_index` on."""
+        detail: pb.SessionDetail = await self.sessions.Get(
+            pb.GetSessionRequest(
+                session_id=session_id,
+                include_messages=include_messages,
+                from_index=from_index,
+                max_messages=max_messages,
+            )
+        )
+        return detail
 
     async def confirm(
         self,

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -33,6 +34,10 @@ from poirotd.model import (
     Vote,
     validate_agent_message,
 )
+
+if TYPE_CHECKING:  # the read side's results; clients of the wire API need neither module
+    from poirotd.ingest.session_reads import SignalSummary
+    from poirotd.store import SessionSummary
 
 _KINDS = {
     pb.MESSAGE_KIND_AGENT: MessageKind.AGENT,
@@ -147,22 +152,50 @@ def ingest_request(item: IngestItem) -> pb.IngestRequest:
             session_end=pb.SessionEnd(session_id=item.session_id, ended_at=timestamp(item.ended_at))
         )
     if isinstance(item, AgentMessage):
-        return pb.IngestRequest(
-            agent_message=pb.AgentMessage(
-                session_id=item.session_id,
-                index=item.index,
-                kind=_KINDS_TO_PB[item.kind],
-                sender=item.sender,
-                recipient=item.recipient,
-                content=item.content,
-                tool_calls=item.tool_calls,
-                tool_name=item.tool_name,
-                sent_at=timestamp(item.sent_at),
-                trace_id=item.trace_id,
-                span_id=item.span_id,
-            )
-        )
+        return pb.IngestRequest(agent_message=agent_message(item))
     return pb.IngestRequest(telemetry=telemetry(item))
+
+
+def agent_message(m: AgentMessage) -> pb.AgentMessage:
+    return pb.AgentMessage(
+        session_id=m.session_id,
+        index=m.index,
+        kind=_KINDS_TO_PB[m.kind],
+        sender=m.sender,
+        recipient=m.recipient,
+        content=m.content,
+        tool_calls=m.tool_calls,
+        tool_name=m.tool_name,
+        sent_at=timestamp(m.sent_at),
+        trace_id=m.trace_id,
+        span_id=m.span_id,
+    )
+
+
+def session_summary(summary: SessionSummary) -> pb.SessionSummary:
+    s = summary.session
+    return pb.SessionSummary(
+        session_id=s.session_id,
+        system=s.system,
+        started_at=timestamp(s.started_at),
+        ended_at=_ts(s.ended_at),
+        labels=s.labels,
+        messages=summary.messages,
+        investigations=summary.investigations,
+    )
+
+
+def signal_summary(signal: SignalSummary) -> pb.SignalSummary:
+    return pb.SignalSummary(
+        component=signal.component,
+        signal=signal.signal,
+        samples=signal.samples,
+        min=signal.min,
+        max=signal.max,
+        last=signal.last,
+        first_at=timestamp(signal.first_at),
+        last_at=timestamp(signal.last_at),
+    )
 
 
 def state_from_pb(state: int) -> InvestigationState | None:

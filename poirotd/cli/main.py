@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
 from poirotd.cli.audit import app as audit_app
+from poirotd.cli.connection import Connection, JsonOption, connects, print_json
+from poirotd.cli.investigations import app as investigations_app
 from poirotd.cli.memory import app as memory_app
+from poirotd.cli.sessions import app as sessions_app
 from poirotd.cli.token import app as token_app
 from poirotd.config import Settings
 from poirotd.config.loader import SpecError
 
 if TYPE_CHECKING:
-    import grpc
-
-    from poirotd.api.client import DaemonTls, PoirotClient
     from poirotd.api.poirot.v1 import poirot_pb2 as pb
-
-T = TypeVar("T")
 
 app = typer.Typer(
     add_completion=False,
@@ -30,32 +28,12 @@ app = typer.Typer(
     help="poirotd: POIROT incident attribution beside an LLM multi-agent system.",
 )
 app.add_typer(audit_app, name="audit")
+app.add_typer(investigations_app, name="investigations")
 app.add_typer(memory_app, name="memory")
+app.add_typer(sessions_app, name="sessions")
 app.add_typer(token_app, name="token")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML system spec")]
-TargetOption = Annotated[str, typer.Option(help="the running daemon's gRPC address (host:port)")]
-DEFAULT_TARGET = "127.0.0.1:50051"
-# How the commands that talk to a daemon reach a locked port (README, Security).
-TlsOption = Annotated[
-    bool, typer.Option("--tls", help="use TLS, trusting the system's CAs unless --ca is given")
-]
-CaOption = Annotated[
-    Path | None,
-    typer.Option(envvar="POIROTD_CLIENT_CA_FILE", help="CA of the daemon's certificate (TLS)"),
-]
-CertOption = Annotated[
-    Path | None,
-    typer.Option(envvar="POIROTD_CLIENT_CERT_FILE", help="this client's certificate (mTLS)"),
-]
-KeyOption = Annotated[
-    Path | None,
-    typer.Option(envvar="POIROTD_CLIENT_KEY_FILE", help="this client's private key (mTLS)"),
-]
-TokenFileOption = Annotated[
-    Path | None,
-    typer.Option(envvar="POIROTD_CLIENT_TOKEN_FILE", help="a file holding the bearer token"),
-]
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -166,7 +144,9 @@ def _run_evaluation_command(name: str, ctx: typer.Context) -> None:
 
 
 @app.command()
+@connects
 def confirm(
+    daemon: Connection,
     investigation_id: Annotated[str, typer.Argument(help="a succeeded investigation")],
     regions: Annotated[
         list[str], typer.Argument(help="id(s) of the hazard region(s) that truly caused it")
@@ -176,12 +156,7 @@ def confirm(
         bool,
         typer.Option(help="correct an outcome confirmed before with other regions (needs --note)"),
     ] = False,
-    target: TargetOption = DEFAULT_TARGET,
-    tls: TlsOption = False,
-    ca: CaOption = None,
-    cert: CertOption = None,
-    key: KeyOption = None,
-    token_file: TokenFileOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Report the true cause of an investigated incident (ConfirmOutcome).
 
@@ -189,12 +164,12 @@ def confirm(
     from all confirmed outcomes. Confirming the same regions again changes nothing; other
     regions are refused unless --supersede (a correction: the replaced outcome is kept).
     """
-    credentials = _credentials(tls, ca, cert, key, token_file)
-    response = _with_client(
-        target,
-        credentials,
-        lambda client: client.confirm(investigation_id, regions, note, supersede=supersede),
+    response = daemon.call(
+        lambda client: client.confirm(investigation_id, regions, note, supersede=supersede)
     )
+    if as_json:
+        print_json(response)
+        return
     status = "confirmed" if response.newly_confirmed else "already confirmed, unchanged"
     if response.HasField("superseded"):
         status = f"confirmed, superseding {', '.join(response.superseded.region_ids)}"
@@ -203,64 +178,16 @@ def confirm(
 
 
 @app.command()
-def reputation(
-    target: TargetOption = DEFAULT_TARGET,
-    tls: TlsOption = False,
-    ca: CaOption = None,
-    cert: CertOption = None,
-    key: KeyOption = None,
-    token_file: TokenFileOption = None,
-) -> None:
+@connects
+def reputation(daemon: Connection, as_json: JsonOption = False) -> None:
     """Show the β each agent's vote is weighed with now (GetReputation)."""
-    credentials = _credentials(tls, ca, cert, key, token_file)
-    response = _with_client(target, credentials, lambda client: client.reputation())
+    response = daemon.call(lambda client: client.reputation())
+    if as_json:
+        print_json(response)
+        return
     if not response.reputation_enabled:
         typer.echo("reputation is off in the spec: every vote is weighed with the spec's β")
     _print_betas(response.betas)
-
-
-def _credentials(
-    tls: bool, ca: Path | None, cert: Path | None, key: Path | None, token_file: Path | None
-) -> tuple[DaemonTls | None, str | None]:
-    """The client's TLS (on with --tls, --ca or a certificate) and token; exits 2 naming a file
-    that cannot be read."""
-    from poirotd.api.client import DaemonTls
-
-    try:
-        client_tls = DaemonTls.from_files(ca, cert, key) if tls or ca or cert or key else None
-        token = token_file.read_text(encoding="utf-8").strip() if token_file else None
-    except (OSError, ValueError) as exc:
-        typer.echo(f"cannot use the client's credentials: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    return client_tls, token
-
-
-def _with_client(
-    target: str,
-    credentials: tuple[DaemonTls | None, str | None],
-    call: Callable[[PoirotClient], Awaitable[T]],
-) -> T:
-    """One call to the daemon at `target`; a refusal or an unreachable daemon exits 1."""
-    import grpc
-
-    from poirotd.api.client import PoirotClient
-
-    client_tls, token = credentials
-
-    async def once() -> T:
-        async with PoirotClient(target, tls=client_tls, token=token) as client:
-            return await call(client)
-
-    try:
-        return asyncio.run(once())
-    except grpc.aio.AioRpcError as exc:
-        raise refused(target, exc) from exc
-
-
-def refused(target: str, exc: grpc.aio.AioRpcError) -> typer.Exit:
-    """Says on stderr what the daemon answered; the caller raises the exit (1) it returns."""
-    typer.echo(f"the daemon at {target} refused: {exc.code().name}: {exc.details()}", err=True)
-    return typer.Exit(1)
 
 
 def _print_betas(betas: Iterable[pb.AgentBeta]) -> None:

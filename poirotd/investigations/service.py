@@ -72,11 +72,7 @@ class InvestigationService:
         if not session_id:
             raise InvalidArgument("session_id is empty", reason="invalid")
         _check_text("reason", reason)
-        methods = get_args(InvestigationMethod)
-        if method not in methods:
-            raise InvalidArgument(
-                f"method must be one of {list(methods)}, got {quote(method)}", reason="invalid"
-            )
+        _check_method(method)
         if not await self._store.find_session(session_id):
             raise NotFound(f"session {quote(session_id)} is not known", reason="unknown_session")
         investigation = await self._runner.submit(
@@ -105,10 +101,17 @@ class InvestigationService:
         state: InvestigationState | None,
         page_size: int,
         page_token: str | None,
+        method: str | None = None,
     ) -> tuple[list[Investigation], str | None]:
+        if method is not None:
+            _check_method(method)
         try:
             return await self._store.list_investigations(
-                session_id=session_id, state=state, limit=page_size, page_token=page_token
+                session_id=session_id,
+                state=state,
+                method=method,
+                limit=page_size,
+                page_token=page_token,
             )
         except ValueError as exc:
             raise InvalidArgument(str(exc), reason="invalid") from exc
@@ -264,6 +267,14 @@ class InvestigationService:
                 reason="not_found",
             )
         return space
+
+
+def _check_method(method: str) -> None:
+    methods = get_args(InvestigationMethod)
+    if method not in methods:
+        raise InvalidArgument(
+            f"method must be one of {list(methods)}, got {quote(method)}", reason="invalid"
+        )
 
 
 def _check_text(field: str, text: str) -> None:

@@ -231,14 +231,16 @@ def newest_verified_first(
 def investigations_page_query(
     session_id: str | None,
     state: InvestigationState | None,
+    method: tuple[str, str] | None,
     limit: int,
     page_token: str | None,
     mark: str,
 ) -> tuple[str, list[object]]:
     """The query of `list_investigations` (newest first: created_at, then id, descending) with
-    `mark` as its placeholder; it reads one row past the page, to tell whether another follows.
-    Keyset pagination: the opaque token is the last row's key, so pages neither skip nor repeat
-    rows when new ones arrive."""
+    `mark` as its placeholder; `method` is the adapter's SQL for a record's method and the one
+    wanted. It reads one row past the page, to tell whether another follows. Keyset pagination:
+    the opaque token is the last row's key, so pages neither skip nor repeat rows when new ones
+    arrive."""
     check_limit(limit)
     where: list[str] = ["TRUE"]
     params: list[object] = []
@@ -248,6 +250,9 @@ def investigations_page_query(
     if state is not None:
         where.append(f"state = {mark}")
         params.append(state.value)
+    if method is not None:
+        where.append(f"{method[0]} = {mark}")
+        params.append(method[1])
     if page_token:
         where.append(f"(created_us, investigation_id) < ({mark}, {mark})")
         params.extend(decode_page_token(page_token))
@@ -268,8 +273,40 @@ def investigations_page(
     return page, token
 
 
-# Our tokens: base64 of [micros, 32-hex id], about 70 characters.
-_PAGE_TOKEN_CHARS = 256
+def sessions_page_query(
+    limit: int, page_token: str | None, mark: str, started_ms: str
+) -> tuple[str, list[object]]:
+    """The query of `list_sessions` (newest started first, then by id, descending), like
+    `investigations_page_query`; `started_ms` is the adapter's SQL for a record's start time in
+    milliseconds, computed per row (sessions have no column of it: the listing reads every
+    session's record once)."""
+    check_limit(limit)
+    key = f"{started_ms} AS started_ms"
+    where, params = "TRUE", list[object]()
+    if page_token:
+        where = f"({started_ms}, session_id) < ({mark}, {mark})"
+        params.extend(decode_page_token(page_token))
+    sql = (
+        f"SELECT started_ms, session_id, record FROM (SELECT {key}, session_id, record"
+        f" FROM sessions WHERE {where}) AS s ORDER BY started_ms DESC, session_id DESC"
+        f" LIMIT {mark}"
+    )
+    return sql, [*params, limit + 1]
+
+
+def sessions_page(
+    rows: Sequence[tuple[int, str, str]], limit: int
+) -> tuple[list[Session], str | None]:
+    """The page and the next page's token from what `sessions_page_query` read."""
+    page = [Session.model_validate_json(record) for _, _, record in rows[:limit]]
+    token = encode_page_token(*rows[limit - 1][:2]) if len(rows) > limit else None
+    return page, token
+
+
+# Our tokens: base64 of [micros or millis, an id] in UTF-8: about 70 characters for an
+# investigation's 32-hex id, at most 1,400 for a session id (256 characters, ingest's bound, of at
+# most 4 bytes each).
+_PAGE_TOKEN_CHARS = 1400
 
 
 def check_limit(limit: int) -> None:
@@ -278,13 +315,14 @@ def check_limit(limit: int) -> None:
         raise ValueError(f"limit must be at least 1, not {limit}")
 
 
-def encode_page_token(created_us: int, investigation_id: str) -> str:
-    raw = json.dumps([created_us, investigation_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+def encode_page_token(key: int, row_id: str) -> str:
+    """A page's last row as the next page's token: its sort key (a time) and its id."""
+    text = json.dumps([key, row_id], separators=(",", ":"), ensure_ascii=False)
+    return base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode("ascii")
 
 
 def decode_page_token(token: str) -> tuple[int, str]:
-    """Bounded before it is parsed: a token is ours, a few dozen characters."""
+    """Bounded before it is parsed: a token is ours, at most `_PAGE_TOKEN_CHARS`."""
     if len(token) > _PAGE_TOKEN_CHARS:
         raise ValueError("invalid page token")
     try:
@@ -293,9 +331,9 @@ def decode_page_token(token: str) -> tuple[int, str]:
     except ValueError:  # covers binascii, unicode and JSON errors
         raise ValueError("invalid page token") from None
     match key:
-        case [int() as created_us, str() as investigation_id] if (
-            not isinstance(created_us, bool) and abs(created_us) <= MAX_INTEGER
+        case [int() as sort_key, str() as row_id] if (
+            not isinstance(sort_key, bool) and abs(sort_key) <= MAX_INTEGER
         ):
-            return created_us, investigation_id
+            return sort_key, row_id
         case _:
             raise ValueError("invalid page token")

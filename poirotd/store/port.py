@@ -136,6 +136,16 @@ class LeaseLostError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class SessionSummary:
+    """A stored session and how much it holds: what an operator lists sessions by."""
+
+    session: Session
+    # Agent messages stored, and investigations opened over the session (any state).
+    messages: int
+    investigations: int
+
+
+@dataclass(frozen=True)
 class Settled:
     """The ids `Store.settle_unfinished` marked INTERRUPTED, and those it queued again."""
 
@@ -188,6 +198,14 @@ class Store(Protocol):
         remembered, so `has_session` says yes from then on)."""
 
     async def get_session(self, session_id: str) -> Session | None: ...
+
+    async def session_summary(self, session_id: str) -> SessionSummary | None: ...
+
+    async def list_sessions(
+        self, *, limit: int = 50, page_token: str | None = None
+    ) -> tuple[list[SessionSummary], str | None]:
+        """Newest started first, keyset-paginated by an opaque token; ValueError for a bad
+        token."""
 
     async def session_messages(self, session_id: str) -> list[AgentMessage]: ...
 
@@ -272,6 +290,7 @@ class Store(Protocol):
         *,
         session_id: str | None = None,
         state: InvestigationState | None = None,
+        method: str | None = None,
         limit: int = 50,
         page_token: str | None = None,
     ) -> tuple[list[Investigation], str | None]:

@@ -238,6 +238,10 @@ class PostgresStore(StoreReads):
 
     _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
     _TRIGGERED = "(record::jsonb ->> 'trigger') IS NOT NULL"
+    _METHOD = "coalesce(record::jsonb ->> 'method', 'poirot')"
+    _STARTED_MS = (
+        "floor(extract(epoch FROM (record::jsonb ->> 'started_at')::timestamptz) * 1000)::bigint"
+    )
 
     def __init__(
         self,

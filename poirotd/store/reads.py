@@ -26,7 +26,10 @@ from poirotd.store.common import (
     investigations_page,
     investigations_page_query,
     newest_verified_first,
+    sessions_page,
+    sessions_page_query,
 )
+from poirotd.store.port import SessionSummary
 from poirotd.store.records import event_from_row, from_micros
 
 
@@ -35,6 +38,14 @@ class StoreReads(ABC):
     _CONFIRMED = "json_extract(record, '$.confirmed') IS NOT NULL"
     # SQL: a hazard rule opened the investigation (its record has a trigger).
     _TRIGGERED = "json_extract(record, '$.trigger') IS NOT NULL"
+    # SQL: the investigation's method (records from before methods existed ran poirot).
+    _METHOD = "coalesce(json_extract(record, '$.method'), 'poirot')"
+    # SQL: a session's start, in milliseconds since the epoch (julianday counts milliseconds:
+    # exact once rounded; the ISO text itself does not sort, its offsets and fractions vary).
+    _STARTED_MS = (
+        "CAST(round((julianday(json_extract(record, '$.started_at')) - 2440587.5) * 86400000)"
+        " AS INTEGER)"
+    )
 
     @abstractmethod
     async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
@@ -43,6 +54,39 @@ class StoreReads(ABC):
     async def get_session(self, session_id: str) -> Session | None:
         rows = await self._query("SELECT record FROM sessions WHERE session_id = ?", (session_id,))
         return Session.model_validate_json(rows[0][0]) if rows else None
+
+    async def session_summary(self, session_id: str) -> SessionSummary | None:
+        session = await self.get_session(session_id)
+        return None if session is None else (await self._summaries([session]))[0]
+
+    async def list_sessions(
+        self, *, limit: int = 50, page_token: str | None = None
+    ) -> tuple[list[SessionSummary], str | None]:
+        """Newest started first (`sessions_page_query`)."""
+        sql, params = sessions_page_query(limit, page_token, "?", self._STARTED_MS)
+        sessions, token = sessions_page(await self._query(sql, params), limit)
+        return await self._summaries(sessions), token
+
+    async def _summaries(self, sessions: Sequence[Session]) -> list[SessionSummary]:
+        """Each session with its counts: two grouped counts over the page's sessions."""
+        if not sessions:
+            return []
+        ids = [s.session_id for s in sessions]
+        messages = await self._counts_by_session("agent_messages", ids)
+        investigations = await self._counts_by_session("investigations", ids)
+        return [
+            SessionSummary(s, messages.get(s.session_id, 0), investigations.get(s.session_id, 0))
+            for s in sessions
+        ]
+
+    async def _counts_by_session(self, table: str, ids: Sequence[str]) -> dict[str, int]:
+        marks = ", ".join("?" * len(ids))
+        rows = await self._query(
+            f"SELECT session_id, count(*) FROM {table} WHERE session_id IN ({marks})"
+            " GROUP BY session_id",
+            ids,
+        )
+        return {str(session_id): int(count) for session_id, count in rows}
 
     async def get_hazard_space(self, system: str, version: str) -> HazardSpace | None:
         rows = await self._query(
@@ -69,11 +113,15 @@ class StoreReads(ABC):
         *,
         session_id: str | None = None,
         state: InvestigationState | None = None,
+        method: str | None = None,
         limit: int = 50,
         page_token: str | None = None,
     ) -> tuple[list[Investigation], str | None]:
         """Newest first (`investigations_page_query`)."""
-        sql, params = investigations_page_query(session_id, state, limit, page_token, "?")
+        by_method = None if method is None else (self._METHOD, method)
+        sql, params = investigations_page_query(
+            session_id, state, by_method, limit, page_token, "?"
+        )
         return investigations_page(await self._query(sql, params), limit)
 
     async def count_investigations(self, state: InvestigationState) -> int:

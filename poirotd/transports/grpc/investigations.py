@@ -65,6 +65,7 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
                 state=convert.state_from_pb(request.state),
                 page_size=request.page_size or _DEFAULT_PAGE,
                 page_token=request.page_token or None,
+                method=request.method or None,
             )
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.List", error)

@@ -1,4 +1,4 @@
-"""The gRPC server: our two services plus standard health checking and reflection, over TLS
+"""The gRPC server: our three services plus standard health checking and reflection, over TLS
 when the daemon has a certificate, behind the authentication interceptor when it has an access
 policy."""
 
@@ -15,16 +15,19 @@ from poirotd.api.limits import BATCH_BYTES, MAX_REPLY_BYTES
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.ingest.pipeline import IngestPipeline
+from poirotd.ingest.session_reads import SessionReads
 from poirotd.investigations.service import InvestigationService
 from poirotd.transports.grpc.auth import AuthInterceptor
 from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.guard import GuardInterceptor
 from poirotd.transports.grpc.ingest import IngestServicer
 from poirotd.transports.grpc.investigations import InvestigationsServicer
+from poirotd.transports.grpc.sessions import SessionsServicer
 from poirotd.transports.security.tls import ServerTls, TlsMaterial
 
 SERVICES = tuple(
-    pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Ingest", "Investigations")
+    pb.DESCRIPTOR.services_by_name[name].full_name
+    for name in ("Ingest", "Investigations", "Sessions")
 )
 # gRPC's own hard limit sits above the per-item limit the core checks, so that ordinary oversized
 # items get the core's precise, counted error; only grossly oversized ones meet gRPC's generic one.
@@ -48,6 +51,7 @@ class GrpcServer:
         self,
         pipeline: IngestPipeline,
         investigations: InvestigationService,
+        sessions: SessionReads,
         limits: ClientLimits,
         *,
         host: str,
@@ -83,6 +87,9 @@ class GrpcServer:
         pb_grpc.add_IngestServicer_to_server(ingest, self._server)
         pb_grpc.add_InvestigationsServicer_to_server(
             InvestigationsServicer(investigations, limits), self._server
+        )
+        pb_grpc.add_SessionsServicer_to_server(
+            SessionsServicer(sessions, investigations.metrics), self._server
         )
         for service in extra_services:
             service.add_to(self._server)

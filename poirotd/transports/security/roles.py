@@ -14,9 +14,12 @@ from typing import Any
 
 class Role(enum.StrEnum):
     INGEST = "ingest"  # write messages and telemetry (Ingest.Stream; OTLP export)
-    READER = "reader"  # investigations, events, hazard space, reputation; no prompts or answers
+    # investigations, events, hazard space, reputation, sessions' counts and telemetry; no
+    # prompts or answers, no message of a session
+    READER = "reader"
     OPERATOR = "operator"  # start investigations, confirm their outcomes
-    AUDITOR = "auditor"  # what a reader sees, and the LLM exchanges (prompts and answers)
+    # what a reader sees, and the LLM exchanges (prompts and answers) and sessions' messages
+    AUDITOR = "auditor"
     METRICS = "metrics"  # scrape /metrics
 
 
@@ -51,6 +54,11 @@ REQUIRED: Mapping[str, Requirement | None] = {
     "/poirot.v1.Investigations/Watch": Requirement(Role.READER),
     "/poirot.v1.Investigations/GetHazardSpace": Requirement(Role.READER),
     "/poirot.v1.Investigations/GetReputation": Requirement(Role.READER),
+    # A session's messages are the agents' own text, which the exchanges quote: auditors only.
+    "/poirot.v1.Sessions/List": Requirement(Role.READER),
+    "/poirot.v1.Sessions/Get": Requirement(
+        Role.READER, raised_by=("include_messages", Role.AUDITOR)
+    ),
     "/grpc.health.v1.Health/Check": None,
     "/grpc.health.v1.Health/Watch": None,
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": None,

@@ -374,6 +374,233 @@ class TelemetrySample(_message.Message):
 Global___TelemetrySample: _TypeAlias = TelemetrySample  # noqa: Y015
 
 @_typing.final
+class ListSessionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """0: 50."""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsRequest: _TypeAlias = ListSessionsRequest  # noqa: Y015
+
+@_typing.final
+class ListSessionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionSummary]: ...
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[Global___SessionSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsResponse: _TypeAlias = ListSessionsResponse  # noqa: Y015
+
+@_typing.final
+class SessionSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SYSTEM_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    INVESTIGATIONS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    system: _builtins.str
+    messages: _builtins.int
+    """Agent messages stored, and investigations opened over the session."""
+    investigations: _builtins.int
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def ended_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset while the session has not ended."""
+
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        system: _builtins.str = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        ended_at: _timestamp_pb2.Timestamp | None = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        messages: _builtins.int = ...,
+        investigations: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "investigations", b"investigations", "labels", b"labels", "messages", b"messages", "session_id", b"session_id", "started_at", b"started_at", "system", b"system"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionSummary: _TypeAlias = SessionSummary  # noqa: Y015
+
+@_typing.final
+class GetSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_MESSAGES_FIELD_NUMBER: _builtins.int
+    FROM_INDEX_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGES_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    include_messages: _builtins.bool
+    """Also return a page of its messages (needs the auditor role): those with index >= from_index,
+    in index order, at most max_messages (0: 100; at most 1000) and at most 16 MiB of them (at
+    least one), next_index saying where the next page starts.
+    """
+    from_index: _builtins.int
+    max_messages: _builtins.int
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        include_messages: _builtins.bool = ...,
+        from_index: _builtins.int = ...,
+        max_messages: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_index", b"from_index", "include_messages", b"include_messages", "max_messages", b"max_messages", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSessionRequest: _TypeAlias = GetSessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionDetail(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    NEXT_INDEX_FIELD_NUMBER: _builtins.int
+    TELEMETRY_FIELD_NUMBER: _builtins.int
+    TELEMETRY_WINDOW_FIELD_NUMBER: _builtins.int
+    next_index: _builtins.int
+    """Set when messages follow the page: the from_index of the next one."""
+    telemetry_window: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___SessionSummary: ...
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentMessage]:
+        """Only with include_messages."""
+
+    @_builtins.property
+    def telemetry(self) -> _containers.RepeatedCompositeFieldContainer[Global___SignalSummary]:
+        """Per component and signal, over the session's newest telemetry_window samples (all of them
+        when it has fewer).
+        """
+
+    def __init__(
+        self,
+        *,
+        session: Global___SessionSummary | None = ...,
+        messages: _abc.Iterable[Global___AgentMessage] | None = ...,
+        next_index: _builtins.int | None = ...,
+        telemetry: _abc.Iterable[Global___SignalSummary] | None = ...,
+        telemetry_window: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_index", b"_next_index", "next_index", b"next_index", "session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_index", b"_next_index", "messages", b"messages", "next_index", b"next_index", "session", b"session", "telemetry", b"telemetry", "telemetry_window", b"telemetry_window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__next_index: _TypeAlias = _typing.Literal["next_index"]  # noqa: Y015
+    _WhichOneofArgType__next_index: _TypeAlias = _typing.Literal["_next_index", b"_next_index"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__next_index) -> _WhichOneofReturnType__next_index | None: ...
+
+Global___SessionDetail: _TypeAlias = SessionDetail  # noqa: Y015
+
+@_typing.final
+class SignalSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMPONENT_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    SAMPLES_FIELD_NUMBER: _builtins.int
+    MIN_FIELD_NUMBER: _builtins.int
+    MAX_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    FIRST_AT_FIELD_NUMBER: _builtins.int
+    LAST_AT_FIELD_NUMBER: _builtins.int
+    component: _builtins.str
+    signal: _builtins.str
+    samples: _builtins.int
+    min: _builtins.float
+    max: _builtins.float
+    last: _builtins.float
+    """The newest sample's value and time; first_at is the oldest's (within the window)."""
+    @_builtins.property
+    def first_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        component: _builtins.str = ...,
+        signal: _builtins.str = ...,
+        samples: _builtins.int = ...,
+        min: _builtins.float = ...,
+        max: _builtins.float = ...,
+        last: _builtins.float = ...,
+        first_at: _timestamp_pb2.Timestamp | None = ...,
+        last_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_at", b"first_at", "last_at", b"last_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "first_at", b"first_at", "last", b"last", "last_at", b"last_at", "max", b"max", "min", b"min", "samples", b"samples", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalSummary: _TypeAlias = SignalSummary  # noqa: Y015
+
+@_typing.final
 class TriggerRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -435,10 +662,13 @@ class ListInvestigationsRequest(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___InvestigationState.ValueType
     page_size: _builtins.int
     page_token: _builtins.str
+    method: _builtins.str
+    """Only investigations by this method ("poirot", "baseline", ...); empty: any."""
     def __init__(
         self,
         *,
@@ -446,10 +676,11 @@ class ListInvestigationsRequest(_message.Message):
         state: Global___InvestigationState.ValueType = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        method: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -112,6 +112,141 @@ class Ingest:
             _registered_method=True)
 
 
+class SessionsStub:
+    """---------------------------------------------------------------- sessions
+
+    Sessions reads what ingest stored, for an operator looking for what an investigation saw. A
+    reader gets each session's times, labels and counts and a summary of its newest telemetry;
+    the messages themselves (the agents' own text: patient data, trading intent) go only to an
+    auditor, as Investigations.Get's prompts and answers do, which quote them.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.List = channel.unary_unary(
+                '/poirot.v1.Sessions/List',
+                request_serializer=poirot_dot_v1_dot_poirot__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=poirot_dot_v1_dot_poirot__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/poirot.v1.Sessions/Get',
+                request_serializer=poirot_dot_v1_dot_poirot__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=poirot_dot_v1_dot_poirot__pb2.SessionDetail.FromString,
+                _registered_method=True)
+
+
+class SessionsServicer:
+    """---------------------------------------------------------------- sessions
+
+    Sessions reads what ingest stored, for an operator looking for what an investigation saw. A
+    reader gets each session's times, labels and counts and a summary of its newest telemetry;
+    the messages themselves (the agents' own text: patient data, trading intent) go only to an
+    auditor, as Investigations.Get's prompts and answers do, which quote them.
+    """
+
+    def List(self, request, context):
+        """Newest started first. INVALID_ARGUMENT: page_size over 500, a page token that is not ours.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
+        """NOT_FOUND: unknown session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_SessionsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=poirot_dot_v1_dot_poirot__pb2.ListSessionsRequest.FromString,
+                    response_serializer=poirot_dot_v1_dot_poirot__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=poirot_dot_v1_dot_poirot__pb2.GetSessionRequest.FromString,
+                    response_serializer=poirot_dot_v1_dot_poirot__pb2.SessionDetail.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'poirot.v1.Sessions', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('poirot.v1.Sessions', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Sessions:
+    """---------------------------------------------------------------- sessions
+
+    Sessions reads what ingest stored, for an operator looking for what an investigation saw. A
+    reader gets each session's times, labels and counts and a summary of its newest telemetry;
+    the messages themselves (the agents' own text: patient data, trading intent) go only to an
+    auditor, as Investigations.Get's prompts and answers do, which quote them.
+    """
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/poirot.v1.Sessions/List',
+            poirot_dot_v1_dot_poirot__pb2.ListSessionsRequest.SerializeToString,
+            poirot_dot_v1_dot_poirot__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/poirot.v1.Sessions/Get',
+            poirot_dot_v1_dot_poirot__pb2.GetSessionRequest.SerializeToString,
+            poirot_dot_v1_dot_poirot__pb2.SessionDetail.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class InvestigationsStub:
     """---------------------------------------------------------------- investigations
 

@@ -78,6 +78,67 @@ class IngestServicer(metaclass=_abc_1.ABCMeta):
 
 def add_IngestServicer_to_server(servicer: IngestServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
+class SessionsStub:
+    """---------------------------------------------------------------- sessions
+
+    Sessions reads what ingest stored, for an operator looking for what an investigation saw. A
+    reader gets each session's times, labels and counts and a summary of its newest telemetry;
+    the messages themselves (the agents' own text: patient data, trading intent) go only to an
+    auditor, as Investigations.Get's prompts and answers do, which quote them.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> SessionsAsyncStub: ...
+    List: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.ListSessionsRequest, _poirot_pb2.ListSessionsResponse]
+    """Newest started first. INVALID_ARGUMENT: page_size over 500, a page token that is not ours."""
+    Get: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.GetSessionRequest, _poirot_pb2.SessionDetail]
+    """NOT_FOUND: unknown session."""
+
+@_typing.type_check_only
+class SessionsAsyncStub(SessionsStub):
+    """---------------------------------------------------------------- sessions
+
+    Sessions reads what ingest stored, for an operator looking for what an investigation saw. A
+    reader gets each session's times, labels and counts and a summary of its newest telemetry;
+    the messages themselves (the agents' own text: patient data, trading intent) go only to an
+    auditor, as Investigations.Get's prompts and answers do, which quote them.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    List: _aio.UnaryUnaryMultiCallable[_poirot_pb2.ListSessionsRequest, _poirot_pb2.ListSessionsResponse]  # type: ignore[assignment]
+    """Newest started first. INVALID_ARGUMENT: page_size over 500, a page token that is not ours."""
+    Get: _aio.UnaryUnaryMultiCallable[_poirot_pb2.GetSessionRequest, _poirot_pb2.SessionDetail]  # type: ignore[assignment]
+    """NOT_FOUND: unknown session."""
+
+class SessionsServicer(metaclass=_abc_1.ABCMeta):
+    """---------------------------------------------------------------- sessions
+
+    Sessions reads what ingest stored, for an operator looking for what an investigation saw. A
+    reader gets each session's times, labels and counts and a summary of its newest telemetry;
+    the messages themselves (the agents' own text: patient data, trading intent) go only to an
+    auditor, as Investigations.Get's prompts and answers do, which quote them.
+    """
+
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _poirot_pb2.ListSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_poirot_pb2.ListSessionsResponse, _abc.Awaitable[_poirot_pb2.ListSessionsResponse]]:
+        """Newest started first. INVALID_ARGUMENT: page_size over 500, a page token that is not ours."""
+
+    @_abc_1.abstractmethod
+    def Get(
+        self,
+        request: _poirot_pb2.GetSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_poirot_pb2.SessionDetail, _abc.Awaitable[_poirot_pb2.SessionDetail]]:
+        """NOT_FOUND: unknown session."""
+
+def add_SessionsServicer_to_server(servicer: SessionsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
 class InvestigationsStub:
     """---------------------------------------------------------------- investigations"""
 
