@@ -30,7 +30,7 @@ from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import eventually
 
 # Each command is a Python process of its own: a few seconds apiece on a busy machine.
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 async def poirotd(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,8 @@ from tests.support.cli import poirotd
 from tests.support.ingest import session
 from tests.support.pki import Pki, client, locked_daemon
 
-pytestmark = pytest.mark.timeout(180)  # each command is a Python process of its own
+# each command is a Python process of its own
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ROLES = {
     "reader": ["reader"],
