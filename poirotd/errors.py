@@ -46,6 +46,11 @@ class Unavailable(ServiceError):
     """The daemon is draining or not ready."""
 
 
+class DeadlineExceeded(ServiceError):
+    """A call outlived a deadline the daemon sets on it (an Ingest stream that sent nothing for
+    too long)."""
+
+
 # How the status of an Ingest stream a draining daemon ends begins: a client (hwbridge's
 # forwarder) reconnects to another replica at once on it.
 DRAINING = "draining:"

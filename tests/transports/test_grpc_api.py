@@ -509,7 +509,7 @@ async def test_trigger_chooses_the_method(daemon: Daemon, client: PoirotClient) 
 async def test_unacked_requests_pause_reading_at_a_batch_and_are_acked_in_order() -> None:
     loop = asyncio.get_running_loop()
     durable = [loop.create_future() for _ in range(3)]
-    unacked = _Unacked(limit=3)
+    unacked = _Unacked(limit=3, idle_seconds=60)
     await unacked.add(_Pending(2, Admission(2, (), durable[0])))
     await unacked.add(_Pending(4, Admission(2, (), durable[1])))  # a request goes in whole
     blocked = asyncio.create_task(unacked.add(_Pending(5, Admission(1, (), durable[2]))))
@@ -623,10 +623,10 @@ async def test_error_details_quote_a_clients_text_capped(
 ) -> None:
     """Found by fuzzing: a 100 KB id turned NOT_FOUND into RESOURCE_EXHAUSTED (metadata)."""
     with pytest.raises(grpc.aio.AioRpcError) as missing:
-        await client.get("x" * 60_000)  # this daemon's transport limit is 80 KB
+        await client.get("x" * 3_000)  # within what Get takes (QUERY_REQUEST_BYTES)
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     detail = missing.value.details() or ""
-    assert len(detail) < 200 and "(60000 characters)" in detail
+    assert len(detail) < 200 and "(3000 characters)" in detail
     _, error = await send_collecting_acks(client, [start(), message(0, sender="y" * 3_000)])
     assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(error.details() or "") < 300
