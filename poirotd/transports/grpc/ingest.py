@@ -86,7 +86,7 @@ class _Unacked:
         deadline, and it is set when the last of them is acked."""
         loop = asyncio.get_running_loop()
         when = None if self._pending else loop.time() + self._idle_seconds
-        async with asyncio.timeout(when) as self._silence:
+        async with asyncio.timeout_at(when) as self._silence:
             try:
                 return await anext(requests)
             finally:
