@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import re
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -525,6 +526,37 @@ async def test_unacked_requests_pause_reading_at_a_batch_and_are_acked_in_order(
     durable[2].set_result({})
     assert await unacked.next_durable() == 5
     assert await unacked.next_durable() is None
+
+
+async def _silent() -> AsyncIterator[pb.IngestRequest]:
+    """A client's requests when it sends none."""
+    await asyncio.Event().wait()
+    yield pb.IngestRequest()
+
+
+async def test_the_idle_deadline_runs_only_while_everything_sent_is_acked() -> None:
+    """A client that waits for its acks before it sends more waits for the daemon, not idle."""
+    loop = asyncio.get_running_loop()
+    idle = 0.2
+    unacked = _Unacked(limit=8, idle_seconds=idle)
+    began = loop.time()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(2):  # a deadline that does not fire fails below
+            await unacked.next_request(_silent())
+    assert idle <= loop.time() - began < idle + 0.5, "nothing unacked: from the wait's start"
+
+    durable = loop.create_future()
+    await unacked.add(_Pending(1, Admission(1, (), durable)))
+    waiting = asyncio.create_task(unacked.next_request(_silent()))
+    await asyncio.sleep(3 * idle)
+    assert not waiting.done(), "no deadline while a request waits for its commit"
+    durable.set_result({})
+    assert await unacked.next_durable() == 1
+    acked = loop.time()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(2):
+            await waiting
+    assert idle <= loop.time() - acked + 0.01 < idle + 0.5, "from the last ack"
 
 
 def _token(key: object) -> str:
