@@ -188,9 +188,11 @@ def answered_call(method: str, investigation_id: str) -> Call:
 
 @dataclass
 class Flood:
-    """`requests` calls of one method, one at a time: their statuses and the daemon's VmRSS."""
+    """`requests` calls of one method, one at a time: their statuses and the daemon's VmRSS
+    before, at its highest after any call, and after."""
 
     before_mib: float
+    peak_mib: float = 0.0
     after_mib: float = 0.0
     codes: Counter[str] = field(default_factory=Counter)
 
@@ -203,8 +205,10 @@ async def flood(
     child: Child, call: Call, requests: int, *, give_up_above_mib: float | None = None
 ) -> Flood:
     """The calls, one after the other; stops early once the daemon's VmRSS has grown by more than
-    `give_up_above_mib` (a test's bound: no need to push a leaking daemon to gigabytes)."""
+    `give_up_above_mib` over `before_mib` (a test's bound: a leaking daemon need not be pushed
+    to gigabytes)."""
     result = Flood(child.rss_mib())
+    result.peak_mib = result.before_mib
     async with PoirotClient(child.target) as client:
         for _ in range(requests):
             try:
@@ -212,7 +216,8 @@ async def flood(
                 result.codes["OK"] += 1
             except grpc.aio.AioRpcError as error:
                 result.codes[error.code().name] += 1
-            grown = child.rss_mib() - result.before_mib
+            result.peak_mib = max(result.peak_mib, child.rss_mib())
+            grown = result.peak_mib - result.before_mib
             if give_up_above_mib is not None and grown > give_up_above_mib:
                 break
     result.after_mib = child.rss_mib()
@@ -342,10 +347,13 @@ def _codes(codes: Counter[str]) -> str:
 
 def _row(method: str, r: Results) -> str:
     refused, answered = r.refused[method], r.answered[method]
+    cells = (method, _codes(refused.codes), _rss(refused), _codes(answered.codes), _rss(answered))
+    return "| " + " | ".join(cells) + " |"
+
+
+def _rss(f: Flood) -> str:
     return (
-        f"| {method} | {_codes(refused.codes)} | {refused.before_mib:.0f} → "
-        f"{refused.after_mib:.0f} MiB ({refused.grown_mib:+.0f}) | {_codes(answered.codes)} | "
-        f"{answered.before_mib:.0f} → {answered.after_mib:.0f} MiB ({answered.grown_mib:+.0f}) |"
+        f"{f.before_mib:.0f} → {f.after_mib:.0f} MiB ({f.grown_mib:+.0f}; highest {f.peak_mib:.0f})"
     )
 
 
