@@ -1,7 +1,9 @@
-"""What one client may hold open or do per second, over real loopback gRPC.
+"""What one client may hold open or do per second, and how long a stream it stopped using, or a
+connection whose peer vanished, holds on; over real loopback gRPC.
 
 The daemons here bind "localhost": 127.0.0.1 and ::1 on one port, two clients as
-`client_identity` tells them apart (by host; every channel of one host counts together).
+`client_identity` tells them apart (by host; every channel of one host counts together; behind
+authentication, by the caller's name).
 """
 
 from __future__ import annotations
@@ -322,3 +324,74 @@ async def test_a_clients_triggers_are_held_to_its_rate(tmp_path: Path) -> None:
         assert "POIROTD_TRIGGER_BURST_PER_CLIENT=2" in details and "retry in " in details
         assert limit_rejections(daemon, "trigger_rate") == 1
         assert (await other.trigger("s1", "another client")).investigation_id
+
+
+class Blackhole:
+    """A TCP proxy to a local port that, once `cut`, forwards nothing either way and keeps every
+    connection open: to each side, the other went silent."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._cut = False
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[int]:
+        server = await asyncio.start_server(self._connect, "127.0.0.1", 0)
+        try:
+            yield server.sockets[0].getsockname()[1]
+        finally:
+            server.close()
+            for pipe in self._pipes:
+                pipe.cancel()
+            await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    def cut(self) -> None:
+        self._cut = True
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._port)
+        for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
+            pipe = asyncio.create_task(self._pipe(source, sink))
+            self._pipes.add(pipe)
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while data := await source.read(1 << 16):
+            if not self._cut:
+                sink.write(data)
+                await sink.drain()
+
+
+async def test_a_vanished_peers_stream_is_freed_by_keepalive(tmp_path: Path) -> None:
+    keepalive, timeout = 0.5, 0.5
+    async with loopback_daemon(
+        tmp_path,
+        max_ingest_streams_per_client=1,
+        grpc_keepalive_seconds=keepalive,
+        grpc_keepalive_timeout_seconds=timeout,
+    ) as daemon:
+        blackhole = Blackhole(daemon.grpc_port)
+        async with (
+            blackhole.serving() as port,
+            PoirotClient(f"127.0.0.1:{port}") as vanishing,
+            PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as other,
+        ):
+            held = HeldStream(vanishing, "s1")  # idle deadline: 30 s, far off
+            assert await held.opened() == 1
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await other.send(session(1, "s2"))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+            blackhole.cut()
+            cut = time.monotonic()
+            async with asyncio.timeout(10):
+                while True:
+                    try:
+                        assert await other.send(session(1, "s2")) == 2
+                        break
+                    except grpc.aio.AioRpcError as error:
+                        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        await asyncio.sleep(0.1)
+            # The server pings once its keepalive time passed without a read, and gives up
+            # `timeout` later; the client's cancelled call freed the slot.
+            assert time.monotonic() - cut >= timeout

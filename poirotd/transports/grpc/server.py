@@ -135,10 +135,13 @@ def _keepalive(seconds: float, timeout_seconds: float) -> list[tuple[str, int]]:
     """The server pings each connection that received nothing for `seconds` and closes it (its
     calls cancelled) when the ping is not answered within `timeout_seconds`: a peer that vanished
     frees what its calls held. Pings go on while calls stay silent (gRPC stops after two pings
-    without data otherwise), and clients' own pings are held to `_MIN_CLIENT_PING_SECONDS`."""
+    without data otherwise), and clients' own pings are held to `_MIN_CLIENT_PING_SECONDS`.
+    gRPC core waits for a ping's ack `grpc.http2.ping_timeout_ms` (a minute by default, not in
+    its public headers) before the keepalive timeout counts: both are set."""
     return [
         ("grpc.keepalive_time_ms", _ms(seconds)),
         ("grpc.keepalive_timeout_ms", _ms(timeout_seconds)),
+        ("grpc.http2.ping_timeout_ms", _ms(timeout_seconds)),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", _ms(_MIN_CLIENT_PING_SECONDS)),
         ("grpc.http2.max_ping_strikes", _MAX_PING_STRIKES),
