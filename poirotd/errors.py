@@ -56,6 +56,12 @@ class DeadlineExceeded(ServiceError):
 DRAINING = "draining:"
 
 
+# How the status of an Ingest stream the daemon ends for sending nothing begins
+# (POIROTD_INGEST_IDLE_SECONDS): everything it sent is acked; a client (hwbridge's forwarder)
+# opens the next stream when it has something to send.
+IDLE = "idle:"
+
+
 def draining() -> Unavailable:
     return Unavailable(
         f"{DRAINING} everything acked is stored; reconnect to another replica and resend what "

@@ -24,6 +24,7 @@ from poirotd.api.convert import UnnumberedMessage
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import (
+    IDLE,
     DeadlineExceeded,
     Internal,
     InvalidArgument,
@@ -356,7 +357,7 @@ class IngestServicer(pb_grpc.IngestServicer):
 
 def _idle(seconds: float) -> DeadlineExceeded:
     return DeadlineExceeded(
-        f"idle: no request for {seconds:g} s (POIROTD_INGEST_IDLE_SECONDS={seconds:g}); "
+        f"{IDLE} no request for {seconds:g} s (POIROTD_INGEST_IDLE_SECONDS={seconds:g}); "
         "everything sent is acked: open a new stream to send more",
         reason="idle",
     )
