@@ -43,7 +43,7 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import report
+from bench import ingest, report
 from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import Settings
@@ -402,7 +402,7 @@ def main() -> None:
     p = plan("quick" if args.quick else "full")
     with tempfile.TemporaryDirectory(prefix="bench-grpc-door-") as tmp:
         results = asyncio.run(run(p, Path(tmp)))
-    text = section(p, results)
+    text = ingest.reflow(section(p, results))
     if not args.no_write:
         report.write_section(f"{_NAME} {p.mode}", text)
     print(text)
