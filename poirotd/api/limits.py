@@ -9,13 +9,13 @@ MAX_REPLY_BYTES = 64 << 20
 # alone); the server's transport limit leaves room for such a batch.
 BATCH_BYTES = 64 << 10
 
-# The largest request each Investigations method takes, in bytes as it arrives: a larger one is
-# refused (RESOURCE_EXHAUSTED) before it is decoded, so that what the daemon spends on a refused
-# request is bounded by what the method needs, not by the transport's limit (sized for ingest
-# batches, megabytes). Ids, page tokens and filters take a few hundred bytes; a Trigger reason
-# or a ConfirmOutcome note at most 4,000 characters (investigations.service.MAX_TEXT_CHARS),
-# 16,000 bytes of UTF-8, and a ConfirmOutcome names hazard regions besides. Ingest and OTLP's
-# Export keep the transport's limit.
+# The largest request each method with a small request takes, in bytes as it arrives: a larger
+# one is refused (RESOURCE_EXHAUSTED) before it is decoded, so that what the daemon spends on a
+# refused request is bounded by what the method needs, not by the transport's limit (sized for
+# ingest batches, megabytes). Ids, page tokens, filters and health's service names take a few
+# hundred bytes; a Trigger reason or a ConfirmOutcome note at most 4,000 characters
+# (investigations.service.MAX_TEXT_CHARS), 16,000 bytes of UTF-8, and a ConfirmOutcome names
+# hazard regions besides. Ingest and OTLP's Export keep the transport's limit.
 QUERY_REQUEST_BYTES = 4 << 10
 TEXT_REQUEST_BYTES = 64 << 10
 MAX_REQUEST_BYTES: Mapping[str, int] = {
@@ -26,4 +26,6 @@ MAX_REQUEST_BYTES: Mapping[str, int] = {
     "/poirot.v1.Investigations/Watch": QUERY_REQUEST_BYTES,
     "/poirot.v1.Investigations/GetHazardSpace": QUERY_REQUEST_BYTES,
     "/poirot.v1.Investigations/GetReputation": QUERY_REQUEST_BYTES,
+    "/grpc.health.v1.Health/Check": QUERY_REQUEST_BYTES,
+    "/grpc.health.v1.Health/Watch": QUERY_REQUEST_BYTES,
 }

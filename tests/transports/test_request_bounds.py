@@ -21,6 +21,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
 from poirotd.ingest.validation import MAX_NAME_CHARS
 from poirotd.investigations.service import MAX_TEXT_CHARS
+from poirotd.transports.grpc.guard import rpc_name
 from tests.support.daemon import limit_rejections, rejected
 
 INVESTIGATIONS = pb.DESCRIPTOR.services_by_name["Investigations"]
@@ -30,8 +31,9 @@ def _path(method: str) -> str:
     return f"/{INVESTIGATIONS.full_name}/{method}"
 
 
-def test_every_investigations_method_has_a_request_bound() -> None:
-    assert set(MAX_REQUEST_BYTES) == {_path(m.name) for m in INVESTIGATIONS.methods}
+def test_every_investigations_and_health_method_has_a_request_bound() -> None:
+    health = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
+    assert set(MAX_REQUEST_BYTES) == {_path(m.name) for m in INVESTIGATIONS.methods} | {*health}
 
 
 def test_the_largest_requests_the_service_accepts_fit_their_bound() -> None:
@@ -57,27 +59,27 @@ def test_the_largest_requests_the_service_accepts_fit_their_bound() -> None:
     assert listing.ByteSize() <= MAX_REQUEST_BYTES[_path("List")]
 
 
-async def _call_raw(daemon: Daemon, method: str, raw: bytes) -> grpc.aio.AioRpcError:
-    """`raw` as the request of `method` (its reply's first message for a server stream)."""
+async def _call_raw(daemon: Daemon, path: str, raw: bytes) -> grpc.aio.AioRpcError:
+    """`raw` as the request of the method at `path` (a server stream's first reply awaited)."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
-        if method == "Watch":
-            call: Awaitable[Any] = channel.unary_stream(_path(method))(raw, timeout=10).read()
+        if path.endswith("/Watch"):
+            call: Awaitable[Any] = channel.unary_stream(path)(raw, timeout=10).read()
         else:
-            call = channel.unary_unary(_path(method))(raw, timeout=10)
+            call = channel.unary_unary(path)(raw, timeout=10)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await call
     return refused.value
 
 
-@pytest.mark.parametrize("method", [m.name for m in INVESTIGATIONS.methods])
+@pytest.mark.parametrize("path", sorted(MAX_REQUEST_BYTES))
 async def test_a_request_over_its_methods_bound_is_refused_before_it_is_decoded(
-    daemon: Daemon, method: str
+    daemon: Daemon, path: str
 ) -> None:
-    limit = MAX_REQUEST_BYTES[_path(method)]
+    limit = MAX_REQUEST_BYTES[path]
     # Not a protobuf message at all: decoded, it would be INVALID_ARGUMENT (undecodable).
-    refused = await _call_raw(daemon, method, b"\xff" * (limit + 1))
+    refused = await _call_raw(daemon, path, b"\xff" * (limit + 1))
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    rpc = f"Investigations.{method}"
+    rpc = rpc_name(path)
     assert refused.details() == f"the request is {limit + 1} bytes; {rpc} takes at most {limit}"
     assert rejected(daemon, rpc, "request_size") == 1
     assert rejected(daemon, rpc, "undecodable") == 0

@@ -19,7 +19,7 @@ leaves our code, so a refused call is freed when it ends, like an answered one.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -53,11 +53,8 @@ def release(aborted: grpc.aio.AbortError) -> None:
 
 
 class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(
-        self, metrics: Metrics, max_request_bytes: Mapping[str, int] = MAX_REQUEST_BYTES
-    ) -> None:
+    def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        self._max_request_bytes = max_request_bytes
 
     async def intercept_service(
         self,
@@ -69,9 +66,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         method = handler_call_details.method
         rpc = rpc_name(method)
-        deserializer = _bounded(
-            rpc, handler.request_deserializer, self._max_request_bytes.get(method)
-        )
+        deserializer = _bounded(rpc, handler.request_deserializer, MAX_REQUEST_BYTES.get(method))
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(rpc, handler.unary_unary),
