@@ -13,7 +13,9 @@ replica that drains acks everything it committed before it ends the stream, so o
 (kill -9, its acks lost) can leave a copy on two stores.
 
 Targets: ``poirotd.target`` and then ``failover_targets``, in turn: a stream that fails, or that
-a draining replica ends (UNAVAILABLE ``draining:``), reconnects to the next one at once.
+a draining replica ends (UNAVAILABLE ``draining:``), reconnects to the next one at once. A stream
+poirotd ends for having sent nothing for a while (DEADLINE_EXCEEDED ``idle:``, everything acked)
+is reopened on the same target once there is something to send.
 
 A sample poirotd refuses (the error names its seq, e.g. a component its spec does not declare)
 is dead-lettered and the stream reopened without it, so one bad sample cannot block the rest. A
@@ -54,7 +56,7 @@ from poirotd.api import convert
 from poirotd.api.client import DaemonTls, batched, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.errors import DRAINING
+from poirotd.errors import DRAINING, IDLE
 from poirotd.model import ItemKey, TelemetryBatch, TelemetrySample
 
 log = structlog.get_logger(__name__)
@@ -91,6 +93,8 @@ class ForwarderStats:
     duplicates: int = 0
     # Streams a draining replica ended (the forwarder went on with the next target).
     drained: int = 0
+    # Streams poirotd ended for sending nothing (the next opened when there was something).
+    idle: int = 0
 
 
 class _Call:
@@ -297,6 +301,10 @@ class Forwarder:
                         f"poirotd at {target} refused session "
                         f"{self._session_id!r}: {error.code().name}: {details}"
                     ) from error
+                if details.startswith(IDLE):
+                    self.stats.idle += 1
+                    await self._until_unsent()
+                    continue
                 log.warning(
                     "poirotd stream failed", target=target, code=error.code().name, details=details
                 )
@@ -357,6 +365,12 @@ class Forwarder:
                 if probe:
                     await self._until_acked(seq)
                     probe = False
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _until_unsent(self) -> None:
+        """Returns once a sample or message waits to be sent."""
+        while not self._unsent:
             self._wake.clear()
             await self._wake.wait()
 

@@ -46,9 +46,20 @@ class Unavailable(ServiceError):
     """The daemon is draining or not ready."""
 
 
+class DeadlineExceeded(ServiceError):
+    """A call outlived a deadline the daemon sets on it (an Ingest stream that sent nothing for
+    too long)."""
+
+
 # How the status of an Ingest stream a draining daemon ends begins: a client (hwbridge's
 # forwarder) reconnects to another replica at once on it.
 DRAINING = "draining:"
+
+
+# How the status of an Ingest stream the daemon ends for sending nothing begins
+# (POIROTD_INGEST_IDLE_SECONDS): everything it sent is acked; a client (hwbridge's forwarder)
+# opens the next stream when it has something to send.
+IDLE = "idle:"
 
 
 def draining() -> Unavailable:

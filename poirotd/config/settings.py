@@ -37,10 +37,23 @@ class Settings(BaseSettings):
     idempotency_window_seconds: float = Field(default=3600.0, gt=0)
     # Distinct signal names a component may have; a reading that would add one more is refused.
     max_signals_per_component: int = Field(default=1024, ge=1)
-    # What one gRPC client (poirotd.transports.grpc.clients.client_identity: its host for now)
-    # may hold or do; over a bound, RESOURCE_EXHAUSTED naming the setting. Each open Ingest
-    # stream holds up to ingest_batch_max unacknowledged items.
+    # What one gRPC client (poirotd.transports.grpc.clients.client_identity: the authenticated
+    # caller's name, else the peer's host) may hold or do; over a bound, RESOURCE_EXHAUSTED
+    # naming the setting. Each open Ingest stream holds up to ingest_batch_max unacknowledged
+    # items.
     max_ingest_streams_per_client: int = Field(default=16, ge=1)
+    # An Ingest stream that sends no request for this long is ended (DEADLINE_EXCEEDED, once
+    # what it sent is acked), so that a producer that stopped sending gives its client's stream
+    # slots back: every producer of a sidecar is one client (localhost). Within the longest
+    # reconnect backoff of hwbridge's forwarder (30 s), which reopens its stream when it has
+    # something to send.
+    ingest_idle_seconds: float = Field(default=30.0, gt=0)
+    # HTTP/2 keepalive on the gRPC port: a connection that received nothing for this long is
+    # pinged, and closed (its calls cancelled, their slots freed) when the ping is not answered
+    # within the timeout: a peer that vanished without closing its connections (host down,
+    # network cut) holds nothing for longer than their sum.
+    grpc_keepalive_seconds: float = Field(default=60.0, gt=0)
+    grpc_keepalive_timeout_seconds: float = Field(default=20.0, gt=0)
     # Items per second a client's Ingest streams deliver together, with a burst; over it the
     # daemon reads them more slowly (no refusal, nothing lost). 0: unpaced, which is safe: every
     # stream is already paced by the store's commits, this shares them among clients.

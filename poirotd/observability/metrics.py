@@ -228,7 +228,13 @@ class Metrics:
             registry=r,
         )
         # At 0 from the start for the limits a client meets first.
-        for limit in ("too_many_streams", "too_many_watchers", "trigger_rate", "llm_token_budget"):
+        for limit in (
+            "too_many_streams",
+            "too_many_watchers",
+            "trigger_rate",
+            "request_size",
+            "llm_token_budget",
+        ):
             self.limit_rejections.labels(limit)
         self.ingest_throttled = Counter(
             "poirot_ingest_throttled_seconds_total",

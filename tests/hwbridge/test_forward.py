@@ -75,6 +75,21 @@ async def test_samples_wait_for_poirotd_to_come_up(tmp_path: Path) -> None:
                 await sink.close()
 
 
+async def test_a_stream_poirotd_ended_as_idle_is_reopened_once_there_is_something_to_send(
+    tmp_path: Path,
+) -> None:
+    async with (
+        in_process_daemon(tmp_path, BRIDGE_CLINIC, ingest_idle_seconds=0.3) as daemon,
+        forwarder(daemon.grpc_port) as sink,
+    ):
+        await sink(samples(10))
+        await asyncio.sleep(1.5)  # five idle deadlines, nothing to send
+        assert sink.stats.idle == 1 and sink.stats.streams == 1, "no stream opened meanwhile"
+        await asyncio.wait_for(sink(samples(10, offset=10)), 5)
+        assert sink.stats.streams == 2 and sink.stats.drained == 0
+    assert sorted(stored_values(tmp_path / "poirotd.db")) == [float(i) for i in range(20)]
+
+
 async def test_a_refused_sample_is_dead_lettered_and_the_rest_flow(
     daemon: Daemon, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import re
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -509,7 +510,7 @@ async def test_trigger_chooses_the_method(daemon: Daemon, client: PoirotClient) 
 async def test_unacked_requests_pause_reading_at_a_batch_and_are_acked_in_order() -> None:
     loop = asyncio.get_running_loop()
     durable = [loop.create_future() for _ in range(3)]
-    unacked = _Unacked(limit=3)
+    unacked = _Unacked(limit=3, idle_seconds=60)
     await unacked.add(_Pending(2, Admission(2, (), durable[0])))
     await unacked.add(_Pending(4, Admission(2, (), durable[1])))  # a request goes in whole
     blocked = asyncio.create_task(unacked.add(_Pending(5, Admission(1, (), durable[2]))))
@@ -525,6 +526,37 @@ async def test_unacked_requests_pause_reading_at_a_batch_and_are_acked_in_order(
     durable[2].set_result({})
     assert await unacked.next_durable() == 5
     assert await unacked.next_durable() is None
+
+
+async def _silent() -> AsyncIterator[pb.IngestRequest]:
+    """A client's requests when it sends none."""
+    await asyncio.Event().wait()
+    yield pb.IngestRequest()
+
+
+async def test_the_idle_deadline_runs_only_while_everything_sent_is_acked() -> None:
+    """A client that waits for its acks before it sends more waits for the daemon, not idle."""
+    loop = asyncio.get_running_loop()
+    idle = 0.2
+    unacked = _Unacked(limit=8, idle_seconds=idle)
+    began = loop.time()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(2):  # a deadline that does not fire fails below
+            await unacked.next_request(_silent())
+    assert idle <= loop.time() - began < idle + 0.5, "nothing unacked: from the wait's start"
+
+    durable = loop.create_future()
+    await unacked.add(_Pending(1, Admission(1, (), durable)))
+    waiting = asyncio.create_task(unacked.next_request(_silent()))
+    await asyncio.sleep(3 * idle)
+    assert not waiting.done(), "no deadline while a request waits for its commit"
+    durable.set_result({})
+    assert await unacked.next_durable() == 1
+    acked = loop.time()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(2):
+            await waiting
+    assert idle <= loop.time() - acked + 0.01 < idle + 0.5, "from the last ack"
 
 
 def _token(key: object) -> str:
@@ -623,10 +655,10 @@ async def test_error_details_quote_a_clients_text_capped(
 ) -> None:
     """Found by fuzzing: a 100 KB id turned NOT_FOUND into RESOURCE_EXHAUSTED (metadata)."""
     with pytest.raises(grpc.aio.AioRpcError) as missing:
-        await client.get("x" * 60_000)  # this daemon's transport limit is 80 KB
+        await client.get("x" * 3_000)  # within what Get takes (QUERY_REQUEST_BYTES)
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     detail = missing.value.details() or ""
-    assert len(detail) < 200 and "(60000 characters)" in detail
+    assert len(detail) < 200 and "(3000 characters)" in detail
     _, error = await send_collecting_acks(client, [start(), message(0, sender="y" * 3_000)])
     assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(error.details() or "") < 300

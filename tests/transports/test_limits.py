@@ -1,12 +1,16 @@
-"""What one client may hold open or do per second, over real loopback gRPC.
+"""What one client may hold open or do per second, and how long a stream it stopped using, or a
+connection whose peer vanished, holds on; over real loopback gRPC.
 
 The daemons here bind "localhost": 127.0.0.1 and ::1 on one port, two clients as
-`client_identity` tells them apart (by host; every channel of one host counts together).
+`client_identity` tells them apart (by host; every channel of one host counts together; behind
+authentication, by the caller's name).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -26,6 +30,8 @@ from poirotd.transports.token_bucket import TokenBucket
 from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon, limit_rejections, rejected, stored_messages
 from tests.support.ingest import session, start
+from tests.support.pki import Pki, locked_daemon
+from tests.support.pki import client as pki_client
 from tests.support.spec import CLINIC
 
 V4, V6 = "127.0.0.1", "[::1]"
@@ -92,16 +98,18 @@ def loopback_daemon(tmp_path: Path, **settings: Any) -> AbstractAsyncContextMana
 
 
 class HeldStream:
-    """An Ingest stream that stays open, having opened a session, until `close`."""
+    """An Ingest stream that stays open, having opened a session (or having sent nothing at all:
+    `session_id` None), until `close`."""
 
-    def __init__(self, client: PoirotClient, session_id: str) -> None:
+    def __init__(self, client: PoirotClient, session_id: str | None) -> None:
         self._release = asyncio.Event()
         self._call = client.ingest.Stream(self._requests(session_id))
 
-    async def _requests(self, session_id: str) -> AsyncIterator[pb.IngestRequest]:
-        request = start(session_id)
-        request.seq = 1
-        yield request
+    async def _requests(self, session_id: str | None) -> AsyncIterator[pb.IngestRequest]:
+        if session_id is not None:
+            request = start(session_id)
+            request.seq = 1
+            yield request
         await self._release.wait()
 
     async def opened(self) -> int:
@@ -109,6 +117,14 @@ class HeldStream:
         ack = await self._call.read()
         assert isinstance(ack, pb.IngestAck)
         return ack.durable_seq
+
+    async def ended(self) -> tuple[grpc.StatusCode, str]:
+        """The status the daemon ends the stream with, while the client still holds it open."""
+        with contextlib.suppress(grpc.aio.AioRpcError):  # read raises a status other than OK
+            while await self._call.read() is not grpc.aio.EOF:
+                pass
+        self._release.set()
+        return await self._call.code(), await self._call.details() or ""
 
     async def close(self) -> None:
         self._release.set()
@@ -142,6 +158,74 @@ async def test_a_client_may_hold_only_so_many_ingest_streams(tmp_path: Path) -> 
         assert await ones[2].send(session(2, "s2")) == 3, "a closed stream frees its slot"
         await held[1].close()
         assert stored_messages(daemon) == 4
+
+
+async def test_silent_streams_give_their_slots_back_at_the_idle_deadline(tmp_path: Path) -> None:
+    """Issue 28: streams that sent nothing more were held for good, and as many as a client may
+    hold shut out every other producer of its host (in a sidecar, every producer)."""
+    idle = 1.0
+    async with (
+        loopback_daemon(tmp_path, ingest_idle_seconds=idle) as daemon,
+        client_at(daemon, V4) as stuck,
+        client_at(daemon, V4) as late,
+    ):
+        bound = daemon.settings.max_ingest_streams_per_client
+        silent = [HeldStream(stuck, f"s{i}") for i in range(bound)]
+        assert [await stream.opened() for stream in silent] == [1] * bound
+        all_acked = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await late.send(session(2, "late"))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        endings = await asyncio.gather(*(stream.ended() for stream in silent))
+        assert time.monotonic() - all_acked >= idle - 0.1, "not before the deadline"
+        for code, details in endings:
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert details.startswith("idle: no request for 1 s")
+            assert "POIROTD_INGEST_IDLE_SECONDS=1" in details
+        assert await late.send(session(2, "late")) == 3, "the same host's next producer is in"
+        assert rejected(daemon, "Ingest.Stream", "idle") == bound
+        with sqlite3.connect(daemon.settings.db_path) as db:
+            (sessions,) = db.execute("SELECT count(*) FROM sessions").fetchone()
+        assert sessions == bound + 1, "what the silent streams sent stays stored"
+
+
+async def test_a_stream_that_sends_nothing_at_all_is_ended_at_the_idle_deadline(
+    tmp_path: Path,
+) -> None:
+    async with (
+        loopback_daemon(tmp_path, ingest_idle_seconds=0.5) as daemon,
+        client_at(daemon, V4) as client,
+    ):
+        opened = time.monotonic()
+        code, details = await asyncio.wait_for(HeldStream(client, None).ended(), 10)
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED and details.startswith("idle:")
+        assert time.monotonic() - opened >= 0.5
+        assert rejected(daemon, "Ingest.Stream", "idle") == 1
+
+
+async def test_behind_authentication_each_caller_counts_its_own_streams(tmp_path: Path) -> None:
+    """A client is its name in the access file, whatever host it calls from: producers of one
+    host with tokens of their own hold streams of their own."""
+    pki = Pki.create(tmp_path / "pki")
+    pki.write_access({"token-a": ("agents-a", ["ingest"]), "token-b": ("agents-b", ["ingest"])}, {})
+    tls = pki.client_tls()
+    async with (
+        locked_daemon(
+            tmp_path, pki, auth_file=pki.auth_file, max_ingest_streams_per_client=1
+        ) as daemon,
+        pki_client(daemon, tls, token="token-a") as a,
+        pki_client(daemon, tls, token="token-a") as a_again,
+        pki_client(daemon, tls, token="token-b") as b,
+    ):
+        held = HeldStream(a, "s-a")
+        assert await held.opened() == 1
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await a_again.send(session(1, "s-a2"))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "client token:agents-a has 1 Ingest streams open" in (refused.value.details() or "")
+        assert await b.send(session(1, "s-b")) == 2
+        await held.close()
 
 
 async def test_a_clients_ingest_rate_paces_its_streams_together_and_loses_nothing(
@@ -240,3 +324,74 @@ async def test_a_clients_triggers_are_held_to_its_rate(tmp_path: Path) -> None:
         assert "POIROTD_TRIGGER_BURST_PER_CLIENT=2" in details and "retry in " in details
         assert limit_rejections(daemon, "trigger_rate") == 1
         assert (await other.trigger("s1", "another client")).investigation_id
+
+
+class Blackhole:
+    """A TCP proxy to a local port that, once `cut`, forwards nothing either way and keeps every
+    connection open: to each side, the other went silent."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._cut = False
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[int]:
+        server = await asyncio.start_server(self._connect, "127.0.0.1", 0)
+        try:
+            yield server.sockets[0].getsockname()[1]
+        finally:
+            server.close()
+            for pipe in self._pipes:
+                pipe.cancel()
+            await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    def cut(self) -> None:
+        self._cut = True
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._port)
+        for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
+            pipe = asyncio.create_task(self._pipe(source, sink))
+            self._pipes.add(pipe)
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while data := await source.read(1 << 16):
+            if not self._cut:
+                sink.write(data)
+                await sink.drain()
+
+
+async def test_a_vanished_peers_stream_is_freed_by_keepalive(tmp_path: Path) -> None:
+    keepalive, timeout = 0.5, 0.5
+    async with loopback_daemon(
+        tmp_path,
+        max_ingest_streams_per_client=1,
+        grpc_keepalive_seconds=keepalive,
+        grpc_keepalive_timeout_seconds=timeout,
+    ) as daemon:
+        blackhole = Blackhole(daemon.grpc_port)
+        async with (
+            blackhole.serving() as port,
+            PoirotClient(f"127.0.0.1:{port}") as vanishing,
+            PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as other,
+        ):
+            held = HeldStream(vanishing, "s1")  # idle deadline: 30 s, far off
+            assert await held.opened() == 1
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await other.send(session(1, "s2"))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+            blackhole.cut()
+            cut = time.monotonic()
+            async with asyncio.timeout(10):
+                while True:
+                    try:
+                        assert await other.send(session(1, "s2")) == 2
+                        break
+                    except grpc.aio.AioRpcError as error:
+                        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        await asyncio.sleep(0.1)
+            # The server pings once its keepalive time passed without a read, and gives up
+            # `timeout` later; the client's cancelled call freed the slot.
+            assert time.monotonic() - cut >= timeout

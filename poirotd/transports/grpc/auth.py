@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from poirotd.transports.grpc.guard import rpc_name
+from poirotd.transports.grpc.guard import release, rpc_name
 from poirotd.transports.security.access import (
     AccessControl,
     ClientCertificate,
@@ -92,16 +92,23 @@ class _Admission:
 
     def unary(self, behaviour: Behaviour) -> Behaviour:
         async def admitted(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await self._admit(request, context)
-            return await behaviour(request, context)
+            try:
+                await self._admit(request, context)
+                return await behaviour(request, context)
+            except grpc.aio.AbortError as aborted:
+                release(aborted)  # a refused call is freed when it ends (see guard)
+                return None
 
         return admitted
 
     def unary_stream(self, behaviour: Behaviour) -> Behaviour:
         async def admitted(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await self._admit(request, context)
-            async for reply in behaviour(request, context):
-                yield reply
+            try:
+                await self._admit(request, context)
+                async for reply in behaviour(request, context):
+                    yield reply
+            except grpc.aio.AbortError as aborted:
+                release(aborted)
 
         return admitted
 

@@ -2,9 +2,9 @@
 
 A request carries one item or a batch of them (`items`, numbered from the request's seq): the
 batched form is what makes high rates possible, each request costing the event loop one turn.
-The stream's own rules live here: seqs increase, and an item is no larger than the limit; and
-the client's: how many streams it may hold open, and how fast its items are read. The domain
-rules are the pipeline's.
+The stream's own rules live here: seqs increase, an item is no larger than the limit, and a
+stream that sends nothing for POIROTD_INGEST_IDLE_SECONDS is ended; and the client's: how many
+streams it may hold open, and how fast its items are read. The domain rules are the pipeline's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from poirotd.api.convert import UnnumberedMessage
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import (
+    IDLE,
+    DeadlineExceeded,
     Internal,
     InvalidArgument,
     ResourceExhausted,
@@ -55,10 +57,14 @@ class _Pending:
 class _Unacked:
     """A stream's admitted requests not yet acknowledged, in order, and how the stream ends.
     Reading pauses while a transaction's worth of items waits (HTTP/2 flow control then pushes
-    back on the client)."""
+    back on the client), and a stream silent for `idle_seconds` with nothing unacked is
+    ended."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, idle_seconds: float) -> None:
         self._limit = limit
+        self._idle_seconds = idle_seconds
+        # The reader's deadline while it waits for a request (see `next_request`).
+        self._silence: asyncio.Timeout | None = None
         self._pending: deque[_Pending] = deque()
         self._items = 0
         self._ended = False
@@ -73,6 +79,19 @@ class _Unacked:
             self._pending.append(pending)
             self._items += pending.admission.accepted
             self._changed.notify_all()
+
+    async def next_request(self, requests: AsyncIterator[pb.IngestRequest]) -> pb.IngestRequest:
+        """The stream's next request; TimeoutError once the stream has sent nothing for
+        `idle_seconds` with everything it sent acked. A client that waits for its acks before
+        it sends more waits for the daemon, not idle: while requests are unacked there is no
+        deadline, and it is set when the last of them is acked."""
+        loop = asyncio.get_running_loop()
+        when = None if self._pending else loop.time() + self._idle_seconds
+        async with asyncio.timeout_at(when) as self._silence:
+            try:
+                return await anext(requests)
+            finally:
+                self._silence = None
 
     async def end(self, error: ServiceError | None) -> None:
         async with self._changed:
@@ -95,6 +114,9 @@ class _Unacked:
                 self.duplicates += done.admission.duplicates()
                 self._items -= done.admission.accepted
                 seq = done.seq
+            if not self._pending and self._silence is not None:
+                # Only the reader adds requests: it waits, and from now on the stream is silent.
+                self._silence.reschedule(asyncio.get_running_loop().time() + self._idle_seconds)
             self._changed.notify_all()
             return seq
 
@@ -131,12 +153,14 @@ class IngestServicer(pb_grpc.IngestServicer):
         *,
         max_item_bytes: int,
         batch_max: int,
+        idle_seconds: float,
     ) -> None:
         self._pipeline = pipeline
         self._metrics = metrics
         self._limits = limits
         self._max_item_bytes = max_item_bytes
         self._batch_max = batch_max
+        self._idle_seconds = idle_seconds
         # Set on SIGTERM: open streams stop reading, are acked to the end and closed.
         self._draining = asyncio.Event()
         self._open = 0
@@ -184,7 +208,7 @@ class IngestServicer(pb_grpc.IngestServicer):
         context: grpc.aio.ServicerContext,
         client: str,
     ) -> AsyncGenerator[pb.IngestAck]:
-        unacked = _Unacked(self._batch_max)
+        unacked = _Unacked(self._batch_max, self._idle_seconds)
         reading = asyncio.Event()  # set while the reader waits for a request
         reader = asyncio.create_task(self._read(request_iterator, unacked, client, reading))
         stopper = asyncio.create_task(self._stop_reading(reader, reading))
@@ -222,9 +246,14 @@ class IngestServicer(pb_grpc.IngestServicer):
                 return
             try:
                 reading.set()
-                request = await anext(received)
+                request = await unacked.next_request(received)
             except StopAsyncIteration:
                 break
+            except TimeoutError:
+                # A producer that stopped sending gives its client's stream slot back; all it
+                # sent is acked already.
+                await unacked.end(_idle(self._idle_seconds))
+                return
             except asyncio.CancelledError:
                 if not self._draining.is_set():
                     raise
@@ -324,6 +353,14 @@ class IngestServicer(pb_grpc.IngestServicer):
             elif isinstance(item, AgentMessage):
                 # A producer's own index earlier in this request: number past it.
                 indexes.observe(item.session_id, item.index)
+
+
+def _idle(seconds: float) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        f"{IDLE} no request for {seconds:g} s (POIROTD_INGEST_IDLE_SECONDS={seconds:g}); "
+        "everything sent is acked: open a new stream to send more",
+        reason="idle",
+    )
 
 
 def _producer(request: pb.IngestRequest) -> str:

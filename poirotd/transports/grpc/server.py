@@ -36,6 +36,16 @@ _TRANSPORT_LIMIT_FACTOR = 4
 # How long draining waits for open Ingest streams to commit, ack and end: a commit takes
 # milliseconds, so this bounds only a stuck store (the streams are then cut at stop).
 INGEST_DRAIN_SECONDS = 4.0
+# A client's own keepalive may ping every 10 s during calls; a client that pings more often
+# gets strikes, and its connection is closed at the third (GOAWAY too_many_pings): pings cost
+# the server a write each. gRPC's 5 minutes would refuse a client that keeps a long stream alive
+# through a load balancer or NAT that drops connections quiet for a few minutes.
+_MIN_CLIENT_PING_SECONDS = 10
+_MAX_PING_STRIKES = 2
+# A connection without any call for this long is closed; its client reconnects on its next call.
+# Connections are not closed by age (grpc.max_connection_age_ms): that would cut the long-lived
+# Ingest and Watch streams, which end only when their client or the daemon ends them.
+_MAX_CONNECTION_IDLE_SECONDS = 300
 
 
 class ExtraService(Protocol):
@@ -58,6 +68,9 @@ class GrpcServer:
         port: int,
         max_message_bytes: int,
         batch_max: int,
+        ingest_idle_seconds: float,
+        keepalive_seconds: float,
+        keepalive_timeout_seconds: float,
         tls: ServerTls | None = None,
         auth: AuthInterceptor | None = None,
         reflection: bool = True,
@@ -74,6 +87,7 @@ class GrpcServer:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", MAX_REPLY_BYTES),
+                *_keepalive(keepalive_seconds, keepalive_timeout_seconds),
             ],
         )
         self._health = health.aio.HealthServicer()
@@ -83,6 +97,7 @@ class GrpcServer:
             limits,
             max_item_bytes=max_message_bytes,
             batch_max=batch_max,
+            idle_seconds=ingest_idle_seconds,
         )
         pb_grpc.add_IngestServicer_to_server(ingest, self._server)
         pb_grpc.add_InvestigationsServicer_to_server(
@@ -121,6 +136,28 @@ class GrpcServer:
 
     async def stop(self, grace: float) -> None:
         await self._server.stop(grace)
+
+
+def _keepalive(seconds: float, timeout_seconds: float) -> list[tuple[str, int]]:
+    """The server pings each connection that received nothing for `seconds` and closes it (its
+    calls cancelled) when the ping is not answered within `timeout_seconds`: a peer that vanished
+    frees what its calls held. Pings go on while calls stay silent (gRPC stops after two pings
+    without data otherwise), and clients' own pings are held to `_MIN_CLIENT_PING_SECONDS`.
+    gRPC core waits for a ping's ack `grpc.http2.ping_timeout_ms` (a minute by default, not in
+    its public headers) before the keepalive timeout counts: both are set."""
+    return [
+        ("grpc.keepalive_time_ms", _ms(seconds)),
+        ("grpc.keepalive_timeout_ms", _ms(timeout_seconds)),
+        ("grpc.http2.ping_timeout_ms", _ms(timeout_seconds)),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", _ms(_MIN_CLIENT_PING_SECONDS)),
+        ("grpc.http2.max_ping_strikes", _MAX_PING_STRIKES),
+        ("grpc.max_connection_idle_ms", _ms(_MAX_CONNECTION_IDLE_SECONDS)),
+    ]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def _credentials(tls: ServerTls) -> grpc.ServerCredentials:

@@ -8,6 +8,7 @@ import grpc
 import structlog
 
 from poirotd.errors import (
+    DeadlineExceeded,
     FailedPrecondition,
     Internal,
     InvalidArgument,
@@ -28,6 +29,7 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     Internal: grpc.StatusCode.INTERNAL,
 }
 

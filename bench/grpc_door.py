@@ -1,0 +1,412 @@
+"""What refused gRPC requests and silent Ingest streams cost the daemon (issue 28, items 3, 4).
+
+    .venv/bin/python -m bench.grpc_door            # about 2 minutes (the default idle deadline)
+    .venv/bin/python -m bench.grpc_door --quick    # about 40 s: 100 requests each, a 5 s deadline
+
+The daemon runs as a process of its own (`bench.daemon_child`: the tests' clinic with a pinned
+hazard space, a scripted LLM, `poirotd run`'s collector settings), so that the resident memory
+read from /proc (VmRSS) is the daemon's alone. Over loopback gRPC, one call at a time:
+
+1. refused: `requests` calls of each of Get, Trigger, List and ConfirmOutcome carrying about
+   3 MB (an investigation id, a session id, a page token that large);
+2. answered: `requests` calls of each that the daemon answers: Get and ConfirmOutcome (a
+   4,000-character note) of a finished investigation, List of a session, Trigger of a known
+   session (a 4,000-character reason; each queues an investigation, which runs and is stored:
+   that memory is the investigations', not the requests');
+3. silent streams: as many Ingest streams as one client may hold
+   (POIROTD_MAX_INGEST_STREAMS_PER_CLIENT), each sending a session start and then nothing, and a
+   producer of the same host that tries every quarter second until it is let in; then a stream
+   that sends nothing at all.
+
+The results replace this bench's section of BENCHMARKS.md (`--no-write`: print only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import ingest, report
+from poirotd.api.client import PoirotClient
+from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.config import Settings
+from poirotd.investigations.service import MAX_TEXT_CHARS
+from tests.support.ingest import session, start
+from tests.support.spec import CLINIC_REGIONS, clinic
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("Get", "Trigger", "List", "ConfirmOutcome")
+REFUSED_BYTES = 3 << 20
+SESSION = "door-1"
+CONFIRMED = ["exo"]
+_NAME = "bench.grpc_door"
+
+Call = Callable[[PoirotClient], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str
+    requests: int  # per method, refused and answered alike
+    idle_seconds: float  # the daemon's POIROTD_INGEST_IDLE_SECONDS
+
+
+def plan(mode: str) -> Plan:
+    if mode == "smoke":
+        return Plan("smoke", 5, 1.0)
+    if mode == "quick":
+        return Plan("quick", 100, 5.0)
+    return Plan("full", 300, Settings().ingest_idle_seconds)
+
+
+# ------------------------------------------------------------------ the daemon
+
+
+@dataclass(frozen=True)
+class Child:
+    pid: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise LookupError("VmRSS")
+
+    def rejected(self, rpc: str, reason: str) -> float:
+        """A sample of the daemon's poirot_requests_rejected_total, from its /metrics."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "poirot_requests_rejected_total" and sample.labels == {
+                    "rpc": rpc,
+                    "reason": reason,
+                }:
+                    return sample.value
+        return 0.0
+
+
+@contextlib.asynccontextmanager
+async def child_daemon(folder: Path, p: Plan) -> AsyncIterator[Child]:
+    """`bench.daemon_child` on the clinic, its Trigger rate unbounded and its queue long enough
+    for the answered Triggers; SIGTERM at the end (it drains), SIGKILL after 30 s."""
+    spec = clinic(hazard_space={"regions": [r.model_dump() for r in CLINIC_REGIONS]})
+    spec_path, db, ready = folder / "spec.json", folder / "door.db", folder / "ready.json"
+    spec_path.write_text(spec.model_dump_json())
+    env = os.environ | {
+        "POIROTD_INGEST_IDLE_SECONDS": str(p.idle_seconds),
+        "POIROTD_TRIGGER_RATE_PER_CLIENT": "0",
+        "POIROTD_QUEUE_CAPACITY": str(p.requests + 16),
+    }
+    argv = [sys.executable, "-m", "bench.daemon_child", str(spec_path), str(db), str(ready)]
+    process = await asyncio.create_subprocess_exec(*argv, cwd=ROOT, env=env)
+    try:
+        async with asyncio.timeout(120):
+            while not ready.exists():
+                if process.returncode is not None:
+                    raise RuntimeError(f"bench.daemon_child exited with {process.returncode}")
+                await asyncio.sleep(0.1)
+        ports = json.loads(ready.read_text())
+        yield Child(process.pid, ports["grpc_port"], ports["metrics_port"])
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(30):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+# ------------------------------------------------------------------ requests
+
+
+def refused_call(method: str, size: int = REFUSED_BYTES) -> Call:
+    """A call of `method` carrying a string of `size` characters where an id or token goes."""
+    big = "x" * size
+
+    async def call(client: PoirotClient) -> object:
+        stub = client.investigations
+        if method == "Get":
+            return await stub.Get(pb.GetInvestigationRequest(investigation_id=big))
+        if method == "Trigger":
+            return await stub.Trigger(pb.TriggerRequest(session_id=big, reason="bench"))
+        if method == "List":
+            return await stub.List(pb.ListInvestigationsRequest(page_token=big))
+        return await stub.ConfirmOutcome(
+            pb.ConfirmOutcomeRequest(investigation_id=big, region_ids=CONFIRMED)
+        )
+
+    return call
+
+
+def answered_call(method: str, investigation_id: str) -> Call:
+    """A call of `method` that the seeded daemon answers, as large as the method takes."""
+    text = "n" * MAX_TEXT_CHARS
+
+    async def call(client: PoirotClient) -> object:
+        stub = client.investigations
+        if method == "Get":
+            return await stub.Get(pb.GetInvestigationRequest(investigation_id=investigation_id))
+        if method == "Trigger":
+            return await stub.Trigger(pb.TriggerRequest(session_id=SESSION, reason=text))
+        if method == "List":
+            return await stub.List(pb.ListInvestigationsRequest(session_id=SESSION, page_size=50))
+        return await stub.ConfirmOutcome(
+            pb.ConfirmOutcomeRequest(
+                investigation_id=investigation_id, region_ids=CONFIRMED, note=text
+            )
+        )
+
+    return call
+
+
+@dataclass
+class Flood:
+    """`requests` calls of one method, one at a time: their statuses and the daemon's VmRSS
+    before, at its highest after any call, and after."""
+
+    before_mib: float
+    peak_mib: float = 0.0
+    after_mib: float = 0.0
+    codes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def grown_mib(self) -> float:
+        return self.after_mib - self.before_mib
+
+
+async def flood(
+    child: Child, call: Call, requests: int, *, give_up_above_mib: float | None = None
+) -> Flood:
+    """The calls, one after the other; stops early once the daemon's VmRSS has grown by more than
+    `give_up_above_mib` over `before_mib` (a test's bound: a leaking daemon need not be pushed
+    to gigabytes)."""
+    result = Flood(child.rss_mib())
+    result.peak_mib = result.before_mib
+    async with PoirotClient(child.target) as client:
+        for _ in range(requests):
+            try:
+                await call(client)
+                result.codes["OK"] += 1
+            except grpc.aio.AioRpcError as error:
+                result.codes[error.code().name] += 1
+            result.peak_mib = max(result.peak_mib, child.rss_mib())
+            grown = result.peak_mib - result.before_mib
+            if give_up_above_mib is not None and grown > give_up_above_mib:
+                break
+    result.after_mib = child.rss_mib()
+    return result
+
+
+async def seed(child: Child) -> str:
+    """A session and one investigation of it, run to the end and its outcome confirmed."""
+    async with PoirotClient(child.target) as client:
+        await client.send(session(8, SESSION))
+        queued = await client.trigger(SESSION, "seeded by bench.grpc_door")
+        async for _ in client.watch(queued.investigation_id):
+            pass
+        await client.confirm(queued.investigation_id, CONFIRMED, note="seeded")
+        return queued.investigation_id
+
+
+# ------------------------------------------------------------------ silent streams
+
+
+class SilentStream:
+    """An Ingest stream that sends a session start (or nothing at all) and then nothing."""
+
+    def __init__(self, client: PoirotClient, session_id: str | None) -> None:
+        self._release = asyncio.Event()
+        self._call = client.ingest.Stream(self._requests(session_id))
+
+    async def _requests(self, session_id: str | None) -> AsyncIterator[pb.IngestRequest]:
+        if session_id is not None:
+            request = start(session_id)
+            request.seq = 1
+            yield request
+        await self._release.wait()
+
+    async def acked(self) -> None:
+        """Returns at the session start's ack: the daemon holds the stream."""
+        ack = await self._call.read()
+        if not isinstance(ack, pb.IngestAck):
+            raise RuntimeError(f"the stream ended before its ack: {await self._call.code()}")
+
+    async def ending(self) -> tuple[grpc.StatusCode, str]:
+        """The status the stream ends with (the daemon ends it)."""
+        with contextlib.suppress(grpc.aio.AioRpcError):  # read raises the status unless OK
+            while await self._call.read() is not grpc.aio.EOF:
+                pass
+        code, details = await self._call.code(), await self._call.details()
+        self._release.set()
+        return code, details or ""
+
+
+@dataclass
+class Streams:
+    held: int = 0  # silent streams the daemon held
+    first_try: str = ""  # the late producer's first status
+    admitted_s: float = 0.0  # when it was let in, after the last silent stream's ack
+    tries: int = 0
+    endings: Counter[str] = field(default_factory=Counter)  # the silent streams' statuses
+    detail: str = ""  # one of those statuses' details
+    never_sent_s: float = 0.0  # how long a stream that sent nothing at all was held
+    never_sent: str = ""
+    counted_idle: float = 0.0  # poirot_requests_rejected_total{Ingest.Stream, idle}
+
+
+async def silent_streams(child: Child, bound: int) -> Streams:
+    """`bound` silent streams of this host, and a late producer of the same host."""
+    figures = Streams()
+    async with PoirotClient(child.target) as quiet, PoirotClient(child.target) as late:
+        silent = [SilentStream(quiet, f"quiet-{i}") for i in range(bound)]
+        for stream in silent:
+            await stream.acked()
+        figures.held = len(silent)
+        silenced = time.monotonic()
+        while True:
+            figures.tries += 1
+            try:
+                await late.send(session(2, "late"))
+                break
+            except grpc.aio.AioRpcError as refused:
+                figures.first_try = figures.first_try or refused.code().name
+                await asyncio.sleep(0.25)
+        figures.admitted_s = time.monotonic() - silenced
+        figures.first_try = figures.first_try or "OK"
+        for code, details in await asyncio.gather(*(s.ending() for s in silent)):
+            figures.endings[code.name] += 1
+            figures.detail = details
+        opened = time.monotonic()
+        code, _ = await SilentStream(quiet, None).ending()
+        figures.never_sent_s, figures.never_sent = time.monotonic() - opened, code.name
+    figures.counted_idle = child.rejected("Ingest.Stream", "idle")
+    return figures
+
+
+# ------------------------------------------------------------------ run and report
+
+
+@dataclass
+class Results:
+    start_mib: float
+    refused: dict[str, Flood]
+    answered: dict[str, Flood]
+    streams: Streams
+
+
+async def run(p: Plan, folder: Path) -> Results:
+    async with child_daemon(folder, p) as child:
+        start_mib = child.rss_mib()
+        refused = {}
+        for method in METHODS:
+            print(f"[bench] refused {method}", flush=True)
+            refused[method] = await flood(child, refused_call(method), p.requests)
+        investigation_id = await seed(child)
+        answered = {}
+        for method in METHODS:
+            print(f"[bench] answered {method}", flush=True)
+            answered[method] = await flood(
+                child, answered_call(method, investigation_id), p.requests
+            )
+        print("[bench] silent streams", flush=True)
+        bound = Settings().max_ingest_streams_per_client
+        streams = await silent_streams(child, bound)
+    return Results(start_mib, refused, answered, streams)
+
+
+def _codes(codes: Counter[str]) -> str:
+    return ", ".join(f"{n} {code}" for code, n in codes.most_common())
+
+
+def _row(method: str, r: Results) -> str:
+    refused, answered = r.refused[method], r.answered[method]
+    cells = (method, _codes(refused.codes), _rss(refused), _codes(answered.codes), _rss(answered))
+    return "| " + " | ".join(cells) + " |"
+
+
+def _rss(f: Flood) -> str:
+    return (
+        f"{f.before_mib:.0f} → {f.after_mib:.0f} MiB ({f.grown_mib:+.0f}; highest {f.peak_mib:.0f})"
+    )
+
+
+def section(p: Plan, r: Results) -> str:
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python -m bench.grpc_door" + ("" if p.mode == "full" else f" --{p.mode}")
+    s = r.streams
+    rows = "\n".join(_row(method, r) for method in METHODS)
+    name = f"{_NAME} {p.mode}"
+    return f"""{report.begin_marker(name)}
+## Refused requests and silent streams at the gRPC door ({p.mode}, `{command}`)
+
+Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
+{platform.python_version()}, a shared 2-core machine. The daemon is a process of its own
+(`bench.daemon_child`, scripted LLM), {r.start_mib:.0f} MiB resident once started; VmRSS is read
+from /proc before and after each run of {p.requests} calls, made one at a time.
+
+| Method | Refused, ~3 MB each | VmRSS | Answered | VmRSS |
+| --- | --- | ---: | --- | ---: |
+{rows}
+
+Refused calls carry a {REFUSED_BYTES >> 20} MiB string as the id, session id or page token;
+each method's request bound (`poirotd.api.limits.MAX_REQUEST_BYTES`) refuses them before they
+are decoded. Answered calls are Get and ConfirmOutcome (a {MAX_TEXT_CHARS:,}-character note) of
+a finished investigation, List of a session, and Trigger of a known session (a
+{MAX_TEXT_CHARS:,}-character reason): each Trigger queues an investigation that runs and is
+stored, so that row's growth is the investigations'.
+
+**Silent streams.** {s.held} Ingest streams of one host (the per-client bound) each sent a
+session start, got its ack and then sent nothing. A producer of the same host was refused at
+first ({s.first_try}) and let in {s.admitted_s:.1f} s after the last silent stream's ack, at its
+try {s.tries} (every 0.25 s), with the idle deadline (`POIROTD_INGEST_IDLE_SECONDS`) at
+{p.idle_seconds:g} s. The silent streams ended {_codes(s.endings)} ("{s.detail}"); a stream
+that sent nothing at all ended {s.never_sent} after {s.never_sent_s:.1f} s.
+`poirot_requests_rejected_total{{rpc="Ingest.Stream",reason="idle"}}` counted
+{s.counted_idle:.0f}.
+
+{report.end_marker(name)}"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="100 calls each, a 5 s deadline")
+    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    args = parser.parse_args()
+    p = plan("quick" if args.quick else "full")
+    with tempfile.TemporaryDirectory(prefix="bench-grpc-door-") as tmp:
+        results = asyncio.run(run(p, Path(tmp)))
+    text = ingest.reflow(section(p, results))
+    if not args.no_write:
+        report.write_section(f"{_NAME} {p.mode}", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
