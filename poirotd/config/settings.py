@@ -91,6 +91,14 @@ class Settings(BaseSettings):
     # Messages of OTLP exports waiting for their commit at most; an export beyond it is
     # throttled (RESOURCE_EXHAUSTED / HTTP 429 with a retry delay).
     otlp_max_pending_messages: int = Field(default=8192, ge=1)
+    # The HTTP doors (/metrics, OTLP/HTTP), each on its own: how long a connection has to deliver
+    # each whole request, headers and body, from its opening or its previous answer (a TLS
+    # handshake has as long again; a connection idle that long after an answer is closed), and
+    # how many connections may be open at once, in all and per peer (IP address). Over a bound,
+    # the connection is aborted, or answered 503 with Retry-After.
+    http_request_seconds: float = Field(default=30.0, gt=0)
+    http_max_connections: int = Field(default=256, ge=1)
+    http_max_connections_per_peer: int = Field(default=32, ge=1)
     # TLS on the gRPC, metrics and OTLP/HTTP ports: the server's certificate chain and key (PEM),
     # re-read when the files are replaced (no restart for a renewal).
     tls_cert_file: Path | None = None
