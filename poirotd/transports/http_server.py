@@ -186,7 +186,7 @@ class _Connections:
         try:
             return await handler(request)
         finally:
-            connection.answered()
+            connection.answered(request)
 
 
 class _Connection(asyncio.Protocol):
@@ -205,7 +205,7 @@ class _Connection(asyncio.Protocol):
         self._peer = ""
         self._deadline: asyncio.TimerHandle | None = None
         self._answers = 0
-        self._received = False  # bytes since the connection opened or was last answered
+        self._received = False  # a request begun since the connection opened or was answered
         self._early = bytearray()  # what TLS decrypted before the handshake's end reached us
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -242,9 +242,10 @@ class _Connection(asyncio.Protocol):
             )
         except OSError as exc:  # ssl.SSLError, ConnectionError
             self._connections.handshake_failed(self._peer, exc)
-            self.connection_lost(exc)  # asyncio does not say so for a handshake cut short
-            return
-        if transport is not None and self._socket is not None:  # else lost meanwhile
+            transport = None
+        if transport is None:  # failed, or aborted (then start_tls returns None)
+            self.connection_lost(None)  # asyncio does not say so for a handshake cut short
+        elif self._socket is not None:
             self._hand_over(transport)
 
     def _hand_over(self, transport: asyncio.Transport) -> None:
@@ -292,11 +293,12 @@ class _Connection(asyncio.Protocol):
         if self._socket is not None and self._transport is None:
             self._socket.abort()
 
-    def answered(self) -> None:
-        """The handler returned: the next request (or the idle keep-alive) has the deadline."""
+    def answered(self, request: web.Request) -> None:
+        """The handler returned: the next request (or the idle keep-alive) has the deadline,
+        and a body still coming counts as a request not yet whole."""
         self.request = None
         self._answers += 1
-        self._received = False
+        self._received = not request.content.is_eof()
         if self._socket is not None:
             self._arm()
 
