@@ -209,7 +209,13 @@ class Daemon:
         denials = None
         if access is not None:
             loop = asyncio.get_running_loop()
-            denials = self._denials = DenialRecorder(self._store, self.metrics, loop)
+            denials = self._denials = DenialRecorder(
+                self._store,
+                self.metrics,
+                loop,
+                window_seconds=s.audit_denial_window_seconds,
+                max_summaries=s.audit_denial_max_summaries,
+            )
         grpc = GrpcServer(
             core.pipeline,
             core.investigations,

@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     # (default: DB_PATH.checkpoints.jsonl, also on PostgreSQL, where each daemon keeps its own).
     audit_checkpoint_path: Path | None = None
     audit_checkpoint_seconds: float = Field(default=60.0, gt=0)
+    # Calls refused for want of credentials or a role are chained in the audit, but a flood
+    # of them is not: per peer (host), call, reason and identity, the first refusal in a window
+    # of audit_denial_window_seconds is written at once, the others as one summary row when the
+    # window closes (or at stop). At most audit_denial_max_summaries such windows are open; the
+    # refusals of further peers are summarised together as "other peers".
+    audit_denial_window_seconds: float = Field(default=60.0, gt=0)
+    audit_denial_max_summaries: int = Field(default=1024, ge=1)
     # OTLP/HTTP trace receiver (POST /v1/traces, conventionally port 4318); 0 = off. OTLP/gRPC
     # is always served on grpc_port.
     otlp_http_host: str = "127.0.0.1"

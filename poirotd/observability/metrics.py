@@ -249,8 +249,13 @@ class Metrics:
         )
         self.auth_denials_unrecorded = Counter(
             "poirot_auth_denials_unrecorded_total",
-            "Refused calls counted and logged but not kept in the audit chain (a flood of them, "
-            "or a store error)",
+            "Refused calls counted and logged but not kept in the audit chain (a store error)",
+            registry=r,
+        )
+        self.auth_denials_folded = Counter(
+            "poirot_auth_denials_folded_total",
+            "Refused calls summarised in the audit chain with other peers' because "
+            "POIROTD_AUDIT_DENIAL_MAX_SUMMARIES summaries were already open",
             registry=r,
         )
         self.auth_file_reloads = Counter(
