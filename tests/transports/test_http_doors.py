@@ -25,7 +25,7 @@ from tests.support.pki import SERVER_NAME, Pki
 TOKEN = "doors-token"  # holds the ingest and metrics roles
 DEADLINE = 1.0
 # How much later than the deadline a connection may end on a shared, loaded machine.
-SLACK = 1.0
+SLACK = 2.0
 DOORS = ("metrics", "otlp_http")
 REQUESTS = {
     "metrics": b"GET /metrics HTTP/1.1\r\nHost: poirotd\r\n",
@@ -183,19 +183,20 @@ async def test_a_request_not_whole_within_the_deadline_loses_its_connection(
 async def test_a_slow_but_timely_request_is_served_and_keep_alive_ends_quietly(
     tmp_path: Path, tls: bool
 ) -> None:
-    async with open_doors(tmp_path, tls, http_request_seconds=DEADLINE) as doors:
+    deadline = 2 * DEADLINE  # room for a loaded machine: the client takes 60% of it
+    async with open_doors(tmp_path, tls, http_request_seconds=deadline) as doors:
         reader, writer = await doors.connect("metrics")
         head = REQUESTS["metrics"] + AUTHORIZED + b"\r\n"
-        for part in (head[:10], head[10:30], head[30:]):  # in 0.6 s of the 1 s
+        for part in (head[:10], head[10:30], head[30:]):
             writer.write(part)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(deadline * 0.3)
         assert status(await read_answer(reader)) == 200
-        await asyncio.sleep(DEADLINE * 0.6)  # idle, then a second request on the same connection
+        await asyncio.sleep(deadline * 0.6)  # idle, then a second request on the same connection
         writer.write(head)
         assert status(await read_answer(reader)) == 200
         # Idle after an answer: the connection ends at the deadline, not counted as a refusal.
         seconds, rest = await lifetime(reader, writer)
-        assert seconds < DEADLINE + SLACK and rest == b""
+        assert seconds < deadline + SLACK and rest == b""
         assert doors.refused("metrics", "request_deadline") == 0
 
 
