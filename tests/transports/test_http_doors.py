@@ -18,7 +18,7 @@ from hwbridge.broker import free_port
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from tests.support.answers import schema_answer
-from tests.support.daemon import in_process_daemon
+from tests.support.daemon import in_process_daemon, rejected
 from tests.support.otlp_runs import SPEC
 from tests.support.pki import SERVER_NAME, Pki
 
@@ -175,6 +175,8 @@ async def test_a_request_not_whole_within_the_deadline_loses_its_connection(
                 assert answer == b"", f"{door}, {case}"
         for door in DOORS:
             assert doors.refused(door, "request_deadline") == len(ended) / len(DOORS)
+        # The export whose body never came is no fault of the daemon's.
+        assert rejected(doors.daemon, "otlp_http", "internal") == 0
         # A close reaches the door a loop turn or two after the abort.
         await _until(lambda: all(doors.open_connections(door) == 0 for door in DOORS))
 
