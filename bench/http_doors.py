@@ -262,7 +262,9 @@ def _kinds(r: Results) -> str:
                 f"{len(ended)} ended by the daemon after {ended[0]:.1f}-{ended[-1]:.1f} s"
                 if ended
                 else "",
-                f"{refused} of them answered 503" if refused else "",
+                f"{refused} of them refused at once ({'closed' if r.tls else '503'})"
+                if refused
+                else "",
                 f"{held} still open when the clients hung up" if held else "",
             ]
             lines.append(f"| {door} | {kind} | {'; '.join(f for f in fates if f)} |")
