@@ -705,7 +705,8 @@ async def agent_ingest(p: Plan, folder: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ memory
 
 
-def _status_kib(pid: int, field_name: str) -> int:
+def proc_status(pid: int, field_name: str) -> int:
+    """A number of /proc/PID/status: KiB for the Vm* fields, a count for Threads."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(f"{field_name}:"):
             return int(line.split()[1])
@@ -740,12 +741,12 @@ async def peak_rss(p: Plan, folder: Path) -> RssRun:
         spec_path, db, ready = folder / "spec.json", folder / "rss.db", folder / "ready.json"
         spec_path.write_text(spec.model_dump_json())
         argv = [sys.executable, "-m", "bench.daemon_child", str(spec_path), str(db), str(ready)]
-        child = await asyncio.to_thread(_spawn, argv)
+        child = await asyncio.to_thread(spawn, argv)
         try:
             await until(ready.exists, 60, 0.1)
             ports = json.loads(ready.read_text())
             grpc_port, metrics_port = ports["grpc_port"], ports["metrics_port"]
-            run.start_mib = _status_kib(child.pid, "VmRSS") / 1024
+            run.start_mib = proc_status(child.pid, "VmRSS") / 1024
             telemetry = Worker(
                 "bench.publisher",
                 *("--port", port, "--layout", "frames"),
@@ -761,16 +762,16 @@ async def peak_rss(p: Plan, folder: Path) -> RssRun:
                 await telemetry.go()
                 await agents.go()
                 while (elapsed := time.monotonic() - began) < seconds:
-                    rss = _status_kib(child.pid, "VmRSS") / 1024
+                    rss = proc_status(child.pid, "VmRSS") / 1024
                     run.samples_mib.append((elapsed / 60, rss))
                     await asyncio.sleep(min(5.0, seconds - elapsed))
                 run.telemetry = (await telemetry.result(120))["published"] * FRAME_SIGNALS
                 run.committed = int(await asyncio.to_thread(_scrape, metrics_port))
                 run.messages = (await agents.result(120))["acked"]
-            run.hwm_mib = _status_kib(child.pid, "VmHWM") / 1024
+            run.hwm_mib = proc_status(child.pid, "VmHWM") / 1024
             for frames in p.rss_bursts:
                 await _burst(port, metrics_port, frames)
-                run.bursts.append((frames * FRAME_SIGNALS, _status_kib(child.pid, "VmRSS") / 1024))
+                run.bursts.append((frames * FRAME_SIGNALS, proc_status(child.pid, "VmRSS") / 1024))
             run.pauses = await asyncio.to_thread(
                 _scrape, metrics_port, "poirot_mqtt_read_pauses_total"
             )
@@ -778,7 +779,7 @@ async def peak_rss(p: Plan, folder: Path) -> RssRun:
                 _scrape, metrics_port, "poirot_mqtt_messages_dropped_total"
             )
         finally:
-            run.drained_hwm_mib = await asyncio.to_thread(_reap, child) / 1024
+            run.drained_hwm_mib = await asyncio.to_thread(reap, child) / 1024
     run.db_mib = await asyncio.to_thread(_size_mib, folder, "rss.db*")
     return run
 
@@ -804,11 +805,12 @@ def _scrape(port: int, name: str = "poirot_mqtt_samples_committed_total") -> flo
     raise LookupError(name)
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, cwd=ROOT)
+def spawn(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`argv` from the repository's root, with this environment or `env`."""
+    return subprocess.Popen(argv, cwd=ROOT, env=env)
 
 
-def _reap(child: subprocess.Popen[bytes]) -> float:
+def reap(child: subprocess.Popen[bytes]) -> float:
     """SIGTERM (the daemon drains), SIGKILL after 30 s; the last VmHWM (KiB) read before it
     exited, so the drain is covered. Not ru_maxrss: Linux carries the spawning process's peak
     into an exec'd child's, which made this figure the benchmark's own size."""
@@ -817,7 +819,7 @@ def _reap(child: subprocess.Popen[bytes]) -> float:
     hwm = 0
     while child.poll() is None:
         with contextlib.suppress(OSError, LookupError):
-            hwm = _status_kib(child.pid, "VmHWM")
+            hwm = proc_status(child.pid, "VmHWM")
         if time.monotonic() > deadline:
             child.kill()
             deadline = float("inf")

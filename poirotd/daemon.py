@@ -25,6 +25,7 @@ from poirotd.investigations.service import InvestigationService
 from poirotd.investigations.triggers import HazardTriggers
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend
+from poirotd.model import Door
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol.engine import InvestigationEngine
@@ -35,6 +36,7 @@ from poirotd.store.pg_url import check_url, read_password, redacted, scrubbed
 from poirotd.transports.grpc.auth import AuthInterceptor
 from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.server import GrpcServer
+from poirotd.transports.http_server import HttpLimits
 from poirotd.transports.lifecycle import Transport
 from poirotd.transports.metrics_http import MetricsHttp
 from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
@@ -210,7 +212,13 @@ class Daemon:
         denials = None
         if access is not None:
             loop = asyncio.get_running_loop()
-            denials = self._denials = DenialRecorder(self._store, self.metrics, loop)
+            denials = self._denials = DenialRecorder(
+                self._store,
+                self.metrics,
+                loop,
+                window_seconds=s.audit_denial_window_seconds,
+                max_summaries=s.audit_denial_max_summaries,
+            )
         grpc = GrpcServer(
             core.pipeline,
             core.investigations,
@@ -228,13 +236,22 @@ class Daemon:
             auth=None if access is None or denials is None else AuthInterceptor(access, denials),
             reflection=s.grpc_reflection,
         )
+
+        def http_access(door: Door, call: str) -> HttpAccess | None:
+            return (
+                None
+                if access is None or denials is None
+                else HttpAccess(access, denials, door, call)
+            )
+
+        http_limits = HttpLimits.from_settings(s)
         metrics_http = MetricsHttp(
-            self.metrics.registry,
+            self.metrics,
+            http_limits,
             host=s.metrics_host,
             port=s.metrics_port,
             tls=tls,
-            access=access,
-            denials=denials,
+            access=http_access("metrics", "GET /metrics"),
         )
         # Last: telemetry flows only once everything that handles it and its metrics is up.
         doors: list[Transport] = [grpc, metrics_http]
@@ -242,13 +259,12 @@ class Daemon:
             otlp_http = OtlpHttp(
                 otlp,
                 self.metrics,
+                http_limits,
                 host=s.otlp_http_host,
                 port=s.otlp_http_port,
                 max_body_bytes=s.otlp_max_body_bytes,
                 tls=tls,
-                access=None
-                if access is None or denials is None
-                else HttpAccess(access, denials, "otlp_http", "POST /v1/traces"),
+                access=http_access("otlp_http", "POST /v1/traces"),
             )
             doors.append(otlp_http)
         inputs = mqtt_input_spec(self.spec)

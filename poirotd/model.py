@@ -520,8 +520,13 @@ class AccessDenial(Frozen):
     identity: str = ""
     # The role that was missing (reason missing_role).
     role: str = ""
-    # The client's address as the transport reports it.
+    # The client's address as the transport reports it; in a summary, its host.
     peer: str = ""
+    # A summary of refused calls alike (poirotd.transports.security.denials): how many, `at` the
+    # first and `until` the last. Left out of a single refusal's record, so that the records
+    # chained before summaries existed encode, and verify, as they did.
+    count: int = Field(default=1, ge=1, exclude_if=lambda count: count == 1)
+    until: datetime | None = Field(default=None, exclude_if=lambda until: until is None)
 
 
 # ------------------------------------------------------------------ investigation events

@@ -99,6 +99,13 @@ class Settings(BaseSettings):
     # (default: DB_PATH.checkpoints.jsonl, also on PostgreSQL, where each daemon keeps its own).
     audit_checkpoint_path: Path | None = None
     audit_checkpoint_seconds: float = Field(default=60.0, gt=0)
+    # Calls refused for want of credentials or a role are chained in the audit, but a flood
+    # of them is not: per peer (host), call, reason and identity, the first refusal in a window
+    # of audit_denial_window_seconds is written at once, the others as one summary row when the
+    # window closes (or at stop). At most audit_denial_max_summaries such windows are open; the
+    # refusals of further peers are summarised together as "other peers".
+    audit_denial_window_seconds: float = Field(default=60.0, gt=0)
+    audit_denial_max_summaries: int = Field(default=1024, ge=1)
     # OTLP/HTTP trace receiver (POST /v1/traces, conventionally port 4318); 0 = off. OTLP/gRPC
     # is always served on grpc_port.
     otlp_http_host: str = "127.0.0.1"
@@ -111,6 +118,14 @@ class Settings(BaseSettings):
     # Messages of OTLP exports waiting for their commit at most; an export beyond it is
     # throttled (RESOURCE_EXHAUSTED / HTTP 429 with a retry delay).
     otlp_max_pending_messages: int = Field(default=8192, ge=1)
+    # The HTTP doors (/metrics, OTLP/HTTP), each on its own: how long a connection has to deliver
+    # each whole request, headers and body, from its opening or its previous answer (a TLS
+    # handshake has as long again; a connection idle that long after an answer is closed), and
+    # how many connections may be open at once, in all and per peer (IP address). Over a bound,
+    # the connection is aborted, or answered 503 with Retry-After.
+    http_request_seconds: float = Field(default=30.0, gt=0)
+    http_max_connections: int = Field(default=256, ge=1)
+    http_max_connections_per_peer: int = Field(default=32, ge=1)
     # TLS on the gRPC, metrics and OTLP/HTTP ports: the server's certificate chain and key (PEM),
     # re-read when the files are replaced (no restart for a renewal).
     tls_cert_file: Path | None = None

@@ -12,6 +12,9 @@ from poirotd.protocol.injection import FINDING_KINDS
 
 _PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+HTTP_DOORS = ("metrics", "otlp_http")
+# Why an HTTP door refused a connection (poirotd.transports.http_server).
+HTTP_REFUSALS = ("too_many_connections", "too_many_peer_connections", "request_deadline")
 
 
 class Metrics:
@@ -253,6 +256,23 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.http_connections = Gauge(
+            "poirot_http_connections",
+            "Connections open on an HTTP door (metrics, otlp_http)",
+            ["door"],
+            registry=r,
+        )
+        self.http_connections_refused = Counter(
+            "poirot_http_connections_refused_total",
+            "Connections an HTTP door refused (too_many_connections, too_many_peer_connections: "
+            "answered 503) or aborted (request_deadline: no whole request in time)",
+            ["door", "reason"],
+            registry=r,
+        )
+        for door in HTTP_DOORS:  # at 0 from the start, so an increase sees the first
+            self.http_connections.labels(door)
+            for refusal in HTTP_REFUSALS:
+                self.http_connections_refused.labels(door, refusal)
         self.auth_denials = Counter(
             "poirot_auth_denials_total",
             "Calls refused for want of credentials or of a role, by call and reason",
@@ -261,8 +281,13 @@ class Metrics:
         )
         self.auth_denials_unrecorded = Counter(
             "poirot_auth_denials_unrecorded_total",
-            "Refused calls counted and logged but not kept in the audit chain (a flood of them, "
-            "or a store error)",
+            "Refused calls counted and logged but not kept in the audit chain (a store error)",
+            registry=r,
+        )
+        self.auth_denials_folded = Counter(
+            "poirot_auth_denials_folded_total",
+            "Refused calls summarised in the audit chain with other peers' because "
+            "POIROTD_AUDIT_DENIAL_MAX_SUMMARIES summaries were already open",
             registry=r,
         )
         self.auth_file_reloads = Counter(

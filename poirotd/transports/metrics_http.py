@@ -1,130 +1,59 @@
-"""Prometheus' scrape endpoint, /metrics over HTTP or HTTPS: prometheus-client's WSGI app on a
-threading server of our own.
+"""Prometheus' scrape endpoint, GET /metrics over HTTP or HTTPS: prometheus-client's aiohttp
+handler on the daemon's event loop.
 
-Our own server rather than `start_http_server(certfile=...)`: that one does the TLS handshake in
-its accept loop, so one client that connects and sends nothing stops every scrape. Here each
-connection is wrapped with the current TLS context (replaced certificate files are loaded by
-then, as on the gRPC port) and shakes hands in its own thread, with a deadline. With an access
+Served like OTLP/HTTP (`transports.http_server`): a client that connects and sends nothing, or
+trickles its request, holds neither a thread nor the accept loop, and loses its connection at
+the request deadline; connections are capped per peer and in all. TLS from the daemon's
+certificate (a replaced one is served to new connections, as on the gRPC port); with an access
 policy, a scrape needs the `metrics` role (a bearer token, or a client certificate's name).
 """
 
 from __future__ import annotations
 
-import socket
-import ssl
-import threading
-from collections.abc import Iterable
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+from aiohttp import web
+from prometheus_client.aiohttp import make_aiohttp_handler
 
-import structlog
-from prometheus_client import CollectorRegistry, make_wsgi_app
-
-from poirotd.transports.security.access import AccessControl
-from poirotd.transports.security.denials import DenialRecorder
-from poirotd.transports.security.http import HttpAccess, client_certificate
+from poirotd.observability.metrics import Metrics
+from poirotd.transports.http_server import HttpLimits, HttpServer
+from poirotd.transports.security.http import HttpAccess
 from poirotd.transports.security.tls import ServerTls
 
-log = structlog.get_logger(__name__)
-
-_CALL = "GET /metrics"
-_CLIENT_CERTIFICATE = "poirotd.client_certificate"
-# How long a connection may take for its handshake and each read of its request.
-_CONNECTION_TIMEOUT_SECONDS = 10.0
+PATH = "/metrics"
 
 
 class MetricsHttp:
+    """The metrics door; its lifecycle is the daemon's (transports.lifecycle)."""
+
     def __init__(
         self,
-        registry: CollectorRegistry,
+        metrics: Metrics,
+        limits: HttpLimits,
         *,
         host: str,
         port: int,
         tls: ServerTls | None = None,
-        access: AccessControl | None = None,
-        denials: DenialRecorder | None = None,
+        access: HttpAccess | None = None,
     ) -> None:
-        self._app: WSGIApplication = make_wsgi_app(registry)
-        if access is not None and denials is not None:
-            self._app = _guarded(self._app, HttpAccess(access, denials, "metrics", _CALL))
-        self._host = host
-        self.port = port
-        self._tls = tls
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._scrape = make_aiohttp_handler(metrics.registry)
+        self._access = access
+        app = web.Application()
+        app.router.add_get(PATH, self._metrics)
+        self._server = HttpServer(app, "metrics", metrics, limits, host=host, port=port, tls=tls)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     async def start(self) -> None:
-        family = socket.getaddrinfo(
-            self._host or None, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0][0]
-        server_class: type[_Server] = type("_BoundServer", (_Server,), {"address_family": family})
-        server = make_server(self._host, self.port, self._app, server_class, _Handler)
-        server.tls = self._tls
-        self._server = server
-        self.port = server.server_port
-        self._thread = threading.Thread(target=server.serve_forever, name="metrics-http")
-        self._thread.daemon = True
-        self._thread.start()
+        await self._server.start()
 
     async def drain(self) -> None:
         """Keeps serving: a last scrape during the drain sees the final counts."""
 
     async def stop(self, grace: float) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        await self._server.stop()
 
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    tls: ServerTls | None = None
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        connection, address = self.socket.accept()
-        if self.tls is not None:
-            material = self.tls.refresh() or self.tls.material
-            connection = material.context.wrap_socket(
-                connection, server_side=True, do_handshake_on_connect=False
-            )
-        return connection, address
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A failed handshake (no or a wrong client certificate) or a client gone: logged
-        quietly, not printed as a traceback."""
-        log.info("metrics connection failed", peer=str(client_address[0]), exc_info=True)
-
-
-class _Handler(WSGIRequestHandler):
-    timeout = _CONNECTION_TIMEOUT_SECONDS
-
-    def setup(self) -> None:
-        super().setup()  # applies the timeout
-        if isinstance(self.connection, ssl.SSLSocket):
-            self.connection.do_handshake()
-
-    def get_environ(self) -> WSGIEnvironment:
-        environ = super().get_environ()
-        if isinstance(self.connection, ssl.SSLSocket):
-            environ[_CLIENT_CERTIFICATE] = client_certificate(self.connection.getpeercert())
-        return environ
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not logged (one every few seconds)."""
-
-
-def _guarded(app: WSGIApplication, door: HttpAccess) -> WSGIApplication:
-    def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        refusal = door.refusal(
-            environ.get("HTTP_AUTHORIZATION"),
-            environ.get(_CLIENT_CERTIFICATE),
-            str(environ.get("REMOTE_ADDR", "")),
-        )
-        if refusal is None:
-            return app(environ, start_response)
-        status = "403 Forbidden" if refusal.status == 403 else "401 Unauthorized"
-        start_response(status, [("Content-Type", "text/plain; charset=utf-8"), *refusal.headers])
-        return [f"{refusal.message}\n".encode()]
-
-    return guarded
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        if self._access is not None and (refusal := self._access.refusal(request)) is not None:
+            return refusal
+        return await self._scrape(request)

@@ -2,11 +2,13 @@
 and the names it exports follow Prometheus' conventions.
 
 A daemon runs in process (scripted LLM) through one whole investigation, so that every metric
-family has samples; its /metrics page is scraped over HTTP and parsed like Prometheus would.
+family has samples; its /metrics page is scraped over HTTP and parsed like Prometheus would
+(from a thread: the page is served by the daemon's event loop, which the tests run on).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -48,16 +50,16 @@ def _dashboard_identifiers() -> set[str]:
     return set().union(*(poirot_identifiers(e) for e in dashboard_expressions(dashboard)))
 
 
-def test_the_scraped_daemon_serves_samples_of_every_declared_family(
+async def test_the_scraped_daemon_serves_samples_of_every_declared_family(
     investigated_daemon: Daemon,
 ) -> None:
-    metrics = exported(investigated_daemon)
+    metrics = await asyncio.to_thread(exported, investigated_daemon)
     assert {f.name for f in metrics.declared} == declared_families()
     assert metrics.declared_families_not_served() == [], "the fixture must exercise every family"
 
 
-def test_alert_rules_name_only_exported_metrics(investigated_daemon: Daemon) -> None:
-    metrics = exported(investigated_daemon)
+async def test_alert_rules_name_only_exported_metrics(investigated_daemon: Daemon) -> None:
+    metrics = await asyncio.to_thread(exported, investigated_daemon)
     for rule in alert_rules():
         identifiers = poirot_identifiers(rule["expr"])
         assert identifiers, f"{rule['alert']} uses no poirot_ metric"
@@ -65,10 +67,10 @@ def test_alert_rules_name_only_exported_metrics(investigated_daemon: Daemon) -> 
             _family_of(identifier, metrics)
 
 
-def test_dashboard_names_only_exported_metrics_and_covers_every_family(
+async def test_dashboard_names_only_exported_metrics_and_covers_every_family(
     investigated_daemon: Daemon,
 ) -> None:
-    metrics = exported(investigated_daemon)
+    metrics = await asyncio.to_thread(exported, investigated_daemon)
     used = {_family_of(identifier, metrics) for identifier in _dashboard_identifiers()}
     # A metric added to metrics.py without a panel shows up here.
     assert used == declared_families()
@@ -85,10 +87,10 @@ _NOT_BASE_UNITS = re.compile(
 _FORMAT_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_info", "_created")
 
 
-def test_the_exported_names_follow_the_prometheus_conventions(
+async def test_the_exported_names_follow_the_prometheus_conventions(
     investigated_daemon: Daemon,
 ) -> None:
-    metrics = exported(investigated_daemon)
+    metrics = await asyncio.to_thread(exported, investigated_daemon)
     problems = []
     for family in metrics.declared:
         name = family.name
@@ -109,10 +111,12 @@ def test_the_exported_names_follow_the_prometheus_conventions(
     assert problems == []
 
 
-def test_promtool_finds_no_problem_in_the_scraped_page(investigated_daemon: Daemon) -> None:
-    lint = subprocess.run(
+async def test_promtool_finds_no_problem_in_the_scraped_page(investigated_daemon: Daemon) -> None:
+    page = await asyncio.to_thread(scrape, investigated_daemon)
+    lint = await asyncio.to_thread(
+        subprocess.run,
         [require_tool("promtool"), "check", "metrics"],
-        input=scrape(investigated_daemon),
+        input=page,
         capture_output=True,
         text=True,
         timeout=30,

@@ -12,13 +12,13 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 import grpc
 
 from poirotd.config import Settings
 from poirotd.errors import ResourceExhausted
 from poirotd.transports.grpc.auth import caller
+from poirotd.transports.peers import peer_host
 from poirotd.transports.token_bucket import Clock, TokenBucket
 
 
@@ -29,11 +29,7 @@ def client_identity(context: grpc.aio.ServicerContext) -> str:
     identity = caller()
     if identity is not None:
         return f"{identity.via}:{identity.name}"
-    peer = unquote(context.peer() or "")  # "ipv4:10.0.0.5:41940", "ipv6:%5B::1%5D:47932"
-    scheme, _, address = peer.partition(":")
-    if scheme in ("ipv4", "ipv6"):
-        return address.rpartition(":")[0].strip("[]") or peer
-    return peer or "unknown"  # a Unix socket: its path
+    return peer_host(context.peer() or "") or "unknown"
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 gzip or not, answered in the request's encoding as the OTLP specification says.
 
 Served by aiohttp in the daemon's event loop, so a request calls the ingest pipeline directly
-(prometheus-client's threaded server, the metrics port's, would need a hop back into the loop;
-uvicorn installs its own signal handlers). Bodies are decompressed here, not by aiohttp, to
+(uvicorn installs its own signal handlers), within the HTTP doors' request deadline and
+connection caps (`transports.http_server`). Bodies are decompressed here, not by aiohttp, to
 bound what a small gzip body may expand to. Locked like the other doors: TLS from the daemon's
 certificate (followed on rotation), and with an access policy the `ingest` role.
 """
@@ -25,8 +25,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from poirotd.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, quote
 from poirotd.observability.metrics import Metrics
+from poirotd.transports.http_server import HttpLimits, HttpServer
 from poirotd.transports.otlp.receiver import RETRY_AFTER_SECONDS, OtlpReceiver, Throttled
-from poirotd.transports.security.http import HttpAccess, client_certificate
+from poirotd.transports.security.http import HttpAccess
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
@@ -44,6 +45,11 @@ class UnsupportedMediaType(InvalidArgument):
     """A Content-Type or Content-Encoding this receiver does not read (HTTP 415)."""
 
 
+class _Abandoned(Exception):
+    """The connection ended before the body was in: the client left, or the request deadline
+    aborted it (counted there). No one is left to answer."""
+
+
 class OtlpHttp:
     """The OTLP/HTTP door; its lifecycle is the daemon's (transports.lifecycle)."""
 
@@ -51,6 +57,7 @@ class OtlpHttp:
         self,
         receiver: OtlpReceiver,
         metrics: Metrics,
+        limits: HttpLimits,
         *,
         host: str,
         port: int,
@@ -59,29 +66,22 @@ class OtlpHttp:
         access: HttpAccess | None = None,
     ) -> None:
         self._receiver = receiver
-        self._tls = tls
         self._access = access
         self._metrics = metrics
-        self._host = host
-        self.port = port
         self._max_body_bytes = max_body_bytes
         self._draining = False
-        self._runner: web.AppRunner | None = None
+        app = web.Application(client_max_size=max_body_bytes)
+        app.router.add_post(PATH, self._traces)
+        self._server = HttpServer(
+            app, "otlp_http", metrics, limits, host=host, port=port, tls=tls, auto_decompress=False
+        )
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=self._max_body_bytes)
-        app.router.add_post(PATH, self._traces)
-        runner = web.AppRunner(app, access_log=None, auto_decompress=False)
-        await runner.setup()
-        context = None if self._tls is None else self._tls.asyncio_context()
-        site = web.TCPSite(runner, self._host, self.port, ssl_context=context)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self.port = runner.addresses[0][1]
+        await self._server.start()
 
     async def drain(self) -> None:
         """New exports are answered 503 with Retry-After (the exporter resends them elsewhere
@@ -89,25 +89,12 @@ class OtlpHttp:
         self._draining = True
 
     async def stop(self, grace: float) -> None:
-        if self._runner is not None:
-            await self._runner.shutdown()
-            await self._runner.cleanup()
-            self._runner = None
+        await self._server.stop()
 
     async def _traces(self, request: web.Request) -> web.Response:
         answer_as = request.content_type if request.content_type in (PROTOBUF, JSON) else JSON
-        if self._access is not None:
-            transport = request.transport
-            peercert = None if transport is None else transport.get_extra_info("peercert")
-            refusal = self._access.refusal(
-                request.headers.get("Authorization"),
-                client_certificate(peercert),
-                request.remote or "",
-            )
-            if refusal is not None:
-                return web.Response(
-                    status=refusal.status, text=refusal.message, headers=refusal.headers
-                )
+        if self._access is not None and (refusal := self._access.refusal(request)) is not None:
+            return refusal
         try:
             if self._draining:
                 raise Unavailable("the daemon is draining", reason="draining")
@@ -120,6 +107,9 @@ class OtlpHttp:
             result = await self._receiver.export(export, "http")
         except ServiceError as error:
             return self._refuse(error, answer_as)
+        except _Abandoned:
+            log.info("request abandoned before its body was in", rpc=_RPC, peer=request.remote)
+            return web.Response(status=400)
         except Exception:  # a fault of ours: answered and logged like the gRPC guard's INTERNAL
             error_id = uuid.uuid4().hex[:12]
             self._metrics.requests_rejected.labels(_RPC, "internal").inc()
@@ -160,6 +150,8 @@ def _http_status(error: ServiceError) -> int:
 async def _body(request: web.Request, limit: int) -> bytes:
     try:
         return await request.read()
+    except ConnectionError:
+        raise _Abandoned from None
     except web.HTTPRequestEntityTooLarge:
         raise ResourceExhausted(
             f"the body is over {limit} bytes; export smaller batches", reason="oversized"

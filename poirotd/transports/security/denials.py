@@ -1,14 +1,24 @@
-"""Every refused call counted, logged and kept in the audit chain.
+"""Every refused call counted, logged and kept in the audit chain, in rows that do not grow with
+an attacker's rate.
 
-`record` may be called from any thread (the metrics server's refuse on theirs): the count and
-the log line happen at once, the store write is scheduled on the daemon's event loop. At most
-`_MAX_PENDING` writes wait; past that (a flood of bad tokens) a refusal is counted as unrecorded
-instead, so neither memory nor the store grows with an attacker's rate.
+Refusals alike (the same door, call, reason, identity, role and peer host) are summarised over a
+window: the first is written at once, opening the window; those after it are counted and
+written as one summary row (`count`, `at` the first of them, `until` the last) when the window
+closes, or at stop (`flush`), so nothing counted is lost. A flood of bad tokens from one host
+then costs two rows a window, each chained like any other. At most `max_summaries` windows are
+open at once: refusals that would open another are summarised with every such peer's, as
+"other peers", per door, call and reason (counted in `poirot_auth_denials_folded_total`).
+`poirot_auth_denials_total` counts each refusal as it happens, and a refusal written at once is
+logged; a summary is logged when written.
+
+`record` may be called from any thread: the count happens at once, the rest on the daemon's
+event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import structlog
@@ -16,18 +26,53 @@ import structlog
 from poirotd.model import AccessDenial, Door
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
+from poirotd.transports.peers import peer_host
 from poirotd.transports.security.access import Denied
 
 log = structlog.get_logger(__name__)
 
-_MAX_PENDING = 64
+OTHER_PEERS = "(other peers)"
+
+
+@dataclass(frozen=True)
+class _Alike:
+    """What refusals summarised together share."""
+
+    door: Door
+    call: str
+    reason: str
+    identity: str
+    role: str
+    peer: str  # a host
+
+    def other_peers(self) -> _Alike:
+        return _Alike(self.door, self.call, self.reason, "", "", OTHER_PEERS)
+
+
+@dataclass
+class _Window:
+    closes: asyncio.TimerHandle
+    count: int = 0  # refusals after the first, to be written as a summary
+    first: datetime | None = None
+    last: datetime | None = None
 
 
 class DenialRecorder:
-    def __init__(self, store: Store, metrics: Metrics, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        window_seconds: float,
+        max_summaries: int,
+    ) -> None:
         self._store = store
         self._metrics = metrics
         self._loop = loop
+        self._window_seconds = window_seconds
+        self._max_summaries = max_summaries
+        self._windows: dict[_Alike, _Window] = {}
         self._pending: set[asyncio.Task[None]] = set()
 
     def record(self, denied: Denied, *, door: Door, call: str, peer: str) -> None:
@@ -41,26 +86,67 @@ class DenialRecorder:
             role=denied.role,
             peer=peer,
         )
-        log.warning("call refused", **denial.model_dump(exclude={"at"}))
-        self._loop.call_soon_threadsafe(self._schedule, denial)
+        self._loop.call_soon_threadsafe(self._admit, denial)
 
     async def flush(self) -> None:
-        """Waits for the writes scheduled so far (before the store closes)."""
+        """Closes every window and waits for the writes (before the store closes)."""
         await asyncio.sleep(0)  # lets call_soon_threadsafe callbacks from this loop run
+        for alike, window in list(self._windows.items()):
+            window.closes.cancel()
+            self._close(alike)
         while self._pending:
             await asyncio.gather(*self._pending)
 
-    def _schedule(self, denial: AccessDenial) -> None:
-        if len(self._pending) >= _MAX_PENDING:
-            self._metrics.auth_denials_unrecorded.inc()
+    def _admit(self, denial: AccessDenial) -> None:
+        alike = _Alike(
+            denial.door,
+            denial.call,
+            denial.reason,
+            denial.identity,
+            denial.role,
+            peer_host(denial.peer),
+        )
+        if alike not in self._windows and len(self._windows) >= self._max_summaries:
+            self._metrics.auth_denials_folded.inc()
+            alike = alike.other_peers()
+        window = self._windows.get(alike)
+        if window is None:
+            closes = self._loop.call_later(self._window_seconds, self._close, alike)
+            self._windows[alike] = _Window(closes)
+            log.warning("call refused", **denial.model_dump(exclude={"at"}))
+            self._write(denial, 1)
             return
-        task = self._loop.create_task(self._write(denial), name="audit-access-denial")
+        window.count += 1
+        window.first = window.first or denial.at
+        window.last = denial.at
+
+    def _close(self, alike: _Alike) -> None:
+        window = self._windows.pop(alike)
+        if not window.count:
+            return
+        assert window.first is not None and window.last is not None, "set with the count"
+        summary = AccessDenial(
+            at=window.first,
+            until=window.last,
+            count=window.count,
+            door=alike.door,
+            call=alike.call,
+            reason=alike.reason,
+            identity=alike.identity,
+            role=alike.role,
+            peer=alike.peer,
+        )
+        log.warning("calls refused", **summary.model_dump(mode="json"))
+        self._write(summary, window.count)
+
+    def _write(self, denial: AccessDenial, refusals: int) -> None:
+        task = self._loop.create_task(self._chain(denial, refusals), name="audit-access-denial")
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _write(self, denial: AccessDenial) -> None:
+    async def _chain(self, denial: AccessDenial, refusals: int) -> None:
         try:
             await self._store.record_access_denial(denial)
         except Exception as exc:
-            self._metrics.auth_denials_unrecorded.inc()
+            self._metrics.auth_denials_unrecorded.inc(refusals)
             log.error("cannot keep a refused call in the audit chain", error=repr(exc))

@@ -7,22 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from poirotd.model import Door
 from poirotd.transports.security.access import AccessControl, ClientCertificate, Denied
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.roles import REQUIRED
 
-CHALLENGE = ("WWW-Authenticate", 'Bearer realm="poirotd"')
-
-
-@dataclass(frozen=True)
-class HttpRefusal:
-    status: int
-    message: str
-
-    @property
-    def headers(self) -> list[tuple[str, str]]:
-        return [CHALLENGE] if self.status == 401 else []
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="poirotd"'}
 
 
 @dataclass(frozen=True)
@@ -34,18 +26,22 @@ class HttpAccess:
     door: Door
     call: str
 
-    def refusal(
-        self, authorization: str | None, certificate: ClientCertificate | None, peer: str
-    ) -> HttpRefusal | None:
+    def refusal(self, request: web.Request) -> web.Response | None:
         """None when the caller may; else the answer to give (the refusal already recorded)."""
         requirement = REQUIRED[self.call]
         assert requirement is not None, f"{self.call} is never open under an access policy"
+        transport = request.transport
+        peercert = None if transport is None else transport.get_extra_info("peercert")
         try:
-            identity = self.access.policy().identify(authorization, certificate)
+            identity = self.access.policy().identify(
+                request.headers.get("Authorization"), client_certificate(peercert)
+            )
             identity.require(requirement.role, self.call)
         except Denied as denied:
-            self.denials.record(denied, door=self.door, call=self.call, peer=peer)
-            return HttpRefusal(403 if denied.reason.authenticated else 401, str(denied))
+            self.denials.record(denied, door=self.door, call=self.call, peer=request.remote or "")
+            if denied.reason.authenticated:
+                return web.Response(status=403, text=f"{denied}\n")
+            return web.Response(status=401, text=f"{denied}\n", headers=CHALLENGE)
         return None
 
 

@@ -22,7 +22,9 @@ async def test_each_rpc_sees_its_own_caller(tmp_path: Path) -> None:
     pki = Pki.create(tmp_path / "pki")
     pki.write_access({"a": ("alice", ["reader"]), "b": ("bob", ["reader"])}, {})
     store = await SqliteStore.open(tmp_path / "db.sqlite")
-    denials = DenialRecorder(store, Metrics("clinic"), asyncio.get_running_loop())
+    denials = DenialRecorder(
+        store, Metrics("clinic"), asyncio.get_running_loop(), window_seconds=60, max_summaries=16
+    )
     interceptor = AuthInterceptor(AccessControl(pki.auth_file), denials)
 
     async def reputation(
