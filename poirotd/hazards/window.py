@@ -40,10 +40,11 @@ CHUNK = 256
 # this many values (64 KiB per float64 array), however long the windows are. Larger blocks are
 # slower: 256 windows of 200 values took three times as long in one block as in blocks of 8,192.
 _BLOCK_VALUES = 1 << 13
-# Below this std, a window's squared deviations are near the float's underflow (1e-280 against
-# 2.2e-308, that is for n of them under n * 1e-28 of their sum) or past it.
+# A std below this may have lost digits to underflow: its window's squared deviations sum to
+# under 1e-280 per sample, where those that underflowed (each under 2.2e-308) may count.
 _SMALL_STD = 1e-140
-_FIRST = np.zeros(1, dtype=np.intp)
+# Where a window taken alone begins among its values.
+_ALONE = np.zeros(1, dtype=np.intp)
 
 
 class RingBuffer:
@@ -58,22 +59,17 @@ class RingBuffer:
     def __len__(self) -> int:
         return self._end
 
-    def append(self, items: NDArray[Any]) -> bool:
-        """Append at most ``chunk`` items. Items older than ``history`` may be dropped.
-
-        Returns whether the contents moved.
-        """
+    def append(self, items: NDArray[Any]) -> None:
+        """Append at most ``chunk`` items. Items older than ``history`` may be dropped."""
         n = len(items)
         if n > self._chunk:
             raise ValueError(f"append at most {self._chunk} items at once, got {n}")
-        moved = self._end + n > len(self._data)
-        if moved:
+        if self._end + n > len(self._data):
             keep = min(self._history, self._end)
             self._data[:keep] = self._data[self._end - keep : self._end]
             self._end = keep
         self._data[self._end : self._end + n] = items
         self._end += n
-        return moved
 
     def tail(self, n: int) -> NDArray[Any]:
         """The newest ``n`` items (fewer if fewer are held), oldest first. The result is a view,
@@ -114,15 +110,15 @@ class View:
         count = ends - starts
         full = count >= window.min_samples
         if full.all():
-            return count, *window_moments(self.v, starts, count)
+            return count, *_window_moments(self.v, starts, count)
         mean = np.full(len(count), np.nan)
         std = np.full(len(count), np.nan)
         if full.any():
-            mean[full], std[full] = window_moments(self.v, starts[full], count[full])
+            mean[full], std[full] = _window_moments(self.v, starts[full], count[full])
         return count, mean, std
 
 
-def window_moments(
+def _window_moments(
     values: FloatArray, starts: IntArray, counts: IntArray
 ) -> tuple[FloatArray, FloatArray]:
     """Mean and sample std of each window ``values[starts[i] : starts[i] + counts[i]]`` (every
@@ -131,7 +127,7 @@ def window_moments(
     limit), both are NaN; a mean that is not finite always comes with such a std."""
     if len(starts) == 1:  # a frame's signals come one sample each: a slice, no index array
         start = int(starts[0])
-        means, stds = _moments(values[start : start + int(counts[0])], _FIRST, counts)
+        means, stds = _moments(values[start : start + int(counts[0])], _ALONE, counts)
     else:
         means = np.empty(len(starts))
         stds = np.empty(len(starts))
