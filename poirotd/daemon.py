@@ -96,6 +96,7 @@ def build_core(
         metrics,
         batch_max=settings.ingest_batch_max,
         signals_per_component=settings.max_signals_per_component,
+        max_abs_value=settings.telemetry_max_abs_value,
     )
     investigations = InvestigationService(spec, store, runner, bus, metrics)
     return Core(pipeline, investigations, runner, SessionReads(store))

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from operator import attrgetter
-from typing import Any, Literal, NamedTuple, TypeAlias
+from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 RegionType = Literal["agent", "hardware", "software", "physical", "human", "other"]
 # Why a vote was forced: the agent used its M replies, or its consultation filled the model's
@@ -101,6 +101,24 @@ MAX_PRODUCER_CHARS = 256
 # The OTLP receiver's producers: this prefix, then a span's identity. No other door takes a name
 # with it, so nobody's keys can pass for a span's (and have its message dropped as a copy).
 OTLP_PRODUCER_PREFIX = "otlp:"
+# The magnitude a telemetry reading may reach when its component declares no range for its
+# signal (POIROTD_TELEMETRY_MAX_ABS_VALUE changes it); past it, or outside a declared range, the
+# reading is refused. 2**53 (about 9.007e15): the largest magnitude at which a float still holds
+# every integer, so a larger counter has lost its units already; far below the float limit.
+DEFAULT_MAX_ABS_VALUE = float(2**53)
+# The most that setting or a declared range may allow: the squared deviations of a window of
+# 65,536 such readings then stay finite (65,536 * (2e150)**2 is about 2.6e305, below 1.8e308).
+MAX_ABS_VALUE = 1e150
+
+
+def _within_max_abs_value(bound: float) -> float:
+    if not -MAX_ABS_VALUE <= bound <= MAX_ABS_VALUE:  # NaN fails too
+        raise ValueError(f"{bound} is not within ±{MAX_ABS_VALUE:g}, the widest range allowed")
+    return bound
+
+
+# A bound of a range of telemetry values (see MAX_ABS_VALUE).
+ValueBound = Annotated[float, AfterValidator(_within_max_abs_value)]
 
 
 def producer_problem(producer: str) -> str:

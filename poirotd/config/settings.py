@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from poirotd.model import DEFAULT_MAX_ABS_VALUE, ValueBound
 from poirotd.observability.gc_tuning import YOUNG_THRESHOLD
 
 
@@ -37,6 +38,9 @@ class Settings(BaseSettings):
     idempotency_window_seconds: float = Field(default=3600.0, gt=0)
     # Distinct signal names a component may have; a reading that would add one more is refused.
     max_signals_per_component: int = Field(default=1024, ge=1)
+    # |value| a telemetry reading may have unless its component declares the signal's range
+    # (`signals:` in the spec); a reading past it is refused (value_out_of_range).
+    telemetry_max_abs_value: ValueBound = Field(default=DEFAULT_MAX_ABS_VALUE, gt=0)
     # What one gRPC client (poirotd.transports.grpc.clients.client_identity: the authenticated
     # caller's name, else the peer's host) may hold or do; over a bound, RESOURCE_EXHAUSTED
     # naming the setting. Each open Ingest stream holds up to ingest_batch_max unacknowledged

@@ -23,8 +23,8 @@ from pydantic import (
 
 from poirotd.api.client_tls import ClientTLS
 from poirotd.api.secrets import read_secret_file
-from poirotd.hazards.spec import RuleSet, RuleSpec
-from poirotd.model import EnsembleMember, HazardRegion, RegionType
+from poirotd.hazards.spec import RuleSet, RuleSpec, SignalName
+from poirotd.model import EnsembleMember, HazardRegion, RegionType, ValueBound
 
 ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
@@ -53,6 +53,20 @@ class AgentSpec(SpecModel):
     aliases: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = ()
 
 
+class SignalRange(SpecModel):
+    """The values a signal's readings may take. A reading outside is a fault of its source: it
+    is refused at ingest (``value_out_of_range``) before any rule sees it."""
+
+    min: ValueBound
+    max: ValueBound
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SignalRange:
+        if self.min >= self.max:
+            raise ValueError(f"min ({self.min}) must be less than max ({self.max})")
+        return self
+
+
 class ComponentSpec(SpecModel):
     """A non-agent part of the system (hardware, software, a human, a channel...)."""
 
@@ -60,6 +74,9 @@ class ComponentSpec(SpecModel):
     name: str = Field(min_length=1)
     type: RegionType
     description: str = Field(min_length=1)
+    # The ranges of its signals, by name. A signal not named here may take any value of
+    # magnitude up to POIROTD_TELEMETRY_MAX_ABS_VALUE.
+    signals: dict[SignalName, SignalRange] = Field(default_factory=dict)
 
 
 class EmbeddedLLMSpec(SpecModel):
@@ -472,7 +489,8 @@ class SystemSpec(SpecModel):
         basis = {
             "system": self.system.model_dump(),
             "agents": [{"id": a.id, "name": a.name} for a in self.agents],
-            "components": [c.model_dump() for c in self.components],
+            # Signal ranges are ingest's, not Phase I's: declaring one keeps the hazard space.
+            "components": [c.model_dump(exclude={"signals"}) for c in self.components],
             # The sub-region bounds Phase I is told. Their presence also sets apart the spaces
             # built before region ids came from the spec, which could hold ids a model made up.
             "sub_regions": [

@@ -89,12 +89,8 @@ class _Stream:
         rules: Sequence[tuple[SignalRuleSpec, Condition]],
         evidence_limit: int,
     ) -> None:
-        self.window = SignalWindow(
-            session_id,
-            max((c.lookback for _, c in rules), default=0),
-            evidence_limit,
-            sums=any(c.windowed for _, c in rules),
-        )
+        lookback = max((c.lookback for _, c in rules), default=0)
+        self.window = SignalWindow(session_id, lookback, evidence_limit)
         self.states = [
             _RuleState(rule, condition, Gate(rule.cooldown_seconds, latching=True))
             for rule, condition in rules
@@ -194,15 +190,20 @@ class RuleEngine:
         return {key: group for key, group in groups.items() if group is not None}
 
     def _observe(self, groups: dict[_Key, list[SampleRow]]) -> list[HazardEvent]:
-        """Each stream's rows (keyed by session, component, signal), then the composites."""
+        """Each stream's rows (keyed by session, component, signal), then the composites.
+
+        numpy's floating-point warnings are off meanwhile: a reading near the float limit
+        overflows into an inf or NaN measure, which the rules handle (see signals), and which
+        must not print a warning per chunk."""
         out = _Round()
-        for key, group in groups.items():
-            stream = self._round_of(key)
-            if len(group) <= CHUNK:
-                self._observe_chunk(key, stream, group, out)
-                continue
-            for start in range(0, len(group), CHUNK):
-                self._observe_chunk(key, stream, group[start : start + CHUNK], out)
+        with np.errstate(all="ignore"):
+            for key, group in groups.items():
+                stream = self._round_of(key)
+                if len(group) <= CHUNK:
+                    self._observe_chunk(key, stream, group, out)
+                    continue
+                for start in range(0, len(group), CHUNK):
+                    self._observe_chunk(key, stream, group[start : start + CHUNK], out)
         self._combine(out)
         return out.sorted_events()
 

@@ -10,7 +10,8 @@ Each kind is a *measure* taken for every new sample, compared with *levels*:
 Every kind reads the same ``View`` of the stream, and all of them share the same levels logic
 (hit, clear, hysteresis). The work is done on whole arrays, so a batch of a hundred samples costs
 about as much as one. Cooldown and latching are applied afterwards by ``gate``. A NaN measure
-(too few samples, Δt ≤ 0) never hits and never clears.
+(too few samples, Δt ≤ 0, a window whose statistics overflow) never hits and never clears. An
+infinite one (a jump or a z past the float limit) hits like any other past its level.
 """
 
 from __future__ import annotations
@@ -103,8 +104,6 @@ class Reading:
 class Condition(ABC):
     # How many samples before the oldest new one `read` looks at.
     lookback: int = 0
-    # Whether `read` needs the stream's running sums.
-    windowed: bool = False
     levels: Levels
 
     @abstractmethod
@@ -152,8 +151,6 @@ class RateCondition(Condition):
 
 
 class ZScoreCondition(Condition):
-    windowed = True
-
     def __init__(self, spec: ZScoreRule) -> None:
         self._window: WindowSpec = spec
         self.lookback = spec.window_capacity
@@ -177,8 +174,6 @@ class ZScoreCondition(Condition):
 
 
 class RollingMeanCondition(Condition):
-    windowed = True
-
     def __init__(self, spec: RollingMeanRule) -> None:
         self._window: WindowSpec = spec
         self.lookback = spec.window_capacity - 1

@@ -7,12 +7,14 @@ instead keeps room for ``history + 2 * chunk`` items and appends at the end. Whe
 reached, it moves the newest ``history`` items back to the front: one memmove every ``chunk`` or
 more items, and nothing is allocated after construction.
 
-When a windowed rule (zscore, rolling_mean) watches the stream, the stream also keeps running
-sums of the values and of their squares. A window's mean and std then cost O(1) per sample, and
-all windowed rules on the signal share the work. The sums are taken relative to the stream's
-first value, and they are re-based whenever the buffer moves its contents. Their magnitude thus
-stays at a few windows' worth, and the variance does not lose precision on signals with a large
-offset, such as prices.
+A window's mean and std (zscore, rolling_mean) are computed from the window's own values, every
+time: its mean, then the deviations from that mean (a two-pass variance). Running sums of the
+values and their squares would cost less per sample, but they remember every reading they took
+in: one sum that overflows (two readings of 1.8e308) stays inf for good, and one huge reading
+ruins their precision by cancellation long after it has left the window. Computed per window, an
+extreme reading spoils only the windows that hold it: their statistics are not finite, which
+makes them NaN (a NaN measure never hits and never clears), and the rule works again once the
+reading has left its window.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ IntArray = NDArray[np.intp]
 
 # The most samples of one stream appended at once. Callers split larger groups.
 CHUNK = 256
+# The most window values gathered at once: a chunk's windows are computed in blocks of about
+# this many values (64 KiB per float64 array), however long the windows are. Larger blocks are
+# slower: 256 windows of 200 values took three times as long in one block as in blocks of 8,192.
+_BLOCK_VALUES = 1 << 13
+# A std below this may have lost digits to underflow: its window's squared deviations sum to
+# under 1e-280 per sample, where those that underflowed (each under 2.2e-308) may count.
+_SMALL_STD = 1e-140
+# Where a window taken alone begins among its values.
+_ALONE = np.zeros(1, dtype=np.intp)
 
 
 class RingBuffer:
@@ -48,22 +59,17 @@ class RingBuffer:
     def __len__(self) -> int:
         return self._end
 
-    def append(self, items: NDArray[Any]) -> bool:
-        """Append at most ``chunk`` items. Items older than ``history`` may be dropped.
-
-        Returns whether the contents moved.
-        """
+    def append(self, items: NDArray[Any]) -> None:
+        """Append at most ``chunk`` items. Items older than ``history`` may be dropped."""
         n = len(items)
         if n > self._chunk:
             raise ValueError(f"append at most {self._chunk} items at once, got {n}")
-        moved = self._end + n > len(self._data)
-        if moved:
+        if self._end + n > len(self._data):
             keep = min(self._history, self._end)
             self._data[:keep] = self._data[self._end - keep : self._end]
             self._end = keep
         self._data[self._end : self._end + n] = items
         self._end += n
-        return moved
 
     def tail(self, n: int) -> NDArray[Any]:
         """The newest ``n`` items (fewer if fewer are held), oldest first. The result is a view,
@@ -76,16 +82,11 @@ class View:
     """A stream's recent history followed by the chunk just appended, which starts at ``first``.
 
     The arrays are views into the stream's buffers and are valid until its next append.
-    ``sums`` and ``squares`` are running sums of ``v - ref`` and of its square. They are present
-    only when the stream keeps them.
     """
 
     t: FloatArray
     v: FloatArray
     first: int
-    sums: FloatArray | None = None
-    squares: FloatArray | None = None
-    ref: float = 0.0
 
     @property
     def new_values(self) -> FloatArray:
@@ -96,8 +97,8 @@ class View:
     ) -> tuple[IntArray, FloatArray, FloatArray]:
         """Count, mean and sample std of each new sample's window. The window is the
         samples just before it (``include_newest=False``) or up to and including it. Mean and
-        std are NaN where the window holds fewer than ``window.min_samples`` samples."""
-        assert self.sums is not None and self.squares is not None, "stream keeps no sums"
+        std are NaN where the window holds fewer than ``window.min_samples`` samples, or where
+        they are not finite. Floating-point errors are the caller's to silence (np.errstate)."""
         ends = np.arange(self.first + include_newest, len(self.v) + include_newest)
         if window.window_samples is not None:
             starts = ends - window.window_samples
@@ -107,23 +108,64 @@ class View:
             starts = np.maximum(starts, ends - window.max_window_samples)
         starts = np.maximum(starts, 0)
         count = ends - starts
-        # sum over [start, end) = S[end - 1] - S[start] + x[start]. With this form, no sum from
-        # before the view is needed.
-        oldest = self.v[starts] - self.ref
-        total = self.sums[ends - 1] - self.sums[starts] + oldest
-        square = self.squares[ends - 1] - self.squares[starts] + oldest * oldest
-        total[count < window.min_samples] = np.nan  # NaN flows into mean and std, silently
-        mean = total / np.maximum(count, 1)
-        std = np.sqrt(np.maximum((square - total * mean) / np.maximum(count - 1, 1), 0.0))
-        return count, mean + self.ref, std
+        full = count >= window.min_samples
+        if full.all():
+            return count, *_window_moments(self.v, starts, count)
+        mean = np.full(len(count), np.nan)
+        std = np.full(len(count), np.nan)
+        if full.any():
+            mean[full], std[full] = _window_moments(self.v, starts[full], count[full])
+        return count, mean, std
+
+
+def _window_moments(
+    values: FloatArray, starts: IntArray, counts: IntArray
+) -> tuple[FloatArray, FloatArray]:
+    """Mean and sample std of each window ``values[starts[i] : starts[i] + counts[i]]`` (every
+    count at least 2), each from the window's own values: its mean, then the deviations from it.
+    Where the std is not finite (the window's values or their spread reach past the float
+    limit), both are NaN; a mean that is not finite always comes with such a std."""
+    if len(starts) == 1:  # a frame's signals come one sample each: a slice, no index array
+        start = int(starts[0])
+        means, stds = _moments(values[start : start + int(counts[0])], _ALONE, counts)
+    else:
+        means = np.empty(len(starts))
+        stds = np.empty(len(starts))
+        # All windows' values at once, in blocks: a chunk's windows may hold CHUNK * 65,536.
+        per_block = max(1, _BLOCK_VALUES // int(counts.max()))
+        for lo in range(0, len(starts), per_block):
+            block = slice(lo, lo + per_block)
+            s, c = starts[block], counts[block]
+            offsets = np.cumsum(c) - c  # where each window begins among the gathered values
+            x = values[np.arange(int(offsets[-1] + c[-1])) + np.repeat(s - offsets, c)]
+            means[block], stds[block] = _moments(x, offsets, c)
+    overflowed = ~np.isfinite(stds)
+    means[overflowed] = np.nan
+    stds[overflowed] = np.nan
+    return means, stds
+
+
+def _moments(x: FloatArray, offsets: IntArray, counts: IntArray) -> tuple[FloatArray, FloatArray]:
+    """Mean and sample std of the windows laid end to end in ``x``, starting at ``offsets``."""
+    mean = np.add.reduceat(x, offsets) / counts
+    dev = x - np.repeat(mean, counts)
+    std = np.sqrt(np.add.reduceat(dev * dev, offsets) / (counts - 1))
+    if (std < _SMALL_STD).any():
+        # Deviations this small lose digits, or vanish, when squared (below 2.2e-308): take
+        # them relative to the largest of their window first. A constant window comes here too.
+        scale = np.maximum.reduceat(np.abs(dev), offsets)
+        scale[scale == 0.0] = 1.0
+        dev /= np.repeat(scale, counts)
+        std = scale * np.sqrt(np.add.reduceat(dev * dev, offsets) / (counts - 1))
+    return mean, std
 
 
 class SignalWindow:
     """What the engine keeps of one (session, component, signal) stream: its newest samples with
-    their times (evidence), and, when a rule looks back (``lookback`` > 0), the ring buffers and
-    running sums that rule reads."""
+    their times (evidence), and, when a rule looks back (``lookback`` > 0), the ring buffers of
+    times and values that rule reads."""
 
-    def __init__(self, session_id: str, lookback: int, evidence_limit: int, *, sums: bool) -> None:
+    def __init__(self, session_id: str, lookback: int, evidence_limit: int) -> None:
         self.session_id = session_id
         self.lookback = lookback
         # Read only when a rule fires, so lists: appending is cheaper than numpy's, and
@@ -134,9 +176,6 @@ class SignalWindow:
         self._sample_times: list[float] = []
         self._times = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
         self._values = RingBuffer(lookback, CHUNK, np.float64) if lookback else None
-        self._sums = RingBuffer(lookback, CHUNK, np.float64) if sums else None
-        self._squares = RingBuffer(lookback, CHUNK, np.float64) if sums else None
-        self._ref = math.nan
         self.last_time = -math.inf
 
     def trim(self) -> None:
@@ -176,25 +215,9 @@ class SignalWindow:
             return View(t, v, 0)
         self._times.append(t)
         self._values.append(v)
-        n = len(t)
-        span = self.lookback + n
+        span = self.lookback + len(t)
         t_view, v_view = self._times.tail(span), self._values.tail(span)
-        first = len(t_view) - n
-        if self._sums is None or self._squares is None:
-            return View(t_view, v_view, first)
-        if math.isnan(self._ref):
-            self._ref = float(v[0])
-        x = v - self._ref
-        for running, part in ((self._sums, x), (self._squares, x * x)):
-            sums = np.cumsum(part)
-            if len(running):
-                sums += running.tail(1)[0]
-            if running.append(sums):
-                held = running.tail(len(running))
-                held -= held[0]
-        return View(
-            t_view, v_view, first, self._sums.tail(span), self._squares.tail(span), self._ref
-        )
+        return View(t_view, v_view, len(t_view) - len(t))
 
     def evidence_at(self, t: float, limit: int) -> tuple[TelemetrySample, ...]:
         """The newest ``limit`` samples at or before time ``t``."""

@@ -31,7 +31,7 @@ from poirotd.errors import ServiceError
 from poirotd.hazards import RuleEngine
 from poirotd.ingest.numbering import SessionIndexes
 from poirotd.ingest.sessions import ImplicitSessions
-from poirotd.ingest.validation import IngestScope, SignalNames
+from poirotd.ingest.validation import IngestScope, SignalNames, ValueRanges
 from poirotd.model import (
     AgentMessage,
     CommitItem,
@@ -121,6 +121,7 @@ class IngestPipeline:
         *,
         batch_max: int,
         signals_per_component: int,
+        max_abs_value: float,
     ) -> None:
         self._spec = spec
         self._store = store
@@ -129,6 +130,7 @@ class IngestPipeline:
         self._batch_max = batch_max
         self._rules = RuleEngine(spec.rules)
         self._signals = SignalNames(signals_per_component)
+        self._ranges = ValueRanges(spec, max_abs_value)
         # For the doors whose producers leave numbering to the daemon: one count for them all.
         self.indexes = SessionIndexes(store)
         self._rounds: deque[_Round] = deque()
@@ -143,7 +145,7 @@ class IngestPipeline:
 
     def scope(self) -> IngestScope:
         """A producer's scope: one per gRPC stream, per MQTT input run, per replay."""
-        return IngestScope(self._spec, self._store, self._signals)
+        return IngestScope(self._spec, self._store, self._signals, self._ranges)
 
     async def find_sessions(self, items: Sequence[CommitItem], scope: IngestScope) -> None:
         """Asks the store for the sessions of `items` that neither the scope nor the store's
@@ -192,6 +194,9 @@ class IngestPipeline:
                 break
             admitted.append(item)
             admitted_keys.append(keys[index] if index < len(keys) else None)
+        for refusal in refused:
+            kind = _KIND_LABELS[type(items[refusal.index])]
+            self._metrics.ingest_refused.labels(kind, refusal.error.reason).inc()
         durable, span = self._admit(admitted, admitted_keys)
         return Admission(accepted, tuple(refused), durable, span)
 

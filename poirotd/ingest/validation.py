@@ -56,18 +56,57 @@ class SignalNames:
         return True
 
 
+class ValueRanges:
+    """The range each signal's readings must lie in: the one its component declares (``signals``
+    in the spec), else [-default, default]. A reading outside is refused: one reading near the
+    float limit is a sensor's fault, not a measurement, and it would only make the rules'
+    windows measure nothing while it is in them."""
+
+    def __init__(self, spec: SystemSpec, default: float) -> None:
+        self._declared = {
+            (c.id, signal): (bounds.min, bounds.max)
+            for c in spec.components
+            for signal, bounds in c.signals.items()
+        }
+        self._default = (-default, default)
+
+    def of(self, component: str, signal: str) -> tuple[float, float]:
+        return self._declared.get((component, signal), self._default)
+
+    def refusal(self, component: str, signal: str, value: float) -> InvalidArgument:
+        low, high = self.of(component, signal)
+        origin = (
+            "the range its component declares"
+            if (component, signal) in self._declared
+            else "the default range (POIROTD_TELEMETRY_MAX_ABS_VALUE; declare the signal's "
+            "min and max under its component's `signals` in the spec to change it)"
+        )
+        return InvalidArgument(
+            f"telemetry value {value:g} of {quote(component)} signal {quote(signal)} is "
+            f"outside [{low:g}, {high:g}], {origin}",
+            reason="value_out_of_range",
+        )
+
+
+# What an unchecked stream's range is taken to be: empty, so its first reading gets every check.
+_UNCHECKED = (math.inf, -math.inf)
+
+
 class IngestScope:
-    def __init__(self, spec: SystemSpec, store: Store, signals: SignalNames) -> None:
+    def __init__(
+        self, spec: SystemSpec, store: Store, signals: SignalNames, ranges: ValueRanges
+    ) -> None:
         self._spec = spec
         self._store = store
         self._signals = signals
+        self._ranges = ranges
         self._agents = frozenset(spec.agent_ids)
         self._parties = self._agents | {c.id for c in spec.components}
         self._opened: set[str] = set()
-        # (component, signal) streams whose readings passed. Apart from the value, a reading's
-        # checks depend only on its stream (a session stays known, the spec is fixed), so a
-        # passed stream's later readings are only checked for a finite value.
-        self._passed: set[tuple[str, ...]] = set()
+        # (component, signal) streams whose readings passed, with their ranges. Apart from the
+        # value, a reading's checks depend only on its stream (a session stays known, the spec
+        # is fixed), so a passed stream's later readings are only checked for a value in range.
+        self._passed: dict[tuple[str, ...], tuple[float, float]] = {}
         self._latest = datetime.now(UTC) + MAX_AHEAD
 
     def refresh_clock(self) -> None:
@@ -107,7 +146,7 @@ class IngestScope:
     ) -> tuple[list[SampleRow], list[tuple[int, ServiceError]]]:
         """A telemetry batch's rows (of a known session): those that pass, and the position and
         refusal of each that does not. The hot path of an MQTT input: a passed stream's reading
-        costs a set lookup and a finite test (inf - inf and NaN - NaN are NaN, never 0.0)."""
+        costs a dict lookup and a range test (which NaN and ±inf fail)."""
         passed, earliest, latest = self._passed, EARLIEST, self._latest
         accepted: list[SampleRow] = []
         refused: list[tuple[int, ServiceError]] = []
@@ -115,7 +154,8 @@ class IngestScope:
             stream = row[:2]
             value = row[2]
             at = row[3]
-            if stream not in passed or value - value != 0.0 or not earliest <= at <= latest:
+            low, high = passed.get(stream, _UNCHECKED)
+            if not (low <= value <= high and earliest <= at <= latest):
                 try:
                     self._check_reading(row[0], row[1], value, at)
                 except ServiceError as refusal:
@@ -123,7 +163,7 @@ class IngestScope:
                     continue
                 if len(passed) >= _PASSED_STREAMS:
                     passed.clear()
-                passed.add(stream)
+                passed[stream] = self._ranges.of(row[0], row[1])
             accepted.append(row)
         return accepted, refused
 
@@ -194,6 +234,9 @@ class IngestScope:
             raise InvalidArgument(
                 f"telemetry value {value} is not a finite number", reason="invalid"
             )
+        low, high = self._ranges.of(component, signal)
+        if not low <= value <= high:
+            raise self._ranges.refusal(component, signal, value)
         self._check_time("measured_at", at)
 
 

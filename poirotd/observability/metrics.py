@@ -205,6 +205,16 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.ingest_refused = Counter(
+            "poirot_ingest_refused_total",
+            "Ingest items the daemon refused, whatever the door, by kind and reason (a value "
+            "outside its signal's range, a time out of range, an unknown session...); a "
+            "telemetry delivery counts each refused sample",
+            ["kind", "reason"],
+            registry=r,
+        )
+        # At 0 from the start: an alert on a sensor gone wild needs the series before the first.
+        self.ingest_refused.labels("telemetry", "value_out_of_range")
         self.last_ingest = Gauge(
             "poirot_ingest_last_item_timestamp_seconds",
             "Unix time of the latest committed item, by kind",

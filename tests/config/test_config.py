@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 import poirotd
+from poirotd.config import Settings
 from poirotd.config.loader import SpecError, SpecProblem, load_spec, load_spec_text
 from poirotd.config.spec import ProtocolSpec
 from poirotd.model import AgentMessage, MessageKind
@@ -103,6 +104,45 @@ def test_unknown_field_is_refused() -> None:
     assert problem.path == "agents[0].role"
     assert problem.line == line_of(text, "role: boss")
     assert problem.message == "Extra inputs are not permitted"
+
+
+ROBOT = """    description: "Error signature: drops parts. Normal behaviour: places parts."
+"""
+
+
+def test_a_component_declares_its_signals_ranges_without_a_new_hazard_space() -> None:
+    ranged = VALID.replace(ROBOT, ROBOT + "    signals:\n      grip_n: {min: -5, max: 120}\n")
+    spec = load_spec_text(ranged)
+    grip = spec.components[0].signals["grip_n"]
+    assert (grip.min, grip.max) == (-5.0, 120.0)
+    # Ranges are ingest's business: Phase I's hazard space stays the one it built.
+    assert spec.description_version() == load_spec_text(VALID).description_version()
+
+
+@pytest.mark.parametrize(
+    ("signals", "message"),
+    [
+        ("{grip_n: {min: 5, max: 5}}", "min (5.0) must be less than max (5.0)"),
+        ("{grip_n: {min: 0, max: 1e200}}", "1e+200 is not within ±1e+150"),
+        ("{grip_n: {min: 0, max: .nan}}", "nan is not within ±1e+150"),
+        ("{grip_n: {max: 5}}", "Field required"),
+    ],
+)
+def test_a_signal_range_must_be_a_range_within_the_limit(signals: str, message: str) -> None:
+    text = VALID.replace(ROBOT, ROBOT + f"    signals: {signals}\n")
+    problem = only_problem(text)
+    assert problem.path.startswith("components[0].signals.grip_n")
+    assert message in problem.message
+
+
+def test_the_default_value_range_is_a_setting_within_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().telemetry_max_abs_value == 2**53
+    monkeypatch.setenv("POIROTD_TELEMETRY_MAX_ABS_VALUE", "1e12")
+    assert Settings().telemetry_max_abs_value == 1e12
+    with pytest.raises(ValidationError, match="not within ±1e"):
+        Settings(telemetry_max_abs_value=1e151)
 
 
 def test_union_tag_is_not_part_of_the_path() -> None:

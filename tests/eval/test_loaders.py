@@ -16,8 +16,8 @@ from poirot_eval.cases import Dataset, EvalCase
 from poirot_eval.loaders import DATASETS, load_cases
 from poirot_eval.parts import region_ids
 from poirot_eval.session import session_id_of, session_items
-from poirotd.ingest.validation import IngestScope, SignalNames
-from poirotd.model import MessageKind
+from poirotd.ingest.validation import IngestScope, SignalNames, ValueRanges
+from poirotd.model import DEFAULT_MAX_ABS_VALUE, MessageKind
 from poirotd.store import Store
 from tests.support.data import DATA, full_data
 
@@ -169,6 +169,7 @@ class _EmptyStore:
 def test_every_case_passes_the_daemons_ingest_checks(dataset: Dataset, where: Where) -> None:
     """A loader whose messages the daemon refuses would turn a case into a failed run."""
     for case in load_cases(dataset, _folder(where, dataset)):
-        scope = IngestScope(case.spec, cast(Store, _EmptyStore()), SignalNames(1024))
+        ranges = ValueRanges(case.spec, DEFAULT_MAX_ABS_VALUE)
+        scope = IngestScope(case.spec, cast(Store, _EmptyStore()), SignalNames(1024), ranges)
         for item in session_items(case, session_id_of(case)):
             scope.check(item)

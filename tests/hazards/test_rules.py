@@ -153,6 +153,33 @@ def test_rolling_mean_fires_when_the_window_mean_passes_a_level(batch: int) -> N
     assert event.summary == "d2w_exoskeleton.ankle_angle_deg mean 5.6 over 10 samples above 5.0"
 
 
+# Two readings at the float limit (each finite, their squares and their difference not), and two
+# whose squares overflow.
+EXTREMES = [(1.797e308, -1.797e308), (1e300, 1e300)]
+
+
+@pytest.mark.filterwarnings("error")  # numpy prints nothing either
+@pytest.mark.parametrize("extremes", EXTREMES)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_window_rules_fire_again_once_extreme_readings_leave_their_window(
+    extremes: tuple[float, float], batch: int
+) -> None:
+    """Issue 28: with running sums, two such readings made a session's zscore and rolling_mean
+    rules never fire again. Now only the windows that hold them measure NaN."""
+    values = np.random.default_rng(5).normal(0.0, 1.0, 400)
+    values[100:102] = extremes
+    values[160] = 10.0  # the zscore window before it (50 samples) is clean from sample 152 on
+    values[200:220] = 8.0  # the rolling mean's (20 samples) from sample 121 on
+    spike = rule("zscore", "spike", window_samples=50, threshold=5.0, min_samples=20)
+    offset = rule("rolling_mean", "offset", window_samples=20, min_samples=10, above=5.0)
+    eng = engine(spike | {"cooldown_seconds": 0.0}, offset | {"cooldown_seconds": 0.0})
+    events = [e for e in feed(eng, series(values), batch) if e.at > at(1.01)]
+    assert ("spike", at(1.6)) in [(e.rule, e.at) for e in events]
+    [offset_event] = [e for e in events if e.rule == "offset"]
+    assert at(2.0) < offset_event.at < at(2.2)
+    assert offset_event.summary.endswith("over 20 samples above 5.0")
+
+
 def gait(seconds: float, *, offset_from: float | None = None, rate_hz: float = 100.0) -> np.ndarray:
     """Ankle angle over a gait cycle, 10·sin(2πt) deg plus 0.5 deg noise. From
     ``offset_from`` on, a Sensor-X calibration fault adds +15 deg."""

@@ -8,11 +8,14 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from poirotd.config import SystemSpec
 from poirotd.errors import InvalidArgument, NotFound
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.model import (
+    DEFAULT_MAX_ABS_VALUE,
     AgentMessage,
     CommitItem,
     HazardEvent,
@@ -25,7 +28,7 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
 from poirotd.store.idempotency import Duplicates
-from tests.support.spec import clinic
+from tests.support.spec import CLINIC, clinic
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SPEC = clinic(
@@ -65,8 +68,10 @@ class Opener:
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
         self.opened: list[tuple[str, bool]] = []
+        self.events: list[HazardEvent] = []
 
     async def open(self, events: Sequence[HazardEvent]) -> None:
+        self.events += events
         for event in events:
             readings = await self.store.newest_readings(event.session_id)
             self.opened.append((event.rule, any(r.value > 50 for r in readings)))
@@ -83,16 +88,22 @@ async def store(tmp_path: Path) -> AsyncIterator[GatedStore]:
 
 
 def pipeline_on(
-    store: SqliteStore, opener: Opener | None = None, *, batch_max: int = 512, signals: int = 8
+    store: SqliteStore,
+    opener: Opener | None = None,
+    *,
+    batch_max: int = 512,
+    signals: int = 8,
+    spec: SystemSpec = SPEC,
+    metrics: Metrics | None = None,
 ) -> IngestPipeline:
-    metrics = Metrics(SPEC.system.name)
     return IngestPipeline(
-        SPEC,
+        spec,
         store,
         opener or Opener(store),
-        metrics,
+        metrics or Metrics(spec.system.name),
         batch_max=batch_max,
         signals_per_component=signals,
+        max_abs_value=DEFAULT_MAX_ABS_VALUE,
     )
 
 
@@ -111,9 +122,11 @@ def message(index: int, sender: str = "doctor", session_id: str = "s1") -> Agent
     )
 
 
-def reading(value: float, session_id: str = "s1") -> TelemetrySample:
+def reading(
+    value: float, session_id: str = "s1", *, signal: str = "temp", at: datetime = T0
+) -> TelemetrySample:
     return TelemetrySample(
-        session_id=session_id, component="exo", signal="temp", value=value, measured_at=T0
+        session_id=session_id, component="exo", signal=signal, value=value, measured_at=at
     )
 
 
@@ -275,3 +288,106 @@ async def test_session_ids_and_signal_names_are_bounded_in_length(store: GatedSt
     admission = await pipeline.consume([TelemetryBatch("x" * limit, rows)], scope)
     # Refused before it took one of the component's two names.
     assert [(r.row, r.error.reason) for r in admission.refused] == [(0, "too_long")]
+
+
+def exo_signals(signals: dict[str, dict[str, float]]) -> list[dict[str, object]]:
+    """The clinic's components, its exoskeleton declaring these signal ranges (if any)."""
+    [exo] = CLINIC.model_dump(mode="json")["components"]
+    return [{**exo, "signals": signals} if signals else exo]
+
+
+async def test_readings_outside_their_signals_range_are_refused_and_counted(
+    store: GatedStore,
+) -> None:
+    """Issue 28: readings of ±1.797e308 were admitted, and made a session's windowed rules
+    blind for good. A value outside the range the component declares for its signal, or past
+    the default bound for a signal it does not declare, is refused with its reason."""
+    metrics = Metrics("clinic")
+    spec = clinic(components=exo_signals({"temp": {"min": -40, "max": 125}}))
+    pipeline = pipeline_on(store, spec=spec, metrics=metrics)
+    scope = pipeline.scope()
+    await pipeline.consume([session()], scope)
+    samples = [
+        reading(130.0),
+        reading(125.0),
+        reading(1.797e308, signal="pressure"),
+        reading(-DEFAULT_MAX_ABS_VALUE, signal="pressure"),
+    ]
+    admission = await pipeline.consume(samples, scope, skip_invalid=True)
+    assert [(r.index, r.error.reason) for r in admission.refused] == [
+        (0, "value_out_of_range"),
+        (2, "value_out_of_range"),
+    ]
+    declared, default = (str(r.error) for r in admission.refused)
+    assert "'exo' signal 'temp' is outside [-40, 125], the range its component declares" in declared
+    bound = DEFAULT_MAX_ABS_VALUE
+    assert f"outside [{-bound:g}, {bound:g}], the default range (POIROTD_TELEMETRY_MAX" in default
+    # A batch's rows: a stream whose readings passed still has each value checked.
+    rows = [
+        ("exo", "temp", 20.0, T0),
+        ("exo", "temp", -40.5, T0),
+        ("exo", "pressure", -1.797e308, T0),
+        ("exo", "pressure", 3.0, T0),
+    ]
+    admission = await pipeline.consume([TelemetryBatch("s1", rows)], scope)
+    assert [(r.row, r.error.reason) for r in admission.refused] == [
+        (1, "value_out_of_range"),
+        (2, "value_out_of_range"),
+    ]
+    stored = sorted(r.value for r in await store.newest_readings("s1"))
+    assert stored == [-DEFAULT_MAX_ABS_VALUE, 3.0, 20.0, 125.0]
+    refused = metrics.registry.get_sample_value(
+        "poirot_ingest_refused_total", {"kind": "telemetry", "reason": "value_out_of_range"}
+    )
+    assert refused == 4
+
+
+# Issue 28's rules: a spike and an offset on the exoskeleton's pressure.
+WINDOWED_RULES = [
+    {
+        "kind": "zscore",
+        "name": "spike",
+        "window_samples": 50,
+        "threshold": 5.0,
+        "min_samples": 20,
+    },
+    {
+        "kind": "rolling_mean",
+        "name": "offset",
+        "window_samples": 20,
+        "min_samples": 10,
+        "above": 5.0,
+    },
+]
+
+
+@pytest.mark.parametrize(
+    ("ranges", "extremes"),
+    [
+        ({}, (1.797e308, -1.797e308)),  # refused: past the default bound
+        ({"pressure": {"min": -1e150, "max": 1e150}}, (1e150, -1e150)),  # admitted: declared
+    ],
+)
+async def test_windowed_rules_fire_after_extreme_readings(
+    store: GatedStore, ranges: dict[str, dict[str, float]], extremes: tuple[float, float]
+) -> None:
+    """Issue 28 through the pipeline, one reading per request as a sensor frame sends them:
+    after two extreme readings, a spike and an offset still open what they call for."""
+    on_pressure = {"component": "exo", "signal": "pressure", "cooldown_seconds": 0.0}
+    rules = [r | {"severity": "critical"} | on_pressure for r in WINDOWED_RULES]
+    spec = clinic(components=exo_signals(ranges), rules=rules)
+    opener = Opener(store)
+    pipeline = pipeline_on(store, opener, spec=spec)
+    scope = pipeline.scope()
+    await pipeline.consume([session()], scope)
+    values = np.random.default_rng(5).normal(0.0, 1.0, 300)
+    values[100:102] = extremes
+    values[200] = 10.0  # a spike
+    values[260:] = 8.0  # an offset
+    for i, value in enumerate(values.tolist()):
+        at = T0 + timedelta(seconds=i * 0.01)
+        await pipeline.consume([reading(value, signal="pressure", at=at)], scope, skip_invalid=True)
+    fired = [(e.rule, (e.at - T0).total_seconds()) for e in opener.events]
+    assert ("spike", 2.0) in fired  # once the extremes have left its window
+    [offset] = [t for rule, t in fired if rule == "offset" and t > 1.01]
+    assert 2.6 < offset < 2.75

@@ -119,6 +119,16 @@ async def test_ingest_acks_only_durable_items_and_resends_are_stored_once(
             "invalid",
             "is not a finite number",
         ),
+        (
+            pb.IngestRequest(
+                telemetry=pb.TelemetrySample(
+                    session_id="s1", component="exo", signal="temp", value=-1.797e308
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "value_out_of_range",
+            "is outside [-9.0072e+15, 9.0072e+15], the default range (POIROTD_TELEMETRY_MAX",
+        ),
     ],
     ids=[
         "unknown-agent",
@@ -129,6 +139,7 @@ async def test_ingest_acks_only_durable_items_and_resends_are_stored_once(
         "empty",
         "time-out-of-range",
         "nan-telemetry",
+        "out-of-range-telemetry",
     ],
 )
 async def test_bad_item_ends_stream_with_precise_status_keeps_acked_data_and_daemon_serving(

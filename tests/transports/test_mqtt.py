@@ -23,7 +23,7 @@ from poirotd.config import SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
 from poirotd.ingest.pipeline import IngestPipeline
-from poirotd.model import HazardEvent, Session, TelemetryBatch
+from poirotd.model import DEFAULT_MAX_ABS_VALUE, HazardEvent, Session, TelemetryBatch
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
 from poirotd.transports.mqtt import SinkStats, _PipelineSink, mqtt_input_spec
@@ -169,7 +169,13 @@ async def test_the_sink_commits_what_passes_and_dead_letters_the_rest(tmp_path: 
     store = await SqliteStore.open(tmp_path / "sink.db")
     metrics = Metrics(CLINIC.system.name)
     pipeline = IngestPipeline(
-        CLINIC, store, _NoInvestigations(), metrics, batch_max=512, signals_per_component=8
+        CLINIC,
+        store,
+        _NoInvestigations(),
+        metrics,
+        batch_max=512,
+        signals_per_component=8,
+        max_abs_value=DEFAULT_MAX_ABS_VALUE,
     )
     dead_letters = DeadLetterStore(DeadLetterConfig(), log_interval_s=60)
     stats = SinkStats()
@@ -184,9 +190,13 @@ async def test_the_sink_commits_what_passes_and_dead_letters_the_rest(tmp_path: 
 
     try:
         await sink(batch(("exo", 70.0), ("exo", math.inf), ("ghost", 1.0)))
-        await sink(batch(("exo", math.nan), ("exo", 71.0), ("ghost", 2.0)))
+        await sink(batch(("exo", math.nan), ("exo", 71.0), ("ghost", 2.0), ("exo", 1.797e308)))
         assert sorted(r.value for r in await store.newest_readings("s1")) == [70.0, 71.0]
     finally:
         await store.close()
     assert stats.committed == 2
-    assert stats.refused == dead_letters.stats.stored == 4
+    assert stats.refused == dead_letters.stats.stored == 5
+    refused = metrics.registry.get_sample_value(
+        "poirot_ingest_refused_total", {"kind": "telemetry", "reason": "value_out_of_range"}
+    )
+    assert refused == 1
