@@ -228,7 +228,8 @@ async def grpc_refusal(client: PoirotClient, requests: list[pb.IngestRequest]) -
     try:
         await client.send(requests)
     except grpc.aio.AioRpcError as error:
-        return error.code().name
+        code: grpc.StatusCode = error.code()
+        return code.name
     return "OK"
 
 
