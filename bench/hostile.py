@@ -228,8 +228,7 @@ async def grpc_refusal(client: PoirotClient, requests: list[pb.IngestRequest]) -
     try:
         await client.send(requests)
     except grpc.aio.AioRpcError as error:
-        code: grpc.StatusCode = error.code()
-        return code.name
+        return str(error.code().name)
     return "OK"
 
 
