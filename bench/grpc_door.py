@@ -26,14 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
 import platform
-import signal
-import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,9 +36,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench import ingest, report
+from bench import daemon_process, ingest, report
+from bench.daemon_process import Child
 from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import Settings
@@ -51,7 +46,6 @@ from poirotd.investigations.service import MAX_TEXT_CHARS
 from tests.support.ingest import session, start
 from tests.support.spec import CLINIC_REGIONS, clinic
 
-ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("Get", "Trigger", "List", "ConfirmOutcome")
 REFUSED_BYTES = 3 << 20
 SESSION = "door-1"
@@ -79,68 +73,18 @@ def plan(mode: str) -> Plan:
 # ------------------------------------------------------------------ the daemon
 
 
-@dataclass(frozen=True)
-class Child:
-    pid: int
-    grpc_port: int
-    metrics_port: int
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        raise LookupError("VmRSS")
-
-    def rejected(self, rpc: str, reason: str) -> float:
-        """A sample of the daemon's poirot_requests_rejected_total, from its /metrics."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "poirot_requests_rejected_total" and sample.labels == {
-                    "rpc": rpc,
-                    "reason": reason,
-                }:
-                    return sample.value
-        return 0.0
-
-
 @contextlib.asynccontextmanager
 async def child_daemon(folder: Path, p: Plan) -> AsyncIterator[Child]:
-    """`bench.daemon_child` on the clinic, its Trigger rate unbounded and its queue long enough
-    for the answered Triggers; SIGTERM at the end (it drains), SIGKILL after 30 s."""
+    """The clinic with a pinned hazard space, its Trigger rate unbounded and its queue long
+    enough for the answered Triggers."""
     spec = clinic(hazard_space={"regions": [r.model_dump() for r in CLINIC_REGIONS]})
-    spec_path, db, ready = folder / "spec.json", folder / "door.db", folder / "ready.json"
-    spec_path.write_text(spec.model_dump_json())
-    env = os.environ | {
+    env = {
         "POIROTD_INGEST_IDLE_SECONDS": str(p.idle_seconds),
         "POIROTD_TRIGGER_RATE_PER_CLIENT": "0",
         "POIROTD_QUEUE_CAPACITY": str(p.requests + 16),
     }
-    argv = [sys.executable, "-m", "bench.daemon_child", str(spec_path), str(db), str(ready)]
-    process = await asyncio.create_subprocess_exec(*argv, cwd=ROOT, env=env)
-    try:
-        async with asyncio.timeout(120):
-            while not ready.exists():
-                if process.returncode is not None:
-                    raise RuntimeError(f"bench.daemon_child exited with {process.returncode}")
-                await asyncio.sleep(0.1)
-        ports = json.loads(ready.read_text())
-        yield Child(process.pid, ports["grpc_port"], ports["metrics_port"])
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(30):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+    async with daemon_process.child_daemon(folder, spec, env) as child:
+        yield child
 
 
 # ------------------------------------------------------------------ requests
