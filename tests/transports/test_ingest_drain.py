@@ -19,6 +19,7 @@ from poirotd.errors import DRAINING
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.grpc.server import INGEST_DRAIN_SECONDS
 from tests.support.answers import schema_answer
+from tests.support.core_errors import client_core_error
 from tests.support.daemon import rejected, stored_messages
 from tests.support.ingest import message, start
 from tests.support.spec import CLINIC
@@ -27,15 +28,6 @@ from tests.support.spec import CLINIC
 def numbered(seq: int, request: pb.IngestRequest) -> pb.IngestRequest:
     request.seq = seq
     return request
-
-
-def _client_core_error(error: grpc.aio.AioRpcError) -> bool:
-    """grpc's asyncio client reports its own INTERNAL, not the server's status, when it is still
-    writing as the server ends the call (grpc/grpc#36066; README, Shutdown). The daemon's own
-    INTERNAL (the guard interceptor's) names an error id, never this text."""
-    return bool(
-        error.code() == grpc.StatusCode.INTERNAL and error.details() == "Internal error from Core"
-    )
 
 
 @pytest.mark.timeout(30)
@@ -70,7 +62,7 @@ async def test_drain_acks_what_was_read_and_ends_the_stream_with_unavailable(
             assert refused.value.code() in (
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.CANCELLED,  # the server may already be stopping
-            ) or _client_core_error(refused.value)
+            ) or client_core_error(refused.value)
             await stopping
     except BaseException:
         if stopping is None:
