@@ -31,6 +31,7 @@ from poirotd.model import (
     AgentReputation,
     DiagnosisMemoryEntry,
     HazardSpace,
+    IngestConflict,
     Investigation,
     InvestigationEvent,
     LLMExchange,
@@ -220,6 +221,10 @@ def access_denial_row(denial: AccessDenial, denial_id: int | None) -> Row:
     return (denial_id, encode_record(denial))
 
 
+def ingest_conflict_row(conflict: IngestConflict, conflict_id: int | None) -> Row:
+    return (conflict_id, encode_record(conflict))
+
+
 def event_from_row(row: Row) -> InvestigationEvent:
     return InvestigationEvent.model_validate({**json.loads(row[-1]), "event_id": row[0]})
 
@@ -311,6 +316,13 @@ ACCESS_DENIALS = AuditedTable(
     ref=lambda row: str(row[0]),
     expect=lambda row, _: access_denial_row(AccessDenial.model_validate_json(row[-1]), row[0]),
 )
+INGEST_CONFLICTS = AuditedTable(
+    "ingest_conflict",
+    "ingest_conflicts",
+    ("id", "record"),
+    ref=lambda row: str(row[0]),
+    expect=lambda row, _: ingest_conflict_row(IngestConflict.model_validate_json(row[-1]), row[0]),
+)
 AUDITED_TABLES = (
     SESSIONS,
     HAZARD_SPACES,
@@ -324,6 +336,7 @@ AUDITED_TABLES = (
     EVENTS,
     EXCHANGES,
     ACCESS_DENIALS,
+    INGEST_CONFLICTS,
 )
 
 

@@ -248,9 +248,10 @@ class _PipelineSink:
             payload = sample.model_dump_json().encode()
             self._dead_letters.add("poirotd", str(refusal.error), payload)
         self._stats.refused += len(admission.refused)
-        # Copies of stored samples (a redelivery) are counted in poirot_ingest_duplicates_total.
-        copies = admission.duplicates()
-        self._stats.committed += len(batch.rows) - len(admission.refused) - copies
+        # Copies of stored samples (a redelivery) are counted in poirot_ingest_duplicates_total,
+        # conflicts in poirot_ingest_conflicts_total.
+        left_out = admission.duplicates() + admission.conflicts()
+        self._stats.committed += len(batch.rows) - len(admission.refused) - left_out
 
 
 class _MessageSink:
@@ -302,7 +303,8 @@ class _MessageSink:
             self._dead_letters.add("poirotd", str(refusal.error), source.payload)
             refused += 1
         self._stats.messages_refused += refused
-        self._stats.messages_committed += len(batch) - refused - admission.duplicates()
+        left_out = admission.duplicates() + admission.conflicts()
+        self._stats.messages_committed += len(batch) - refused - left_out
 
 
 class MqttInput:

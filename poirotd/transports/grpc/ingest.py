@@ -63,8 +63,10 @@ class _Unacked:
         self._items = 0
         self._ended = False
         self.error: ServiceError | None = None
-        # Items acked so far that the store dropped as copies of stored ones.
+        # Items acked so far that the store dropped as copies of stored ones, or set aside as
+        # conflicts.
         self.duplicates = 0
+        self.conflicts = 0
         self._changed = asyncio.Condition()
 
     async def add(self, pending: _Pending) -> None:
@@ -93,6 +95,7 @@ class _Unacked:
             while self._pending and self._pending[0].admission.durable.done():
                 done = self._pending.popleft()
                 self.duplicates += done.admission.duplicates()
+                self.conflicts += done.admission.conflicts()
                 self._items -= done.admission.accepted
                 seq = done.seq
             self._changed.notify_all()
@@ -197,7 +200,9 @@ class IngestServicer(pb_grpc.IngestServicer):
                     await abort(context, self._metrics, _RPC, error)
                 if seq is None:
                     break
-                yield pb.IngestAck(durable_seq=seq, duplicates=unacked.duplicates)
+                yield pb.IngestAck(
+                    durable_seq=seq, duplicates=unacked.duplicates, conflicts=unacked.conflicts
+                )
             if unacked.error is not None:
                 await abort(context, self._metrics, _RPC, unacked.error)
         finally:
