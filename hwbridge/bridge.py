@@ -62,8 +62,10 @@ class Bridge:
         self.mqtt_messages: MqttSubscriber | None = None
         self.feeds: list[TcpLineFeed] = []
 
-        def pipeline(router: Router[Route]) -> TelemetryInput:
-            return TelemetryInput(router, config.session_id, sink, dead_letters, config.pipeline)
+        def pipeline(router: Router[Route], door: str) -> TelemetryInput:
+            return TelemetryInput(
+                router, config.session_id, sink, dead_letters, config.pipeline, door
+            )
 
         mqtt = config.mqtt
         if mqtt is not None and mqtt.mappings:
@@ -71,7 +73,7 @@ class Bridge:
                 mqtt.broker, [(mqtt.subscription(m.topic), m.qos) for m in mqtt.mappings]
             )
             router = Router([m.route() for m in mqtt.mappings])
-            self._sources.append(("mqtt", pipeline(router), self.mqtt.deliveries()))
+            self._sources.append(("mqtt", pipeline(router, "mqtt"), self.mqtt.deliveries()))
         if mqtt is not None and mqtt.messages:
             if message_sink is None:
                 raise ValueError("agent-message topics are configured but nothing takes them")
@@ -93,7 +95,7 @@ class Bridge:
             feed = TcpLineFeed(feed_config)
             self.feeds.append(feed)
             router = Router([feed_config.route()])
-            self._sources.append((feed_config.name, pipeline(router), feed.deliveries()))
+            self._sources.append((feed_config.name, pipeline(router, "tcp"), feed.deliveries()))
 
     async def run(self) -> None:
         """Runs every input until cancelled; the first input to fail (its sink raised) stops

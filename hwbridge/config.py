@@ -51,9 +51,11 @@ class DocumentCodecConfig(_TimestampedCodec):
     # A string field prepended to each signal name, e.g. "symbol" -> "ACME.price".
     prefix_field: str | None = None
     # The producer's idempotency key (exactly-once storage): an integer field numbering its
-    # payloads (a copy of a stored payload is dropped), and optionally a string field naming the
-    # producer (else the topic names it). The producer must never reuse a number within the
-    # daemon's idempotency window: a publisher that restarts its count takes a new name.
+    # payloads (a copy of a stored payload is dropped), and optionally a string field naming
+    # one of the topic's producers (the key is the topic's whatever the payload says: a payload
+    # cannot name another topic's producer). The producer must never reuse a number within the
+    # daemon's idempotency window: a publisher that restarts its count takes a new name (a
+    # number reused for other readings is set aside as a conflict, not stored).
     key_field: str | None = None
     producer_field: str | None = None
 

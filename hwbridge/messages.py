@@ -15,7 +15,11 @@ session. The payload, UTF-8 JSON, every field optional but one naming the sender
      "tool_name": "gait_test",     # a tool message's tool
      "sent_at": "2026-01-05T09:00:00Z",   # ISO-8601 or Unix seconds; else when received
      "seq": 17,                    # the producer's idempotency key: a copy is stored once
-     "producer": "doctor-7f3a"}    # who numbers `seq` (else the topic); new on a count restart
+     "producer": "doctor-7f3a"}    # who numbers `seq` on this topic; new on a count restart
+
+The key is the topic's: a payload's `producer` names one of the topic's producers, never one of
+another topic (`poirotd.model.scoped_producer`: ``mqtt:<topic>|<producer>``), so a payload on
+the doctor's topic cannot hold a key of the chief's and have the chief's message dropped.
 
 Anything else (not JSON, an unknown field, a wrong type, no sender or session) is a
 ``DecodeError`` naming what is wrong, which the input dead-letters.
@@ -30,7 +34,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hwbridge.codecs import MAX_SEQ, DecodeError
-from hwbridge.topics import Template, TopicFilter
+from hwbridge.topics import Template, TopicFilter, topic_key
 from poirotd.model import (
     MAX_PRODUCER_CHARS,
     AgentMessage,
@@ -110,9 +114,9 @@ class MessageRoute:
         )
         key = None
         if body.seq is not None:
-            key = ItemKey(body.producer or topic, body.seq)
-            if problem := producer_problem(key.producer):
+            if problem := producer_problem(body.producer):
                 raise DecodeError(problem)
+            key = topic_key(topic, body.producer, body.seq)
         elif body.producer:
             raise DecodeError("producer needs seq")
         return ReceivedMessage(message, body.index is not None, payload, key)

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from poirotd.transports.security.access import AccessControl
 from poirotd.transports.security.denials import DenialRecorder
-from poirotd.transports.security.http import HttpAccess, certificate_names
+from poirotd.transports.security.http import HttpAccess, HttpRefusal, certificate_names
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
@@ -116,15 +116,15 @@ class _Handler(WSGIRequestHandler):
 
 def _guarded(app: WSGIApplication, door: HttpAccess) -> WSGIApplication:
     def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        refusal = door.refusal(
+        admitted = door.admit(
             environ.get("HTTP_AUTHORIZATION"),
             environ.get(_CERTIFICATE_NAMES, []),
             str(environ.get("REMOTE_ADDR", "")),
         )
-        if refusal is None:
+        if not isinstance(admitted, HttpRefusal):
             return app(environ, start_response)
-        status = "403 Forbidden" if refusal.status == 403 else "401 Unauthorized"
-        start_response(status, [("Content-Type", "text/plain; charset=utf-8"), *refusal.headers])
-        return [f"{refusal.message}\n".encode()]
+        status = "403 Forbidden" if admitted.status == 403 else "401 Unauthorized"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"), *admitted.headers])
+        return [f"{admitted.message}\n".encode()]
 
     return guarded

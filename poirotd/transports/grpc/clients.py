@@ -28,7 +28,7 @@ def client_identity(context: grpc.aio.ServicerContext) -> str:
     port, so that all of one machine's connections count together."""
     identity = caller()
     if identity is not None:
-        return f"{identity.via}:{identity.name}"
+        return identity.qualified_name
     peer = unquote(context.peer() or "")  # "ipv4:10.0.0.5:41940", "ipv6:%5B::1%5D:47932"
     scheme, _, address = peer.partition(":")
     if scheme in ("ipv4", "ipv6"):

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from poirotd.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, quote
 from poirotd.observability.metrics import Metrics
 from poirotd.transports.otlp.receiver import RETRY_AFTER_SECONDS, OtlpReceiver, Throttled
-from poirotd.transports.security.http import HttpAccess, certificate_names
+from poirotd.transports.security.http import HttpAccess, HttpRefusal, certificate_names
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
@@ -96,18 +96,20 @@ class OtlpHttp:
 
     async def _traces(self, request: web.Request) -> web.Response:
         answer_as = request.content_type if request.content_type in (PROTOBUF, JSON) else JSON
+        exporter = ""
         if self._access is not None:
             transport = request.transport
             peercert = None if transport is None else transport.get_extra_info("peercert")
-            refusal = self._access.refusal(
+            admitted = self._access.admit(
                 request.headers.get("Authorization"),
                 certificate_names(peercert),
                 request.remote or "",
             )
-            if refusal is not None:
+            if isinstance(admitted, HttpRefusal):
                 return web.Response(
-                    status=refusal.status, text=refusal.message, headers=refusal.headers
+                    status=admitted.status, text=admitted.message, headers=admitted.headers
                 )
+            exporter = admitted.qualified_name
         try:
             if self._draining:
                 raise Unavailable("the daemon is draining", reason="draining")
@@ -117,7 +119,7 @@ class OtlpHttp:
                 request.headers.get("Content-Encoding", "identity"),
                 self._max_body_bytes,
             )
-            result = await self._receiver.export(export, "http")
+            result = await self._receiver.export(export, "http", exporter)
         except ServiceError as error:
             return self._refuse(error, answer_as)
         except Exception:  # a fault of ours: answered and logged like the gRPC guard's INTERNAL

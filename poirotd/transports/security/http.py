@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from poirotd.model import Door
-from poirotd.transports.security.access import AccessControl, Denied
+from poirotd.transports.security.access import AccessControl, Denied, Identity
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.roles import REQUIRED
 
@@ -34,10 +34,11 @@ class HttpAccess:
     door: Door
     call: str
 
-    def refusal(
+    def admit(
         self, authorization: str | None, certificate_names: list[str], peer: str
-    ) -> HttpRefusal | None:
-        """None when the caller may; else the answer to give (the refusal already recorded)."""
+    ) -> Identity | HttpRefusal:
+        """Who the caller is when it may; else the answer to give (the refusal already
+        recorded)."""
         requirement = REQUIRED[self.call]
         assert requirement is not None, f"{self.call} is never open under an access policy"
         try:
@@ -46,7 +47,7 @@ class HttpAccess:
         except Denied as denied:
             self.denials.record(denied, door=self.door, call=self.call, peer=peer)
             return HttpRefusal(403 if denied.reason.authenticated else 401, str(denied))
-        return None
+        return identity
 
 
 def certificate_names(certificate: dict[str, Any] | None) -> list[str]:
