@@ -222,7 +222,7 @@ def access_denial_row(denial: AccessDenial, denial_id: int | None) -> Row:
 
 
 def ingest_conflict_row(conflict: IngestConflict, conflict_id: int | None) -> Row:
-    return (conflict_id, encode_record(conflict))
+    return (conflict_id, conflict.session_id, encode_record(conflict))
 
 
 def event_from_row(row: Row) -> InvestigationEvent:
@@ -319,7 +319,7 @@ ACCESS_DENIALS = AuditedTable(
 INGEST_CONFLICTS = AuditedTable(
     "ingest_conflict",
     "ingest_conflicts",
-    ("id", "record"),
+    ("id", "session_id", "record"),
     ref=lambda row: str(row[0]),
     expect=lambda row, _: ingest_conflict_row(IngestConflict.model_validate_json(row[-1]), row[0]),
 )

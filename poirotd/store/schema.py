@@ -158,9 +158,11 @@ CREATE TABLE IF NOT EXISTS access_denials (
     record TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ingest_conflicts (
-    id     INTEGER PRIMARY KEY,
-    record TEXT NOT NULL
+    id         INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    record     TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS ingest_conflicts_by_session ON ingest_conflicts (session_id, id);
 CREATE TABLE IF NOT EXISTS diagnosis_memory (
     system   TEXT NOT NULL,
     entry_id TEXT NOT NULL,

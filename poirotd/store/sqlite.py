@@ -160,7 +160,7 @@ _INSERT_OPENING = (
 _INSERT_EVENT = "INSERT INTO events (event_id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_EXCHANGE = "INSERT INTO exchanges (id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_ACCESS_DENIAL = "INSERT INTO access_denials (id, record) VALUES (?, ?)"
-_INSERT_CONFLICT = "INSERT INTO ingest_conflicts (id, record) VALUES (?, ?)"
+_INSERT_CONFLICT = "INSERT INTO ingest_conflicts (id, session_id, record) VALUES (?, ?, ?)"
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")

@@ -13,7 +13,7 @@ import pytest
 
 from poirotd.model import CommitItem, IngestConflict, ItemKey, SampleRow, TelemetryBatch
 from poirotd.store import Store
-from poirotd.store.audit import verify
+from poirotd.store.audit import review_conflicts, verify
 from poirotd.store.idempotency import (
     UNKNOWN,
     KeyWindow,
@@ -109,6 +109,8 @@ async def test_a_key_met_twice_in_one_batch_keeps_its_first_holder(
     left_out = await store.commit_ingest([sample(2, 2.0), sample(3, 3.0)], [key(3), key(3)])
     assert left_out.duplicates == {} and [c.position for c in left_out.conflicts] == [1]
     assert [c.sample and c.sample.value for c in conflicts(store_db)] == [3.0]
+    (reviewed,) = review_conflicts(store_db.target)
+    assert (reviewed["set_aside"]["value"], reviewed["stored"]["value"]) == (3.0, 2.0)
 
 
 async def test_consecutive_keys_are_kept_as_one_run_per_producer(
@@ -242,6 +244,11 @@ async def test_a_key_held_by_other_content_is_set_aside_with_both_versions_finda
     assert record.stored_digest == message_digest(message(1)).hex()
     assert record.digest == message_digest(other).hex()
     assert conflicts(store_db) == [record]
+    (reviewed,) = review_conflicts(store_db.target, session_id="s1")
+    assert reviewed["id"] == conflict_id and reviewed["producer"] == "bridge-a"
+    assert reviewed["set_aside"]["content"] == "abort the trial"
+    assert reviewed["stored"]["content"] == "message 1", "both versions, side by side"
+    assert review_conflicts(store_db.target, session_id="s2") == []
     stored = await store.session_messages("s1")
     assert [m.content for m in stored] == ["proceed", "message 1", "message 4"]
     assert verify(store_db.target).ok, "the conflict is chained"
@@ -264,6 +271,9 @@ async def test_an_index_held_by_another_message_is_set_aside_not_dropped(
     assert position == 0 and record.reason == "index" and record.message == victim
     assert (record.producer, record.seq) == ("bridge-a", 7)
     assert record.stored_digest == message_digest(message(20, content="spoofed order")).hex()
+    (reviewed,) = review_conflicts(store_db.target)
+    assert reviewed["set_aside"]["content"] == "the chief's order"
+    assert reviewed["stored"]["content"] == "spoofed order"
     assert await duplicates(store, [message(20, content="spoofed order")]) == {0: 1}
     # In one batch, the first holder of an index decides for the others.
     batch = [message(30), message(30), message(30, content="other")]
