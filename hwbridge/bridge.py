@@ -60,6 +60,7 @@ class Bridge:
         self._sources: list[tuple[str, DeliveryInput[Any, Any, Any], AsyncGenerator[Delivery]]] = []
         self.mqtt: MqttSubscriber | None = None
         self.mqtt_messages: MqttSubscriber | None = None
+        self.messages: MessageInput | None = None
         self.feeds: list[TcpLineFeed] = []
 
         def pipeline(router: Router[Route], door: str) -> TelemetryInput:
@@ -83,14 +84,15 @@ class Bridge:
             self.mqtt_messages = MqttSubscriber(
                 broker, [(mqtt.subscription(m.topic), m.qos) for m in mqtt.messages]
             )
-            messages = MessageInput(
+            self.messages = MessageInput(
                 Router([m.route() for m in mqtt.messages]),
                 config.session_id,
                 message_sink,
                 dead_letters,
                 config.pipeline,
             )
-            self._sources.append(("mqtt_messages", messages, self.mqtt_messages.deliveries()))
+            deliveries = self.mqtt_messages.deliveries()
+            self._sources.append(("mqtt_messages", self.messages, deliveries))
         for feed_config in config.tcp_feeds:
             feed = TcpLineFeed(feed_config)
             self.feeds.append(feed)
@@ -119,6 +121,8 @@ class Bridge:
             snapshot["mqtt_failures"] = dict(self.mqtt.failures)
         if self.mqtt_messages is not None:
             snapshot["mqtt_messages"] = asdict(self.mqtt_messages.stats)
+        if self.messages is not None:
+            snapshot["route_refusals"] = dict(self.messages.route_refusals)
         for feed in self.feeds:
             snapshot[f"tcp.{feed.name}"] = asdict(feed.stats)
         return snapshot

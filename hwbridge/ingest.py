@@ -28,7 +28,7 @@ from typing import Generic, NamedTuple, TypeVar
 from hwbridge.codecs import DecodeError, DocumentCodec
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.messages import MessageRoute, ReceivedMessage
+from hwbridge.messages import PINNABLE, MessageRoute, ReceivedMessage, RouteRefusal
 from hwbridge.topics import Route, Router, RouteT, topic_key
 from poirotd.model import ItemKey, SampleRow, TelemetryBatch, producer_problem
 
@@ -273,13 +273,32 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
 
 class MessageInput(DeliveryInput[MessageRoute, ReceivedMessage, list[ReceivedMessage]]):
     """Agent messages: one per delivery, in its session (the payload's, the topic's, or the
-    input's `session_id`)."""
+    input's `session_id`). Deliveries whose payload chose what its route decides are counted
+    by the field (`route_refusals`) besides as undecodable."""
+
+    def __init__(
+        self,
+        router: Router[MessageRoute],
+        session_id: str,
+        sink: MessageSink,
+        dead_letters: DeadLetterStore,
+        config: PipelineConfig,
+    ) -> None:
+        super().__init__(router, session_id, sink, dead_letters, config)
+        self.route_refusals = dict.fromkeys(PINNABLE, 0)
 
     def _items(
         self, route: MessageRoute, captures: tuple[str, ...], delivery: Delivery
     ) -> list[ReceivedMessage]:
         source, payload = delivery.source, delivery.payload
-        return [route.decode(payload, source, captures, delivery.received_at, self._session_id)]
+        try:
+            message = route.decode(
+                payload, source, captures, delivery.received_at, self._session_id
+            )
+        except RouteRefusal as refusal:
+            self.route_refusals[refusal.field] += 1
+            raise
+        return [message]
 
     def _batch(self, items: list[ReceivedMessage]) -> list[ReceivedMessage]:
         return items
