@@ -109,6 +109,10 @@ def producer_problem(producer: str) -> str:
         return f"producer is {len(producer)} characters, the limit is {MAX_PRODUCER_CHARS}"
     if producer.startswith(OTLP_PRODUCER_PREFIX):
         return f"producer names starting {OTLP_PRODUCER_PREFIX!r} are the OTLP receiver's"
+    if "\x00" in producer:
+        # PostgreSQL's text cannot hold it, and SQLite's key lookup (JSON) would miss the key:
+        # its second copy then failed the whole commit it was in, other producers' items too.
+        return "producer contains a NUL character"
     return ""
 
 

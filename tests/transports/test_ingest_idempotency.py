@@ -91,6 +91,7 @@ async def test_another_producer_with_the_same_seqs_is_not_a_copy(
         ("", 3, "seq 2: producer_seq needs a producer"),
         ("p" * 257, 3, "producer is 257 characters, the limit is 256"),
         ("otlp:abc", 3, "producer names starting 'otlp:' are the OTLP receiver's"),
+        ("fz\x00-1", 3, "producer contains a NUL character"),
         ("bridge", 2**63, "is beyond 9223372036854775807"),
     ],
 )
