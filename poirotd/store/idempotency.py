@@ -34,7 +34,9 @@ import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
+from itertools import chain, repeat
+from operator import attrgetter
+from typing import NamedTuple, cast
 
 import orjson
 
@@ -59,25 +61,30 @@ DIGEST_BYTES = 16
 # matches every content, so such a key or index only ever drops copies.
 UNKNOWN = bytes(DIGEST_BYTES)
 _READING = struct.Struct("<dII")
+_MESSAGE_HASH = hashlib.blake2b(digest_size=DIGEST_BYTES)
+# Who said what to whom in which session: what a message's digest covers.
+_message_content = attrgetter(
+    "session_id", "kind", "sender", "recipient", "content", "tool_calls", "tool_name"
+)
 
 
 def message_digest(message: AgentMessage) -> bytes:
-    content = (
-        message.session_id,
-        message.kind,
-        message.sender,
-        message.recipient,
-        message.content,
-        message.tool_calls,
-        message.tool_name,
-    )
-    return hashlib.blake2b(orjson.dumps(content), digest_size=DIGEST_BYTES).digest()
+    digest = _MESSAGE_HASH.copy()  # a copy costs a quarter less than a new hash object
+    digest.update(orjson.dumps(_message_content(message)))
+    return digest.digest()
 
 
 def reading_digest(session_crc: int, component: str, signal: str, value: float) -> bytes:
     """`session_crc`: `zlib.crc32` of the session id (the same for a whole batch)."""
     names = zlib.crc32(f"{component}\0{signal}".encode())
     return _READING.pack(value, names, session_crc)
+
+
+def row_digests(batch: TelemetryBatch) -> list[bytes]:
+    """`reading_digest` of each row, its formula inlined: at sensor rates a call a row costs
+    two thirds more (0.2 µs; a test holds the two equal)."""
+    session_crc, pack, crc32 = zlib.crc32(batch.session_id.encode()), _READING.pack, zlib.crc32
+    return [pack(v, crc32(f"{c}\0{s}".encode()), session_crc) for c, s, v, _ in batch.rows]
 
 
 def item_digest(item: CommitItem) -> bytes:
@@ -128,16 +135,19 @@ def seen_in(
     return found
 
 
-def key_rows(
-    new_keys: Mapping[str, Mapping[int, bytes]], stored_us: int
-) -> list[tuple[str, int, int, int, bytes]]:
+def key_rows(kept: Kept, stored_us: int) -> list[tuple[str, int, int, int, bytes]]:
     """The rows (producer, last, first, stored_us, digests) that record a commit's new keys, a
     run each, its digests in seq order."""
-    return [
-        (producer, last, first, stored_us, b"".join(digests[s] for s in range(first, last + 1)))
-        for producer, digests in new_keys.items()
-        for first, last in runs(digests)
-    ]
+    digests = kept.new_digests
+    rows = []
+    for producer, seqs in kept.new_keys.items():
+        for first, last in runs(seqs):
+            if first == last:  # scattered keys: a row each
+                blob = digests[producer, first]
+            else:
+                blob = b"".join([digests[producer, seq] for seq in range(first, last + 1)])
+            rows.append((producer, last, first, stored_us, blob))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -195,14 +205,17 @@ def conflict_record(conflict: Conflict, at: datetime) -> IngestConflict:
 @dataclass
 class Kept:
     """What `drop_seen` leaves: the items to store (with their positions in the batch), the
-    duplicates it dropped, the conflicts it set aside, the new keys to record (by producer: seq
-    -> digest), and the digests it computed of the messages it kept (by `id`)."""
+    duplicates it dropped, the conflicts it set aside, the new keys to record (their seqs by
+    producer, and each one's digest), and the digests it computed of the messages it kept (by
+    `id`)."""
 
     items: list[CommitItem] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     duplicates: Duplicates = field(default_factory=dict)
     conflicts: list[Conflict] = field(default_factory=list)
-    new_keys: dict[str, dict[int, bytes]] = field(default_factory=dict)
+    new_keys: Mapping[str, Collection[int]] = field(default_factory=dict)
+    # Keyed by (producer, seq): an ItemKey is that tuple, and looking one up needs no ItemKey.
+    new_digests: dict[tuple[str, int], bytes] = field(default_factory=dict)
     digests: dict[int, bytes] = field(default_factory=dict)
 
     def is_copy(self, position: int, held: bytes, digest: bytes) -> bool:
@@ -221,12 +234,13 @@ def kept_all(items: Sequence[CommitItem]) -> Kept:
 
 class _Claims:
     """The keys held so far: the stored ones (`seen`: key -> digest) and the batch's own, which
-    are the new keys to record."""
+    are the new keys to record (`kept`'s)."""
 
-    def __init__(self, seen: Mapping[ItemKey, bytes], new_keys: dict[str, dict[int, bytes]]):
+    def __init__(self, seen: Mapping[ItemKey, bytes], kept: Kept):
         self._seen = seen
-        self._claimed: dict[ItemKey, bytes] = {}
-        self._new_keys = new_keys
+        self._claimed = kept.new_digests
+        self._new_keys: dict[str, list[int]] = {}
+        kept.new_keys = self._new_keys
 
     def claim(self, key: ItemKey, digest: bytes) -> bytes | None:
         """None when `key` was free (it is claimed now), else the digest that holds it."""
@@ -235,19 +249,28 @@ class _Claims:
             held = self._claimed.get(key)
         if held is None:
             self._claimed[key] = digest
-            self._new_keys.setdefault(key.producer, {})[key.seq] = digest
+            self._new_keys.setdefault(key.producer, []).append(key.seq)
         return held
 
 
 def drop_seen(
-    items: Sequence[CommitItem], keys: Sequence[ItemKey | None], seen: Mapping[ItemKey, bytes]
+    items: Sequence[CommitItem],
+    keys: Sequence[ItemKey | None],
+    seen: Mapping[ItemKey, bytes],
+    wanted: Mapping[str, Collection[int]] | None = None,
 ) -> Kept:
     """Leaves out every item (or row) whose key is held, in `seen` (key -> stored digest) or by
     an earlier item or row of the batch, by the same content, and sets aside as a conflict one
     whose key is held by other content; a telemetry batch loses those rows (and is left out when
-    none remains)."""
+    none remains). `wanted`, the batch's `wanted` keys, when given: if none is seen and no key
+    repeats (the batch has as many keys as `wanted` holds), every item is kept and its keys are
+    the new keys, without a claim of each (the usual commit: about 0.5 µs a key less)."""
+    if wanted is not None and not seen:
+        distinct = sum(map(len, wanted.values()))
+        if distinct == sum(1 for _ in _all_keys(items, keys)):
+            return _all_new(items, keys, wanted)
     kept = Kept()
-    claims = _Claims(seen, kept.new_keys)
+    claims = _Claims(seen, kept)
     for position, item in enumerate(items):
         key = keys[position] if position < len(keys) else None
         if isinstance(item, TelemetryBatch) and item.keys is not None:
@@ -270,18 +293,40 @@ def drop_seen(
     return kept
 
 
+def _all_new(
+    items: Sequence[CommitItem],
+    keys: Sequence[ItemKey | None],
+    wanted: Mapping[str, Collection[int]],
+) -> Kept:
+    """`drop_seen` of a batch whose keys are all new and distinct: every item kept, `wanted`
+    its new keys."""
+    kept = kept_all(items)
+    kept.new_keys = wanted
+    digests: dict[ItemKey | None, bytes] = {}
+    for item, key in zip(items, chain(keys, repeat(None)), strict=False):  # keys may be ()
+        if isinstance(item, TelemetryBatch):
+            if item.keys is not None:
+                digests.update(zip(item.keys, row_digests(item), strict=True))
+        elif key is None:
+            continue
+        elif isinstance(item, AgentMessage):
+            digests[key] = kept.digests[id(item)] = message_digest(item)
+        else:
+            digests[key] = item_digest(item)
+    digests.pop(None, None)  # a batch's unkeyed rows: what is left is keyed by ItemKeys
+    kept.new_digests = cast(dict[tuple[str, int], bytes], digests)
+    return kept
+
+
 def _fresh_rows(
     position: int, batch: TelemetryBatch, claims: _Claims, kept: Kept
 ) -> TelemetryBatch | None:
     """The batch without its rows whose keys are held (None: no row is left)."""
     assert batch.keys is not None, "only for a keyed batch"
-    session_crc = zlib.crc32(batch.session_id.encode())
     rows: list[SampleRow] = []
     row_keys: list[ItemKey | None] = []
-    for row, key in zip(batch.rows, batch.keys, strict=True):
+    for row, key, digest in zip(batch.rows, batch.keys, row_digests(batch), strict=True):
         if key is not None:
-            component, signal, value, _ = row
-            digest = reading_digest(session_crc, component, signal, value)
             held = claims.claim(key, digest)
             if held is not None:
                 if not kept.is_copy(position, held, digest):

@@ -452,9 +452,9 @@ class PostgresStore(StoreReads):
         answer = await conn.execute(_SEEN_KEYS, (producers, *bounds))
         held = answer if optimistic else None
         seen = {} if optimistic else idempotency.seen_in(await answer.fetchall(), wanted)
-        kept = idempotency.drop_seen(items, keys, seen)
+        kept = idempotency.drop_seen(items, keys, seen, wanted)
         now_us = micros(datetime.now(UTC))
-        if new_runs := idempotency.key_rows(kept.new_keys, now_us):
+        if new_runs := idempotency.key_rows(kept, now_us):
             columns = [list(column) for column in zip(*new_runs, strict=True)]
             await conn.execute(_INSERT_KEYS, columns)
         if (before := self._key_window.prune_before(now_us)) is not None:

@@ -506,9 +506,9 @@ def _drop_seen_keys(
     by_producer = idempotency.wanted(items, keys)
     if not by_producer:
         return idempotency.kept_all(items)
-    kept = idempotency.drop_seen(items, keys, _stored_keys(conn, by_producer))
+    kept = idempotency.drop_seen(items, keys, _stored_keys(conn, by_producer), by_producer)
     now_us = micros(datetime.now(UTC))
-    conn.executemany(_INSERT_KEYS, idempotency.key_rows(kept.new_keys, now_us))
+    conn.executemany(_INSERT_KEYS, idempotency.key_rows(kept, now_us))
     if (before := window.prune_before(now_us)) is not None:
         conn.execute(_PRUNE_KEYS, (before,))
     return kept

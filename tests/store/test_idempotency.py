@@ -20,7 +20,9 @@ from poirotd.store.idempotency import (
     drop_seen,
     item_digest,
     message_digest,
+    row_digests,
     runs,
+    wanted,
 )
 from tests.support.store import T0, message, sample, session
 from tests.support.stores import StoreDb
@@ -194,8 +196,26 @@ def test_drop_seen_keeps_unkeyed_items_and_reports_positions() -> None:
     assert kept.duplicates == {1: 1}, "key 1 was stored for the row's content"
     assert [c.position for c in kept.conflicts] == [1], "key 2 belongs to the earlier sample"
     assert kept.positions == [0, 1]
-    assert {p: sorted(d) for p, d in kept.new_keys.items()} == {"bridge-a": [2, 3]}
+    assert {p: sorted(s) for p, s in kept.new_keys.items()} == {"bridge-a": [2, 3]}
     assert isinstance(kept.items[1], TelemetryBatch) and len(kept.items[1].rows) == 2
+
+
+def test_drop_seen_given_the_wanted_keys_keeps_all_only_when_no_key_repeats() -> None:
+    """The shortcut that skips the claim of each key is taken only when it cannot matter."""
+    items, keys = [sample(0, 1.0), sample(1, 2.0)], [key(1), key(2, "bridge-b")]
+    kept = drop_seen(items, keys, {}, wanted(items, keys))
+    assert kept.positions == [0, 1] and kept.duplicates == {} and kept.conflicts == []
+    assert kept.new_keys == {"bridge-a": {1}, "bridge-b": {2}}
+    assert kept.new_digests == {
+        key(1): item_digest(items[0]),
+        key(2, "bridge-b"): item_digest(items[1]),
+    }
+    batch = TelemetryBatch("s1", _rows(2), [key(3), key(1)])  # repeats the first item's key
+    mixed: list[CommitItem] = [sample(0, 0.0), batch]
+    mixed_keys: list[ItemKey | None] = [key(1), None]
+    kept = drop_seen(mixed, mixed_keys, {}, wanted(mixed, mixed_keys))
+    assert kept.duplicates == {} and [c.position for c in kept.conflicts] == [1]
+    assert {p: sorted(s) for p, s in kept.new_keys.items()} == {"bridge-a": [1, 3]}
 
 
 def test_keys_without_a_digest_only_drop_copies() -> None:
@@ -204,6 +224,13 @@ def test_keys_without_a_digest_only_drop_copies() -> None:
     assert kept.duplicates == {0: 1} and kept.conflicts == []
     kept = drop_seen([session(), session()], [key(3), key(3)], {})
     assert kept.duplicates == {1: 1}
+
+
+def test_a_readings_digest_is_its_names_and_value_whichever_way_it_came() -> None:
+    batch = TelemetryBatch("s1", _rows(3), None)
+    assert row_digests(batch) == [item_digest(s) for s in batch.samples()]
+    assert item_digest(sample(9, 1.0)) == item_digest(sample(1, 1.0)), "not its time"
+    assert len({item_digest(sample(0, 1.0, sid)) for sid in ("s1", "s2")}) == 2
 
 
 def test_a_message_digest_is_what_was_said_not_when_nor_where_in_the_session() -> None:
