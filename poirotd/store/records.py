@@ -5,8 +5,9 @@ expected row of a stored record with the same ones, so the two can never disagre
 Messages and telemetry are stored in blocks: a commit's new messages, or its samples, of one
 session are one record (a row of `message_blocks` or `telemetry_blocks`, one chain entry), because
 a row and an entry each cost more than all the rest of ingest at ingest rates. A message is
-stored once per (session, index): `message_indices` holds the keys stored, for the check a resent
-one meets (derived data, like an SQL index: not chained). A telemetry block's `first_us` and
+stored once per (session, index): `message_indices` holds the keys stored, each with its message's
+content digest, for the check a resent one meets (the same content: a copy; other content: a
+conflict, kept in `ingest_conflicts`) (derived data, like an SQL index: not chained). A telemetry block's `first_us` and
 `last_us` bound its samples in time (the newest-first read orders by `last_us`). The
 `agent_messages` and `telemetry_samples` views show them one per row (`block_id`, `position`),
 with the per-row records older stores kept (tables `messages` from schema 4 and `telemetry` from
