@@ -64,7 +64,7 @@ from poirotd.model import (
 from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.store import SqliteStore
-from poirotd.store.idempotency import Duplicates
+from poirotd.store.idempotency import LeftOut
 from tests.support.answers import schema_answer
 from tests.support.spec import CLINIC
 
@@ -503,12 +503,12 @@ def probes(probe: Probe) -> Iterator[None]:
 
     async def timed_commit(
         self: SqliteStore, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
-    ) -> Duplicates:
+    ) -> LeftOut:
         began = time.perf_counter()
-        duplicates = await commit_ingest(self, items, keys)
+        left_out = await commit_ingest(self, items, keys)
         if samples := _samples_in(items):  # not a session start
             probe.commits.append((samples, time.perf_counter() - began))
-        return duplicates
+        return left_out
 
     hooks = {
         (RuleEngine, "observe"): (timed_evaluate, evaluate),

@@ -60,10 +60,13 @@ class Bridge:
         self._sources: list[tuple[str, DeliveryInput[Any, Any, Any], AsyncGenerator[Delivery]]] = []
         self.mqtt: MqttSubscriber | None = None
         self.mqtt_messages: MqttSubscriber | None = None
+        self.messages: MessageInput | None = None
         self.feeds: list[TcpLineFeed] = []
 
-        def pipeline(router: Router[Route]) -> TelemetryInput:
-            return TelemetryInput(router, config.session_id, sink, dead_letters, config.pipeline)
+        def pipeline(router: Router[Route], door: str) -> TelemetryInput:
+            return TelemetryInput(
+                router, config.session_id, sink, dead_letters, config.pipeline, door
+            )
 
         mqtt = config.mqtt
         if mqtt is not None and mqtt.mappings:
@@ -71,7 +74,7 @@ class Bridge:
                 mqtt.broker, [(mqtt.subscription(m.topic), m.qos) for m in mqtt.mappings]
             )
             router = Router([m.route() for m in mqtt.mappings])
-            self._sources.append(("mqtt", pipeline(router), self.mqtt.deliveries()))
+            self._sources.append(("mqtt", pipeline(router, "mqtt"), self.mqtt.deliveries()))
         if mqtt is not None and mqtt.messages:
             if message_sink is None:
                 raise ValueError("agent-message topics are configured but nothing takes them")
@@ -81,19 +84,20 @@ class Bridge:
             self.mqtt_messages = MqttSubscriber(
                 broker, [(mqtt.subscription(m.topic), m.qos) for m in mqtt.messages]
             )
-            messages = MessageInput(
+            self.messages = MessageInput(
                 Router([m.route() for m in mqtt.messages]),
                 config.session_id,
                 message_sink,
                 dead_letters,
                 config.pipeline,
             )
-            self._sources.append(("mqtt_messages", messages, self.mqtt_messages.deliveries()))
+            deliveries = self.mqtt_messages.deliveries()
+            self._sources.append(("mqtt_messages", self.messages, deliveries))
         for feed_config in config.tcp_feeds:
             feed = TcpLineFeed(feed_config)
             self.feeds.append(feed)
             router = Router([feed_config.route()])
-            self._sources.append((feed_config.name, pipeline(router), feed.deliveries()))
+            self._sources.append((feed_config.name, pipeline(router, "tcp"), feed.deliveries()))
 
     async def run(self) -> None:
         """Runs every input until cancelled; the first input to fail (its sink raised) stops
@@ -117,6 +121,8 @@ class Bridge:
             snapshot["mqtt_failures"] = dict(self.mqtt.failures)
         if self.mqtt_messages is not None:
             snapshot["mqtt_messages"] = asdict(self.mqtt_messages.stats)
+        if self.messages is not None:
+            snapshot["route_refusals"] = dict(self.messages.route_refusals)
         for feed in self.feeds:
             snapshot[f"tcp.{feed.name}"] = asdict(feed.stats)
         return snapshot

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hwbridge.codecs import Codec, DocumentCodec, FrameCodec, TimestampUnit
-from hwbridge.messages import MessageRoute
+from hwbridge.messages import MessageRoute, PinnedFields
 from hwbridge.topics import Route, Template, TopicFilter
 from poirotd.api.client_tls import ClientTLS
 from poirotd.api.secrets import SecretRef
@@ -51,9 +51,11 @@ class DocumentCodecConfig(_TimestampedCodec):
     # A string field prepended to each signal name, e.g. "symbol" -> "ACME.price".
     prefix_field: str | None = None
     # The producer's idempotency key (exactly-once storage): an integer field numbering its
-    # payloads (a copy of a stored payload is dropped), and optionally a string field naming the
-    # producer (else the topic names it). The producer must never reuse a number within the
-    # daemon's idempotency window: a publisher that restarts its count takes a new name.
+    # payloads (a copy of a stored payload is dropped), and optionally a string field naming
+    # one of the topic's producers (the key is the topic's whatever the payload says: a payload
+    # cannot name another topic's producer). The producer must never reuse a number within the
+    # daemon's idempotency window: a publisher that restarts its count takes a new name (a
+    # number reused for other readings is set aside as a conflict, not stored).
     key_field: str | None = None
     producer_field: str | None = None
 
@@ -130,19 +132,20 @@ class MessageTopic(_Model):
     ``sender`` names the sender of a payload that does not, as a template of the filter's
     wildcards (``{w1}``...; ``{topic}``), e.g. filter ``mas/+/out`` with sender ``{w1}`` names
     the agent by the topic's second level; ``session_id`` is the session of a payload that does
-    not name one ("": the input's).
+    not name one ("": the input's); ``pin`` what a payload may not choose, e.g.
+    ``{session: true, kind: agent, index: daemon}``.
     """
 
     topic: str
     sender: str = ""
     session_id: str = ""
+    pin: PinnedFields = PinnedFields()
     qos: Literal[0, 1] = 1
 
     def route(self) -> MessageRoute:
         topic_filter = TopicFilter(self.topic)
-        return MessageRoute(
-            topic_filter, Template(self.sender, topic_filter.wildcards), self.session_id
-        )
+        sender = Template(self.sender, topic_filter.wildcards)
+        return MessageRoute(topic_filter, sender, self.session_id, self.pin)
 
     @model_validator(mode="after")
     def _compiles(self) -> MessageTopic:

@@ -91,6 +91,9 @@ class ForwarderStats:
     streams: int = 0
     # Items poirotd acked as copies of what it had stored (a resend whose first ack was lost).
     duplicates: int = 0
+    # Items poirotd set aside as conflicts: their key was held by other content (a payload that
+    # reused its producer's seq), kept for its operator (`poirotd audit conflicts`).
+    conflicts: int = 0
     # Streams a draining replica ended (the forwarder went on with the next target).
     drained: int = 0
     # Streams poirotd ended for sending nothing (the next opened when there was something).
@@ -328,11 +331,12 @@ class Forwarder:
         call = self._stubs[self._current].Stream()
         writer = asyncio.create_task(self._write(call, probe=retry))
         try:
-            duplicates = 0
+            duplicates = conflicts = 0
             while (ack := await call.read()) is not grpc.aio.EOF:
                 self._settle(ack.durable_seq)
                 self.stats.duplicates += ack.duplicates - duplicates
-                duplicates = ack.duplicates
+                self.stats.conflicts += ack.conflicts - conflicts
+                duplicates, conflicts = ack.duplicates, ack.conflicts
         finally:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)

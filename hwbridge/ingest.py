@@ -28,8 +28,8 @@ from typing import Generic, NamedTuple, TypeVar
 from hwbridge.codecs import DecodeError, DocumentCodec
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.messages import MessageRoute, ReceivedMessage
-from hwbridge.topics import Route, Router, RouteT
+from hwbridge.messages import PINNABLE, MessageRoute, ReceivedMessage, RouteRefusal
+from hwbridge.topics import Route, Router, RouteT, topic_key
 from poirotd.model import ItemKey, SampleRow, TelemetryBatch, producer_problem
 
 # The in-process consumer interfaces: return once the sink has taken responsibility for the
@@ -224,7 +224,8 @@ def _row_keys(key: ItemKey, rows: int) -> list[ItemKey]:
 
 class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
     """A delivery on a keyed route (its codec reads a producer's key) gives each of its rows
-    a key (`_row_keys`); the batch holds them, row by row, while any delivery in it had one."""
+    a key (`_row_keys`), scoped by the topic (or feed) it came on, `door` saying which ("mqtt",
+    "tcp"); the batch holds them, row by row, while any delivery in it had one."""
 
     def __init__(
         self,
@@ -233,8 +234,10 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
         sink: Sink,
         dead_letters: DeadLetterStore,
         config: PipelineConfig,
+        door: str = "mqtt",
     ) -> None:
         super().__init__(router, session_id, sink, dead_letters, config)
+        self._door = door
         # The keys of the rows decoded since the last batch was made, once one is keyed.
         self._keys: list[ItemKey | None] | None = None
         self._rows = 0
@@ -248,9 +251,7 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
         codec, key = route.codec, None
         if isinstance(codec, DocumentCodec) and codec.keyed:
             readings, (producer, seq) = codec.decode_keyed(delivery.payload, delivery.received_at)
-            key = ItemKey(producer or source, seq)
-            if problem := producer_problem(key.producer):
-                raise DecodeError(problem)
+            key = topic_key(source, producer, seq, self._door)
         else:
             readings = codec.decode(delivery.payload, delivery.received_at)
         for field, value, measured_at in readings:
@@ -272,13 +273,32 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
 
 class MessageInput(DeliveryInput[MessageRoute, ReceivedMessage, list[ReceivedMessage]]):
     """Agent messages: one per delivery, in its session (the payload's, the topic's, or the
-    input's `session_id`)."""
+    input's `session_id`). Deliveries whose payload chose what its route decides are counted
+    by the field (`route_refusals`) besides as undecodable."""
+
+    def __init__(
+        self,
+        router: Router[MessageRoute],
+        session_id: str,
+        sink: MessageSink,
+        dead_letters: DeadLetterStore,
+        config: PipelineConfig,
+    ) -> None:
+        super().__init__(router, session_id, sink, dead_letters, config)
+        self.route_refusals = dict.fromkeys(PINNABLE, 0)
 
     def _items(
         self, route: MessageRoute, captures: tuple[str, ...], delivery: Delivery
     ) -> list[ReceivedMessage]:
         source, payload = delivery.source, delivery.payload
-        return [route.decode(payload, source, captures, delivery.received_at, self._session_id)]
+        try:
+            message = route.decode(
+                payload, source, captures, delivery.received_at, self._session_id
+            )
+        except RouteRefusal as refusal:
+            self.route_refusals[refusal.field] += 1
+            raise
+        return [message]
 
     def _batch(self, items: list[ReceivedMessage]) -> list[ReceivedMessage]:
         return items

@@ -3,7 +3,8 @@
 Agents of a robot or an exoskeleton controller that talk over MQTT publish one JSON object per
 message on their topics (e.g. ``mas/doctor/out``); a ``MessageTopic`` of the input's config
 subscribes to them (``mas/+/out``) and may name the sender by a topic level (``{w1}``) and the
-session. The payload, UTF-8 JSON, every field optional but one naming the sender somewhere:
+session, and pin what a payload may not choose (`PinnedFields`). The payload, UTF-8 JSON, every
+field optional but one naming the sender somewhere:
 
     {"session": "run-42",          # else the topic's session_id, else the input's session
      "index": 3,                   # its place in the session; without it the daemon numbers it
@@ -15,22 +16,28 @@ session. The payload, UTF-8 JSON, every field optional but one naming the sender
      "tool_name": "gait_test",     # a tool message's tool
      "sent_at": "2026-01-05T09:00:00Z",   # ISO-8601 or Unix seconds; else when received
      "seq": 17,                    # the producer's idempotency key: a copy is stored once
-     "producer": "doctor-7f3a"}    # who numbers `seq` (else the topic); new on a count restart
+     "producer": "doctor-7f3a"}    # who numbers `seq` on this topic; new on a count restart
+
+The key is the topic's: a payload's `producer` names one of the topic's producers, never one of
+another topic (`poirotd.model.scoped_producer`: ``mqtt:<topic>|<producer>``), so a payload on
+the doctor's topic cannot hold a key of the chief's and have the chief's message dropped.
 
 Anything else (not JSON, an unknown field, a wrong type, no sender or session) is a
-``DecodeError`` naming what is wrong, which the input dead-letters.
+``DecodeError`` naming what is wrong, which the input dead-letters; a payload choosing what its
+route decides (another sender, or a pinned session, kind or index) is a ``RouteRefusal``, one of
+them, counted by the field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hwbridge.codecs import MAX_SEQ, DecodeError
-from hwbridge.topics import Template, TopicFilter
+from hwbridge.topics import Template, TopicFilter, topic_key
 from poirotd.model import (
     MAX_PRODUCER_CHARS,
     AgentMessage,
@@ -38,6 +45,35 @@ from poirotd.model import (
     MessageKind,
     producer_problem,
 )
+
+# The fields a route may decide for its payloads (a metric label, with `sender`).
+PINNABLE = ("session", "kind", "index", "sender")
+
+
+class RouteRefusal(DecodeError):
+    """The payload chose what its route decides; `field` is which (one of PINNABLE)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PinnedFields(BaseModel):
+    """What a route decides and a payload may not choose: a payload naming another value is
+    refused (dead-lettered, counted by field), so a publisher on the route's topics cannot write
+    into another session, pass for a human, or take an index another producer's message needs.
+    The sender is pinned by the route's ``sender`` (a payload naming another is refused)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The route's session (its session_id, else the input's); a payload may repeat it.
+    session: bool = False
+    # The kind of every message; a payload may repeat it.
+    kind: MessageKind | None = None
+    # "daemon": the daemon numbers every message, a payload giving an index is refused;
+    # "payload": a payload may give its index (then the producer must not take an index another
+    # holds: a message of other content at that index is set aside as a conflict, not stored).
+    index: Literal["payload", "daemon"] = "payload"
 
 
 class MessagePayload(BaseModel):
@@ -66,11 +102,13 @@ class ReceivedMessage(NamedTuple):
 @dataclass(frozen=True)
 class MessageRoute:
     """Where a topic's messages go when their payload does not say: the sender (a template of
-    the filter's wildcards, or "") and the session ("": the input's)."""
+    the filter's wildcards, or "") and the session ("": the input's); and what a payload may not
+    choose (`pin`)."""
 
     filter: TopicFilter
     sender: Template
     session_id: str
+    pin: PinnedFields
 
     def decode(
         self,
@@ -90,17 +128,20 @@ class MessageRoute:
             raise DecodeError(f"not an agent message: {problems}") from None
         named = self.sender.render("", topic, captures)
         if body.sender and named and body.sender != named:
-            raise DecodeError(f"sender {body.sender!r} is not the topic's sender {named!r}")
+            raise RouteRefusal(
+                "sender", f"sender {body.sender!r} is not the topic's sender {named!r}"
+            )
         sender = body.sender or named
         if not sender:
             raise DecodeError("no sender: neither the payload nor the topic names one")
-        session = body.session or self.session_id or default_session
-        if not session:
-            raise DecodeError("no session: neither the payload nor the topic names one")
+        session = self._session(body, default_session)
+        kind = self._kind(body)
+        if body.index is not None and self.pin.index == "daemon":
+            raise RouteRefusal("index", "index: this route's messages are numbered by the daemon")
         message = AgentMessage(
             session_id=session,
             index=body.index or 0,
-            kind=body.kind,
+            kind=kind,
             sender=sender,
             recipient=body.recipient,
             content=body.content,
@@ -110,9 +151,30 @@ class MessageRoute:
         )
         key = None
         if body.seq is not None:
-            key = ItemKey(body.producer or topic, body.seq)
-            if problem := producer_problem(key.producer):
+            if problem := producer_problem(body.producer):
                 raise DecodeError(problem)
+            key = topic_key(topic, body.producer, body.seq)
         elif body.producer:
             raise DecodeError("producer needs seq")
         return ReceivedMessage(message, body.index is not None, payload, key)
+
+    def _session(self, body: MessagePayload, default_session: str) -> str:
+        routes = self.session_id or default_session
+        if self.pin.session and body.session and body.session != routes:
+            raise RouteRefusal(
+                "session", f"session {body.session!r}: this route's session is {routes!r}"
+            )
+        session = body.session or routes
+        if not session:
+            raise DecodeError("no session: neither the payload nor the topic names one")
+        return session
+
+    def _kind(self, body: MessagePayload) -> MessageKind:
+        pinned = self.pin.kind
+        if pinned is None:
+            return body.kind
+        if "kind" in body.model_fields_set and body.kind != pinned:
+            raise RouteRefusal(
+                "kind", f"kind {body.kind.value!r}: this route's messages are {pinned.value!r}"
+            )
+        return pinned

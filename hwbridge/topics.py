@@ -10,7 +10,8 @@ import functools
 import string
 from typing import Generic, Protocol, TypeVar
 
-from hwbridge.codecs import Codec
+from hwbridge.codecs import Codec, DecodeError
+from poirotd.model import ItemKey, producer_problem, scoped_producer
 
 # Distinct (field, topic, captures) a route remembers its names for, and topics a router
 # remembers its route for.
@@ -117,3 +118,13 @@ class Router(Generic[RouteT]):
             if captures is not None:
                 return route, captures
         return None
+
+
+def topic_key(topic: str, producer: str, seq: int, door: str = "mqtt") -> ItemKey:
+    """A payload's key, scoped by the topic it came on (or the TCP feed's name, door "tcp"): its
+    `producer` ("": the topic's one) is one of that topic's. DecodeError when the name with its
+    topic is longer than a door takes."""
+    key = ItemKey(scoped_producer(f"{door}:{topic}", producer), seq)
+    if problem := producer_problem(key.producer):
+        raise DecodeError(f"the producer's name with its topic: {problem}")
+    return key

@@ -127,7 +127,25 @@ def producer_problem(producer: str) -> str:
         return f"producer is {len(producer)} characters, the limit is {MAX_PRODUCER_CHARS}"
     if producer.startswith(OTLP_PRODUCER_PREFIX):
         return f"producer names starting {OTLP_PRODUCER_PREFIX!r} are the OTLP receiver's"
+    if "\x00" in producer:
+        # PostgreSQL's text cannot hold it, and SQLite's key lookup (JSON) would miss the key:
+        # its second copy then failed the whole commit it was in, other producers' items too.
+        return "producer contains a NUL character"
     return ""
+
+
+def scoped_producer(scope: str, producer: str) -> str:
+    """`producer` as named within `scope`: the name the store keys on. A door scopes the name a
+    client gives by who the door knows the client to be ("mqtt:<topic>", "grpc:token:<name>"),
+    so no client can name a key of another and have that one's items dropped as copies. The
+    scope ends at the first "|" (one in the scope itself is escaped, with "%"), so no name given
+    in one scope is a name of another."""
+    return f"{scope_text(scope)}|{producer}"
+
+
+def scope_text(scope: str) -> str:
+    """`scope` with "%" and "|" escaped, as `scoped_producer` writes it."""
+    return scope.replace("%", "%25").replace("|", "%7C")
 
 
 class ItemKey(NamedTuple):
@@ -545,6 +563,43 @@ class AccessDenial(Frozen):
     # chained before summaries existed encode, and verify, as they did.
     count: int = Field(default=1, ge=1, exclude_if=lambda count: count == 1)
     until: datetime | None = Field(default=None, exclude_if=lambda until: until is None)
+
+
+# ------------------------------------------------------------------ ingest conflicts
+
+
+# Why a commit set an item aside: its producer's key, or (a message) its session and index, was
+# already held by an item of other content. A metric label.
+ConflictReason = Literal["key", "index"]
+CONFLICT_REASONS: tuple[ConflictReason, ...] = ("key", "index")
+
+
+class IngestConflict(Frozen):
+    """An item a commit set aside instead of storing it or dropping it as a copy: what it held
+    (its producer's key, or its session and index) was already held by an item of other content
+    (a producer that reused a number, or a client that named another's). Kept in the audit
+    chain beside the stored item for an operator to compare (`poirotd audit conflicts`)."""
+
+    at: datetime
+    reason: ConflictReason
+    session_id: str
+    # The key it came with (reason key; a keyed item's index conflict keeps its key too).
+    producer: str = ""
+    seq: int = Field(default=0, ge=0)
+    # The item as it came: a message (its index as numbered) or a reading.
+    message: AgentMessage | None = None
+    sample: TelemetrySample | None = None
+    # Content digests (hex, `poirotd.store.idempotency`): the stored item's is how an operator
+    # finds it (a key's: its producer's item in the session with this digest; an index's: the
+    # message at that index).
+    digest: str
+    stored_digest: str
+
+    @model_validator(mode="after")
+    def _one_item(self) -> IngestConflict:
+        if (self.message is None) == (self.sample is None):
+            raise ValueError("a conflict holds one message or one sample")
+        return self
 
 
 # ------------------------------------------------------------------ investigation events

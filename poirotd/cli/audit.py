@@ -1,4 +1,5 @@
-"""`poirotd audit`: check the tamper-evident record, export an investigation for an auditor."""
+"""`poirotd audit`: check the tamper-evident record, export an investigation for an auditor,
+review the ingest conflicts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import typer
 
 app = typer.Typer(
     no_args_is_help=True,
-    help="Check the audit chain; export an investigation as a re-verifiable JSON report.",
+    help="Check the audit chain; export an investigation as a re-verifiable JSON report; review"
+    " ingest conflicts.",
 )
 
 DbOption = Annotated[
@@ -111,3 +113,28 @@ def export_command(
         typer.echo(text, nl=False)
     else:
         out.write_text(text, encoding="utf-8")
+
+
+@app.command("conflicts")
+def conflicts_command(
+    db: DbOption = None,
+    db_url: DbUrlOption = None,
+    db_password_file: PasswordFileOption = None,
+    session: Annotated[str | None, typer.Option(help="only this session's conflicts")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="the newest this many")] = 100,
+) -> None:
+    """List the items ingest set aside as conflicts, each beside the stored item it met.
+
+    A conflict is an item whose producer key, or session and index, an item of other content
+    held: `set_aside` is the item as it came, `stored` the one the session holds (null when the
+    session does not hold it). JSON, newest first.
+    """
+    from poirotd.store.audit import AuditError, review_conflicts
+
+    try:
+        target, password = _database(db, db_url, db_password_file)
+        found = review_conflicts(target, session_id=session, limit=limit, password=password)
+    except (AuditError, ValueError, OSError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(json.dumps(found, ensure_ascii=False, indent=2))

@@ -12,7 +12,9 @@ closes once it holds `batch_max` items (an admission is never split), so a trans
 bounded; every commit is an fsync, and the rule engine's cost is mostly per batch, so at a few
 thousand items a second one transaction per producer call would cost more than the data.
 If a commit fails, its round's futures raise and its events are dropped: the producers still hold
-those items, unacknowledged.
+those items, unacknowledged. What a commit leaves out is counted: copies of stored items
+(poirot_ingest_duplicates_total, at INFO), and conflicts, items whose key or index other content
+held, which the store keeps for an operator (poirot_ingest_conflicts_total, a WARNING).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from poirotd.ingest.numbering import SessionIndexes
 from poirotd.ingest.sessions import ImplicitSessions
 from poirotd.ingest.validation import IngestScope, SignalNames, ValueRanges
 from poirotd.model import (
+    CONFLICT_REASONS,
     AgentMessage,
     CommitItem,
     HazardEvent,
@@ -45,7 +48,7 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
 from poirotd.store.common import unknown_sessions
-from poirotd.store.idempotency import Duplicates
+from poirotd.store.idempotency import LeftOut
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +59,8 @@ _KIND_LABELS: dict[type, str] = {
     TelemetrySample: "telemetry",
     TelemetryBatch: "telemetry",
 }
+# A conflict's kind label, by whether it holds a message (else a sample).
+_CONFLICT_KINDS = {True: "agent_message", False: "telemetry"}
 
 
 class InvestigationOpener(Protocol):
@@ -77,12 +82,12 @@ class Refusal:
 class Admission:
     """What `accept` took: `accepted` items from the start of the batch (all of them, but for
     items after a refusal when invalid items stop the batch), durable once `durable` resolves
-    (with what the round's commit left out as duplicates: this admission's are its items at
-    positions `span` of the round)."""
+    (with what the round's commit left out: this admission's are its items at positions `span`
+    of the round)."""
 
     accepted: int
     refused: tuple[Refusal, ...]
-    durable: asyncio.Future[Duplicates]
+    durable: asyncio.Future[LeftOut]
     span: range = range(0)
 
     async def wait(self) -> int:
@@ -95,8 +100,13 @@ class Admission:
 
     def duplicates(self) -> int:
         """Once durable: how many of its items (telemetry: samples) were copies."""
-        dropped = self.durable.result()
+        dropped = self.durable.result().duplicates
         return sum(count for position, count in dropped.items() if position in self.span)
+
+    def conflicts(self) -> int:
+        """Once durable: how many of its items (telemetry: samples) were set aside as
+        conflicts."""
+        return sum(1 for c in self.durable.result().conflicts if c.position in self.span)
 
 
 @dataclass
@@ -106,7 +116,7 @@ class _Round:
     keys: list[ItemKey | None] = field(default_factory=list)
     events: list[HazardEvent] = field(default_factory=list)
     size: int = 0
-    done: asyncio.Future[Duplicates] = field(
+    done: asyncio.Future[LeftOut] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
@@ -138,6 +148,9 @@ class IngestPipeline:
         for kind in sorted(set(_KIND_LABELS.values())):
             # Served at 0 from the start: an alert on copies needs the series before the first.
             metrics.duplicates.labels(kind)
+        for kind in _CONFLICT_KINDS.values():
+            for reason in CONFLICT_REASONS:
+                metrics.conflicts.labels(kind, reason)
 
     def implicit_sessions(self, input_name: str) -> ImplicitSessions:
         """For a door whose producers do not start their sessions (OTLP, MQTT agent messages)."""
@@ -227,10 +240,10 @@ class IngestPipeline:
 
     def _admit(
         self, items: list[CommitItem], keys: list[ItemKey | None]
-    ) -> tuple[asyncio.Future[Duplicates], range]:
+    ) -> tuple[asyncio.Future[LeftOut], range]:
         if not items:
-            done: asyncio.Future[Duplicates] = asyncio.get_running_loop().create_future()
-            done.set_result({})
+            done: asyncio.Future[LeftOut] = asyncio.get_running_loop().create_future()
+            done.set_result(LeftOut())
             return done, range(0)
         if not self._rounds or self._rounds[-1].size >= self._batch_max:
             self._rounds.append(_Round())
@@ -257,7 +270,7 @@ class IngestPipeline:
         done.add_done_callback(_retrieve)
         try:
             keys = current.keys if any(current.keys) else ()
-            duplicates = await self._store.commit_ingest(current.items, keys)
+            left_out = await self._store.commit_ingest(current.items, keys)
         except asyncio.CancelledError:
             done.cancel()
             raise
@@ -270,17 +283,18 @@ class IngestPipeline:
             await self._opener.open(sorted(current.events, key=_event_time))
         except Exception:
             log.exception("opening investigations for committed items failed")
-        self._count(current.items, duplicates)
-        done.set_result(duplicates)
+        self._count(current.items, left_out)
+        done.set_result(left_out)
 
-    def _count(self, items: Sequence[CommitItem], duplicates: Duplicates) -> None:
+    def _count(self, items: Sequence[CommitItem], left_out: LeftOut) -> None:
         counts: Counter[str] = Counter()
         dropped: Counter[str] = Counter()
+        duplicates, conflicted = left_out.duplicates, left_out.conflicted()
         for position, item in enumerate(items):
             kind = _KIND_LABELS[type(item)]
             size = len(item.rows) if isinstance(item, TelemetryBatch) else 1
             copies = duplicates.get(position, 0)
-            counts[kind] += size - copies
+            counts[kind] += size - copies - conflicted.get(position, 0)
             dropped[kind] += copies
         for kind, count in counts.items():
             if count:
@@ -290,6 +304,26 @@ class IngestPipeline:
             if count:
                 self._metrics.duplicates.labels(kind).inc(count)
                 log.info("ingest duplicates dropped", kind=kind, count=count)
+        if left_out.conflicts:
+            self._count_conflicts(left_out)
+
+    def _count_conflicts(self, left_out: LeftOut) -> None:
+        """Counted by kind and reason; one WARNING a commit, naming the first."""
+        for _, _, record in left_out.conflicts:
+            kind = _CONFLICT_KINDS[record.message is not None]
+            self._metrics.conflicts.labels(kind, record.reason).inc()
+        _, conflict_id, first = left_out.conflicts[0]
+        log.warning(
+            "ingest conflicts set aside",
+            count=len(left_out.conflicts),
+            first_id=conflict_id,
+            first_reason=first.reason,
+            session_id=first.session_id,
+            producer=first.producer,
+            seq=first.seq,
+            index=None if first.message is None else first.message.index,
+            see="poirotd audit conflicts",
+        )
 
 
 def _without_rows(batch: TelemetryBatch, bad: set[int]) -> TelemetryBatch:
@@ -303,6 +337,6 @@ def _event_time(event: HazardEvent) -> datetime:
     return event.at
 
 
-def _retrieve(done: asyncio.Future[Duplicates]) -> None:
+def _retrieve(done: asyncio.Future[LeftOut]) -> None:
     if not done.cancelled():
         done.exception()

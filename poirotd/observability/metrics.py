@@ -215,6 +215,14 @@ class Metrics:
         )
         # At 0 from the start: an alert on a sensor gone wild needs the series before the first.
         self.ingest_refused.labels("telemetry", "value_out_of_range")
+        self.conflicts = Counter(
+            "poirot_ingest_conflicts_total",
+            "Ingest items set aside at commit, kept in the store's ingest_conflicts: their "
+            "producer's key (reason key) or their session and index (reason index) was held by "
+            "an item of other content, by kind",
+            ["kind", "reason"],
+            registry=r,
+        )
         self.last_ingest = Gauge(
             "poirot_ingest_last_item_timestamp_seconds",
             "Unix time of the latest committed item, by kind",

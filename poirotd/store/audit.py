@@ -1,5 +1,6 @@
-"""Checks the store's audit chain and exports one investigation as a self-contained report, on
-either adapter's database: a SQLite file, or a PostgreSQL database named by its URL.
+"""Checks the store's audit chain, exports one investigation as a self-contained report and lays
+the ingest conflicts beside what they conflicted with, on either adapter's database: a SQLite
+file, or a PostgreSQL database named by its URL.
 
 Both read through a read-only connection inside one read transaction (on PostgreSQL, REPEATABLE
 READ): they see one committed state even while daemons write, and cannot change what they check.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
@@ -24,10 +26,18 @@ from typing import Any, Protocol
 
 import psycopg
 
+from poirotd.model import AgentMessage, IngestConflict, TelemetrySample, sample_of
 from poirotd.store import pg_schema
 from poirotd.store.chain import GENESIS_HASH, Row, entry_hash
+from poirotd.store.idempotency import message_digest, reading_digest
 from poirotd.store.pg_url import SCHEMES, redacted, scrubbed
-from poirotd.store.records import AUDITED_TABLES, MESSAGE_BLOCK_FIELDS, AuditedTable
+from poirotd.store.records import (
+    AUDITED_TABLES,
+    MESSAGE_BLOCK_FIELDS,
+    AuditedTable,
+    MessageBlock,
+    TelemetryBlock,
+)
 from poirotd.store.schema import SCHEMA_VERSION, connect_read_only
 
 EXPORT_FORMAT = "poirotd-investigation-export/2"
@@ -337,6 +347,107 @@ def export_investigation(
         "events": events,
         "reputation_updates": reputation_updates,
     }
+
+
+def review_conflicts(
+    db: Path | str,
+    *,
+    session_id: str | None = None,
+    limit: int = 100,
+    password: str | None = None,
+) -> list[dict[str, Any]]:
+    """The newest `limit` ingest conflicts (of `session_id`, if given), newest first, each with
+    both versions: `set_aside`, the item as it came (its record), and `stored`, the item that
+    held its key or index when it came, found in the session by its digest (an index's: the
+    message at that index), or None when the session does not hold it (a key used in another
+    session, or a row older than the digests)."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    where, params = ("", ()) if session_id is None else (" WHERE session_id = ?", (session_id,))
+    with _snapshot(db, password) as conn:
+        rows = list(
+            conn.execute(
+                f"SELECT id, record FROM ingest_conflicts{where} ORDER BY id DESC LIMIT ?",
+                (*params, limit),
+            )
+        )
+        sessions = _SessionItems(conn)
+        return [
+            _review(conflict_id, IngestConflict.model_validate_json(record), sessions)
+            for conflict_id, record in rows
+        ]
+
+
+def _review(conflict_id: int, conflict: IngestConflict, sessions: _SessionItems) -> dict[str, Any]:
+    item = conflict.message if conflict.message is not None else conflict.sample
+    assert item is not None, "a conflict holds a message or a sample"
+    return {
+        "id": conflict_id,
+        **conflict.model_dump(mode="json", exclude={"message", "sample"}),
+        "set_aside": item.model_dump(mode="json"),
+        "stored": _stored_version(sessions, conflict),
+    }
+
+
+class _SessionItems:
+    """A session's stored messages and readings, read once each (rows of older schemas too)."""
+
+    def __init__(self, conn: _Snapshot) -> None:
+        self._conn = conn
+        self._messages: dict[str, list[AgentMessage]] = {}
+        self._samples: dict[str, list[TelemetrySample]] = {}
+
+    def messages(self, session_id: str) -> list[AgentMessage]:
+        if session_id not in self._messages:
+            conn = self._conn
+            rows = conn.execute("SELECT record FROM messages WHERE session_id = ?", (session_id,))
+            older = [AgentMessage.model_validate_json(record) for (record,) in rows]
+            blocks = conn.execute(
+                "SELECT record FROM message_blocks WHERE session_id = ? ORDER BY id", (session_id,)
+            )
+            newer = [
+                m
+                for (record,) in blocks
+                for m in MessageBlock.model_validate_json(record).to_messages()
+            ]
+            self._messages[session_id] = older + newer
+        return self._messages[session_id]
+
+    def samples(self, session_id: str) -> list[TelemetrySample]:
+        if session_id not in self._samples:
+            conn = self._conn
+            rows = conn.execute("SELECT record FROM telemetry WHERE session_id = ?", (session_id,))
+            older = [TelemetrySample.model_validate_json(record) for (record,) in rows]
+            blocks = conn.execute(
+                "SELECT record FROM telemetry_blocks WHERE session_id = ? ORDER BY id",
+                (session_id,),
+            )
+            newer = [
+                sample_of(block.session_id, row)
+                for (record,) in blocks
+                for block in [TelemetryBlock.model_validate_json(record)]
+                for row in block.samples
+            ]
+            self._samples[session_id] = older + newer
+        return self._samples[session_id]
+
+
+def _stored_version(sessions: _SessionItems, conflict: IngestConflict) -> dict[str, Any] | None:
+    """The stored item `conflict` met (see `review_conflicts`), as its record."""
+    held = bytes.fromhex(conflict.stored_digest)
+    if conflict.message is not None:
+        messages = sessions.messages(conflict.session_id)
+        if conflict.reason == "index":
+            index = conflict.message.index
+            candidates = [m for m in messages if m.index == index]
+        else:
+            candidates = [m for m in messages if message_digest(m) == held]
+        return candidates[0].model_dump(mode="json") if candidates else None
+    session_crc = zlib.crc32(conflict.session_id.encode())
+    for sample in sessions.samples(conflict.session_id):
+        if reading_digest(session_crc, sample.component, sample.signal, sample.value) == held:
+            return sample.model_dump(mode="json")
+    return None
 
 
 def _entries(conn: _Snapshot, kind: str, ref: str) -> list[dict[str, Any]]:

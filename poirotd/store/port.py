@@ -45,7 +45,7 @@ from poirotd.model import (
     Reading,
     Session,
 )
-from poirotd.store.idempotency import Duplicates
+from poirotd.store.idempotency import LeftOut
 
 # Seconds an ingest item's idempotency key is kept after its commit (POIROTD_IDEMPOTENCY_WINDOW_
 # SECONDS): a copy arriving later is stored again.
@@ -181,11 +181,13 @@ class Store(Protocol):
     # ingest
     async def commit_ingest(
         self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
-    ) -> Duplicates:
+    ) -> LeftOut:
         """Stores the batch in one transaction and returns after it is durable (the ack point).
         `keys[i]` is item i's idempotency key (a telemetry batch carries its rows' own): an
         item whose key the store holds, or that an earlier item of the batch has, is left out,
-        and so is a resent message (same session and index). Returns what was left out.
+        and so is a message whose session and index are held. Held by the same content, it is
+        a copy (a duplicate); by other content, a conflict, stored in `ingest_conflicts` (and
+        chained) instead of the session. Returns what was left out.
         UnknownSessionError (nothing stored) when an item's session is neither stored nor
         started earlier in the batch."""
 

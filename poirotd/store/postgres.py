@@ -87,7 +87,7 @@ from poirotd.store.common import (
     unknown_sessions,
     with_stored_coalesced,
 )
-from poirotd.store.idempotency import Duplicates, KeyWindow
+from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.pg_changes import NOTIFY, ChangeListener
 from poirotd.store.pg_schema import CHAIN_LOCK, migrate
@@ -112,6 +112,7 @@ from poirotd.store.records import (
     EVENTS,
     EXCHANGES,
     HAZARD_SPACES,
+    INGEST_CONFLICTS,
     INVESTIGATIONS,
     MESSAGE_BLOCKS,
     REPUTATIONS,
@@ -123,6 +124,7 @@ from poirotd.store.records import (
     event_row,
     exchange_row,
     hazard_space_row,
+    ingest_conflict_row,
     investigation_row,
     memory_row,
     message_block_row,
@@ -160,8 +162,15 @@ _INSERT_SESSION = (
 )
 # The keys of a batch's messages that were not stored before: the others are resends.
 _NEW_MESSAGE_KEYS = (
-    b"INSERT INTO message_indices SELECT * FROM unnest(%s::text[], %s::bigint[])"
+    b"INSERT INTO message_indices (session_id, idx, digest)"
+    b" SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bytea[])"
     b" ON CONFLICT DO NOTHING RETURNING session_id, idx"
+)
+# The digests stored with the (session, index)es a batch met stored.
+_MESSAGE_DIGESTS = (
+    b"SELECT i.session_id, i.idx, i.digest"
+    b" FROM unnest(%s::text[], %s::bigint[]) AS w (session_id, idx)"
+    b" JOIN message_indices AS i ON i.session_id = w.session_id AND i.idx = w.idx"
 )
 # The server's clock in microseconds: leases are timed by it, the same for every replica.
 _NOW_US = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
@@ -180,15 +189,15 @@ _RESERVE_INDEXES = (
 # producer a range scan of the primary key from its lowest seq on (LATERAL: a plain join may be
 # planned as a scan of the whole table, which grows with the window).
 _SEEN_KEYS = (
-    b"SELECT w.producer, k.first_seq, k.last_seq"
+    b"SELECT w.producer, k.first_seq, k.last_seq, k.digests"
     b" FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS w (producer, low, high)"
-    b" CROSS JOIN LATERAL (SELECT first_seq, last_seq FROM ingest_keys"
+    b" CROSS JOIN LATERAL (SELECT first_seq, last_seq, digests FROM ingest_keys"
     b" WHERE producer = w.producer AND last_seq >= w.low AND first_seq <= w.high) AS k"
 )
 # A commit's new runs in one statement (a share group's scattered keys are a run each).
 _INSERT_KEYS = (
-    b"INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us)"
-    b" SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[])"
+    b"INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us, digests)"
+    b" SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bytea[])"
 )
 _PRUNE_KEYS = b"DELETE FROM ingest_keys WHERE stored_us < %s"
 # Blocks are read newest first, this many at a time, until the newest samples are known.
@@ -374,10 +383,10 @@ class PostgresStore(StoreReads):
 
     async def commit_ingest(
         self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
-    ) -> Duplicates:
+    ) -> LeftOut:
         """Stores the batch in one transaction and returns after COMMIT (the ack point), with
-        what it left out as copies of stored items. The sessions this process does not know
-        are looked up in the transaction.
+        what it left out: copies of stored items, and conflicts it set aside. The sessions
+        this process does not know are looked up in the transaction.
 
         Three round trips and the commit's flush: the lock, the head, the sessions looked up,
         the session starts and the batch's message keys (which are new); then the session ends
@@ -386,9 +395,10 @@ class PostgresStore(StoreReads):
 
         Keys cost no round trip of their own: the batch is written as if none were stored, with
         the stored runs that overlap its keys asked for in the same round trip as the first
-        answers; if they hold one of its keys (a copy: rare), the transaction is rolled back and
-        the batch written again without the copies, looked up first. The chain's lock serialises
-        every replica's writes, so no other adds a key meanwhile."""
+        answers; if they hold one of its keys (a copy or a conflict: rare), the transaction is
+        rolled back and the batch written again without them, looked up first. The chain's lock
+        serialises every replica's writes, so no other adds a key meanwhile. A message whose
+        session and index are stored costs a round trip more (their digests)."""
         wanted = idempotency.wanted(items, keys)
         try:
             return await self._commit(items, keys, wanted, optimistic=bool(wanted))
@@ -404,18 +414,18 @@ class PostgresStore(StoreReads):
         wanted: dict[str, set[int]],
         *,
         optimistic: bool,
-    ) -> Duplicates:
+    ) -> LeftOut:
         """`commit_ingest`'s transaction; `optimistic`: raises _CopiesFound (rolled back) when
-        the batch holds a copy, instead of looking the keys up before writing."""
+        the batch holds a stored key, instead of looking the keys up before writing."""
         unknown = unknown_sessions(items, self._sessions.__contains__)
         async with self._head_transaction() as (conn, head):
             found = await conn.execute(_FIND_SESSIONS, (unknown,)) if unknown else None
             kept, held = await self._drop_seen_keys(conn, items, keys, wanted, optimistic)
             changes = [item for item in kept.items if isinstance(item, Session | SessionEnd)]
-            messages = _first_of_each(kept.items)
+            firsts, repeats = _first_of_each(kept)
             telemetry = [telemetry_block_row(block) for block in telemetry_blocks(kept.items)]
             sent = [(change, await _send_session_change(conn, change)) for change in changes]
-            indexes = await _send_message_keys(conn, messages)
+            indexes = await _send_message_keys(conn, firsts)
             if found is not None:
                 stored_ids = {session_id for (session_id,) in await found.fetchall()}
                 if missing := [s for s in unknown if s not in stored_ids]:
@@ -427,21 +437,18 @@ class PostgresStore(StoreReads):
                 for change, answer in sent
                 if (row := await _session_row_stored(conn, change, answer)) is not None
             ]
-            new = await _new_messages(indexes, messages)
-            fresh = {id(message) for message in new}
-            for position, item in zip(kept.positions, kept.items, strict=True):
-                if isinstance(item, AgentMessage) and id(item) not in fresh:
-                    kept.duplicates[position] = 1
+            new = await _new_messages(conn, indexes, firsts, repeats, kept, keys)
             blocks = [(MESSAGE_BLOCKS, message_block_row(block)) for block in message_blocks(new)]
             blocks += [(TELEMETRY_BLOCKS, row) for row in telemetry]
             ids = [await conn.execute(_insert_with_id(table), row[1:]) for table, row in blocks]
             for (table, row), answer in zip(blocks, ids, strict=True):
                 stored.append((table, (await _assigned_id(answer), *row[1:])))
+            conflicts = await _store_conflicts(conn, kept.conflicts, stored)
             links = await head.links()
             for table, row in stored:
                 links.append(table.kind, table.ref(row), row[-1])
         self._sessions.update(unknown, (c.session_id for c in changes))
-        return kept.duplicates
+        return LeftOut(kept.duplicates, conflicts)
 
     async def _drop_seen_keys(
         self,
@@ -451,19 +458,19 @@ class PostgresStore(StoreReads):
         wanted: dict[str, set[int]],
         optimistic: bool,
     ) -> tuple[idempotency.Kept, Cursor | None]:
-        """The batch without copies of keyed items already stored, and the new keys recorded.
-        `optimistic`: none is taken for stored, and the answer returned (not read yet) holds the
-        stored runs that overlap the batch's keys."""
+        """The batch without copies of keyed items already stored and with conflicts set aside,
+        and the new keys recorded. `optimistic`: none is taken for stored, and the answer
+        returned (not read yet) holds the stored runs that overlap the batch's keys."""
         if not wanted:
-            return idempotency.Kept(list(items), list(range(len(items)))), None
+            return idempotency.kept_all(items), None
         producers = list(wanted)
         bounds = ([min(wanted[p]) for p in producers], [max(wanted[p]) for p in producers])
         answer = await conn.execute(_SEEN_KEYS, (producers, *bounds))
         held = answer if optimistic else None
-        seen = set() if optimistic else idempotency.seen_in(await answer.fetchall(), wanted)
+        seen = {} if optimistic else idempotency.seen_in(await answer.fetchall(), wanted)
         kept = idempotency.drop_seen(items, keys, seen, wanted)
         now_us = micros(datetime.now(UTC))
-        if new_runs := idempotency.key_rows(kept.new_keys, now_us):
+        if new_runs := idempotency.key_rows(kept, now_us):
             columns = [list(column) for column in zip(*new_runs, strict=True)]
             await conn.execute(_INSERT_KEYS, columns)
         if (before := self._key_window.prune_before(now_us)) is not None:
@@ -819,16 +826,27 @@ def _notice_loss(conn: Connection) -> None:
             conn.pgconn.consume_input()  # the end of the stream after it
 
 
-def _first_of_each(items: Sequence[CommitItem]) -> list[AgentMessage]:
-    """The batch's messages, the first of each (session, index) (a resend in the same batch
-    is left out, as one of an earlier batch is)."""
+# A kept message with its batch position and its digest.
+_Positioned: TypeAlias = tuple[int, AgentMessage, bytes]
+
+
+def _first_of_each(kept: idempotency.Kept) -> tuple[list[_Positioned], list[_Positioned]]:
+    """The batch's messages, the first of each (session, index), and the others (a resend in
+    the same batch, or a conflict with the first)."""
+    positioned = [
+        (position, item)
+        for position, item in zip(kept.positions, kept.items, strict=True)
+        if isinstance(item, AgentMessage)
+    ]
+    digests = idempotency.message_digests((m for _, m in positioned), kept.digests)
     seen: set[tuple[str, int]] = set()
-    first: list[AgentMessage] = []
-    for item in items:
-        if isinstance(item, AgentMessage) and (key := (item.session_id, item.index)) not in seen:
-            seen.add(key)
-            first.append(item)
-    return first
+    first: list[_Positioned] = []
+    later: list[_Positioned] = []
+    for (position, message), digest in zip(positioned, digests, strict=True):
+        key = (message.session_id, message.index)
+        (later if key in seen else first).append((position, message, digest))
+        seen.add(key)
+    return first, later
 
 
 class _CopiesFound(Exception):
@@ -849,20 +867,58 @@ class _Head:
         return self._links
 
 
-async def _send_message_keys(conn: Connection, messages: list[AgentMessage]) -> Cursor | None:
-    """Adds the messages' keys to `message_indices`; the answer holds those that were new."""
+async def _send_message_keys(conn: Connection, messages: list[_Positioned]) -> Cursor | None:
+    """Adds the messages' indexes and digests to `message_indices`; the answer holds those that
+    were new."""
     if not messages:
         return None
-    sessions = [m.session_id for m in messages]
-    return await conn.execute(_NEW_MESSAGE_KEYS, (sessions, [m.index for m in messages]))
+    columns = ([m.session_id for _, m, _ in messages], [m.index for _, m, _ in messages])
+    return await conn.execute(_NEW_MESSAGE_KEYS, (*columns, [d for _, _, d in messages]))
 
 
-async def _new_messages(answer: Cursor | None, messages: list[AgentMessage]) -> list[AgentMessage]:
-    """The messages not stored before, as `_send_message_keys`' answer tells."""
+async def _new_messages(
+    conn: Connection,
+    answer: Cursor | None,
+    firsts: list[_Positioned],
+    repeats: list[_Positioned],
+    kept: idempotency.Kept,
+    keys: Sequence[ItemKey | None],
+) -> list[AgentMessage]:
+    """The first messages whose (session, index) was not stored before, as
+    `_send_message_keys`' answer tells; each other message is a copy or a conflict of what
+    holds its index (`index_outcome`): a message stored before (its digest read, one round trip
+    more) or the first of the batch."""
     if answer is None:
-        return messages
+        return []
     new = set(map(tuple, await answer.fetchall()))
-    return [m for m in messages if (m.session_id, m.index) in new]
+    holders = {(m.session_id, m.index): digest for _, m, digest in firsts}
+    old = [(p, m, d) for p, m, d in firsts if (m.session_id, m.index) not in new]
+    if old:
+        stored = [m.session_id for _, m, _ in old], [m.index for _, m, _ in old]
+        rows = await (await conn.execute(_MESSAGE_DIGESTS, stored)).fetchall()
+        holders.update({(s, i): digest or UNKNOWN for s, i, digest in rows})
+    for position, message, digest in (*old, *repeats):
+        held = holders[(message.session_id, message.index)]
+        idempotency.index_outcome(kept, position, message, digest, held, keys)
+    return [m for _, m, _ in firsts if (m.session_id, m.index) in new]
+
+
+async def _store_conflicts(
+    conn: Connection,
+    conflicts: Sequence[idempotency.Conflict],
+    stored: list[tuple[AuditedTable, Row]],
+) -> tuple[StoredConflict, ...]:
+    """Stores each conflict's record (added to `stored`, to be chained)."""
+    at = datetime.now(UTC)
+    records = [idempotency.conflict_record(conflict, at) for conflict in conflicts]
+    rows = [ingest_conflict_row(record, None) for record in records]
+    answers = [await conn.execute(_insert_with_id(INGEST_CONFLICTS), row[1:]) for row in rows]
+    kept: list[StoredConflict] = []
+    for conflict, record, row, answer in zip(conflicts, records, rows, answers, strict=True):
+        conflict_id = await _assigned_id(answer)
+        stored.append((INGEST_CONFLICTS, (conflict_id, *row[1:])))
+        kept.append(StoredConflict(conflict.position, conflict_id, record))
+    return tuple(kept)
 
 
 async def _send_session_change(conn: Connection, change: Session | SessionEnd) -> Cursor:

@@ -2,15 +2,16 @@
 determines. Writers build rows with these functions; `verify` and the migration rebuild the
 expected row of a stored record with the same ones, so the two can never disagree.
 
-Messages and telemetry are stored in blocks: a commit's new messages, or its samples, of one
-session are one record (a row of `message_blocks` or `telemetry_blocks`, one chain entry), because
-a row and an entry each cost more than all the rest of ingest at ingest rates. A message is
-stored once per (session, index): `message_indices` holds the keys stored, for the check a resent
-one meets (derived data, like an SQL index: not chained). A telemetry block's `first_us` and
-`last_us` bound its samples in time (the newest-first read orders by `last_us`). The
-`agent_messages` and `telemetry_samples` views show them one per row (`block_id`, `position`),
-with the per-row records older stores kept (tables `messages` from schema 4 and `telemetry` from
-schema 3, no longer written; `block_id` NULL, `position` the row id).
+Messages and telemetry are stored in blocks: a commit's new messages, or its samples, of one session
+are one record (a row of `message_blocks` or `telemetry_blocks`, one chain entry), because a row and
+an entry each cost more than all the rest of ingest at ingest rates. A message is stored once per
+(session, index): `message_indices` holds the keys stored, each with its message's content digest,
+for the check a resent one meets (the same content: a copy; other content: a conflict, kept in
+`ingest_conflicts`) (derived data, like an SQL index: not chained). A telemetry block's `first_us`
+and `last_us` bound its samples in time (the newest-first read orders by `last_us`). The
+`agent_messages` and `telemetry_samples` views show them one per row (`block_id`, `position`), with
+the per-row records older stores kept (tables `messages` from schema 4 and `telemetry` from schema
+3, no longer written; `block_id` NULL, `position` the row id).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from poirotd.model import (
     AgentReputation,
     DiagnosisMemoryEntry,
     HazardSpace,
+    IngestConflict,
     Investigation,
     InvestigationEvent,
     LLMExchange,
@@ -220,6 +222,10 @@ def access_denial_row(denial: AccessDenial, denial_id: int | None) -> Row:
     return (denial_id, encode_record(denial))
 
 
+def ingest_conflict_row(conflict: IngestConflict, conflict_id: int | None) -> Row:
+    return (conflict_id, conflict.session_id, encode_record(conflict))
+
+
 def event_from_row(row: Row) -> InvestigationEvent:
     return InvestigationEvent.model_validate({**json.loads(row[-1]), "event_id": row[0]})
 
@@ -311,6 +317,13 @@ ACCESS_DENIALS = AuditedTable(
     ref=lambda row: str(row[0]),
     expect=lambda row, _: access_denial_row(AccessDenial.model_validate_json(row[-1]), row[0]),
 )
+INGEST_CONFLICTS = AuditedTable(
+    "ingest_conflict",
+    "ingest_conflicts",
+    ("id", "session_id", "record"),
+    ref=lambda row: str(row[0]),
+    expect=lambda row, _: ingest_conflict_row(IngestConflict.model_validate_json(row[-1]), row[0]),
+)
 AUDITED_TABLES = (
     SESSIONS,
     HAZARD_SPACES,
@@ -324,6 +337,7 @@ AUDITED_TABLES = (
     EVENTS,
     EXCHANGES,
     ACCESS_DENIALS,
+    INGEST_CONFLICTS,
 )
 
 

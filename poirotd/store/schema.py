@@ -41,6 +41,11 @@ from poirotd.store.records import (
 # 11: a hazard is never lost: investigation records may be DEFERRED (a rule's, while the queue is
 #    full) and carry the triggers coalesced into them and who requested them. No table changes;
 #    the version keeps an older poirotd, which would refuse such records, off the store.
+#    Also conflicts, an ingest item whose key or (session, index) other content held (a new
+#    audited table, `ingest_conflicts`), told from copies by the content digests `ingest_keys`
+#    (per run) and `message_indices` (per message) now keep; an older store's rows have none and
+#    only ever drop copies. A schema-8 to -10 store gains
+#    them when opened.
 SCHEMA_VERSION = 11
 _BUSY_TIMEOUT_MS = 5_000
 
@@ -65,6 +70,7 @@ CREATE INDEX IF NOT EXISTS message_blocks_by_session ON message_blocks (session_
 CREATE TABLE IF NOT EXISTS message_indices (
     session_id TEXT NOT NULL,
     idx        INTEGER NOT NULL,
+    digest     BLOB,
     PRIMARY KEY (session_id, idx)
 ) WITHOUT ROWID;
 CREATE VIEW IF NOT EXISTS agent_messages
@@ -155,6 +161,12 @@ CREATE TABLE IF NOT EXISTS access_denials (
     id     INTEGER PRIMARY KEY,
     record TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS ingest_conflicts (
+    id         INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    record     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ingest_conflicts_by_session ON ingest_conflicts (session_id, id);
 CREATE TABLE IF NOT EXISTS diagnosis_memory (
     system   TEXT NOT NULL,
     entry_id TEXT NOT NULL,
@@ -166,6 +178,7 @@ CREATE TABLE IF NOT EXISTS ingest_keys (
     last_seq  INTEGER NOT NULL,
     first_seq INTEGER NOT NULL,
     stored_us INTEGER NOT NULL,
+    digests   BLOB,
     PRIMARY KEY (producer, last_seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ingest_keys_by_age ON ingest_keys (stored_us);
@@ -226,9 +239,13 @@ def open_writer(path: Path, synchronous: str) -> tuple[sqlite3.Connection, set[s
                 _migrate_from_v1(conn, chain, path)
             if 0 < version < 10:
                 _add_lease_columns(conn)
+            if 0 < version < 11:
+                _add_columns(conn, "message_indices", ("digest BLOB",))
+                _add_columns(conn, "ingest_keys", ("digests BLOB",))
             if version < 5:  # the messages stored one per row are deduplicated against too
                 conn.execute(
-                    "INSERT OR IGNORE INTO message_indices SELECT session_id, idx FROM messages"
+                    "INSERT OR IGNORE INTO message_indices (session_id, idx)"
+                    " SELECT session_id, idx FROM messages"
                 )
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         sessions = {sid for (sid,) in conn.execute("SELECT session_id FROM sessions")}
@@ -240,14 +257,20 @@ def open_writer(path: Path, synchronous: str) -> tuple[sqlite3.Connection, set[s
 
 def _add_lease_columns(conn: sqlite3.Connection) -> None:
     """Schema 10's lease columns on an older store's investigations (none is leased)."""
-    present = {row[1] for row in conn.execute("PRAGMA table_info(investigations)")}
-    for column in (
+    columns = (
         "lease_owner TEXT",
         "lease_until_us INTEGER",
         "lease_token INTEGER NOT NULL DEFAULT 0",
-    ):
+    )
+    _add_columns(conn, "investigations", columns)
+
+
+def _add_columns(conn: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> None:
+    """The `columns` (definitions) an older store's `table` lacks."""
+    present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+    for column in columns:
         if column.split()[0] not in present:
-            conn.execute(f"ALTER TABLE investigations ADD COLUMN {column}")
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
 
 def open_reader(path: Path) -> tuple[sqlite3.Connection, None]:

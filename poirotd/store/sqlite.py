@@ -69,7 +69,7 @@ from poirotd.store.common import (
     unknown_sessions,
     with_stored_coalesced,
 )
-from poirotd.store.idempotency import Duplicates, KeyWindow
+from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.port import (
     DEFAULT_IDEMPOTENCY_WINDOW,
@@ -92,6 +92,7 @@ from poirotd.store.records import (
     EVENTS,
     EXCHANGES,
     HAZARD_SPACES,
+    INGEST_CONFLICTS,
     INVESTIGATIONS,
     MESSAGE_BLOCKS,
     REPUTATIONS,
@@ -103,6 +104,7 @@ from poirotd.store.records import (
     event_row,
     exchange_row,
     hazard_space_row,
+    ingest_conflict_row,
     investigation_row,
     memory_row,
     message_block_row,
@@ -118,21 +120,25 @@ _UPSERT_SESSION = (
     "INSERT INTO sessions (session_id, record) VALUES (?, ?)"
     " ON CONFLICT (session_id) DO UPDATE SET record = excluded.record"
 )
-_INSERT_MESSAGE_INDEX = "INSERT OR IGNORE INTO message_indices (session_id, idx) VALUES (?, ?)"
+_INSERT_MESSAGE_INDEX = (
+    "INSERT OR IGNORE INTO message_indices (session_id, idx, digest) VALUES (?, ?, ?)"
+)
+_MESSAGE_DIGEST = "SELECT digest FROM message_indices WHERE session_id = ? AND idx = ?"
 _INSERT_MESSAGE_BLOCK = "INSERT INTO message_blocks (id, session_id, record) VALUES (?, ?, ?)"
 # The stored runs that overlap each wanted producer's (lowest, highest) seq, for all of a
 # commit's producers in one statement (a JSON array of [producer, lowest, highest]): a statement
 # a producer cost about 0.6 µs a key more when each OTLP span is its own producer.
 # json_extract rather than ->>, which needs SQLite 3.38.
 _SEEN_KEYS = (
-    "SELECT k.producer, k.first_seq, k.last_seq FROM json_each(?) AS w"
+    "SELECT k.producer, k.first_seq, k.last_seq, k.digests FROM json_each(?) AS w"
     " JOIN ingest_keys AS k ON k.producer = json_extract(w.value, '$[0]')"
     " AND k.last_seq >= json_extract(w.value, '$[1]')"
     " AND k.first_seq <= json_extract(w.value, '$[2]')"
 )
 _HIGHEST_PRODUCER_UP_TO = "SELECT max(producer) FROM ingest_keys WHERE producer <= ?"
 _INSERT_KEYS = (
-    "INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us) VALUES (?, ?, ?, ?)"
+    "INSERT INTO ingest_keys (producer, last_seq, first_seq, stored_us, digests)"
+    " VALUES (?, ?, ?, ?, ?)"
 )
 _PRUNE_KEYS = "DELETE FROM ingest_keys WHERE stored_us < ?"
 _INSERT_TELEMETRY_BLOCK = (
@@ -164,6 +170,7 @@ _INSERT_OPENING = (
 _INSERT_EVENT = "INSERT INTO events (event_id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_EXCHANGE = "INSERT INTO exchanges (id, investigation_id, record) VALUES (?, ?, ?)"
 _INSERT_ACCESS_DENIAL = "INSERT INTO access_denials (id, record) VALUES (?, ?)"
+_INSERT_CONFLICT = "INSERT INTO ingest_conflicts (id, session_id, record) VALUES (?, ?, ?)"
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -255,9 +262,9 @@ class SqliteStore(StoreReads):
 
     async def commit_ingest(
         self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
-    ) -> Duplicates:
+    ) -> LeftOut:
         """Stores the batch in one transaction and returns after COMMIT (the ack point), with
-        what it left out as copies of items already stored."""
+        what it left out: copies of items already stored, and conflicts it set aside."""
         return await self._write(_commit_ingest, items, keys, self._sessions, self._keys)
 
     def has_session(self, session_id: str) -> bool:
@@ -458,14 +465,15 @@ def _commit_ingest(
     keys: Sequence[ItemKey | None],
     sessions: set[str],
     window: KeyWindow,
-) -> Duplicates:
+) -> LeftOut:
     if unknown := unknown_sessions(items, sessions.__contains__):
         raise UnknownSessionError(unknown[0])
     started = {item.session_id for item in items if isinstance(item, Session)}
     with transaction(conn) as chain:
-        # Copies of keyed items already stored are left out; which ones is known only here.
+        # Copies of keyed items already stored are left out, and conflicts set aside; which
+        # ones is known only here.
         kept = _drop_seen_keys(conn, items, keys, window)
-        items, duplicates = kept.items, kept.duplicates
+        items = kept.items
         # Encoded, stored, then chained, in passes: item by item, the three evict each other
         # from the CPU caches (measured 1.5 times slower). Session starts and ends go first, in
         # their order: messages and samples need their session.
@@ -483,13 +491,9 @@ def _commit_ingest(
                 row = _ended_session_row(conn, item)
             if (written := _store_row(conn, sql, row)) is not None:
                 stored.append((SESSIONS, written))
-        # A resent message is left out; which ones are new is known only here.
-        new = _new_messages(conn, [message for _, message in messages])
-        for position, message in messages:
-            if id(message) not in new:
-                duplicates[position] = 1
-        fresh = [message for _, message in messages if id(message) in new]
-        for block in message_blocks(fresh):
+        # A resent message is left out, one whose index other content holds set aside; which
+        # ones is known only here.
+        for block in message_blocks(_new_messages(conn, kept, messages, keys)):
             written = _store_row(conn, _INSERT_MESSAGE_BLOCK, message_block_row(block))
             assert written is not None, "a message block is never ignored"
             stored.append((MESSAGE_BLOCKS, written))
@@ -497,10 +501,11 @@ def _commit_ingest(
             written = _store_row(conn, _INSERT_TELEMETRY_BLOCK, row)
             assert written is not None, "a telemetry block is never ignored"
             stored.append((TELEMETRY_BLOCKS, written))
+        conflicts = _store_conflicts(conn, kept.conflicts, stored)
         for table, row in stored:
             chain.append(table.kind, table.ref(row), row[-1])
     sessions.update(started)
-    return duplicates
+    return LeftOut(kept.duplicates, conflicts)
 
 
 def _drop_seen_keys(
@@ -509,29 +514,50 @@ def _drop_seen_keys(
     keys: Sequence[ItemKey | None],
     window: KeyWindow,
 ) -> idempotency.Kept:
-    """The batch without copies of keyed items already stored; records the new keys."""
+    """The batch without copies of keyed items already stored, and conflicts set aside;
+    records the new keys."""
     by_producer = idempotency.wanted(items, keys)
     if not by_producer:
-        return idempotency.Kept(list(items), list(range(len(items))))
+        return idempotency.kept_all(items)
     kept = idempotency.drop_seen(items, keys, _stored_keys(conn, by_producer), by_producer)
     now_us = micros(datetime.now(UTC))
-    conn.executemany(_INSERT_KEYS, idempotency.key_rows(kept.new_keys, now_us))
+    conn.executemany(_INSERT_KEYS, idempotency.key_rows(kept, now_us))
     if (before := window.prune_before(now_us)) is not None:
         conn.execute(_PRUNE_KEYS, (before,))
     return kept
 
 
-def _stored_keys(conn: sqlite3.Connection, by_producer: dict[str, set[int]]) -> set[ItemKey]:
-    """The wanted keys the table holds. Only producers up to the highest stored one that is not
-    above the batch's highest can be stored: OTLP's time-led producers of new spans sort above
-    every stored one, and are not looked up (one seek a commit instead of one a span)."""
+def _stored_keys(
+    conn: sqlite3.Connection, by_producer: dict[str, set[int]]
+) -> dict[ItemKey, bytes]:
+    """The wanted keys the table holds, with their digests. Only producers up to the highest
+    stored one that is not above the batch's highest can be stored: OTLP's time-led producers
+    of new spans sort above every stored one, and are not looked up (one seek a commit instead
+    of one a span)."""
     (highest,) = conn.execute(_HIGHEST_PRODUCER_UP_TO, (max(by_producer),)).fetchone()
     if highest is None:
-        return set()
+        return {}
     bounds = [(p, min(seqs), max(seqs)) for p, seqs in by_producer.items() if p <= highest]
     if not bounds:
-        return set()
+        return {}
     return idempotency.seen_in(conn.execute(_SEEN_KEYS, (json.dumps(bounds),)), by_producer)
+
+
+def _store_conflicts(
+    conn: sqlite3.Connection,
+    conflicts: Sequence[idempotency.Conflict],
+    stored: list[tuple[AuditedTable, Row]],
+) -> tuple[StoredConflict, ...]:
+    """Stores each conflict's record (added to `stored`, to be chained)."""
+    at = datetime.now(UTC)
+    kept: list[StoredConflict] = []
+    for conflict in conflicts:
+        record = idempotency.conflict_record(conflict, at)
+        row = _store_row(conn, _INSERT_CONFLICT, ingest_conflict_row(record, None))
+        assert row is not None, "a plain insert is never ignored"
+        stored.append((INGEST_CONFLICTS, row))
+        kept.append(StoredConflict(conflict.position, int(row[0]), record))
+    return tuple(kept)
 
 
 def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:
@@ -542,25 +568,36 @@ def _session_change(item: Session | SessionEnd) -> tuple[str, Row]:
     return _UPSERT_SESSION, ()
 
 
-def _new_messages(conn: sqlite3.Connection, messages: Sequence[AgentMessage]) -> set[int]:
-    """The ids (`id()`) of the messages not stored before (nor earlier in the batch), as
-    `message_indices` tells once their keys are added: one executemany when all are new, the
-    usual case; otherwise that is undone and the keys are added one by one to learn which."""
+def _new_messages(
+    conn: sqlite3.Connection,
+    kept: idempotency.Kept,
+    messages: Sequence[tuple[int, AgentMessage]],
+    keys: Sequence[ItemKey | None],
+) -> list[AgentMessage]:
+    """The (position, message)s whose (session, index) was not stored before (nor earlier in
+    the batch), as `message_indices` tells once they are added with their digests: one
+    executemany when all are new, the usual case; otherwise that is undone and they are added
+    one by one, and each that is not new is a copy or a conflict (`index_outcome`)."""
     if not messages:
-        return set()
-    keys = [(message.session_id, message.index) for message in messages]
+        return []
+    digests = idempotency.message_digests((m for _, m in messages), kept.digests)
+    rows = [(m.session_id, m.index, d) for (_, m), d in zip(messages, digests, strict=True)]
     conn.execute("SAVEPOINT messages")
     before = conn.total_changes
-    conn.executemany(_INSERT_MESSAGE_INDEX, keys)
-    if conn.total_changes - before < len(keys):
-        conn.execute("ROLLBACK TO messages")
-        messages = [
-            message
-            for message, key in zip(messages, keys, strict=True)
-            if conn.execute(_INSERT_MESSAGE_INDEX, key).rowcount
-        ]
+    conn.executemany(_INSERT_MESSAGE_INDEX, rows)
+    if conn.total_changes - before == len(rows):
+        conn.execute("RELEASE messages")
+        return [message for _, message in messages]
+    conn.execute("ROLLBACK TO messages")
+    fresh: list[AgentMessage] = []
+    for (position, message), row in zip(messages, rows, strict=True):
+        if conn.execute(_INSERT_MESSAGE_INDEX, row).rowcount:
+            fresh.append(message)
+            continue
+        (held,) = conn.execute(_MESSAGE_DIGEST, row[:2]).fetchone()
+        idempotency.index_outcome(kept, position, message, row[2], held or UNKNOWN, keys)
     conn.execute("RELEASE messages")
-    return {id(message) for message in messages}
+    return fresh
 
 
 def _ended_session_row(conn: sqlite3.Connection, end: SessionEnd) -> Row:

@@ -54,6 +54,8 @@ class MetricsHttp:
         await self._server.stop()
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        if self._access is not None and (refusal := self._access.refusal(request)) is not None:
-            return refusal
+        if self._access is not None:
+            admitted = self._access.admit(request)
+            if isinstance(admitted, web.Response):
+                return admitted
         return await self._scrape(request)

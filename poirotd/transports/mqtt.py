@@ -32,6 +32,23 @@ input=mqtt) if the store does not have it; without an index it is numbered by th
       mqtt:
         messages: [{topic: "mas/+/out", sender: "{w1}"}]   # agent = the topic's second level
 
+A route may pin what a payload would otherwise choose (hwbridge's ``PinnedFields``): the session
+(the route's ``session_id``, else the input's), the kind, and the index policy (``daemon``: every
+message numbered by the daemon). A payload that disagrees is refused: dead-lettered, counted in
+``poirot_mqtt_agent_messages_route_refused_total{field}`` (a sender other than the topic's is
+too, field sender). E.g., the agents of one ICU session, each publishing on its own topic:
+
+        messages:
+          - topic: "icu7/+/out"
+            sender: "{w1}"
+            session_id: icu-7
+            pin: {session: true, kind: agent, index: daemon}
+
+Keys: a payload's ``seq`` (and its codec's ``key_field``) is kept under a producer scoped by the
+topic it came on (``mqtt:<topic>|<producer>``): a payload can only ever name its own topic's
+producers, never another's. With a broker ACL that lets each agent publish on its own topic only
+(Mosquitto ``pattern write icu7/%u/out``) that is the agent's broker identity.
+
 Samples and messages the daemon refuses (a templated component that is not declared, a sender
 that is not an agent) are dead-lettered like undecodable payloads and acked: retrying cannot
 make them valid. A delivery is acked (PUBACK) once its items are committed. A failed commit
@@ -78,7 +95,7 @@ from hwbridge.config import (
     PoirotdConfig,
 )
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.messages import ReceivedMessage
+from hwbridge.messages import PINNABLE, ReceivedMessage
 from hwbridge.mqtt_failures import REASONS
 from poirotd.config import SystemSpec
 from poirotd.ingest.pipeline import IngestPipeline
@@ -162,6 +179,12 @@ _FAILURES = (
     "poirot_mqtt_connection_failures",
     "Connections to the broker that failed or were lost, by reason (config, unreachable, "
     "timeout, tls_server_unverified, tls_handshake, not_authorized, refused, lost)",
+)
+_ROUTE_REFUSALS = (
+    "poirot_mqtt_agent_messages_route_refused",
+    "Agent-message payloads that chose what their route decides, dead-lettered (also counted "
+    "as undecodable), by field: session, kind or index a route pins, or a sender other than "
+    "the topic's",
 )
 
 
@@ -248,9 +271,10 @@ class _PipelineSink:
             payload = sample.model_dump_json().encode()
             self._dead_letters.add("poirotd", str(refusal.error), payload)
         self._stats.refused += len(admission.refused)
-        # Copies of stored samples (a redelivery) are counted in poirot_ingest_duplicates_total.
-        copies = admission.duplicates()
-        self._stats.committed += len(batch.rows) - len(admission.refused) - copies
+        # Copies of stored samples (a redelivery) are counted in poirot_ingest_duplicates_total,
+        # conflicts in poirot_ingest_conflicts_total.
+        left_out = admission.duplicates() + admission.conflicts()
+        self._stats.committed += len(batch.rows) - len(admission.refused) - left_out
 
 
 class _MessageSink:
@@ -302,7 +326,8 @@ class _MessageSink:
             self._dead_letters.add("poirotd", str(refusal.error), source.payload)
             refused += 1
         self._stats.messages_refused += refused
-        self._stats.messages_committed += len(batch) - refused - admission.duplicates()
+        left_out = admission.duplicates() + admission.conflicts()
+        self._stats.messages_committed += len(batch) - refused - left_out
 
 
 class MqttInput:
@@ -335,6 +360,7 @@ class MqttInput:
         # Counts of bridges that have stopped; read by the scrape thread, hence the lock.
         self._retired: Counter[str] = Counter()
         self._retired_failures: Counter[str] = Counter()
+        self._retired_refusals: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._task: asyncio.Task[None] | None = None
         registry.register(_MqttCollector(self))
@@ -370,6 +396,15 @@ class MqttInput:
             if self._bridge is not None and self._bridge.mqtt is not None:
                 counts.update(self._bridge.mqtt.failures)
         return {reason: counts[reason] for reason in REASONS}
+
+    def route_refusals(self) -> dict[str, int]:
+        """Agent-message payloads refused by their route since start, by field, every field
+        present."""
+        with self._lock:
+            counts = self._retired_refusals.copy()
+            if self._bridge is not None and self._bridge.messages is not None:
+                counts.update(self._bridge.messages.route_refusals)
+        return {field: counts[field] for field in PINNABLE}
 
     async def _run(self) -> None:
         backoff = Backoff(self._config.mqtt.broker.backoff)
@@ -411,6 +446,8 @@ class MqttInput:
                 self._retired.update(_bridge_counts(self._bridge))
                 if self._bridge.mqtt is not None:
                     self._retired_failures.update(self._bridge.mqtt.failures)
+                if self._bridge.messages is not None:
+                    self._retired_refusals.update(self._bridge.messages.route_refusals)
                 self._bridge = None
 
 
@@ -440,6 +477,10 @@ class _MqttCollector(Collector):
         for reason, count in self._input.failures().items():
             failures.add_metric([reason], count)
         yield failures
+        refusals = CounterMetricFamily(*_ROUTE_REFUSALS, labels=["field"])
+        for field, count in self._input.route_refusals().items():
+            refusals.add_metric([field], count)
+        yield refusals
 
     def describe(self) -> Iterable[CounterMetricFamily]:
         """Lets the registry refuse a second input registering the same names."""

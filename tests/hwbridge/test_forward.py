@@ -59,6 +59,19 @@ async def test_a_redelivery_to_a_new_bridge_keeps_its_mqtt_key_and_is_stored_onc
     assert sorted(stored_values(tmp_path / "poirotd.db")) == [float(i) for i in range(50)]
 
 
+async def test_a_key_reused_for_another_reading_is_counted_as_a_conflict(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A sensor that restarted its count without a new name: its second reading under seq 1
+    is set aside by poirotd (not stored in the session, not a copy), and the forwarder says so."""
+    key = ItemKey("mqtt:d2w/p7/vitals|", 1)
+    async with forwarder(daemon.grpc_port) as sink:
+        await sink(TelemetryBatch("e2e", samples(1).rows, [key]))
+        await sink(TelemetryBatch("e2e", samples(1, offset=5).rows, [key]))
+        assert (sink.stats.duplicates, sink.stats.conflicts) == (0, 1)
+    assert stored_values(tmp_path / "poirotd.db") == [0.0]
+
+
 async def test_samples_wait_for_poirotd_to_come_up(tmp_path: Path) -> None:
     port = free_port()
     async with forwarder(port) as sink:

@@ -15,10 +15,10 @@ from hwbridge.bridge import Bridge
 from hwbridge.codecs import DecodeError
 from hwbridge.config import BridgeConfig, DeadLetterConfig, MessageTopic
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.messages import ReceivedMessage
+from hwbridge.messages import ReceivedMessage, RouteRefusal
 from hwbridge.mqtt import MqttPublisher
 from poirotd.daemon import Daemon
-from poirotd.model import MessageKind
+from poirotd.model import ItemKey, MessageKind
 from tests.support.bridge import forwarder
 from tests.support.mosquitto import Mosquitto, broker
 from tests.support.waiting import Collector, eventually
@@ -58,6 +58,40 @@ def test_the_payload_schema() -> None:
         no_sender.decode(b"{}", "mas/all", (), AT, "s")
     with pytest.raises(DecodeError, match="no session"):
         no_sender.decode(b'{"sender": "doctor"}', "mas/all", (), AT, "")
+
+
+def test_a_payloads_key_is_its_topics_whatever_producer_it_names() -> None:
+    spoofed = decode({"seq": 3, "producer": "mas/chief/out"})
+    assert spoofed.key == ItemKey("mqtt:mas/doctor/out|mas/chief/out", 3)
+    assert decode({"seq": 3}, "mas/chief/out").key == ItemKey("mqtt:mas/chief/out|", 3)
+    # A topic's "|" is escaped: no topic can end where another's name begins.
+    assert decode({"seq": 1}, "mas/a|b/out").key == ItemKey("mqtt:mas/a%7Cb/out|", 1)
+    with pytest.raises(DecodeError, match="the producer's name with its topic"):
+        decode({"seq": 1, "producer": "p" * 250})
+
+
+def test_a_pinned_route_decides_session_kind_and_index() -> None:
+    pin = {"session": True, "kind": "agent", "index": "daemon"}
+    icu = MessageTopic(topic="icu7/+/out", sender="{w1}", session_id="icu-7", pin=pin).route()
+
+    def icu_decode(body: object) -> ReceivedMessage:
+        payload = json.dumps(body).encode()
+        return icu.decode(payload, "icu7/doctor/out", ("doctor",), AT, "input")
+
+    repeated = icu_decode({"session": "icu-7", "kind": "agent", "content": "Noted."})
+    assert (repeated.message.session_id, repeated.numbered) == ("icu-7", False)
+    for body, field in [
+        ({"session": "victim-icu-7"}, "session"),
+        ({"kind": "human"}, "kind"),
+        ({"index": 20}, "index"),
+        ({"sender": "chief"}, "sender"),
+    ]:
+        with pytest.raises(RouteRefusal) as refused:
+            icu_decode(body)
+        assert refused.value.field == field, body
+    console = MessageTopic(topic="ward/console", sender="nurse", pin={"kind": "human"}).route()
+    said = console.decode(b'{"content": "Pause."}', "ward/console", (), AT, "ward")
+    assert (said.message.kind, said.message.session_id) == (MessageKind.HUMAN, "ward")
 
 
 async def test_the_bridge_reads_messages_on_their_own_connection(mosquitto: Mosquitto) -> None:

@@ -27,7 +27,7 @@ from poirotd.model import (
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
-from poirotd.store.idempotency import Duplicates
+from poirotd.store.idempotency import LeftOut
 from tests.support.spec import CLINIC, clinic
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -54,7 +54,7 @@ class GatedStore(SqliteStore):
 
     async def commit_ingest(
         self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
-    ) -> Duplicates:
+    ) -> LeftOut:
         self.commits.append(list(items))
         await self.gate.wait()
         if self.failures:

@@ -67,7 +67,7 @@ async def write_as_the_runner(store: Store) -> None:
     """Sessions, messages, telemetry, hazard spaces and an investigation, in the order the
     runner writes them."""
     await store.commit_ingest([session(), *map(message, range(4)), sample(0, 1.0)])
-    await store.commit_ingest([message(1, content="resent"), sample(1, 2.5)])
+    await store.commit_ingest([message(1), sample(1, 2.5)])  # message 1 resent
     await store.put_hazard_space(space("v1"))
     await store.put_hazard_space(space("v2"))
     record = investigation("i1").model_copy(

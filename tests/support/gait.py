@@ -20,7 +20,7 @@ from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import CommitItem, ItemKey
 from poirotd.store import SqliteStore
-from poirotd.store.idempotency import Duplicates
+from poirotd.store.idempotency import LeftOut
 from poirotd.transports.mqtt import mqtt_input_spec
 from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
@@ -102,7 +102,7 @@ def fail_first_commit_of(kind: type, monkeypatch: pytest.MonkeyPatch) -> None:
 
     async def failing_once(
         self: SqliteStore, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
-    ) -> Duplicates:
+    ) -> LeftOut:
         if failures and any(isinstance(item, kind) for item in items):
             raise failures.pop()
         return await commit(self, items, keys)

@@ -27,6 +27,7 @@ from poirotd.daemon import Daemon
 from poirotd.ingest.pipeline import Admission
 from poirotd.investigations.service import MAX_TEXT_CHARS, InvestigationService
 from poirotd.model import IngestItem
+from poirotd.store.idempotency import LeftOut
 from poirotd.transports.grpc.ingest import _Pending, _Unacked
 from tests.support.daemon import rejected, stored_messages
 from tests.support.ingest import message, session, start
@@ -526,15 +527,15 @@ async def test_unacked_requests_pause_reading_at_a_batch_and_are_acked_in_order(
     await unacked.add(_Pending(4, Admission(2, (), durable[1])))  # a request goes in whole
     blocked = asyncio.create_task(unacked.add(_Pending(5, Admission(1, (), durable[2]))))
     acked = asyncio.create_task(unacked.next_durable())
-    durable[1].set_result({})
+    durable[1].set_result(LeftOut())
     await asyncio.sleep(0.01)
     assert not blocked.done(), "reading waits while a batch's worth is unacked"
     assert not acked.done(), "a later request's durability does not ack an earlier one"
-    durable[0].set_result({})
+    durable[0].set_result(LeftOut())
     assert await acked == 4, "the requests durable together are acked once, by the last seq"
     await asyncio.wait_for(blocked, 1)
     await unacked.end(None)
-    durable[2].set_result({})
+    durable[2].set_result(LeftOut())
     assert await unacked.next_durable() == 5
     assert await unacked.next_durable() is None
 

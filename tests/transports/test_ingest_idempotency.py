@@ -1,14 +1,18 @@
 """Idempotency keys over real loopback gRPC: a producer's resend (after a lost ack, on a new
-stream) is stored once, the ack says how many copies were dropped, and the daemon counts them."""
+stream) is stored once, the ack says how many copies were dropped, and the daemon counts them; a
+key reused for other content is set aside as a conflict (kept with the stored version for the
+operator, counted, logged), never dropped."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
+from poirotd.store.audit import review_conflicts
 from tests.support.daemon import stored_messages
 from tests.support.ingest import start
 
@@ -87,6 +91,7 @@ async def test_another_producer_with_the_same_seqs_is_not_a_copy(
         ("", 3, "seq 2: producer_seq needs a producer"),
         ("p" * 257, 3, "producer is 257 characters, the limit is 256"),
         ("otlp:abc", 3, "producer names starting 'otlp:' are the OTLP receiver's"),
+        ("fz\x00-1", 3, "producer contains a NUL character"),
         ("bridge", 2**63, "is beyond 9223372036854775807"),
     ],
 )
@@ -97,3 +102,52 @@ async def test_a_bad_key_is_refused_naming_its_seq(
         await client.send([start(), keyed(reading(1.0), producer, producer_seq)])
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert detail in (refused.value.details() or "")
+
+
+def conflicts(daemon: Daemon, kind: str, reason: str = "key") -> float:
+    value = daemon.metrics.registry.get_sample_value(
+        "poirot_ingest_conflicts_total", {"kind": kind, "reason": reason}
+    )
+    return value or 0.0
+
+
+async def test_a_key_reused_for_other_content_is_set_aside_with_both_versions_and_a_warning(
+    daemon: Daemon, client: PoirotClient
+) -> None:
+    """The producer restarted its count without a new name: its new message 1 and reading 2
+    are neither stored in the session nor dropped as copies; the same content again is."""
+    await client.send(
+        [
+            start(),
+            keyed(numbered_message("Start the gait test."), "bridge-1", 1),
+            keyed(reading(1.0), "bridge-1", 2),
+        ]
+    )
+    reused = [
+        keyed(numbered_message("Abort the session."), "bridge-1", 1),
+        keyed(reading(7.5), "bridge-1", 2),
+    ]
+    with capture_logs() as events:
+        ack = await last_ack(client, [start(), *reused])
+    assert (ack.duplicates, ack.conflicts) == (0, 2)
+    assert stored_messages(daemon) == 1
+    assert conflicts(daemon, "agent_message") == 1 and conflicts(daemon, "telemetry") == 1
+    assert duplicates(daemon, "agent_message") == 0 and duplicates(daemon, "telemetry") == 0
+    (warning,) = [e for e in events if e["event"] == "ingest conflicts set aside"]
+    assert warning["log_level"] == "warning" and warning["count"] == 2
+    assert (warning["first_reason"], warning["producer"], warning["seq"]) == ("key", "bridge-1", 1)
+    reading_conflict, message_conflict = review_conflicts(daemon.settings.db_path)
+    assert message_conflict["set_aside"]["content"] == "Abort the session."
+    assert message_conflict["stored"]["content"] == "Start the gait test."
+    assert (reading_conflict["set_aside"]["value"], reading_conflict["stored"]["value"]) == (
+        7.5,
+        1.0,
+    )
+    # The stored content under the same key is a plain copy.
+    same = [
+        keyed(numbered_message("Start the gait test."), "bridge-1", 1),
+        keyed(reading(1.0), "bridge-1", 2),
+    ]
+    again = await last_ack(client, [start(), *same])
+    assert (again.duplicates, again.conflicts) == (2, 0)
+    assert len(review_conflicts(daemon.settings.db_path)) == 2

@@ -28,7 +28,7 @@ def client_identity(context: grpc.aio.ServicerContext) -> str:
     port, so that all of one machine's connections count together."""
     identity = caller()
     if identity is not None:
-        return f"{identity.via}:{identity.name}"
+        return identity.qualified_name
     return peer_host(context.peer() or "") or "unknown"
 
 

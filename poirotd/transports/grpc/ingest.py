@@ -5,6 +5,13 @@ batched form is what makes high rates possible, each request costing the event l
 The stream's own rules live here: seqs increase, an item is no larger than the limit, and a
 stream that sends nothing for POIROTD_INGEST_IDLE_SECONDS is ended; and the client's: how many
 streams it may hold open, and how fast its items are read. The domain rules are the pipeline's.
+
+Idempotency keys: with authentication on, the request's `producer` is scoped by who the caller
+authenticated as (``grpc:token:<name>|<producer>``, `poirotd.model.scoped_producer`), so two
+clients naming the same producer never hold each other's keys; the replicas of a forwarder that
+take over from each other share one identity and keep exactly-once. Without authentication (a
+loopback or sidecar port, every caller trusted) the name is the store's key as the client gives
+it, as before.
 """
 
 from __future__ import annotations
@@ -35,8 +42,16 @@ from poirotd.errors import (
 )
 from poirotd.ingest.pipeline import Admission, IngestPipeline
 from poirotd.ingest.validation import IngestScope
-from poirotd.model import MAX_INTEGER, AgentMessage, IngestItem, ItemKey, producer_problem
+from poirotd.model import (
+    MAX_INTEGER,
+    AgentMessage,
+    IngestItem,
+    ItemKey,
+    producer_problem,
+    scoped_producer,
+)
 from poirotd.observability.metrics import Metrics
+from poirotd.transports.grpc.auth import caller
 from poirotd.transports.grpc.clients import ClientLimits, client_identity
 from poirotd.transports.grpc.status import abort
 
@@ -69,8 +84,10 @@ class _Unacked:
         self._items = 0
         self._ended = False
         self.error: ServiceError | None = None
-        # Items acked so far that the store dropped as copies of stored ones.
+        # Items acked so far that the store dropped as copies of stored ones, or set aside as
+        # conflicts.
         self.duplicates = 0
+        self.conflicts = 0
         self._changed = asyncio.Condition()
 
     async def add(self, pending: _Pending) -> None:
@@ -112,6 +129,7 @@ class _Unacked:
             while self._pending and self._pending[0].admission.durable.done():
                 done = self._pending.popleft()
                 self.duplicates += done.admission.duplicates()
+                self.conflicts += done.admission.conflicts()
                 self._items -= done.admission.accepted
                 seq = done.seq
             if not self._pending and self._silence is not None:
@@ -221,7 +239,9 @@ class IngestServicer(pb_grpc.IngestServicer):
                     await abort(context, self._metrics, _RPC, error)
                 if seq is None:
                     break
-                yield pb.IngestAck(durable_seq=seq, duplicates=unacked.duplicates)
+                yield pb.IngestAck(
+                    durable_seq=seq, duplicates=unacked.duplicates, conflicts=unacked.conflicts
+                )
             if unacked.error is not None:
                 await abort(context, self._metrics, _RPC, unacked.error)
         finally:
@@ -237,6 +257,8 @@ class IngestServicer(pb_grpc.IngestServicer):
     ) -> None:
         scope = self._pipeline.scope()
         order = _StreamOrder(self._max_item_bytes)
+        identity = caller()
+        producers = "" if identity is None else f"grpc:{identity.qualified_name}"
         received = aiter(requests)
         while True:
             if self._draining.is_set():
@@ -269,7 +291,7 @@ class IngestServicer(pb_grpc.IngestServicer):
             finally:
                 reading.clear()
             await self._pace(client, len(request.items) or 1)
-            error = await self._admit(request, scope, order, unacked)
+            error = await self._admit(request, scope, order, unacked, producers)
             if error is not None:
                 await unacked.end(error)
                 return
@@ -300,17 +322,19 @@ class IngestServicer(pb_grpc.IngestServicer):
         scope: IngestScope,
         order: _StreamOrder,
         unacked: _Unacked,
+        producers: str,
     ) -> ServiceError | None:
         """Hands the request's items to the pipeline up to the first bad one; returns what is
         wrong with that one (the items before it are still committed and acked). Messages sent
-        with assign_index are numbered here, in stream order."""
+        with assign_index are numbered here, in stream order. `producers`: the scope of the
+        caller's producer names ("": none, authentication is off)."""
         seqs: list[int] = []
         items: list[IngestItem] = []
         keys: list[ItemKey | None] = []
         unnumbered: list[int] = []  # positions in `items`
         error: ServiceError | None = None
         try:
-            producer = _producer(request)
+            producer = _producer(request, producers)
             unpacked = _unpack(request, datetime.now(UTC), self._max_item_bytes)
             for seq, item, size, producer_seq in unpacked:
                 order.check(seq, size)
@@ -363,12 +387,13 @@ def _idle(seconds: float) -> DeadlineExceeded:
     )
 
 
-def _producer(request: pb.IngestRequest) -> str:
-    """The request's idempotency scope, checked ("": its items carry no keys)."""
+def _producer(request: pb.IngestRequest, scope: str) -> str:
+    """The request's producer, checked, as the store keys on it: within `scope` when one is
+    given ("": its items carry no keys)."""
     producer = request.producer
     if problem := producer_problem(producer):
         raise InvalidArgument(f"seq {request.seq}: {problem}", reason="invalid")
-    return producer
+    return scoped_producer(scope, producer) if producer and scope else producer
 
 
 def _key(producer: str, producer_seq: int, seq: int) -> ItemKey | None:

@@ -93,8 +93,12 @@ class OtlpHttp:
 
     async def _traces(self, request: web.Request) -> web.Response:
         answer_as = request.content_type if request.content_type in (PROTOBUF, JSON) else JSON
-        if self._access is not None and (refusal := self._access.refusal(request)) is not None:
-            return refusal
+        exporter = ""
+        if self._access is not None:
+            admitted = self._access.admit(request)
+            if isinstance(admitted, web.Response):
+                return admitted
+            exporter = admitted.qualified_name
         try:
             if self._draining:
                 raise Unavailable("the daemon is draining", reason="draining")
@@ -104,7 +108,7 @@ class OtlpHttp:
                 request.headers.get("Content-Encoding", "identity"),
                 self._max_body_bytes,
             )
-            result = await self._receiver.export(export, "http")
+            result = await self._receiver.export(export, "http", exporter)
         except ServiceError as error:
             return self._refuse(error, answer_as)
         except _Abandoned:

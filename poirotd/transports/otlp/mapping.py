@@ -34,7 +34,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from poirotd.errors import quote
-from poirotd.model import OTLP_PRODUCER_PREFIX, ItemKey, MessageKind
+from poirotd.model import OTLP_PRODUCER_PREFIX, ItemKey, MessageKind, scope_text
 
 SessionBy = Literal["conversation", "trace"]
 
@@ -79,7 +79,7 @@ class MappedMessage(NamedTuple):
     position: int
     span_start_ns: int
 
-    def key(self) -> ItemKey | None:
+    def key(self, caller: str = "") -> ItemKey | None:
         """Its idempotency key: the span's identity and its place among the span's messages,
         which an exporter's retry (the same export, or the span batched anew) resends unchanged
         (a span's messages depend on the span alone; who receives a tool result and which
@@ -90,6 +90,10 @@ class MappedMessage(NamedTuple):
         against 18-20 µs, growing with the table, with trace and span ids first; BENCHMARKS.md),
         and a new span's producer sorts above every stored one, so SQLite need not look it up
         (3-4 µs a message more at commit since).
+        `caller`: who the exporter authenticated as ("": authentication is off), after the
+        span's identity (its fixed width ends it): an exporter's span ids are its own, so
+        another cannot send a span of the same ids first and have this one's messages dropped
+        as copies; leading with the time keeps the order above.
         None for a span without a valid trace and span id (all zeros, or not 16 and 8 bytes):
         such spans would share a key, so they are stored at least once, as before."""
         if len(self.trace_id) != _TRACE_ID_HEX or len(self.span_id) != _SPAN_ID_HEX:
@@ -97,6 +101,8 @@ class MappedMessage(NamedTuple):
         if not self.trace_id.strip("0") or not self.span_id.strip("0"):
             return None
         producer = f"{OTLP_PRODUCER_PREFIX}{self.span_start_ns:016x}{self.trace_id}{self.span_id}"
+        if caller:
+            producer = f"{producer}|{scope_text(caller)}"
         return ItemKey(producer, self.position)
 
 

@@ -7,7 +7,8 @@ Sessions: a session the store does not have is started (system, the time of its 
 labels input=otlp and the trace id) in the same batch as its first messages. Numbering: the
 daemon's (ingest.numbering), in the order the mapping gives; a span exported after later spans
 of its session were stored is numbered after them.
-Exactly once: every message carries its span's key (`MappedMessage.key`), so an exporter's retry
+Exactly once: every message carries its span's key (`MappedMessage.key`; with authentication on,
+scoped by who the exporter authenticated as), so an exporter's retry
 of an export that was stored (its answer lost, a timeout) is dropped by the store's commit,
 counted in poirot_ingest_duplicates_total and answered as success. A dropped copy was numbered
 before the store knew it for one: its index stays unused (indexes need not be contiguous).
@@ -105,9 +106,12 @@ class OtlpReceiver:
         """From now on exports are refused as UNAVAILABLE (an exporter retries elsewhere)."""
         self._draining = True
 
-    async def export(self, request: ExportTraceServiceRequest, transport: str) -> ExportResult:
+    async def export(
+        self, request: ExportTraceServiceRequest, transport: str, caller: str = ""
+    ) -> ExportResult:
         """Returns once the export's messages are durable; raises a ServiceError when nothing
-        of it was stored (draining, throttled, the store failed)."""
+        of it was stored (draining, throttled, the store failed). `caller`: who the exporter
+        authenticated as ("via:name"; "" when authentication is off)."""
         if self._draining:
             raise Unavailable("the daemon is draining", reason="draining")
         mapped = map_export(request, self._agents, session_by=self._session_by)
@@ -120,7 +124,7 @@ class OtlpReceiver:
             )
         await self._indexes.learn(m.session_id for m in messages)
         items, sources = self._numbered(messages)
-        keys = [None if source is None else source.key() for source in sources]
+        keys = [None if source is None else source.key(caller) for source in sources]
         admission = self._pipeline.accept(items, self._scope, skip_invalid=True, keys=keys)
         self._pending += len(items)
         try:

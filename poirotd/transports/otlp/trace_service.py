@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from poirotd.errors import ServiceError
 from poirotd.observability.metrics import Metrics
+from poirotd.transports.grpc.auth import caller
 from poirotd.transports.grpc.status import abort
 from poirotd.transports.otlp.receiver import OtlpReceiver, Throttled
 
@@ -35,8 +36,10 @@ class TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore
     async def Export(
         self, request: ExportTraceServiceRequest, context: grpc.aio.ServicerContext
     ) -> ExportTraceServiceResponse:
+        identity = caller()
+        exporter = "" if identity is None else identity.qualified_name
         try:
-            result = await self._receiver.export(request, "grpc")
+            result = await self._receiver.export(request, "grpc", exporter)
         except Throttled as throttled:
             # OTLP: RESOURCE_EXHAUSTED is retried only with a RetryInfo (the Python exporter
             # reads it from its own trailer, the Collector from the status details).

@@ -227,6 +227,12 @@ class Identity:
     roles: frozenset[Role]
     via: Literal["token", "certificate"]
 
+    @property
+    def qualified_name(self) -> str:
+        """ "token:<name>" or "certificate:<name>": who it is and by which kind of credential
+        (a client's count for limits, the scope of its idempotency keys)."""
+        return f"{self.via}:{self.name}"
+
     def require(self, role: Role, call: str) -> None:
         if role not in self.roles:
             raise Denied(

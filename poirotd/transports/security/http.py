@@ -10,7 +10,12 @@ from typing import Any
 from aiohttp import web
 
 from poirotd.model import Door
-from poirotd.transports.security.access import AccessControl, ClientCertificate, Denied
+from poirotd.transports.security.access import (
+    AccessControl,
+    ClientCertificate,
+    Denied,
+    Identity,
+)
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.roles import REQUIRED
 
@@ -26,8 +31,9 @@ class HttpAccess:
     door: Door
     call: str
 
-    def refusal(self, request: web.Request) -> web.Response | None:
-        """None when the caller may; else the answer to give (the refusal already recorded)."""
+    def admit(self, request: web.Request) -> Identity | web.Response:
+        """Who the caller is when it may; else the answer to give (the refusal already
+        recorded)."""
         requirement = REQUIRED[self.call]
         assert requirement is not None, f"{self.call} is never open under an access policy"
         transport = request.transport
@@ -42,7 +48,7 @@ class HttpAccess:
             if denied.reason.authenticated:
                 return web.Response(status=403, text=f"{denied}\n")
             return web.Response(status=401, text=f"{denied}\n", headers=CHALLENGE)
-        return None
+        return identity
 
 
 def client_certificate(certificate: dict[str, Any] | None) -> ClientCertificate | None:

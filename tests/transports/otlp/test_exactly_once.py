@@ -164,6 +164,18 @@ def test_a_message_is_keyed_by_its_span_and_its_place_in_it() -> None:
     assert _message(trace_id, span_id, 2).key() == ItemKey(producer, 2)
 
 
+def test_an_authenticated_exporters_spans_are_keyed_apart_from_anothers() -> None:
+    """Span ids are the exporter's to choose: with authentication on, the same ids from two
+    exporters are two keys, and a name with "|" cannot pass for another exporter's."""
+    message = _message("ab" * 16, "cd" * 8, 0)
+    a, b = message.key("token:collector-a"), message.key("token:collector-b")
+    assert a is not None and b is not None and a != b != message.key()
+    assert a.producer.endswith("cd" * 8 + "|token:collector-a")
+    assert message.key("token:a|b") != message.key("token:a") and "%7C" in str(
+        message.key("token:a|b")
+    )
+
+
 @pytest.mark.parametrize(
     ("trace_id", "span_id"),
     [("", "cd" * 8), ("ab" * 16, ""), ("0" * 32, "cd" * 8), ("ab" * 16, "0" * 16), ("ab", "cd")],

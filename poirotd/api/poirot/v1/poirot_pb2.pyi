@@ -183,21 +183,29 @@ class IngestAck(_message.Message):
 
     DURABLE_SEQ_FIELD_NUMBER: _builtins.int
     DUPLICATES_FIELD_NUMBER: _builtins.int
+    CONFLICTS_FIELD_NUMBER: _builtins.int
     durable_seq: _builtins.int
     """Highest seq of this stream whose item is committed."""
     duplicates: _builtins.int
     """Items of this stream up to durable_seq that were dropped as copies of items already stored
     (a key already held, or a message whose session and index are), in all so far.
     """
+    conflicts: _builtins.int
+    """Items of this stream up to durable_seq that were set aside as conflicts: their key, or their
+    session and index, was held by an item of other content (a producer that reused a number).
+    Kept in the store for an operator (`poirotd audit conflicts`), not in the session; in all so
+    far.
+    """
     def __init__(
         self,
         *,
         durable_seq: _builtins.int = ...,
         duplicates: _builtins.int = ...,
+        conflicts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicates", b"duplicates", "durable_seq", b"durable_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conflicts", b"conflicts", "duplicates", b"duplicates", "durable_seq", b"durable_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
