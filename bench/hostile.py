@@ -19,7 +19,12 @@ victim sessions whose hazards have no investigation:
    rules fire again once they have left them;
 4. a Trigger flood: one client, its rate unbounded (POIROTD_TRIGGER_RATE_PER_CLIENT=0), Triggers
    sessions of its own without pause while the threshold rule fires on N victim sessions; the
-   queue is small (6 places, 2 kept for rules) so that hazards are DEFERRED, never refused.
+   queue is small (6 places, 2 kept for rules) so that hazards are DEFERRED, never refused;
+5. spoofed keys (issue 28 item 5): an agent publishing only on its own topic (`mas/doctor/out`,
+   a pinned route) names the chief's producer with the chief's seqs, and chooses the chief's
+   session, the human kind and indexes; the chief then sends its own seqs on `mas/chief/out`.
+   No rule watches agent messages: the row counts refusals by field, conflicts set aside,
+   copies dropped and the chief's acknowledged messages the store lacks.
 
 Refused requests of 3 MB and silent Ingest streams are bench.grpc_door's (its own section).
 The results replace this bench's section of BENCHMARKS.md (`--no-write`: print only).
@@ -62,6 +67,12 @@ EXTREMES = (1.7976931348623157e308, -1.7976931348623157e308, 1e300, math.nan, ma
 DECLARED = 1e150  # grip's declared range is [-DECLARED, DECLARED]
 MQTT_SESSION = "plant-1"
 MQTT_TOPIC = "hx/force"
+# The agents of the spoofed-keys row: each on its own topic and session, the doctor's route
+# pinning what a payload may choose.
+CHIEF_TOPIC, CHIEF_SESSION = "mas/chief/out", "mas-chief"
+DOCTOR_TOPIC, DOCTOR_SESSION = "mas/doctor/out", "mas-doctor"
+PINNED = {"session": True, "kind": "agent", "index": "daemon"}
+ROUTE_FIELDS = ("session", "kind", "index", "sender")
 # POIROTD_QUEUE_*: a queue the flood fills, so that hazards find it full.
 QUEUE = {"capacity": 6, "reserved_for_rules": 2, "per_client": 4}
 HEADER = (
@@ -106,11 +117,16 @@ def hostile_spec(broker_port: int) -> SystemSpec:
     exo["signals"] = {"grip": {"min": -DECLARED, "max": DECLARED}}
     broker = {"port": broker_port, "client_id": "poirotd-hostile", "timeout_s": 2.0}
     mapping = {"topic": MQTT_TOPIC, "component": "exo", "signal": "force"}
+    routes = [
+        {"topic": CHIEF_TOPIC, "sender": "chief", "session_id": CHIEF_SESSION, "pin": PINNED},
+        {"topic": DOCTOR_TOPIC, "sender": "doctor", "session_id": DOCTOR_SESSION, "pin": PINNED},
+    ]
+    mqtt = {"broker": broker, "mappings": [mapping], "messages": routes}
     return clinic(
         components=[exo],
         rules=rules(),
         hazard_space={"regions": [r.model_dump() for r in CLINIC_REGIONS]},
-        inputs={"session_id": MQTT_SESSION, "mqtt": {"broker": broker, "mappings": [mapping]}},
+        inputs={"session_id": MQTT_SESSION, "mqtt": mqtt},
     )
 
 
@@ -385,6 +401,83 @@ async def trigger_flood(child: Child, p: Plan, clock: Clock) -> Row:
     return row
 
 
+def messages_stored(child: Child, session_id: str, sender: str) -> int:
+    """The agent messages of `sender` in `session_id` the store holds."""
+    with sqlite3.connect(f"file:{child.db_path}?mode=ro", uri=True) as db:
+        query = "SELECT count(*) FROM agent_messages WHERE session_id = ? AND sender = ?"
+        (count,) = db.execute(query, (session_id, sender)).fetchone()
+    return int(count)
+
+
+def doorkeys(child: Child) -> Counter[str]:
+    """What the daemon did with agent messages that chose what they may not: refusals by field,
+    conflicts set aside, copies dropped."""
+    refused = "poirot_mqtt_agent_messages_route_refused_total"
+    out = Counter({f"refused {f}": int(child.metric(refused, field=f)) for f in ROUTE_FIELDS})
+    conflicts = child.metric("poirot_ingest_conflicts_total", kind="agent_message")
+    out["conflicts set aside"] = int(conflicts)
+    duplicates = child.metric("poirot_ingest_duplicates_total", kind="agent_message")
+    out["dropped as copies"] = int(duplicates)
+    return out
+
+
+def spoofs(n: int) -> list[dict[str, Any]]:
+    """The doctor's hostile payloads: the chief's producer and seqs 1..n, then, per seq, the
+    chief's session with the human kind, the human kind alone, and index n."""
+    seqs = range(1, n + 1)
+    keys: list[dict[str, Any]] = [
+        {"producer": CHIEF_TOPIC, "seq": s, "content": f"Abort, step {s}."} for s in seqs
+    ]
+    chosen: list[dict[str, Any]] = [
+        {"session": CHIEF_SESSION, "kind": "human", "content": "I am the nurse: abort."},
+        {"kind": "human", "content": "I am the nurse: abort."},
+        {"index": n, "content": "Abort the session."},
+    ]
+    return keys + [body for _ in range(n) for body in chosen]
+
+
+async def publish_messages(
+    port: int, client_id: str, topic: str, bodies: list[dict[str, Any]]
+) -> None:
+    """Each body in order as JSON on `topic`, at QoS 1 (each awaits its PUBACK)."""
+    async with MqttPublisher(BrokerConfig(port=port, client_id=client_id, timeout_s=2.0)) as out:
+        for body in bodies:
+            await out.publish(topic, json.dumps(body).encode())
+
+
+async def spoofed_keys(child: Child, p: Plan, broker_port: int) -> Row:
+    """The doctor's spoofs first (all acked by the daemon), then the chief's seqs 1..n."""
+    n = p.repeats * 5
+    hostile = spoofs(n)
+    row = Row("spoofed keys: another topic's producer, a pinned route's fields", len(hostile))
+    row.rss_before = child.rss_mib()
+    acked = "poirot_mqtt_agent_messages_acked_total"
+    acked_before, got_before = child.metric(acked), doorkeys(child)
+    own_before = messages_stored(child, DOCTOR_SESSION, "doctor")
+    victim_before = messages_stored(child, CHIEF_SESSION, "chief")
+    await publish_messages(broker_port, "hostile-doctor", DOCTOR_TOPIC, hostile)
+    await until(lambda: child.metric(acked) - acked_before >= len(hostile), 60)
+    victim = [{"seq": s, "content": f"Proceed, step {s}."} for s in range(1, n + 1)]
+    await publish_messages(broker_port, "victim-chief", CHIEF_TOPIC, victim)
+    row.victim_acked = len(victim)  # PUBACK at QoS 1: the broker has it
+    total = len(hostile) + len(victim)
+    await until(lambda: child.metric(acked) - acked_before >= total, 60)
+    row.got = doorkeys(child) - got_before
+    row.got["stored as its own"] = messages_stored(child, DOCTOR_SESSION, "doctor") - own_before
+    row.victim_lost = row.victim_acked - (
+        messages_stored(child, CHIEF_SESSION, "chief") - victim_before
+    )
+    row.rss_after = child.rss_mib()
+    row.note = (
+        f"{n} payloads on the doctor's topic name the chief's producer with seqs 1 to {n}; {n}"
+        " each choose the chief's session (and kind human), kind human, an index; then the"
+        f" chief sends its seqs 1 to {n}: conflicts set aside {row.got['conflicts set aside']},"
+        f" messages dropped as copies {row.got['dropped as copies']}. No rule watches agent"
+        " messages"
+    )
+    return row
+
+
 # ------------------------------------------------------------------ run and report
 
 
@@ -411,6 +504,8 @@ async def run(p: Plan, folder: Path) -> Results:
             rows.append(await declared_extremes(child, p, clock))
             print("[bench] Trigger flood", flush=True)
             rows.append(await trigger_flood(child, p, clock))
+            print("[bench] spoofed keys", flush=True)
+            rows.append(await spoofed_keys(child, p, broker_port))
     return Results(start_mib, rows, time.monotonic() - started)
 
 
@@ -421,14 +516,15 @@ def _counts(counts: Counter[str] | dict[str, int]) -> str:
 def _row(r: Row) -> str:
     rss = f"{r.rss_before:.0f} → {r.rss_after:.0f} MiB"
     states = _counts(r.states)
+    hazards = f"{r.hazards_lost} of {r.hazard_sessions} ({states})" if r.hazard_sessions else "—"
     cells = (
         r.peer,
         str(r.sent),
         _counts(r.got),
         str(r.victim_acked),
         str(r.victim_lost),
-        _counts(r.fired),
-        f"{r.hazards_lost} of {r.hazard_sessions} ({states})",
+        _counts(r.fired) if r.fired else "—",
+        hazards,
         rss,
     )
     return "| " + " | ".join(cells) + " |"

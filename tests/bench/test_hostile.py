@@ -23,17 +23,30 @@ async def test_the_quick_run_keeps_rules_firing_hazards_and_victims_whole(
         "extreme readings, MQTT",
         "extremes within a declared range (±1e150)",
         "Trigger flood, one client, rate unbounded",
+        "spoofed keys: another topic's producer, a pinned route's fields",
     ]
     for row in results.rows:
         assert row.victim_acked > 0 and row.victim_lost == 0, row
+    *ruled, spoofed = results.rows
+    for row in ruled:
         assert row.hazard_sessions > 0 and row.hazards_lost == 0, row
         assert row.fired and all(n > 0 for n in row.fired.values()), row
-    grpc_row, mqtt_row, declared, flood = results.rows
+    grpc_row, mqtt_row, declared, flood = ruled
     assert grpc_row.got["INVALID_ARGUMENT"] == grpc_row.sent
     assert mqtt_row.got["dead-lettered"] == mqtt_row.sent
     assert declared.got == {"OK": declared.sent}
     assert flood.got["refused queue_full"] > 0
     assert flood.fired == {"exo_overheat": p.victims}
+    # The doctor's keys naming the chief's producer are its own; every pinned field it chose is
+    # refused; nothing of the chief's is dropped as a copy or set aside.
+    n = spoofed.sent // 4
+    assert spoofed.got == {
+        "refused session": n,
+        "refused kind": n,
+        "refused index": n,
+        "stored as its own": n,
+    }, spoofed
+    assert spoofed.victim_acked == n
     text = hostile.section(p, results)
     assert text.startswith(begin_marker("bench.hostile quick"))
     assert text.endswith(end_marker("bench.hostile quick"))
