@@ -562,7 +562,7 @@ async def test_the_idle_deadline_runs_only_while_everything_sent_is_acked() -> N
     waiting = asyncio.create_task(unacked.next_request(_silent()))
     await asyncio.sleep(3 * idle)
     assert not waiting.done(), "no deadline while a request waits for its commit"
-    durable.set_result({})
+    durable.set_result(LeftOut())
     assert await unacked.next_durable() == 1
     acked = loop.time()
     with pytest.raises(TimeoutError):
