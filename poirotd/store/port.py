@@ -45,6 +45,7 @@ from poirotd.model import (
     Reading,
     Session,
 )
+from poirotd.store.faults import StoreFaults
 from poirotd.store.idempotency import Duplicates
 
 # Seconds an ingest item's idempotency key is kept after its commit (POIROTD_IDEMPOTENCY_WINDOW_
@@ -164,6 +165,9 @@ class Store(Protocol):
     # True when other processes (replicas) write the same store: the daemon then claims work,
     # numbers messages and follows Watch events through the store rather than in memory.
     shared: bool
+    # Whether the store can be used now: its adapter raises StoreUnreachable (an Unavailable)
+    # when it cannot, and keeps `faults.availability` (`poirotd.store.faults`).
+    faults: StoreFaults
 
     async def close(self) -> None:
         """Lets already submitted work finish, then releases the store; idempotent."""
