@@ -5,7 +5,8 @@ policy.
 Health names each part the daemon depends on: `poirotd.store` and `poirotd.llm` are SERVING
 while they answer. Readiness (the server, "", and each of our services) follows the store, which
 every call needs; a model that is down leaves the daemon ready: it keeps ingesting, and its
-investigations wait for the model.
+investigations wait for the model. `poirotd.live` is SERVING until the daemon drains, whatever
+its parts do: what a liveness probe asks (restarting cures no outage of theirs).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ _TRANSPORT_LIMIT_FACTOR = 4
 # How long draining waits for open Ingest streams to commit, ack and end: a commit takes
 # milliseconds, so this bounds only a stuck store (the streams are then cut at stop).
 INGEST_DRAIN_SECONDS = 4.0
-# The health service names of the parts the daemon depends on.
-STORE_PART, LLM_PART = "poirotd.store", "poirotd.llm"
+# The health service names of the parts the daemon depends on, and of the process itself:
+# SERVING until it drains, whatever its parts do (what a liveness probe asks).
+STORE_PART, LLM_PART, LIVE = "poirotd.store", "poirotd.llm", "poirotd.live"
 
 
 class ExtraService(Protocol):
@@ -117,6 +119,7 @@ class GrpcServer:
             raise OSError(f"cannot bind gRPC to {self._host}:{self.port}")
         self.port = port
         await self._server.start()
+        await self._health.set(LIVE, health_pb2.HealthCheckResponse.SERVING)
         await self._report_health()
         for part in (self._store, self._model):
             if part is not None:
