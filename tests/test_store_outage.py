@@ -28,9 +28,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.demo.process import DaemonProcess
-from tests.support.ingest import message, session, start
+from tests.support.answers import gated
+from tests.support.daemon import client_of, in_process_daemon
+from tests.support.ingest import OVERHEAT, message, motor_temp, session, start
 from tests.support.postgres import PostgresServer, server_binaries
-from tests.support.spec import BRIDGE_CLINIC
+from tests.support.spec import BRIDGE_CLINIC, CLINIC_REGIONS, clinic
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -152,12 +154,13 @@ async def test_postgres_stopped_and_started_is_an_outage_told_once(
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs of this test's own (mounting needs root)."""
+    """An 8 MiB tmpfs of this test's own (mounting needs root): room for the store's file and
+    its write-ahead log (checkpointed at 4 MiB) once what fills it is deleted."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a small tmpfs needs root")
     folder = tmp_path / "disk"
     folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], check=True)
     yield folder
     subprocess.run(["umount", "-l", str(folder)], check=False)
 
@@ -214,3 +217,34 @@ async def test_a_full_disk_under_sqlite_is_an_outage_told_once(
     assert began[0]["kind"] == "disk_full"
     assert not [line for line in lines if "exception" in line]
     assert not [line for line in lines if "unreadable" in line["event"]]
+
+
+async def test_a_hazard_whose_data_met_a_full_disk_is_investigated_once_it_is_stored(
+    small_disk: Path,
+) -> None:
+    """The rule fires as the data arrives; the commit fails and the producer resends, but the
+    rule's cooldown keeps it from firing again: the daemon must keep the hazard itself."""
+    regions = [r.model_dump() for r in CLINIC_REGIONS]
+    spec = clinic(rules=[OVERHEAT], hazard_space={"regions": regions})
+    gate = asyncio.Event()  # the run waits: the test only needs the investigation opened
+    async with (
+        in_process_daemon(small_disk, spec, gated(gate)) as daemon,
+        client_of(daemon) as client,
+    ):
+        assert await client.send(session(4, "s1")) == 5
+        filler = fill(small_disk)
+        overheat = [motor_temp(float(s), 95.0, "s1") for s in range(50)]
+        assert await refused_with(client.send(overheat)) == grpc.StatusCode.UNAVAILABLE
+        filler.unlink()
+        assert await client.send(overheat) == len(overheat)
+
+        async def opened() -> bool:
+            found = await client.investigations.List(pb.ListInvestigationsRequest())
+            return len(found.investigations) == 1
+
+        await until(opened, 10)
+        [investigation] = (
+            await client.investigations.List(pb.ListInvestigationsRequest())
+        ).investigations
+        assert investigation.trigger.rule == "exo_overheat"
+        gate.set()

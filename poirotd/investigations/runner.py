@@ -243,7 +243,10 @@ class InvestigationRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if not self.replica.shared:
-            await self._settle_unfinished("daemon stopped before the investigation finished")
+            try:
+                await self._settle_unfinished("daemon stopped before the investigation finished")
+            except StoreUnreachable:  # the next start settles what this one could not
+                log.warning("unfinished investigations left to the next start: no store")
             return
         for lease in unfinished:
             with contextlib.suppress(Exception):  # unreachable store: the lease expires anyway
@@ -413,6 +416,12 @@ class InvestigationRunner:
         except asyncio.CancelledError:
             recorder.cancelled()  # drain() stores the record as INTERRUPTED
             raise
+        except StoreUnreachable:  # nothing of the run can be stored: as a crash, run again
+            recorder.log.warning(
+                "investigation stopped: the store cannot be written; run again once its lease "
+                "lapses"
+            )
+            recorder.cancelled()
         except Exception as exc:
             recorder.log.exception("investigation crashed")
             await self._failed(recorder, lease, f"internal error: {type(exc).__name__}: {exc}")
@@ -512,10 +521,13 @@ class InvestigationRunner:
         except LeaseLostError:
             self._lease_lost(lease)
             recorder.cancelled()
-        except Exception:
-            recorder.log.exception(
-                "the run's end could not be stored; run again once its lease lapses"
-            )
+        except Exception as exc:
+            if isinstance(exc, StoreUnreachable):  # whose outage the store logs once
+                recorder.log.warning("the run's end could not be stored; run again later")
+            else:
+                recorder.log.exception(
+                    "the run's end could not be stored; run again once its lease lapses"
+                )
             recorder.cancelled()
 
     async def _reliabilities(self, investigation: Investigation) -> dict[str, float]:
