@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hwbridge.broker import free_port
 from poirotd.api.client import PoirotClient
@@ -27,6 +29,8 @@ from tests.support.model_process import ModelProcess
 from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.waiting import eventually
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 # Two workers: one run waits in its calls while the other shows that nothing new starts.
@@ -109,6 +113,14 @@ def kinds(events: list[pb.InvestigationEvent]) -> list[str]:
     return [str(event.WhichOneof("event")) for event in events]
 
 
+async def health(daemon: Daemon, service: str) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+        answer = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service)
+        )
+    return int(answer.status)
+
+
 def gauge(daemon: Daemon, name: str, **labels: str) -> float | None:
     return daemon.metrics.registry.get_sample_value(name, labels)
 
@@ -134,6 +146,10 @@ async def test_a_run_waits_out_a_model_restart_and_keeps_its_work(
     await asyncio.sleep(1.0)
     assert (await client.get(fired.investigation_id)).state == pb.INVESTIGATION_STATE_QUEUED
     assert (await client.get(queued.investigation_id)).state == pb.INVESTIGATION_STATE_RUNNING
+    # Seen: the server's gauge, and health (the daemon stays ready: it ingests meanwhile).
+    assert gauge(daemon, "poirot_llm_backend_up", base_url=model.url.removesuffix("/v1")) == 0
+    assert await health(daemon, "poirotd.llm") == NOT_SERVING
+    assert await health(daemon, "") == SERVING
 
     model.start()
     async with asyncio.timeout(60):
@@ -162,6 +178,7 @@ async def test_a_run_waits_out_a_model_restart_and_keeps_its_work(
     answered = before + model.answered()
     assert len(record.exchanges) + len(hazard_record.exchanges) == answered
     assert gauge(daemon, "poirot_llm_backend_up", base_url=model.url.removesuffix("/v1")) == 1
+    assert await health(daemon, "poirotd.llm") == SERVING
 
 
 @pytest.mark.parametrize("restarting", [2.0], indirect=True)
