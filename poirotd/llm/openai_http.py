@@ -555,14 +555,14 @@ class OpenAIBackend:
         while True:
             index = self._next_server(tried)
             if index is None:
-                outage_since = outage_since or time.monotonic()
-                left = spec.outage_budget_seconds - (time.monotonic() - outage_since)
-                if left <= 0:
-                    raise self._outage_error(failure)
-                if tried and any(self._servers[i].closed for i in tried):
+                if tried and any(self._servers[i].closed for i in tried):  # a round is over
                     round_ += 1
-                    await asyncio.sleep(min(self._backoff(round_), left))
-                else:
+                    await asyncio.sleep(self._backoff(round_))
+                else:  # no server can be called now: an outage, waited out
+                    outage_since = outage_since or time.monotonic()
+                    left = spec.outage_budget_seconds - (time.monotonic() - outage_since)
+                    if left <= 0:
+                        raise self._outage_error(failure)
                     await self._wait_for_a_server(left)
                 tried.clear()
                 continue
