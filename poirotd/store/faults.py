@@ -70,14 +70,13 @@ class StoreFaults:
         self._writes_failed = False
 
     def unreachable(self, kind: str, exc: Exception, *, writing: bool) -> StoreUnreachable:
-        """The error to raise for `exc`, and the outage noted."""
+        """The error to raise for `exc`, and the outage noted. The error's message, which a
+        client may read, names the kind only: the server's own words (its address) are logged."""
         detail = " ".join(str(exc).split())[:300]
         self._writes_failed = self._writes_failed or writing
         self.availability.failed(kind, f"{type(exc).__name__}: {detail}")
         doing = "write to" if writing else "read from"
-        return StoreUnreachable(
-            f"cannot {doing} the store now ({kind}): {detail}; retry later", kind=kind
-        )
+        return StoreUnreachable(f"cannot {doing} the store now ({kind}); retry later", kind=kind)
 
     def succeeded(self, *, writing: bool) -> None:
         if writing or not self._writes_failed:
