@@ -219,8 +219,8 @@ class Store(Protocol):
     async def finish_investigation(
         self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
     ) -> InvestigationEvent:
-        """Saves the final record and appends the event announcing its end (returned with its
-        id) in one transaction, fenced like `save_investigation`: a run that stops between the
+        """Saves the record that ends the run (final, or a hazard's DEFERRED again for want of
+        a model) and appends the event announcing it (returned with its id) in one transaction, fenced like `save_investigation`: a run that stops between the
         two never leaves a finished record that no event announces."""
 
     async def admit_investigation(
