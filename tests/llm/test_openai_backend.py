@@ -289,17 +289,23 @@ async def test_a_dead_servers_circuit_opens_and_only_probes_reach_it(
 
 async def test_a_server_back_within_the_budget_answers_the_waiting_call(dead_url: str) -> None:
     spec = make_spec(dead_url, breaker_failures=1, probe_seconds=0.1)
-    call = asyncio.ensure_future(complete(spec))
-    await asyncio.sleep(1.0)
-    assert not call.done()
-    port = int(dead_url.rsplit(":", 1)[1])
-    back = ScriptedServer(port=port, otherwise=lambda body: Reply())
-    try:
-        result = await asyncio.wait_for(call, 5.0)
-    finally:
-        back.close()
+    with structlog.testing.capture_logs() as events:
+        call = asyncio.ensure_future(complete(spec))
+        await asyncio.sleep(1.0)  # about ten probes meet the dead server
+        assert not call.done()
+        port = int(dead_url.rsplit(":", 1)[1])
+        back = ScriptedServer(port=port, otherwise=lambda body: Reply())
+        try:
+            result = await asyncio.wait_for(call, 5.0)
+        finally:
+            back.close()
     assert result.completion_tokens == 9
     assert [(s.method, s.path) for s in back.seen][-1] == ("POST", "/v1/chat/completions")
+    # Told once when it began and once when it ended, not once per attempt or probe.
+    told = [e for e in events if e["log_level"] in ("warning", "error")]
+    assert [e["event"] for e in told] == ["outage began", "outage ended"]
+    assert told[0]["base_url"] == dead_url and told[0]["kind"] == "unavailable"
+    assert told[1]["down_seconds"] >= 0.9
 
 
 async def test_with_one_server_dead_every_call_goes_to_the_live_one(
