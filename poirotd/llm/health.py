@@ -91,11 +91,11 @@ class ServerPool:
             await self.wait_for_change()
 
     async def wait_for_change(self) -> None:
-        """Returns once a circuit opened or closed, or a server's Retry-After was set."""
+        """Returns once a circuit opened or closed."""
         changed = self._changed
         await changed.wait()
 
-    def changed(self) -> None:
+    def _changed_now(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -111,7 +111,7 @@ class ServerPool:
             self.down_since = None if up else server.availability.down_since
             for listener in self._listeners:
                 listener()
-        self.changed()
+        self._changed_now()
 
     async def _probe_until_back(self, server: Server) -> None:
         index = self.servers.index(server)
