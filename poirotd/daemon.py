@@ -8,6 +8,7 @@ import os
 import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -25,12 +26,15 @@ from poirotd.investigations.service import InvestigationService
 from poirotd.investigations.triggers import HazardTriggers
 from poirotd.llm import LLMBackend
 from poirotd.llm.factory import open_backend
+from poirotd.llm.health import Server, ServerPool
 from poirotd.model import Door
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.observability.metrics import Metrics
+from poirotd.observability.outages import Availability
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.store import PostgresStore, SqliteStore, Store
 from poirotd.store.checkpoints import ChainCheckpoints
+from poirotd.store.faults import FAULT_KINDS
 from poirotd.store.pg_schema import NewerSchemaError
 from poirotd.store.pg_url import check_url, read_password, redacted, scrubbed
 from poirotd.transports.grpc.auth import AuthInterceptor
@@ -87,6 +91,7 @@ def build_core(
         shares=QueueShares.from_settings(settings),
         workers=settings.concurrent_investigations,
         replica=Replica.from_settings(settings, shared=store.shared),
+        model=backend.availability,
     )
     triggers = HazardTriggers(spec, runner, metrics)
     pipeline = IngestPipeline(
@@ -184,6 +189,7 @@ class Daemon:
         self._store = await open_store(s)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
+        self._publish_parts(self._store, self._backend)
         bus = EventBus()
         core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s, bus)
         await core.runner.recover()
@@ -236,6 +242,8 @@ class Daemon:
             tls=tls,
             auth=None if access is None or denials is None else AuthInterceptor(access, denials),
             reflection=s.grpc_reflection,
+            store=self._store.faults.availability,
+            model=self._backend.availability,
         )
 
         def http_access(door: Door, call: str) -> HttpAccess | None:
@@ -289,6 +297,19 @@ class Daemon:
             access_file=str(s.auth_file) if s.auth_file else None,
         )
 
+    def _publish_parts(self, store: Store, backend: LLMBackend) -> None:
+        """Gauges read, at each scrape, whether each part the daemon depends on answers."""
+        faults = store.faults.availability
+        self.metrics.store_up.set_function(lambda: float(faults.up))
+        for kind in FAULT_KINDS:
+            last = self.metrics.store_last_error.labels(kind)
+            last.set_function(partial(_is_last_error, faults, kind))
+        model = backend.availability
+        if isinstance(model, ServerPool):
+            for server in model.servers:
+                up = self.metrics.llm_backend_up.labels(server.display)
+                up.set_function(partial(_closed, server))
+
     def _publish_exposure(self, insecure: tuple[Exposure, ...]) -> None:
         for exposure in exposures(self.settings):
             self.metrics.insecure_bind.labels(exposure.port).set(exposure in insecure)
@@ -338,6 +359,14 @@ class Daemon:
             _write_ready_file(ready_file, self.grpc_port, self.metrics_port)
         await stop.wait()
         await self.stop()
+
+
+def _closed(server: Server) -> float:
+    return float(server.closed)
+
+
+def _is_last_error(faults: Availability, kind: str) -> float:
+    return float(faults.last_error_kind == kind)
 
 
 def _write_ready_file(path: Path, grpc_port: int, metrics_port: int) -> None:

@@ -528,6 +528,9 @@ class Investigation(Frozen):
     # writes of the record never drop them. Left out while empty, like `superseded`.
     coalesced: tuple[CoalescedTrigger, ...] = Field(default=(), exclude_if=lambda v: not v)
     coalesced_omitted: int = Field(default=0, ge=0, exclude_if=lambda v: not v)
+    # Set while the run waits for the model (no LLM server can serve): since when. Left out
+    # while unset, like `superseded`.
+    waiting_for_model_since: datetime | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def joined_by(self, trigger: CoalescedTrigger) -> Investigation:
         """The record with `trigger` coalesced into it (counted only, beyond MAX_COALESCED)."""
@@ -613,6 +616,11 @@ class EventKind(enum.StrEnum):
     ATTRIBUTION_READY = "attribution_ready"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    # The run waits for the model (reason), and goes on once it answers (seconds waited).
+    WAITING_FOR_MODEL = "waiting_for_model"
+    MODEL_RETURNED = "model_returned"
+    # A hazard rule's run the model failed past its outage budget: DEFERRED, to run again.
+    DEFERRED = "deferred"
 
 
 class InvestigationEvent(Frozen):

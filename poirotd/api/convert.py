@@ -329,6 +329,8 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
         message.hazard_space.CopyFrom(hazard_space(inv.hazard_space))
     if inv.attribution is not None:
         message.attribution.CopyFrom(attribution(inv.attribution))
+    if inv.waiting_for_model_since is not None:
+        message.waiting_for_model_since.CopyFrom(timestamp(inv.waiting_for_model_since))
     return message
 
 
@@ -391,4 +393,10 @@ def event(e: InvestigationEvent) -> pb.InvestigationEvent:
         message.failed.CopyFrom(E.Failed(reason=e.reason))
     elif e.kind is EventKind.INTERRUPTED:
         message.interrupted.CopyFrom(E.Interrupted(reason=e.reason))
+    elif e.kind is EventKind.WAITING_FOR_MODEL:
+        message.waiting_for_model.CopyFrom(E.WaitingForModel(reason=e.reason))
+    elif e.kind is EventKind.MODEL_RETURNED:
+        message.model_returned.CopyFrom(E.ModelReturned(waited_seconds=e.seconds or 0.0))
+    elif e.kind is EventKind.DEFERRED:
+        message.deferred.CopyFrom(E.Deferred(reason=e.reason))
     return message

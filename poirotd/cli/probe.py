@@ -1,5 +1,9 @@
-"""``python -m poirotd.cli.probe [HOST:PORT]``: exit 0 when the daemon's gRPC health says
-SERVING.
+"""``python -m poirotd.cli.probe [HOST:PORT] [--service NAME]``: exit 0 when the daemon's gRPC
+health says SERVING (for the whole daemon, or the named service).
+
+The whole daemon ("") is ready while its store answers: the readiness probe. A liveness probe
+asks ``--service poirotd.live``, SERVING until the daemon drains: a store or model outage is not
+cured by restarting the daemon, and one that cannot open its store at start exits.
 
 For container health checks. Kubernetes' native gRPC probe and Docker's healthcheck speak
 plaintext only, so once the gRPC port has TLS (and requires client certificates) a probe must
@@ -36,7 +40,7 @@ def _credentials(environ: Mapping[str, str]) -> grpc.ChannelCredentials | None:
     )
 
 
-def probe(target: str, environ: Mapping[str, str] = os.environ) -> str | None:
+def probe(target: str, environ: Mapping[str, str] = os.environ, service: str = "") -> str | None:
     """None when SERVING, else why not."""
     try:
         credentials = _credentials(environ)
@@ -49,7 +53,8 @@ def probe(target: str, environ: Mapping[str, str] = os.environ) -> str | None:
     )
     try:
         stub = health_pb2_grpc.HealthStub(channel)
-        reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=_TIMEOUT_SECONDS)
+        request = health_pb2.HealthCheckRequest(service=service)
+        reply = stub.Check(request, timeout=_TIMEOUT_SECONDS)
     except grpc.RpcError as exc:
         return f"{exc.code().name}: {exc.details()}"
     finally:
@@ -60,9 +65,15 @@ def probe(target: str, environ: Mapping[str, str] = os.environ) -> str | None:
 
 
 def main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    service = ""
+    if "--service" in args:
+        at = args.index("--service")
+        service = args[at + 1] if at + 1 < len(args) else ""
+        del args[at : at + 2]
     port = os.environ.get("POIROTD_GRPC_PORT", "50051")
-    target = argv[0] if argv else f"localhost:{port}"
-    problem = probe(target)
+    target = args[0] if args else f"localhost:{port}"
+    problem = probe(target, service=service)
     if problem is not None:
         print(f"poirotd at {target} is not serving: {problem}", file=sys.stderr)
         return 1

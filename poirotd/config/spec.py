@@ -117,20 +117,33 @@ class OpenAILLMSpec(SpecModel):
     backend: Literal["openai"]
     # Tried in order; a connection error, timeout, 429 or 5xx moves on to the next one, and the one
     # that last answered stays first (its prefix cache is warm). A URL may end in /v1 or not.
+    # Each has a circuit breaker (poirotd.llm.health): a server seen dead is skipped and probed.
     base_urls: tuple[HttpUrl, ...] = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key: SecretStr | None = None
     api_key_file: Path | None = None
     tls: ClientTLS | None = None
     context_tokens: int = Field(default=32768, ge=512)
-    # Whole request (the server may queue it behind a batch); connecting is bounded separately so
-    # that a dead server is failed over quickly.
+    # Whole exchange (the server may queue it behind a batch); connecting is bounded separately so
+    # that a dead server is failed over quickly; reading, by the longest silence while the answer
+    # is awaited (default: the whole exchange's bound; vLLM is silent until its answer is done).
     timeout_seconds: float = Field(default=120.0, gt=0.0)
     connect_timeout_seconds: float = Field(default=5.0, gt=0.0)
-    # Attempts after the first, across all base_urls.
+    read_timeout_seconds: float | None = Field(default=None, gt=0.0)
+    # How long one call waits out servers that cannot serve (refused or reset connections, connect
+    # timeouts, 429, 502-504: a restart, an OOM kill) before it fails as "model_unavailable"; its
+    # investigation waits with it and keeps what it has.
+    outage_budget_seconds: float = Field(default=600.0, gt=0.0)
+    # Failures in a row that say a server cannot serve before its circuit opens: calls then skip
+    # it, and a probe (GET /v1/models) every probe_seconds asks whether it is back.
+    breaker_failures: int = Field(default=3, ge=1, le=100)
+    probe_seconds: float = Field(default=2.0, gt=0.0)
+    # Attempts after the first for failures of a server that answers (a read or overall timeout,
+    # a 500, a malformed answer, TLS), across all base_urls.
     max_retries: int = Field(default=3, ge=0, le=20)
     # Full-jitter exponential backoff between rounds over base_urls: before round r = 1, 2, ...
-    # a sleep drawn from [0, min(backoff_max_seconds, backoff_seconds * 2**(r - 1))].
+    # a sleep drawn from [0, min(backoff_max_seconds, backoff_seconds * 2**(r - 1))], or what a
+    # server's Retry-After asks if longer.
     backoff_seconds: float = Field(default=0.5, ge=0.0)
     backoff_max_seconds: float = Field(default=30.0, ge=0.0)
     # Requests in flight to the server at once; the server batches them, beyond that they wait here.

@@ -48,6 +48,7 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
 from poirotd.store.common import unknown_sessions
+from poirotd.store.faults import StoreUnreachable
 from poirotd.store.idempotency import LeftOut
 
 log = structlog.get_logger(__name__)
@@ -145,6 +146,9 @@ class IngestPipeline:
         self.indexes = SessionIndexes(store)
         self._rounds: deque[_Round] = deque()
         self._committer: asyncio.Task[None] | None = None
+        # Hazard events of rounds the store failed: their rules' cooldowns keep them from firing
+        # again on the data resent, so they are opened with the next round committed.
+        self._carried: list[HazardEvent] = []
         for kind in sorted(set(_KIND_LABELS.values())):
             # Served at 0 from the start: an alert on copies needs the series before the first.
             metrics.duplicates.labels(kind)
@@ -275,12 +279,15 @@ class IngestPipeline:
             done.cancel()
             raise
         except Exception as exc:
-            log.exception("ingest commit failed", items=len(current.items))
+            if not isinstance(exc, StoreUnreachable):  # whose outage the store logs once
+                log.exception("ingest commit failed", items=len(current.items))
+            self._carried += current.events
             done.set_exception(exc)
             return
+        events, self._carried = [*self._carried, *current.events], []
         try:
             # Before the acks: a producer that sees its ack finds the investigations opened.
-            await self._opener.open(sorted(current.events, key=_event_time))
+            await self._opener.open(sorted(events, key=_event_time))
         except Exception:
             log.exception("opening investigations for committed items failed")
         self._count(current.items, left_out)

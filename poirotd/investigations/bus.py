@@ -14,6 +14,7 @@ import contextlib
 import structlog
 
 from poirotd.store import Store
+from poirotd.store.faults import StoreUnreachable
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +45,9 @@ class EventBus:
         be read through from its first event."""
         try:
             await self.published(await store.latest_event_id())
-        except Exception:  # the store is unreachable: read from the first event, as it comes
+        except StoreUnreachable:  # logged by the store: read from the first event, as it comes
+            pass
+        except Exception:
             log.exception("reading the store's newest event failed")
         while True:
             mark = store.change_mark()
@@ -53,7 +56,9 @@ class EventBus:
                     await self.published(events[-1].event_id)
                     if len(events) < _FOLLOW_BATCH:
                         break
-            except Exception:  # the store is unreachable: the next round tries again
+            except StoreUnreachable:  # its outage is logged once: the next round tries again
+                pass
+            except Exception:
                 log.exception("following the store's events failed")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):

@@ -42,6 +42,7 @@ from poirotd.protocol.events import (
     VoteCast,
 )
 from poirotd.store import Lease, Store
+from poirotd.store.leases import queued_form
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +111,8 @@ class InvestigationRecorder:
         self._backend = backend_name
         self._phases: list[PhaseTiming] = []
         self._started = time.monotonic()
+        # Set once the record is final: a late notice of the model's state changes nothing more.
+        self._ended = False
         self.log = log.bind(
             investigation_id=investigation.investigation_id, session_id=investigation.session_id
         )
@@ -126,9 +129,11 @@ class InvestigationRecorder:
     async def succeeded(self, outcome: ProtocolOutcome) -> None:
         # The record is final when the event announces it (one transaction), so a client that
         # reacts to the event with Get sees the finished investigation.
+        self._ended = True
         final = self.record.model_copy(
             update={
                 "state": InvestigationState.SUCCEEDED,
+                "waiting_for_model_since": None,
                 "finished_at": now(),
                 "hazard_space": outcome.hazard_space,
                 "reports": dict(outcome.reports),
@@ -166,10 +171,12 @@ class InvestigationRecorder:
 
     async def failed(self, error: str, usage: LLMUsage | None = None) -> None:
         """`usage`: what the run spent before it failed, when the protocol could tell."""
+        self._ended = True
         changes: dict[str, object] = {
             "state": InvestigationState.FAILED,
             "error": error,
             "finished_at": now(),
+            "waiting_for_model_since": None,
         }
         if usage is not None:
             changes["usage"] = usage
@@ -178,6 +185,36 @@ class InvestigationRecorder:
         self.record = final
         self.log.warning("investigation failed", error=error)
         self._count_finished(InvestigationState.FAILED)
+
+    async def deferred(self, reason: str) -> None:
+        """A hazard rule's run the model failed past its outage budget: the record goes back to
+        its queued form, DEFERRED (its hazard is run again, from the start, once the model
+        answers: `InvestigationRunner`), with the event that says why."""
+        self._ended = True
+        final = queued_form(self.record).model_copy(update={"state": InvestigationState.DEFERRED})
+        await self._events.finish(final, EventKind.DEFERRED, lease=self._lease, reason=reason)
+        self.record = final
+        self.log.warning("investigation deferred until the model answers", error=reason)
+        self._metrics.investigations_deferred.labels(self._system).inc()
+        self._leave_flight()
+
+    async def waiting_for_model(self, since: datetime, reason: str) -> None:
+        """The model cannot serve: the record says since when, and Watch streams are told."""
+        if self._ended or self.record.waiting_for_model_since is not None:
+            return
+        await self.update(waiting_for_model_since=since)
+        await self._emit(EventKind.WAITING_FOR_MODEL, reason=reason)
+        self.log.warning("investigation waits for the model", since=since.isoformat())
+
+    async def model_returned(self) -> None:
+        """A server answers again: the run goes on with what it had."""
+        since = self.record.waiting_for_model_since
+        if self._ended or since is None:
+            return
+        waited = (now() - since).total_seconds()
+        await self.update(waiting_for_model_since=None)
+        await self._emit(EventKind.MODEL_RETURNED, seconds=waited)
+        self.log.info("investigation goes on: the model answers", waited_seconds=round(waited, 3))
 
     def cancelled(self) -> None:
         """The run stopped: the runner stores the record as INTERRUPTED and emits that event

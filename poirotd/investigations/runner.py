@@ -14,6 +14,13 @@ whatever it had produced, and at start-up what a crash left; a hazard rule's is 
 instead, to run from the start (a hazard is never lost). A replica of a shared store leaves its
 queued work to the others and hands its unfinished runs back (their leases end at once): another
 replica re-runs them.
+
+A model that cannot serve (its servers restart) is waited out where the work is: each LLM call
+waits within the backend's outage budget (`poirotd.llm.openai_http`), so a run keeps what its
+phases have done and goes on once a server answers, its record saying meanwhile since when it
+waits (`waiting_for_model_since`, and Watch events); no worker starts another run until then.
+A call still unserved at the end of its budget ends the run: a Trigger call's investigation
+fails with that reason, a hazard rule's is DEFERRED and run again once the model answers.
 """
 
 from __future__ import annotations
@@ -43,12 +50,14 @@ from poirotd.model import (
     Reading,
 )
 from poirotd.observability.metrics import Metrics
+from poirotd.observability.outages import PartState
 from poirotd.protocol import prompts
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.ensemble import method_reliabilities
-from poirotd.protocol.errors import ProtocolError
+from poirotd.protocol.errors import ModelUnavailableError, ProtocolError
 from poirotd.protocol.reputation import betas_in_use
 from poirotd.store import Admission, Admitted, Lease, LeaseLostError, Store
+from poirotd.store.faults import StoreUnreachable
 
 log = structlog.get_logger(__name__)
 
@@ -69,7 +78,10 @@ class InvestigationRunner:
         shares: QueueShares,
         workers: int,
         replica: Replica,
+        model: PartState | None = None,
     ) -> None:
+        """`model`: whether the LLM's servers answer (None: a backend in this process, never
+        down); while they do not, no investigation is started, and running ones say they wait."""
         self._spec = spec
         self._store = store
         self._engine = engine
@@ -90,6 +102,11 @@ class InvestigationRunner:
         # When the oldest hazard's investigation not started yet was opened, as last read.
         self._oldest_waiting: datetime | None = None
         metrics.oldest_hazard_wait.labels(spec.system.name).set_function(self._hazard_wait)
+        self._model = model
+        # Set, and replaced, each time the model goes down or comes back.
+        self._model_changed = asyncio.Event()
+        if model is not None:
+            model.subscribe(self._model_changed_now)
 
     def start(self) -> None:
         self._tasks = [
@@ -185,6 +202,8 @@ class InvestigationRunner:
         cannot be reached leaves them to the next run's start, or the next idle worker."""
         try:
             queued = await self._store.queue_deferred(self._shares.capacity)
+        except StoreUnreachable:  # its outage is logged once, by the store
+            return
         except Exception:
             log.exception("queueing deferred investigations failed")
             return
@@ -224,7 +243,10 @@ class InvestigationRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if not self.replica.shared:
-            await self._settle_unfinished("daemon stopped before the investigation finished")
+            try:
+                await self._settle_unfinished("daemon stopped before the investigation finished")
+            except StoreUnreachable:  # the next start settles what this one could not
+                log.warning("unfinished investigations left to the next start: no store")
             return
         for lease in unfinished:
             with contextlib.suppress(Exception):  # unreachable store: the lease expires anyway
@@ -253,19 +275,28 @@ class InvestigationRunner:
         for investigation_id in settled.requeued:
             log.info("hazard's investigation kept queued", investigation_id=investigation_id)
 
+    def _model_changed_now(self) -> None:
+        self._model_changed.set()
+        self._model_changed = asyncio.Event()
+
     async def _work(self) -> None:
         """Claims and runs investigations until the daemon drains (with replicas, it leaves the
-        queue to them at once; alone, it empties the queue first)."""
+        queue to them at once; alone, it empties the queue first). While the model cannot
+        serve, nothing is claimed: a run started then would only wait in its first call."""
         replica = self.replica
         while not (self._draining and replica.shared):
             self._wake.clear()
+            if self._model is not None and not self._model.up and not self._draining:
+                await self._until_woken(self._model.wait_up())
+                continue
             mark = self._store.change_mark()
             try:
                 claim = await self._store.claim_investigation(
                     replica.replica_id, replica.lease_seconds
                 )
-            except Exception:  # the store is unreachable: try again after a pause
-                log.exception("claiming an investigation failed")
+            except Exception as exc:  # the store is unreachable: try again after a pause
+                if not isinstance(exc, StoreUnreachable):  # whose outage the store logs once
+                    log.exception("claiming an investigation failed")
                 await asyncio.sleep(replica.poll_seconds)
                 continue
             if claim is None:
@@ -284,12 +315,20 @@ class InvestigationRunner:
     async def _idle(self, mark: int) -> None:
         """Until this daemon queues something or drains; with replicas, also until the store
         tells of another's write after `mark`, and at most a poll interval."""
+        if not self.replica.shared:
+            await self._until_woken()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.replica.poll_seconds):
+                await self._until_woken(self._store.wait_for_change(mark))
+
+    async def _until_woken(self, event: Awaitable[object] | None = None) -> None:
+        """Until this daemon queues something or drains, or `event` happens."""
         waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._wake.wait())]
-        if self.replica.shared:
-            waits.append(asyncio.ensure_future(self._store.wait_for_change(mark)))
-        timeout = self.replica.poll_seconds if self.replica.shared else None
+        if event is not None:
+            waits.append(asyncio.ensure_future(event))
         try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for wait in waits:
                 wait.cancel()
@@ -337,8 +376,9 @@ class InvestigationRunner:
             await asyncio.sleep(interval)
             try:
                 held = await self._store.renew_lease(lease, self.replica.lease_seconds)
-            except Exception:  # the store is unreachable: the next beat tries again
-                log.exception("lease renewal failed", investigation_id=lease.investigation_id)
+            except Exception as exc:  # the store is unreachable: the next beat tries again
+                if not isinstance(exc, StoreUnreachable):  # whose outage the store logs once
+                    log.exception("lease renewal failed", investigation_id=lease.investigation_id)
                 continue
             if not held:
                 self._lease_lost(lease)
@@ -365,15 +405,23 @@ class InvestigationRunner:
         try:
             await recorder.started()
             await self._left_queue()
-            outcome = await self._investigate(investigation, recorder)
+            outcome = await self._investigate_noting_waits(investigation, recorder)
         except LeaseLostError:
             self._lease_lost(lease)
             recorder.cancelled()
         except ProtocolError as exc:
             await self._failed(recorder, lease, str(exc), exc.usage)
+        except ModelUnavailableError as exc:
+            await self._model_failed(recorder, lease, exc)
         except asyncio.CancelledError:
             recorder.cancelled()  # drain() stores the record as INTERRUPTED
             raise
+        except StoreUnreachable:  # nothing of the run can be stored: as a crash, run again
+            recorder.log.warning(
+                "investigation stopped: the store cannot be written; run again once its lease "
+                "lapses"
+            )
+            recorder.cancelled()
         except Exception as exc:
             recorder.log.exception("investigation crashed")
             await self._failed(recorder, lease, f"internal error: {type(exc).__name__}: {exc}")
@@ -381,6 +429,54 @@ class InvestigationRunner:
             # Fenced: once it is stored, the record is final and no replica can claim it again,
             # so an investigation completes once.
             await self._ended(recorder, lease, recorder.succeeded(outcome))
+
+    async def _investigate_noting_waits(
+        self, investigation: Investigation, recorder: InvestigationRecorder
+    ) -> ProtocolOutcome:
+        """`_investigate`, its record and Watch streams told while it waits for the model."""
+        if self._model is None:
+            return await self._investigate(investigation, recorder)
+        notes = asyncio.create_task(self._note_model_waits(self._model, recorder))
+        try:
+            return await self._investigate(investigation, recorder)
+        finally:
+            notes.cancel()
+            await asyncio.gather(notes, return_exceptions=True)
+
+    async def _note_model_waits(self, model: PartState, recorder: InvestigationRecorder) -> None:
+        """Each time the model goes down or comes back while the run lasts, the record says so
+        (`waiting_for_model_since`) and an event tells Watch streams."""
+        while True:
+            changed = self._model_changed
+            try:
+                if model.up:
+                    await recorder.model_returned()
+                elif model.down_since is not None:
+                    since = model.down_since
+                    reason = (
+                        f"no LLM server answers since {since.isoformat()}: the run waits, with "
+                        "what it has, and goes on once one does"
+                    )
+                    await recorder.waiting_for_model(since, reason)
+            except Exception as exc:  # the run's own writes meet the same store or lease
+                recorder.log.warning("the model's state could not be recorded", error=repr(exc))
+            await changed.wait()
+
+    async def _model_failed(
+        self, recorder: InvestigationRecorder, lease: Lease, exc: ModelUnavailableError
+    ) -> None:
+        """The model stayed unavailable past its outage budget. A Trigger call's investigation
+        fails with that reason; a hazard rule's is DEFERRED, its lease handed back, and queued
+        again (no worker claims it before the model answers), so its hazard is attributed."""
+        reason = f"the model was unavailable: {exc}"
+        if recorder.record.trigger is None:
+            await self._failed(recorder, lease, reason, exc.usage)
+            return
+        deferral = recorder.deferred(f"{reason}; run again once it answers")
+        await self._ended(recorder, lease, deferral)
+        with contextlib.suppress(Exception):  # unreachable store: the lease expires anyway
+            await self._store.hand_back_lease(lease)
+        await self._queue_deferred()
 
     async def _investigate(
         self, investigation: Investigation, recorder: InvestigationRecorder
@@ -425,10 +521,13 @@ class InvestigationRunner:
         except LeaseLostError:
             self._lease_lost(lease)
             recorder.cancelled()
-        except Exception:
-            recorder.log.exception(
-                "the run's end could not be stored; run again once its lease lapses"
-            )
+        except Exception as exc:
+            if isinstance(exc, StoreUnreachable):  # whose outage the store logs once
+                recorder.log.warning("the run's end could not be stored; run again later")
+            else:
+                recorder.log.exception(
+                    "the run's end could not be stored; run again once its lease lapses"
+                )
             recorder.cancelled()
 
     async def _reliabilities(self, investigation: Investigation) -> dict[str, float]:

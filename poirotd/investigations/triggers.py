@@ -24,6 +24,7 @@ from poirotd.config import SystemSpec
 from poirotd.investigations.runner import InvestigationRunner
 from poirotd.model import HazardEvent
 from poirotd.observability.metrics import Metrics
+from poirotd.store.faults import StoreUnreachable
 
 log = structlog.get_logger(__name__)
 
@@ -38,16 +39,23 @@ class HazardTriggers:
         }
         self._runner = runner
         self._metrics = metrics
+        self._unopened: list[HazardEvent] = []
 
     async def open(self, events: Sequence[HazardEvent]) -> None:
-        """Each event in turn; one the store fails (it is not reached) is logged, and the next
-        one tried: the data it fired on is committed, a Trigger call can open it again."""
+        """Each event in turn, after those the store could not be reached for before: one it
+        cannot be reached for now is kept for the next call (the rules' tick makes one every
+        second), so a store outage loses no hazard; one it fails otherwise is logged, and the
+        next one tried: the data it fired on is committed, a Trigger call can open it again."""
         for event in events:
             self._metrics.hazard_events.labels(
                 self._spec.system.name, event.rule, event.severity
             ).inc()
+        pending, self._unopened = [*self._unopened, *events], []
+        for event in pending:
             try:
                 await self._runner.open_for(event, self._cooldowns[event.rule])
+            except StoreUnreachable:  # its outage is logged once, by the store
+                self._unopened.append(event)
             except Exception:
                 log.exception(
                     "hazard event could not open an investigation: the store failed",

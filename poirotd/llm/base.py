@@ -8,6 +8,11 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from poirotd.llm.control_tokens import ControlTokens
+from poirotd.observability.outages import PartState
+
+# The LLMError reason of a call that waited out its whole outage budget: no server could serve.
+# The investigation ends there (its other calls would wait as long), rather than abstaining.
+MODEL_UNAVAILABLE = "model_unavailable"
 
 
 class ToolCall(BaseModel):
@@ -108,6 +113,12 @@ class LLMBackend(Protocol):
 
     name: str
     context_tokens: int
+
+    @property
+    def availability(self) -> PartState | None:
+        """Whether the model's servers answer, for what must wait for them (investigations);
+        None for a backend in this process, which has no outage (embedded, scripted)."""
+        ...
 
     async def complete(
         self,

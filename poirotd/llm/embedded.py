@@ -440,6 +440,8 @@ class EmbeddedBackend:
     """
 
     name = "embedded"
+    # In this process: no server to lose.
+    availability = None
 
     def __init__(self, engine: _Engine, executor: ThreadPoolExecutor, model_path: Path) -> None:
         self._engine: _Engine | None = engine

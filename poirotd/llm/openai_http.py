@@ -1,13 +1,18 @@
 """OpenAI-compatible chat completions over HTTP: vLLM in production, llama.cpp's server in tests.
 
 One pooled keep-alive client serves every request, so concurrent interrogations reuse connections
-and the server can batch them. Transient failures (connection refused or reset, timeouts, 429,
-5xx, a malformed 200) are retried with full-jitter exponential backoff, failing over across
-``base_urls``; so is a TLS failure (another server may pass), reported as "tls" with what the
-certificate lacked. Any other 4xx is the request's fault and is raised at once, as
-"context_exceeded" when the server says the prompt is too long and "bad_request" otherwise. The
-server that last answered stays first for later calls: vLLM's prefix cache lives on one server,
-and staying there keeps the shared session prefix warm.
+and the server can batch them. A model server that restarts (a vLLM rollout, an OOM kill) is an
+outage to wait out, not a failure: a call whose servers cannot serve (connection refused or
+reset, connect timeout, 429, 502, 503, 504) keeps trying, failing over across ``base_urls`` with
+full-jitter exponential backoff between rounds and honouring ``Retry-After``, for up to
+``outage_budget_seconds``; only then does it fail, as "model_unavailable". Each server has a
+circuit breaker (`poirotd.llm.health`): once it is seen dead, calls skip it and a probe asks
+whether it is back, so a dead server is not hammered. Failures of a server that does answer (a
+read timeout, another 5xx, a malformed 200, a TLS failure, reported as "tls" with what the
+certificate lacked) are retried at most ``max_retries`` times. Any other 4xx is the request's
+fault and is raised at once, as "context_exceeded" when the server says the prompt is too long
+and "bad_request" otherwise. The server that last answered stays first for later calls: vLLM's
+prefix cache lives on one server, and staying there keeps the shared session prefix warm.
 
 The served model's control tokens (control_tokens.py) are asked of the server once, before the
 first investigation needs them: vLLM's ``GET /tokenizer_info`` (with
@@ -20,12 +25,16 @@ leaves the configured ``template_family``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import re
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal, TypeVar
 
 import httpx
 import structlog
@@ -34,8 +43,9 @@ from pydantic import BaseModel, Field, ValidationError
 from poirotd.api.client_tls import ClientTLSError
 from poirotd.api.secrets import SecretError
 from poirotd.config.spec import OpenAILLMSpec
-from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool, ToolCall
+from poirotd.llm.base import MODEL_UNAVAILABLE, ChatMessage, Completion, LLMError, Tool, ToolCall
 from poirotd.llm.control_tokens import ControlTokens, family_spellings
+from poirotd.llm.health import Server, ServerPool
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +59,8 @@ _TEMPLATE_TOKENS_PER_MESSAGE = 8
 _TEMPLATE_TOKENS_REPLY = 32
 # How much of a server's error text is kept in messages and logs.
 _ERROR_EXCERPT_CHARS = 300
+# Statuses of a server (or the proxy before it) that cannot serve at all: waited out.
+_DEAD_STATUSES = frozenset({502, 503, 504})
 _SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 # How OpenAI, vLLM and llama-cpp-python word a prompt too long for the model; the embedded backend
 # calls that "context_exceeded", and so must this one for the metrics and the protocol to agree.
@@ -138,13 +150,48 @@ class _ModelList(BaseModel):
     data: list[_ModelCard]
 
 
+# What a failed attempt says of its server: "dead" cannot serve (its circuit counts it; the call
+# waits it out within the outage budget), "busy" is alive but refuses for now (429: waited out,
+# circuit untouched), "faulty" answered wrongly (retried at most max_retries times).
+_Failure = Literal["dead", "busy", "faulty"]
+
+
 class _Retryable(Exception):
     """One attempt failed in a way another attempt (or another server) may not."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(
+        self,
+        reason: str,
+        detail: str,
+        failure: _Failure = "faulty",
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        self.failure = failure
+        self.retry_after = retry_after
+
+    @property
+    def outage(self) -> bool:
+        """The server cannot serve now: waited out within the outage budget."""
+        return self.failure != "faulty"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds the server asks to wait (Retry-After as seconds or an HTTP date), if it says."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 def _api_root(url: str) -> str:
@@ -237,7 +284,11 @@ class OpenAIBackend:
     def __init__(self, spec: OpenAILLMSpec) -> None:
         self.context_tokens = spec.context_tokens
         self._spec = spec
-        self._roots = [_api_root(str(url)) for url in spec.base_urls]
+        roots = [_api_root(str(url)) for url in spec.base_urls]
+        self._servers = [Server(r, _display(r), spec.breaker_failures) for r in roots]
+        self.availability = self.pool = ServerPool(
+            self._servers, self._probe_server, probe_seconds=spec.probe_seconds
+        )
         self._preferred = 0
         self._slots = asyncio.Semaphore(spec.concurrency)
         # Learned once; None until the server answered (or showed it cannot).
@@ -253,7 +304,12 @@ class OpenAIBackend:
         self._client = httpx.AsyncClient(
             headers=headers,
             verify=verify,
-            timeout=httpx.Timeout(spec.timeout_seconds, connect=spec.connect_timeout_seconds),
+            timeout=httpx.Timeout(
+                spec.timeout_seconds,
+                connect=spec.connect_timeout_seconds,
+                # None: no bound of its own, the whole exchange's applies (asyncio.timeout).
+                read=spec.read_timeout_seconds,
+            ),
             # The semaphore bounds inference requests; the pool itself is unbounded so that a
             # readiness probe never queues behind a full batch.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=spec.concurrency),
@@ -336,23 +392,39 @@ class OpenAIBackend:
         """
         failure: _Retryable | None = None
         for index in self._order():
-            root = self._roots[index]
+            server = self._servers[index]
             try:
-                async with asyncio.timeout(self._spec.connect_timeout_seconds):
-                    response = await self._send("GET", f"{root}/v1/models")
-                models = _ModelList.model_validate_json(response.content)
-            except TimeoutError:
-                failure = _Retryable("timeout", "no model list within the connect timeout")
-            except ValidationError as exc:
-                failure = _Retryable("bad_response", f"malformed model list ({_first_error(exc)})")
+                models = await self._models(server)
             except _Retryable as exc:
                 failure = exc
             else:
+                server.succeeded()
                 self._preferred = index
                 return [card.id for card in models.data]
-            log.warning("llm_probe_failed", base_url=_display(root), reason=failure.reason)
+            log.warning("llm_probe_failed", base_url=server.display, reason=failure.reason)
         assert failure is not None  # base_urls has at least one entry
         raise LLMError(f"no LLM server answered: {failure.detail}", reason=failure.reason)
+
+    async def _models(self, server: Server) -> _ModelList:
+        """The server's ``GET /v1/models``, bounded by the connect timeout; _Retryable if none."""
+        try:
+            async with asyncio.timeout(self._spec.connect_timeout_seconds):
+                response = await self._send("GET", f"{server.root}/v1/models")
+            return _ModelList.model_validate_json(response.content)
+        except TimeoutError:
+            raise _Retryable("timeout", "no model list within the connect timeout") from None
+        except ValidationError as exc:
+            detail = f"malformed model list ({_first_error(exc)})"
+            raise _Retryable("bad_response", detail) from None
+
+    async def _probe_server(self, server: Server) -> bool:
+        """The circuit breaker's probe of a server seen dead: does it list its models again?"""
+        try:
+            await self._models(server)
+        except (_Retryable, LLMError) as exc:
+            log.debug("llm_server_probe_failed", base_url=server.display, detail=str(exc))
+            return False
+        return True
 
     async def control_tokens(self) -> ControlTokens:
         """The served model's control spellings, learned from the first server that answers
@@ -364,7 +436,7 @@ class OpenAIBackend:
             return self._control_tokens
         configured = self._spec.template_family
         for index in self._order():
-            root = self._roots[index]
+            root = self._servers[index].root
             try:
                 async with asyncio.timeout(self._spec.connect_timeout_seconds):
                     learned = await self._ask_control_tokens(root)
@@ -441,6 +513,7 @@ class OpenAIBackend:
         )
 
     async def aclose(self) -> None:
+        await self.pool.aclose()
         await self._client.aclose()
 
     def _response_format(self, schema: dict[str, Any]) -> dict[str, Any]:
@@ -455,7 +528,7 @@ class OpenAIBackend:
 
     def _order(self) -> list[int]:
         """Server indices starting with the one that answered last."""
-        n = len(self._roots)
+        n = len(self._servers)
         return [(self._preferred + k) % n for k in range(n)]
 
     def _backoff(self, round_: int) -> float:
@@ -465,42 +538,94 @@ class OpenAIBackend:
         )
 
     async def _with_retries(self, attempt: Callable[[str], Awaitable[T]]) -> T:
-        """Run ``attempt`` against the servers in turn, at most 1 + max_retries times.
+        """Run ``attempt`` against the servers, the one that answered last first.
 
-        Each round tries every server once without waiting (a dead server is skipped at once);
-        between rounds the backoff sleep runs without holding a concurrency slot.
+        Each round tries every server its circuit and Retry-After let through, without waiting
+        (a dead server is skipped at once); between rounds, a backoff sleep without holding a
+        concurrency slot. Outage failures (`_Retryable.outage`) are waited out: when no server
+        can be called, the call waits for a circuit to close (a probe found its server back) or
+        a Retry-After to pass, for up to the outage budget from its first such failure, then
+        fails as MODEL_UNAVAILABLE. Other failures end the call after 1 + max_retries.
         """
-        n = len(self._roots)
-        start = self._preferred
+        spec = self._spec
+        outage_since: float | None = None
+        faults, round_ = 0, 0
         failure: _Retryable | None = None
-        attempts = self._spec.max_retries + 1
-        for k in range(attempts):
-            if k and k % n == 0:
-                await asyncio.sleep(self._backoff(k // n))
-            index = (start + k) % n
-            root = self._roots[index]
+        tried: set[int] = set()
+        while True:
+            index = self._next_server(tried)
+            if index is None:
+                if tried and any(self._servers[i].closed for i in tried):  # a round is over
+                    round_ += 1
+                    await asyncio.sleep(self._backoff(round_))
+                else:  # no server can be called now: an outage, waited out
+                    outage_since = outage_since or time.monotonic()
+                    left = spec.outage_budget_seconds - (time.monotonic() - outage_since)
+                    if left <= 0:
+                        raise self._outage_error(failure)
+                    await self._wait_for_a_server(left)
+                tried.clear()
+                continue
+            tried.add(index)
+            server = self._servers[index]
             try:
                 async with self._slots:
-                    result = await attempt(root)
+                    result = await attempt(server.root)
             except TimeoutError:
-                failure = _Retryable("timeout", f"no answer within {self._spec.timeout_seconds}s")
+                failure = _Retryable("timeout", f"no answer within {spec.timeout_seconds}s")
             except _Retryable as exc:
                 failure = exc
             else:
+                server.succeeded()
                 self._preferred = index
                 return result
+            if failure.retry_after is not None:
+                server.hold_back(min(failure.retry_after, spec.outage_budget_seconds))
+            if failure.outage:
+                outage_since = outage_since or time.monotonic()
+                if failure.failure == "dead":
+                    server.unreachable(failure.reason, failure.detail)
+                log.debug("llm_server_cannot_serve", base_url=server.display, detail=failure.detail)
+                if time.monotonic() - outage_since >= spec.outage_budget_seconds:
+                    raise self._outage_error(failure)
+                continue
+            faults += 1
             log.warning(
                 "llm_request_failed",
-                base_url=_display(root),
-                attempt=k + 1,
-                attempts=attempts,
+                base_url=server.display,
+                attempt=faults,
+                attempts=spec.max_retries + 1,
                 reason=failure.reason,
                 detail=failure.detail,
             )
-        assert failure is not None
-        raise LLMError(
-            f"LLM request failed after {attempts} attempt(s): {failure.detail}",
-            reason=failure.reason,
+            if faults > spec.max_retries:
+                raise LLMError(
+                    f"LLM request failed after {faults} attempt(s): {failure.detail}",
+                    reason=failure.reason,
+                )
+
+    def _next_server(self, tried: set[int]) -> int | None:
+        """The first server in order not tried this round that its circuit and Retry-After let
+        through now."""
+        for index in self._order():
+            server = self._servers[index]
+            if index not in tried and server.closed and not server.wait_seconds():
+                return index
+        return None
+
+    async def _wait_for_a_server(self, left: float) -> None:
+        """Until a circuit closes or opens, or the nearest Retry-After passes; `left` at most."""
+        held = [s.wait_seconds() for s in self._servers if s.closed and s.wait_seconds()]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min([left, *held])):
+                await self.pool.wait_for_change()
+
+    def _outage_error(self, failure: _Retryable | None) -> LLMError:
+        last = f"; last: {failure.detail}" if failure is not None else ""
+        return LLMError(
+            f"no LLM server could serve for {self._spec.outage_budget_seconds:g}s "
+            f"(llm.outage_budget_seconds){last}",
+            reason=MODEL_UNAVAILABLE,
         )
 
     async def _send(
@@ -510,17 +635,24 @@ class OpenAIBackend:
         try:
             response = await self._client.request(method, url, json=json)
         except httpx.ConnectTimeout as exc:
-            raise _Retryable("unavailable", f"connect timeout ({type(exc).__name__})") from exc
+            detail = f"connect timeout ({type(exc).__name__})"
+            raise _Retryable("connect_timeout", detail, "dead") from exc
+        except httpx.ReadTimeout as exc:
+            raise _Retryable("read_timeout", f"read timeout ({type(exc).__name__})") from exc
         except httpx.TimeoutException as exc:
             raise _Retryable("timeout", f"timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             tls = _tls_failure(exc)
             if tls is not None:
                 raise _Retryable("tls", tls) from exc
-            raise _Retryable("unavailable", _transport_detail(exc)) from exc
+            raise _Retryable("unavailable", _transport_detail(exc), "dead") from exc
         status = response.status_code
         if status == 429 or status >= 500:
-            raise _Retryable("unavailable", f"HTTP {status}: {_server_message(response)}")
+            detail = f"HTTP {status}: {_server_message(response)}"
+            failure: _Failure = (
+                "busy" if status == 429 else "dead" if status in _DEAD_STATUSES else "faulty"
+            )
+            raise _Retryable("unavailable", detail, failure, _retry_after(response))
         if status >= 300:
             message = _server_message(response)
             context = _CONTEXT_EXCEEDED.search(message) or _CONTEXT_EXCEEDED.search(response.text)

@@ -43,6 +43,7 @@ class ScriptedBackend:
     ) -> None:
         self.name = "scripted"
         self.context_tokens = context_tokens
+        self.availability = None
         self.calls: list[ScriptedCall] = []
         self._script = script
         self._tool_script = tool_script

@@ -80,8 +80,9 @@ class Metrics:
         )
         self.investigations_deferred = Counter(
             "poirot_investigations_deferred_total",
-            "Hazard rules' investigations that found the queue full and were kept DEFERRED in "
-            "the store, to be queued once it has room",
+            "Hazard rules' investigations kept DEFERRED in the store, to be queued once it has "
+            "room: they found the queue full, or the model failed their run past its outage "
+            "budget",
             ["system"],
             registry=r,
         )
@@ -170,6 +171,26 @@ class Metrics:
             "poirot_llm_up",
             "1 when the latest LLM call succeeded, 0 when it failed",
             ["backend"],
+            registry=r,
+        )
+        self.store_up = Gauge(
+            "poirot_store_up",
+            "1 while the store answers, 0 from a failed read or write (its server stopped, its "
+            "disk is full) until it answers again",
+            registry=r,
+        )
+        self.store_last_error = Gauge(
+            "poirot_store_last_error",
+            "1 for the kind of the store's latest failure (disk_full, io_error, "
+            "connection_lost, busy, out_of_resources), 0 for the others",
+            ["kind"],
+            registry=r,
+        )
+        self.llm_backend_up = Gauge(
+            "poirot_llm_backend_up",
+            "1 while an LLM server (a configured base URL) is taken to answer, 0 while its "
+            "circuit breaker holds it dead (it is probed until it answers again)",
+            ["base_url"],
             registry=r,
         )
         self.llm_calls = Counter(

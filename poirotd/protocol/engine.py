@@ -31,7 +31,7 @@ from poirotd.model import (
 from poirotd.protocol import baseline, echo, ensemble, errorprobe, injection, prompts
 from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.errorprobe.memory import DiagnosisMemory
-from poirotd.protocol.errors import ProtocolError
+from poirotd.protocol.errors import ModelUnavailableError, ProtocolError
 from poirotd.protocol.events import AttributionReady, InjectionFound, ProtocolEvent
 from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
 from poirotd.protocol.interrogation import closing_request, interrogate, one_more_round
@@ -111,7 +111,8 @@ class InvestigationEngine:
         Every untrusted text is quoted under one fresh spotlight for the whole run, which
         breaks the serving model's control spellings in it; signs of an injection attempt in
         the session or the incident are reported first (InjectionFound).
-        Raises ProtocolError when every voter abstains;
+        Raises ProtocolError when every voter abstains, ModelUnavailableError when no LLM
+        server could serve a call within the backend's outage budget;
         cancellation propagates and cancels every LLM call in flight.
         """
         spec, controls = self._spec, await self._backend.control_tokens()
@@ -122,24 +123,24 @@ class InvestigationEngine:
         findings = injection.scan(messages, incident.texts() if incident else (), controls)
         if findings:
             await run.emit(InjectionFound(findings=findings))
-        async with run.phase(Phase.HAZARD_SPACE):
-            space = await resolve_hazard_space(spec, self._hazard_spaces, run)
         if betas is None:
             betas = {agent: spec.protocol.beta for agent in spec.agent_ids}
-        case = Case(
-            spec=spec,
-            space=space,
-            messages=tuple(messages),
-            incident=incident,
-            spotlight=spotlight,
-            betas=betas,
-            readings=tuple(readings),
-            reliabilities=reliabilities or {},
-            investigation_id=investigation_id,
-        )
         try:
+            async with run.phase(Phase.HAZARD_SPACE):
+                space = await resolve_hazard_space(spec, self._hazard_spaces, run)
+            case = Case(
+                spec=spec,
+                space=space,
+                messages=tuple(messages),
+                incident=incident,
+                spotlight=spotlight,
+                betas=betas,
+                readings=tuple(readings),
+                reliabilities=reliabilities or {},
+                investigation_id=investigation_id,
+            )
             result = await self._methods[method](case, run)
-        except ProtocolError as exc:
+        except (ProtocolError, ModelUnavailableError) as exc:
             exc.usage = run.usage
             raise
         await run.emit(AttributionReady(attribution=result.attribution, hazard_space=space))

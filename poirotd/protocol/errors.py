@@ -16,3 +16,12 @@ class ProtocolError(Exception):
 
 class AnswerFailed(Exception):
     """An agent gave no acceptable answer within the retry bound; the message is the reason."""
+
+
+class ModelUnavailableError(Exception):
+    """No LLM server could serve one of the run's calls within the outage budget
+    (`poirotd.llm.base.MODEL_UNAVAILABLE`). The run stops there: its other calls would wait as
+    long, and an agent that abstained for want of a model would skew the attribution. The engine
+    fills in what the run spent, as for ProtocolError."""
+
+    usage: LLMUsage = LLMUsage()

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import structlog
 
 from poirotd.llm.base import (
+    MODEL_UNAVAILABLE,
     ChatMessage,
     Completion,
     LLMBackend,
@@ -31,7 +32,7 @@ from poirotd.llm.control_tokens import BUILT_IN, ControlTokens
 from poirotd.model import AgentMessage, LLMExchange, LLMUsage, Phase, PhaseTiming
 from poirotd.protocol import prompts
 from poirotd.protocol.context_budget import fit_view
-from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.errors import AnswerFailed, ModelUnavailableError
 from poirotd.protocol.events import (
     ContextCutsMade,
     ExchangeDone,
@@ -170,7 +171,9 @@ class RunContext:
         temperature: float | None = None,
     ) -> Completion:
         """One LLM call, recorded (ExchangeDone) and counted whether it succeeds or not; raises
-        LLMError (reason BUDGET_SPENT) without calling once the token budget is spent.
+        LLMError (reason BUDGET_SPENT) without calling once the token budget is spent, and
+        ModelUnavailableError, which ends the run, when no server could serve it within the
+        backend's outage budget (the call itself waits the outage out).
         `temperature`: this call's, instead of the backend's configured one."""
         await self._check_budget()
         at, start = datetime.now(UTC), time.monotonic()
@@ -180,6 +183,8 @@ class RunContext:
             )
         except LLMError as exc:
             await self._record(site, messages, at, start, error=exc)
+            if exc.reason == MODEL_UNAVAILABLE:
+                raise ModelUnavailableError(str(exc)) from exc
             raise
         await self._record(site, messages, at, start, completion=completion)
         return completion

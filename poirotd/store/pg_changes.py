@@ -56,11 +56,15 @@ class ChangeListener:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _listen(self) -> None:
+        listening = True  # as far as anyone knows: a first failure is worth a line
         while True:
             try:
                 conn = await self._connect()
                 try:
                     await conn.execute(f"LISTEN {CHANNEL}".encode())
+                    if not listening:
+                        log.info("store change listener listens again")
+                    listening = True
                     # What was written while no connection listened was notified to no one:
                     # the waiters read the store again.
                     await self._changed_now()
@@ -69,7 +73,9 @@ class ChangeListener:
                 finally:
                     await conn.close()
             except psycopg.Error as exc:  # the connection or the server went away: listen again
-                log.warning("store change listener lost its connection", error=str(exc))
+                if listening:  # once per loss, not once per attempt to listen again
+                    log.warning("store change listener lost its connection", error=str(exc))
+                listening = False
             await asyncio.sleep(_RETRY_SECONDS)
 
     async def _changed_now(self) -> None:

@@ -45,6 +45,7 @@ from poirotd.model import (
     Reading,
     Session,
 )
+from poirotd.store.faults import StoreFaults
 from poirotd.store.idempotency import LeftOut
 
 # Seconds an ingest item's idempotency key is kept after its commit (POIROTD_IDEMPOTENCY_WINDOW_
@@ -174,6 +175,9 @@ class Store(Protocol):
     # True when other processes (replicas) write the same store: the daemon then claims work,
     # numbers messages and follows Watch events through the store rather than in memory.
     shared: bool
+    # Whether the store can be used now: its adapter raises StoreUnreachable (an Unavailable)
+    # when it cannot, and keeps `faults.availability` (`poirotd.store.faults`).
+    faults: StoreFaults
 
     async def close(self) -> None:
         """Lets already submitted work finish, then releases the store; idempotent."""
@@ -235,9 +239,10 @@ class Store(Protocol):
     async def finish_investigation(
         self, inv: Investigation, event: InvestigationEvent, *, lease: Lease | None = None
     ) -> InvestigationEvent:
-        """Saves the final record and appends the event announcing its end (returned with its
-        id) in one transaction, fenced like `save_investigation`: a run that stops between the
-        two never leaves a finished record that no event announces."""
+        """Saves the record that ends the run (final, or a hazard's DEFERRED again for want of
+        a model) and appends the event announcing it (returned with its id) in one transaction,
+        fenced like `save_investigation`: a run that stops between the two never leaves a
+        finished record that no event announces."""
 
     async def admit_investigation(
         self, inv: Investigation, admit: Admit, *, cooldown: timedelta | None = None

@@ -87,6 +87,7 @@ from poirotd.store.common import (
     unknown_sessions,
     with_stored_coalesced,
 )
+from poirotd.store.faults import StoreFaults, postgres_fault
 from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.pg_changes import NOTIFY, ChangeListener
@@ -269,6 +270,7 @@ class PostgresStore(StoreReads):
         self._reading = asyncio.Lock()
         self._closing: asyncio.Task[None] | None = None
         self.shared = True
+        self.faults = StoreFaults()
         self._changes = ChangeListener(connect)
 
     @classmethod
@@ -339,7 +341,7 @@ class PostgresStore(StoreReads):
         read in the round trip of the first answer the transaction waits for; the entries
         appended to its links are stored just before it commits."""
         self._check_open()
-        async with self._writing:
+        async with self._reaching(writing=True), self._writing:
             conn = await self._write_connection()
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(_LOCK_CHAIN, (CHAIN_LOCK,))
@@ -355,6 +357,17 @@ class PostgresStore(StoreReads):
         async with self._head_transaction() as (conn, head):
             yield conn, await head.links()
 
+    @asynccontextmanager
+    async def _reaching(self, *, writing: bool) -> AsyncIterator[None]:
+        """Around one use of the server: an operational error (the server stopped, restarts,
+        or its disk is full) is StoreUnreachable, and the store's availability is kept."""
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            kind = postgres_fault(exc)
+            raise self.faults.unreachable(kind, exc, writing=writing) from exc
+        self.faults.succeeded(writing=writing)
+
     async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         return await self._all(_placeholders(sql), params)
 
@@ -368,7 +381,7 @@ class PostgresStore(StoreReads):
     async def _all(self, query: bytes, params: Sequence[Any] = ()) -> list[Row]:
         """One read statement; on a connection found lost, once more on a new one."""
         self._check_open()
-        async with self._reading:
+        async with self._reaching(writing=False), self._reading:
             for attempt in (1, 2):
                 if self._reader.broken:
                     self._reader = await self._connect()
@@ -502,7 +515,7 @@ class PostgresStore(StoreReads):
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
         self._check_open()
-        async with self._writing:
+        async with self._reaching(writing=True), self._writing:
             conn = await self._write_connection()
             cursor = await conn.execute(
                 _RESERVE_INDEXES, {"s": session_id, "n": count, "floor": floor}

@@ -69,6 +69,7 @@ from poirotd.store.common import (
     unknown_sessions,
     with_stored_coalesced,
 )
+from poirotd.store.faults import StoreFaults, sqlite_fault
 from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
 from poirotd.store.port import (
@@ -201,6 +202,7 @@ class SqliteStore(StoreReads):
         self._sessions = sessions
         self._closing: asyncio.Task[None] | None = None
         self.shared = False
+        self.faults = StoreFaults()
         # The next daemon-assigned index per session (`reserve_message_indexes`).
         self._reserved: dict[str, int] = {}
 
@@ -247,7 +249,7 @@ class SqliteStore(StoreReads):
         self, fn: Callable[Concatenate[sqlite3.Connection, _P], _T], *a: _P.args, **k: _P.kwargs
     ) -> _T:
         self._check_open()
-        return await self._writer.run(lambda conn: fn(conn, *a, **k))
+        return await self._run(self._writer, True, lambda conn: fn(conn, *a, **k))
 
     async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         return await self._read(_all, sql, params)
@@ -256,7 +258,21 @@ class SqliteStore(StoreReads):
         self, fn: Callable[Concatenate[sqlite3.Connection, _P], _T], *a: _P.args, **k: _P.kwargs
     ) -> _T:
         self._check_open()
-        return await self._reader.run(lambda conn: fn(conn, *a, **k))
+        return await self._run(self._reader, False, lambda conn: fn(conn, *a, **k))
+
+    async def _run(
+        self, worker: _Worker, writing: bool, call: Callable[[sqlite3.Connection], _T]
+    ) -> _T:
+        """`call` on the worker's connection; a full disk or an I/O error is StoreUnreachable."""
+        try:
+            result = await worker.run(call)
+        except sqlite3.Error as exc:
+            kind = sqlite_fault(exc)
+            if kind is None:
+                raise
+            raise self.faults.unreachable(kind, exc, writing=writing) from exc
+        self.faults.succeeded(writing=writing)
+        return result
 
     # ------------------------------------------------------------ ingest
 

@@ -4,11 +4,13 @@ spec the Kubernetes manifests carry."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from tests.support.deploy import (
     EDGE,
@@ -18,6 +20,8 @@ from tests.support.deploy import (
     require_tool,
     run_one_investigation,
 )
+from tests.support.openai_server import ScriptedServer, schema_replies
+from tests.support.spec import clinic
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +35,27 @@ def edge_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert result.returncode == 0, result.stderr
     return out
+
+
+@pytest.fixture
+def model_server() -> Iterator[ScriptedServer]:
+    """An OpenAI-compatible server on loopback answering every schema it is asked."""
+    server = ScriptedServer(otherwise=schema_replies(0.0))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def daemon_spec(model_server: ScriptedServer) -> SystemSpec:
+    """The clinic on the real HTTP backend, so that the model's gauges (one per base URL) are
+    exercised too."""
+    llm = {"backend": "openai", "base_urls": [model_server.url], "model": "qwen-test"}
+    return clinic(llm=llm)
+
+
+@pytest.fixture
+def daemon_backend() -> None:
+    """The spec's own backend: the real OpenAIBackend."""
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.support.deploy import (
 )
 from tests.support.kubernetes import (
     MANIFESTS,
+    PROBES,
     manifest_container,
     manifest_env,
     manifest_one,
@@ -202,8 +203,9 @@ def test_poirotd_sidecar_probes_drain_and_filesystem() -> None:
     # localhost on the default gRPC port): the kubelet's grpc probe has no TLS.
     assert importlib.util.find_spec("poirotd.cli.probe") is not None
     assert "POIROTD_GRPC_PORT" not in env
+    # Ready while the store answers; alive until it drains (a restart cures no store outage).
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["exec"]["command"] == ["python", "-m", "poirotd.cli.probe"], probe
+        assert sidecar[probe]["exec"]["command"] == PROBES[probe], probe
         assert sidecar[probe]["timeoutSeconds"] >= 3, "the probe's own deadline is 3 s"
     # The pod outlives the drain: investigations, then open RPCs.
     drain = float(env.get("POIROTD_DRAIN_SECONDS", defaults.drain_seconds))

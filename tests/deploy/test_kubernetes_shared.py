@@ -17,6 +17,7 @@ from kubernetes_validate import utils as kv
 from poirotd.config import Settings
 from tests.support.deploy import K8S, load_yaml_documents, require_tool
 from tests.support.kubernetes import (
+    PROBES,
     manifest_container,
     manifest_env,
     manifest_selects,
@@ -125,7 +126,7 @@ def test_replicas_drain_probe_and_stay_locked_like_the_sidecar() -> None:
     assert {"POIROTD_TLS_CLIENT_CA_FILE", "POIROTD_AUTH_FILE"} <= set(env)
     assert env["POIROTD_GRPC_REFLECTION"] == "false"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert poirotd[probe]["exec"]["command"] == ["python", "-m", "poirotd.cli.probe"]
+        assert poirotd[probe]["exec"]["command"] == PROBES[probe]
     drain = float(env.get("POIROTD_DRAIN_SECONDS", defaults.drain_seconds))
     assert pod["spec"]["terminationGracePeriodSeconds"] > drain + RPC_GRACE_SECONDS
     # A lease outlives a few missed renewals but hands a dead replica's work on within a minute.

@@ -62,10 +62,10 @@ async def mtls_health(tmp_path: Path) -> AsyncIterator[HealthServer]:
     await server.stop(None)
 
 
-async def run_probe(port: int, env: dict[str, str]) -> tuple[int, str]:
+async def run_probe(port: int, env: dict[str, str], *args: str) -> tuple[int, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("POIROTD_")}
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "poirotd.cli.probe", f"localhost:{port}"),
+        *(sys.executable, "-m", "poirotd.cli.probe", f"localhost:{port}", *args),
         env=clean | env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -83,6 +83,15 @@ async def test_the_probe_passes_over_mutual_tls_with_the_daemons_own_files(
 
 async def test_the_probe_fails_when_the_daemon_is_not_serving(mtls_health: HealthServer) -> None:
     await mtls_health.servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    code, err = await run_probe(mtls_health.port, mtls_health.env)
+    assert code == 1 and "is not serving: NOT_SERVING" in err
+
+
+async def test_the_probe_asks_the_service_it_is_told(mtls_health: HealthServer) -> None:
+    await mtls_health.servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    await mtls_health.servicer.set("poirotd.live", health_pb2.HealthCheckResponse.SERVING)
+    live = await run_probe(mtls_health.port, mtls_health.env, "--service", "poirotd.live")
+    assert live == (0, "")
     code, err = await run_probe(mtls_health.port, mtls_health.env)
     assert code == 1 and "is not serving: NOT_SERVING" in err
 

@@ -239,20 +239,101 @@ async def test_failover_past_a_refused_connection(dead_url: str, server: Scripte
     assert len(server.seen) == 1
 
 
-async def test_429_exhausts_retries_as_unavailable(server: ScriptedServer) -> None:
-    server.script(*[Reply(429, {"error": {"message": "slow down"}})] * 4)
+async def test_429_is_waited_out_for_as_long_as_retry_after_asks(server: ScriptedServer) -> None:
+    server.script(Reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "1"}))
+    server.script(Reply())
+    started = time.monotonic()
+    result = await complete(make_spec(server.url, max_retries=0))
+    assert time.monotonic() - started >= 1.0
+    assert result.completion_tokens == 9
+    assert len(server.seen) == 2
+
+
+async def test_a_server_refusing_past_the_outage_budget_is_model_unavailable(
+    server: ScriptedServer,
+) -> None:
+    server.script(*[Reply(429, {"error": {"message": "slow down"}})] * 1000)
+    started = time.monotonic()
     with pytest.raises(LLMError) as caught:
-        await complete(make_spec(server.url, max_retries=3))
-    assert caught.value.reason == "unavailable"
-    assert "4 attempt(s)" in str(caught.value)
+        await complete(make_spec(server.url, max_retries=0, outage_budget_seconds=0.5))
+    assert time.monotonic() - started >= 0.5
+    assert caught.value.reason == "model_unavailable"
+    assert "no LLM server could serve for 0.5s (llm.outage_budget_seconds)" in str(caught.value)
     assert "slow down" in str(caught.value)
-    assert len(server.seen) == 4
 
 
-async def test_all_servers_refusing_is_unavailable(dead_url: str) -> None:
+async def test_all_servers_refusing_past_the_budget_is_model_unavailable(dead_url: str) -> None:
     with pytest.raises(LLMError) as caught:
-        await complete(make_spec(dead_url, max_retries=1))
-    assert caught.value.reason == "unavailable"
+        await complete(make_spec(dead_url, max_retries=0, outage_budget_seconds=0.3))
+    assert caught.value.reason == "model_unavailable"
+    assert "ConnectError" in str(caught.value)
+
+
+async def test_a_dead_servers_circuit_opens_and_only_probes_reach_it(
+    server: ScriptedServer,
+) -> None:
+    dead = ScriptedServer()
+    dead.script(*[Reply(503, {"error": {"message": "loading model"}})] * 100)
+    try:
+        spec = make_spec(dead.url, breaker_failures=2, probe_seconds=0.2, outage_budget_seconds=1.0)
+        with pytest.raises(LLMError) as caught:
+            await complete(spec)
+    finally:
+        dead.close()
+    assert caught.value.reason == "model_unavailable"
+    calls = [s for s in dead.seen if s.method == "POST"]
+    probes = [s for s in dead.seen if (s.method, s.path) == ("GET", "/v1/models")]
+    assert len(calls) == 2  # the circuit opened: no call hammers it
+    assert 2 <= len(probes) <= 6
+
+
+async def test_a_server_back_within_the_budget_answers_the_waiting_call(dead_url: str) -> None:
+    spec = make_spec(dead_url, breaker_failures=1, probe_seconds=0.1)
+    with structlog.testing.capture_logs() as events:
+        call = asyncio.ensure_future(complete(spec))
+        await asyncio.sleep(1.0)  # about ten probes meet the dead server
+        assert not call.done()
+        port = int(dead_url.rsplit(":", 1)[1])
+        back = ScriptedServer(port=port, otherwise=lambda body: Reply())
+        try:
+            result = await asyncio.wait_for(call, 5.0)
+        finally:
+            back.close()
+    assert result.completion_tokens == 9
+    assert [(s.method, s.path) for s in back.seen][-1] == ("POST", "/v1/chat/completions")
+    # Told once when it began and once when it ended, not once per attempt or probe.
+    told = [e for e in events if e["log_level"] in ("warning", "error")]
+    assert [e["event"] for e in told] == ["outage began", "outage ended"]
+    assert told[0]["base_url"] == dead_url and told[0]["kind"] == "unavailable"
+    assert told[1]["down_seconds"] > 0.5
+
+
+async def test_with_one_server_dead_every_call_goes_to_the_live_one(
+    dead_url: str, server: ScriptedServer
+) -> None:
+    server.script(*[Reply() for _ in range(6)])
+    backend = await OpenAIBackend.open(make_spec(dead_url, server.url, breaker_failures=1))
+    try:
+        results = await asyncio.gather(
+            *(backend.complete(MESSAGES, max_tokens=8) for _ in range(6))
+        )
+        dead = backend.pool.servers[0]
+        assert not dead.closed  # its circuit opened at the first refusal
+        assert backend.pool.up
+    finally:
+        await backend.aclose()
+    assert [r.completion_tokens for r in results] == [9] * 6
+    assert len(server.seen) == 6
+
+
+async def test_a_read_timeout_is_told_apart_from_the_whole_exchanges(
+    server: ScriptedServer,
+) -> None:
+    server.script(Reply(delay=1.0))
+    spec = make_spec(server.url, read_timeout_seconds=0.2, timeout_seconds=5.0, max_retries=0)
+    with pytest.raises(LLMError) as caught:
+        await complete(spec)
+    assert caught.value.reason == "read_timeout"
 
 
 async def test_slow_server_times_out_and_is_retried(server: ScriptedServer) -> None:

@@ -16,6 +16,7 @@ from poirotd.cli.main import app
 from poirotd.model import SessionEnd
 from poirotd.store import PostgresStore, UnknownSessionError
 from poirotd.store.audit import AuditError, verify
+from poirotd.store.faults import StoreUnreachable
 from poirotd.store.pg_schema import CHAIN_LOCK, MIGRATIONS, SCHEMA_VERSION, NewerSchemaError
 from tests.support.postgres import PostgresServer
 from tests.support.store import T0, investigation, message, queue, session
@@ -167,6 +168,7 @@ async def test_a_connection_lost_while_idle_is_replaced_before_the_next_write(
         _terminate_others(postgres_url)
         await asyncio.sleep(0.2)  # the server's error and its end of the stream arrive
         await store.commit_ingest([message(0)])
+        assert store.faults.availability.up
         assert await store.session_messages("s1") == [message(0)]
     finally:
         await store.close()
@@ -184,8 +186,10 @@ async def test_a_connection_lost_in_a_write_fails_it_and_the_next_call_reconnect
             write = asyncio.create_task(store.commit_ingest([message(0)]))
             await asyncio.sleep(0.3)  # the write's transaction waits for the chain's lock
             _terminate_others(postgres_url, but=holder.info.backend_pid)
-            with pytest.raises(psycopg.OperationalError):
-                await write  # not acknowledged: its producer sends it again
+            with pytest.raises(StoreUnreachable) as lost:
+                await write  # not acknowledged (UNAVAILABLE): its producer sends it again
+            assert lost.value.kind == "connection_lost"
+            assert not store.faults.availability.up
         await store.commit_ingest([message(0)])
         assert await store.session_messages("s1") == [message(0)]
     finally:

@@ -14,6 +14,13 @@ from tests.support.deploy import (
     load_yaml_documents,
 )
 
+# How poirotd's containers are probed: ready while its store answers, alive until it drains.
+_PROBE = ["python", "-m", "poirotd.cli.probe"]
+PROBES = {
+    "startupProbe": _PROBE,
+    "readinessProbe": _PROBE,
+    "livenessProbe": [*_PROBE, "--service", "poirotd.live"],
+}
 MANIFESTS = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
 
 

@@ -31,6 +31,7 @@ class Reply:
     status: int = 200
     body: dict[str, Any] | bytes = field(default_factory=chat_body)
     delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def schema_replies(delay: float) -> Callable[[Any], Reply]:
@@ -47,15 +48,17 @@ def schema_replies(delay: float) -> Callable[[Any], Reply]:
 
 class ScriptedServer:
     """Answers each request with the next scripted Reply; an empty script answers 599, or what
-    `otherwise` makes of the request body. With `tls`, a server-side context, it speaks https.
-    vLLM's tokenizer endpoints are answered outside the script: by `vllm[path]` (the request body,
-    None for a GET), else 404 as llama-cpp-python's server does."""
+    `otherwise` makes of the request body (GET /v1/models: the model list). With `tls`, a
+    server-side context, it speaks https; `port`: where it listens (0: a free one). vLLM's
+    tokenizer endpoints are answered outside the script: by `vllm[path]` (the request body, None
+    for a GET), else 404 as llama-cpp-python's server does."""
 
     def __init__(
         self,
         tls: ssl.SSLContext | None = None,
         otherwise: Callable[[Any], Reply] | None = None,
         vllm: Mapping[str, Callable[[Any], Reply]] | None = None,
+        port: int = 0,
     ) -> None:
         self.replies: deque[Reply] = deque()
         self.seen: list[Seen] = []
@@ -84,6 +87,8 @@ class ScriptedServer:
                         reply = server.replies.popleft()
                     elif otherwise is not None and isinstance(body, dict):
                         reply = otherwise(body)
+                    elif self.path == "/v1/models":  # as every server lists what it serves
+                        reply = Reply(body={"object": "list", "data": [{"id": "qwen-test"}]})
                     else:
                         reply = Reply(599, b"empty")
                     server.in_flight += 1
@@ -95,6 +100,8 @@ class ScriptedServer:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
@@ -106,7 +113,7 @@ class ScriptedServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._httpd.daemon_threads = True
         if tls is not None:
             self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)

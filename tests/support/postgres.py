@@ -68,6 +68,11 @@ class PostgresServer:
             "--no-sync",
         )
         self.port = free_port()
+        self._launch()
+
+    def _launch(self) -> None:
+        """The postmaster on the initialised folder and `port`, once it accepts connections."""
+        data = self.folder / "data"
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -78,7 +83,7 @@ class PostgresServer:
         command = [str(self._bin / "postgres"), "-D", str(data)]
         for name, value in settings.items():
             command += ["-c", f"{name}={value}"]
-        log = (self.folder / "postgres.log").open("wb")
+        log = (self.folder / "postgres.log").open("ab")
         self._process = subprocess.Popen(
             [*self._run_as, *command], stdout=log, stderr=subprocess.STDOUT
         )
@@ -143,9 +148,22 @@ class PostgresServer:
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
 
+    def halt(self) -> None:
+        """Stops the server, as an operator's restart or a crash does (a fast shutdown: its
+        connections are ended), keeping its data for `resume`."""
+        self._shut_down()
+
+    def resume(self) -> None:
+        """Starts the halted server again, on the same port, with its data."""
+        self._launch()
+
     def stop(self) -> None:
         """A fast shutdown (SIGINT to the postmaster: open connections are ended, not waited
         for), then the folder goes."""
+        self._shut_down()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _shut_down(self) -> None:
         if self._process is not None:
             with contextlib.suppress(OSError, ValueError):
                 os.kill(self._postmaster(), signal.SIGINT)
@@ -154,7 +172,6 @@ class PostgresServer:
             except subprocess.TimeoutExpired:
                 stop_process(self._process)
             self._process = None
-        shutil.rmtree(self.folder, ignore_errors=True)
 
     def _postmaster(self) -> int:
         return int((self.folder / "data" / "postmaster.pid").read_text().split()[0])

@@ -283,6 +283,8 @@ class IngestServicer(pb_grpc.IngestServicer):
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
                 await unacked.end(draining())
                 return
+            except grpc.aio.AbortError:  # the daemon ended the stream itself (a status sent)
+                return
             except Exception as exc:  # grpc could not decode the next request
                 log.warning("ingest request unreadable", after_seq=order.last_seq, error=repr(exc))
                 message = f"the request after seq {order.last_seq} could not be read: {exc}"

@@ -1,9 +1,17 @@
 """The gRPC server: our three services plus standard health checking and reflection, over TLS
 when the daemon has a certificate, behind the authentication interceptor when it has an access
-policy."""
+policy.
+
+Health names each part the daemon depends on: `poirotd.store` and `poirotd.llm` are SERVING
+while they answer. Readiness (the server, "", and each of our services) follows the store, which
+every call needs; a model that is down leaves the daemon ready: it keeps ingesting, and its
+investigations wait for the model. `poirotd.live` is SERVING until the daemon drains, whatever
+its parts do: what a liveness probe asks (restarting cures no outage of theirs).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -17,6 +25,7 @@ from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.ingest.session_reads import SessionReads
 from poirotd.investigations.service import InvestigationService
+from poirotd.observability.outages import PartState
 from poirotd.transports.grpc.auth import AuthInterceptor
 from poirotd.transports.grpc.clients import ClientLimits
 from poirotd.transports.grpc.guard import GuardInterceptor
@@ -46,6 +55,9 @@ _MAX_PING_STRIKES = 2
 # Connections are not closed by age (grpc.max_connection_age_ms): that would cut the long-lived
 # Ingest and Watch streams, which end only when their client or the daemon ends them.
 _MAX_CONNECTION_IDLE_SECONDS = 300
+# The health service names of the parts the daemon depends on, and of the process itself:
+# SERVING until it drains, whatever its parts do (what a liveness probe asks).
+STORE_PART, LLM_PART, LIVE = "poirotd.store", "poirotd.llm", "poirotd.live"
 
 
 class ExtraService(Protocol):
@@ -75,8 +87,13 @@ class GrpcServer:
         auth: AuthInterceptor | None = None,
         reflection: bool = True,
         extra_services: Sequence[ExtraService] = (),
+        store: PartState | None = None,
+        model: PartState | None = None,
     ) -> None:
+        """`store`, `model`: the parts health reports on (`model` None: an LLM in process)."""
         self._host, self.port = host, port
+        self._store, self._model = store, model
+        self._reporting: set[asyncio.Task[None]] = set()
         self._tls = tls
         self._served = (*SERVICES, *(service.name for service in extra_services))
         limit = max_message_bytes * _TRANSPORT_LIMIT_FACTOR + BATCH_BYTES
@@ -124,8 +141,24 @@ class GrpcServer:
             raise OSError(f"cannot bind gRPC to {self._host}:{self.port}")
         self.port = port
         await self._server.start()
+        await self._health.set(LIVE, health_pb2.HealthCheckResponse.SERVING)
+        await self._report_health()
+        for part in (self._store, self._model):
+            if part is not None:
+                part.subscribe(self._health_changed)
+
+    def _health_changed(self) -> None:
+        task = asyncio.create_task(self._report_health())
+        self._reporting.add(task)
+        task.add_done_callback(self._reporting.discard)
+
+    async def _report_health(self) -> None:
+        ready = self._store is None or self._store.up
         for name in ("", *self._served):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await self._health.set(name, _status(ready))
+        await self._health.set(STORE_PART, _status(ready))
+        if self._model is not None:
+            await self._health.set(LLM_PART, _status(self._model.up))
 
     async def drain(self) -> None:
         """Health turns NOT_SERVING so load balancers and probes stop sending work, and open
@@ -158,6 +191,11 @@ def _keepalive(seconds: float, timeout_seconds: float) -> list[tuple[str, int]]:
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+def _status(up: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    answer = health_pb2.HealthCheckResponse
+    return answer.SERVING if up else answer.NOT_SERVING
 
 
 def _credentials(tls: ServerTls) -> grpc.ServerCredentials:

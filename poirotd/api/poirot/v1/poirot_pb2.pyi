@@ -1320,6 +1320,7 @@ class Investigation(_message.Message):
     COALESCED_FIELD_NUMBER: _builtins.int
     COALESCED_OMITTED_FIELD_NUMBER: _builtins.int
     REQUESTED_BY_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_MODEL_SINCE_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -1397,6 +1398,12 @@ class Investigation(_message.Message):
         most 32; coalesced_omitted counts the others).
         """
 
+    @_builtins.property
+    def waiting_for_model_since(self) -> _timestamp_pb2.Timestamp:
+        """Set while its run waits for the model (no LLM server can serve): since when. Its calls wait
+        within llm.outage_budget_seconds and the run goes on, with what it had, once one answers.
+        """
+
     def __init__(
         self,
         *,
@@ -1430,10 +1437,11 @@ class Investigation(_message.Message):
         coalesced: _abc.Iterable[Global___CoalescedTrigger] | None = ...,
         coalesced_omitted: _builtins.int = ...,
         requested_by: _builtins.str = ...,
+        waiting_for_model_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1654,6 +1662,65 @@ class InvestigationEvent(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class WaitingForModel(_message.Message):
+        """The run waits for the model: no LLM server can serve (the reason says since when and why)."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        REASON_FIELD_NUMBER: _builtins.int
+        reason: _builtins.str
+        def __init__(
+            self,
+            *,
+            reason: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ModelReturned(_message.Message):
+        """A server answers again: the run goes on, after waiting this long."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        WAITED_SECONDS_FIELD_NUMBER: _builtins.int
+        waited_seconds: _builtins.float
+        def __init__(
+            self,
+            *,
+            waited_seconds: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["waited_seconds", b"waited_seconds"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class Deferred(_message.Message):
+        """A hazard rule's run stopped (the model stayed unavailable past its outage budget): the
+        investigation is DEFERRED, to be queued and run again once the model answers.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        REASON_FIELD_NUMBER: _builtins.int
+        reason: _builtins.str
+        def __init__(
+            self,
+            *,
+            reason: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     EVENT_ID_FIELD_NUMBER: _builtins.int
     INVESTIGATION_ID_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
@@ -1664,6 +1731,9 @@ class InvestigationEvent(_message.Message):
     ATTRIBUTION_READY_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
     INTERRUPTED_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_MODEL_FIELD_NUMBER: _builtins.int
+    MODEL_RETURNED_FIELD_NUMBER: _builtins.int
+    DEFERRED_FIELD_NUMBER: _builtins.int
     event_id: _builtins.int
     investigation_id: _builtins.str
     @_builtins.property
@@ -1682,6 +1752,12 @@ class InvestigationEvent(_message.Message):
     def failed(self) -> Global___InvestigationEvent.Failed: ...
     @_builtins.property
     def interrupted(self) -> Global___InvestigationEvent.Interrupted: ...
+    @_builtins.property
+    def waiting_for_model(self) -> Global___InvestigationEvent.WaitingForModel: ...
+    @_builtins.property
+    def model_returned(self) -> Global___InvestigationEvent.ModelReturned: ...
+    @_builtins.property
+    def deferred(self) -> Global___InvestigationEvent.Deferred: ...
     def __init__(
         self,
         *,
@@ -1695,12 +1771,15 @@ class InvestigationEvent(_message.Message):
         attribution_ready: Global___InvestigationEvent.AttributionReady | None = ...,
         failed: Global___InvestigationEvent.Failed | None = ...,
         interrupted: Global___InvestigationEvent.Interrupted | None = ...,
+        waiting_for_model: Global___InvestigationEvent.WaitingForModel | None = ...,
+        model_returned: Global___InvestigationEvent.ModelReturned | None = ...,
+        deferred: Global___InvestigationEvent.Deferred | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "attribution_ready", b"attribution_ready", "event", b"event", "failed", b"failed", "interrupted", b"interrupted", "phase_begun", b"phase_begun", "phase_ended", b"phase_ended", "started", b"started", "vote_cast", b"vote_cast"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "attribution_ready", b"attribution_ready", "deferred", b"deferred", "event", b"event", "failed", b"failed", "interrupted", b"interrupted", "model_returned", b"model_returned", "phase_begun", b"phase_begun", "phase_ended", b"phase_ended", "started", b"started", "vote_cast", b"vote_cast", "waiting_for_model", b"waiting_for_model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "attribution_ready", b"attribution_ready", "event", b"event", "event_id", b"event_id", "failed", b"failed", "interrupted", b"interrupted", "investigation_id", b"investigation_id", "phase_begun", b"phase_begun", "phase_ended", b"phase_ended", "started", b"started", "vote_cast", b"vote_cast"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "attribution_ready", b"attribution_ready", "deferred", b"deferred", "event", b"event", "event_id", b"event_id", "failed", b"failed", "interrupted", b"interrupted", "investigation_id", b"investigation_id", "model_returned", b"model_returned", "phase_begun", b"phase_begun", "phase_ended", b"phase_ended", "started", b"started", "vote_cast", b"vote_cast", "waiting_for_model", b"waiting_for_model"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "phase_begun", "phase_ended", "vote_cast", "attribution_ready", "failed", "interrupted"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "phase_begun", "phase_ended", "vote_cast", "attribution_ready", "failed", "interrupted", "waiting_for_model", "model_returned", "deferred"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
