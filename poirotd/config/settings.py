@@ -15,7 +15,10 @@ from poirotd.observability.gc_tuning import YOUNG_THRESHOLD
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="POIROTD_", extra="forbid")
+    # Errors name the setting, never its value: a DB URL or the exporter's headers hold secrets.
+    model_config = SettingsConfigDict(
+        env_prefix="POIROTD_", extra="forbid", hide_input_in_errors=True
+    )
 
     spec_path: Path | None = None
     db_path: Path = Path("poirotd.db")

@@ -143,10 +143,10 @@ class AttributionExporter:
             except Exception:
                 log.exception("exporting attributions failed", attributions=len(batch))
                 self._count("refused", len(batch))
-            finally:
-                self._sending = 0
-                for _ in batch:
-                    self._queue.task_done()
+            # Not when cancelled: `stop` counts the batch it cut off.
+            self._sending = 0
+            for _ in batch:
+                self._queue.task_done()
 
     async def _export(self, batch: list[Investigation]) -> None:
         """Places and sends one batch, trying again within the retry budget."""
