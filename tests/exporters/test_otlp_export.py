@@ -53,6 +53,7 @@ def values(attributes: Any) -> dict[str, Any]:
         if which == "array_value":
             found[pair.key] = [v.string_value for v in pair.value.array_value.values]
         else:
+            assert which is not None
             found[pair.key] = getattr(pair.value, which)
     return found
 
@@ -76,14 +77,16 @@ async def _finished(store: Store, session_id: str) -> Investigation:
 
 
 def _count(metrics: Metrics, outcome: str) -> float:
-    return metrics.otlp_export_attributions.labels(outcome)._value.get()
+    return float(metrics.otlp_export_attributions.labels(outcome)._value.get())
 
 
 async def _counted(metrics: Metrics, outcome: str, count: int) -> None:
     """Waits until `count` attributions had `outcome` (the receiver has answered by then)."""
-    async with asyncio.timeout(10):
-        while _count(metrics, outcome) < count:
-            await asyncio.sleep(0.02)
+    for _ in range(500):
+        if _count(metrics, outcome) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{count} attributions were not {outcome} in time")
 
 
 @pytest.mark.parametrize(
