@@ -17,12 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from hwbridge.broker import free_port
-from poirotd.daemon import Daemon
 from poirotd.exporters.evaluations import EVALUATION_EVENT, SPAN_NAME
 from poirotd.exporters.exporter import AttributionExporter
 from poirotd.exporters.otlp_client import ClientTls, open_client
@@ -35,9 +32,15 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore, Store
 from tests.support.answers import schema_answer
-from tests.support.daemon import in_process_daemon
-from tests.support.otlp_receiver import Received, grpc_receiver, http_receiver
-from tests.support.otlp_runs import RUNS, SPEC, provider
+from tests.support.daemon import finished_investigation, in_process_daemon
+from tests.support.otlp_receiver import (
+    Received,
+    attributions,
+    counted,
+    grpc_receiver,
+    http_receiver,
+)
+from tests.support.otlp_runs import SPEC, send_run
 from tests.support.store import T0, investigation, space
 
 Receiver = Callable[..., AbstractAsyncContextManager[Received]]
@@ -56,37 +59,6 @@ def values(attributes: Any) -> dict[str, Any]:
             assert which is not None
             found[pair.key] = getattr(pair.value, which)
     return found
-
-
-def _send_run(daemon: Daemon, conversation: str) -> None:
-    """The clinic's traced run, exported to the daemon the way an application does; blocking."""
-    endpoint = f"http://127.0.0.1:{daemon.settings.otlp_http_port}/v1/traces"
-    traced = provider(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    RUNS["genai"](traced.get_tracer("clinic"), time.time_ns() - 1_000_000_000, conversation)
-    assert traced.force_flush(30_000)
-    traced.shutdown()
-
-
-async def _finished(store: Store, session_id: str) -> Investigation:
-    async with asyncio.timeout(30):
-        while True:
-            found, _ = await store.list_investigations(session_id=session_id)
-            if found and found[0].state.finished:
-                return found[0]
-            await asyncio.sleep(0.05)
-
-
-def _count(metrics: Metrics, outcome: str) -> float:
-    return float(metrics.otlp_export_attributions.labels(outcome)._value.get())
-
-
-async def _counted(metrics: Metrics, outcome: str, count: int) -> None:
-    """Waits until `count` attributions had `outcome` (the receiver has answered by then)."""
-    for _ in range(500):
-        if _count(metrics, outcome) >= count:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{count} attributions were not {outcome} in time")
 
 
 @pytest.mark.parametrize(
@@ -113,11 +85,12 @@ async def test_an_attribution_arrives_in_the_sessions_trace_after_a_503(
     ):
         store = daemon._store
         assert store is not None
-        await asyncio.to_thread(_send_run, daemon, "visit-7")
-        record = await _finished(store, "visit-7")
+        endpoint = f"http://127.0.0.1:{daemon.settings.otlp_http_port}/v1/traces"
+        await asyncio.to_thread(send_run, [endpoint], "visit-7")
+        record = await finished_investigation(store, "visit-7")
         assert record.state is InvestigationState.SUCCEEDED
         metrics = daemon.metrics
-        await _counted(metrics, "exported", 1)
+        await counted(metrics, "exported", 1)
         assert metrics.otlp_export_retries.labels("unavailable")._value.get() == 1
         messages = await store.session_messages("visit-7")
 
@@ -211,12 +184,12 @@ async def test_a_full_queue_drops_and_counts_and_never_waits(store: Store) -> No
         exporter.offer(_succeeded("i3"))  # the queue is full: dropped
         assert time.monotonic() - started < 0.05, "offering never waits for the receiver"
         exporter.offer(investigation("i4", state=InvestigationState.FAILED))  # no attribution
-        assert _count(metrics, "queue_full") == 1
+        assert attributions(metrics, "queue_full") == 1
         assert metrics.registry.get_sample_value("poirot_otlp_export_queued_attributions") == 1
         # Stopped while the receiver still holds the first: both left are counted, not lost.
         await exporter.stop(0.2)
-        assert _count(metrics, "shutdown") == 2
-        assert _count(metrics, "exported") == 0
+        assert attributions(metrics, "shutdown") == 2
+        assert attributions(metrics, "exported") == 0
 
 
 async def test_the_queue_drains_once_the_receiver_answers(store: Store) -> None:
@@ -228,7 +201,7 @@ async def test_the_queue_drains_once_the_receiver_answers(store: Store) -> None:
         exporter.offer(_succeeded("i2"))
         exporter.offer(_succeeded("i3"))
         received.hold.set()
-        await _counted(metrics, "exported", 3)
+        await counted(metrics, "exported", 3)
         await exporter.stop(5)
         spans = received.delivered_spans()
         ids = [values(s.attributes)["poirot.investigation.id"] for s in spans]
@@ -241,13 +214,13 @@ async def test_a_refusal_is_not_retried_and_a_failing_receiver_is_given_up(store
     async with http_receiver(answers=[400]) as received:
         exporter, metrics = await _exporter(store, received.endpoint)
         exporter.offer(_succeeded("i1"))
-        await _counted(metrics, "refused", 1)
+        await counted(metrics, "refused", 1)
         await exporter.stop(5)
         assert len(received.exports) == 1
     async with http_receiver(answers=[503] * 100) as received:
         exporter, metrics = await _exporter(store, received.endpoint, retry_seconds=0.5)
         exporter.offer(_succeeded("i2"))
-        await _counted(metrics, "gave_up", 1)
+        await counted(metrics, "gave_up", 1)
         await exporter.stop(1)
         tries = len(received.exports)
         assert metrics.otlp_export_retries.labels("unavailable")._value.get() == tries - 1

@@ -18,6 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from poirotd.observability.metrics import Metrics
+
 
 @dataclass
 class Received:
@@ -119,3 +121,17 @@ async def grpc_receiver(answers: Sequence[int] = ()) -> AsyncIterator[Received]:
     finally:
         received.hold.set()
         await server.stop(0)
+
+
+def attributions(metrics: Metrics, outcome: str) -> float:
+    """poirot_otlp_export_attributions_total{outcome}."""
+    return float(metrics.otlp_export_attributions.labels(outcome)._value.get())
+
+
+async def counted(metrics: Metrics, outcome: str, count: int, seconds: float = 10) -> None:
+    """Waits until `count` attributions had `outcome` (the receiver has answered by then)."""
+    for _ in range(int(seconds * 50)):
+        if attributions(metrics, outcome) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{count} attributions were not {outcome} within {seconds} s")
