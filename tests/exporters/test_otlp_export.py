@@ -9,6 +9,7 @@ and what the receiver refuses or keeps failing is given up, counted."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -16,13 +17,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+import trustme
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from hwbridge.broker import free_port
 from poirotd.exporters.evaluations import EVALUATION_EVENT, SPAN_NAME
 from poirotd.exporters.exporter import AttributionExporter
-from poirotd.exporters.otlp_client import ClientTls, open_client
+from poirotd.exporters.otlp_client import (
+    ClientTls,
+    ExportProtocol,
+    ExportSetupError,
+    open_client,
+)
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import (
     Attribution,
@@ -225,3 +233,51 @@ async def test_a_refusal_is_not_retried_and_a_failing_receiver_is_given_up(store
         tries = len(received.exports)
         assert metrics.otlp_export_retries.labels("unavailable")._value.get() == tries - 1
         assert 2 <= tries < 10, "backoff: tries grow apart within the retry budget"
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+async def test_tls_with_a_client_certificate(
+    store: Store, tmp_path: Path, protocol: ExportProtocol
+) -> None:
+    """The receiver's certificate is checked against the configured CA, and it is shown this
+    daemon's own (mutual TLS); a missing TLS file stops the start with the setting's name."""
+    ca = trustme.CA()
+    server, client = ca.issue_cert("127.0.0.1"), ca.issue_cert("poirotd.clinic.test")
+    ca_file, cert_file, key_file = tmp_path / "ca.pem", tmp_path / "c.pem", tmp_path / "k.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    client.cert_chain_pems[0].write_to_path(str(cert_file))
+    client.private_key_pem.write_to_path(str(key_file))
+    tls = ClientTls(ca_file, cert_file, key_file)
+    if protocol == "grpc":
+        credentials = grpc.ssl_server_credentials(
+            [(server.private_key_pem.bytes(), server.cert_chain_pems[0].bytes())],
+            root_certificates=ca.cert_pem.bytes(),
+            require_client_auth=True,
+        )
+        receiver = grpc_receiver(tls=credentials)
+    else:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.configure_cert(context)
+        ca.configure_trust(context)
+        context.verify_mode = ssl.CERT_REQUIRED
+        receiver = http_receiver(tls=context)
+    async with receiver as received:
+        metrics = Metrics("cortex")
+        endpoint = received.endpoint
+        if protocol == "grpc":
+            endpoint = f"https://{endpoint}"
+        exporter = AttributionExporter(
+            open_client(protocol, endpoint, headers={}, tls=tls, timeout=5),
+            metrics,
+            resource={"service.name": "poirotd"},
+            links=None,
+            queue_size=4,
+            retry_seconds=5,
+            backoff_seconds=0.05,
+        )
+        await exporter.start(store)
+        exporter.offer(_succeeded("i1"))
+        await counted(metrics, "exported", 1)
+        await exporter.stop(1)
+    with pytest.raises(ExportSetupError, match="POIROTD_OTLP_EXPORT_"):
+        open_client(protocol, endpoint, headers={}, tls=ClientTls(tmp_path / "no.pem"), timeout=5)

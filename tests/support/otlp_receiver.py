@@ -5,6 +5,7 @@ the headers it came with) and answering from a script: a status per export, then
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -65,7 +66,10 @@ class Received:
 
 
 @asynccontextmanager
-async def http_receiver(answers: Sequence[int] = ()) -> AsyncIterator[Received]:
+async def http_receiver(
+    answers: Sequence[int] = (), tls: ssl.SSLContext | None = None
+) -> AsyncIterator[Received]:
+    """`tls`: served over HTTPS with this context."""
     received = Received(list(answers))
 
     async def traces(request: web.Request) -> web.Response:
@@ -80,10 +84,10 @@ async def http_receiver(answers: Sequence[int] = ()) -> AsyncIterator[Received]:
     app.router.add_post("/v1/traces", traces)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    received.endpoint = f"http://127.0.0.1:{port}"
+    received.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     try:
         yield received
     finally:
@@ -109,11 +113,18 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
 
 
 @asynccontextmanager
-async def grpc_receiver(answers: Sequence[int] = ()) -> AsyncIterator[Received]:
+async def grpc_receiver(
+    answers: Sequence[int] = (), tls: grpc.ServerCredentials | None = None
+) -> AsyncIterator[Received]:
+    """`tls`: served over TLS with these credentials."""
     received = Received(list(answers))
     server = grpc.aio.server()
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(received), server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = (
+        server.add_secure_port("127.0.0.1:0", tls)
+        if tls is not None
+        else server.add_insecure_port("127.0.0.1:0")
+    )
     await server.start()
     received.endpoint = f"127.0.0.1:{port}"
     try:
