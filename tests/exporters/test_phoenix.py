@@ -18,7 +18,7 @@ from tests.support.answers import schema_answer
 from tests.support.daemon import finished_investigation, in_process_daemon
 from tests.support.otlp_receiver import counted
 from tests.support.otlp_runs import SPEC, send_run
-from tests.support.phoenix import phoenix_server
+from tests.support.phoenix_server import phoenix_server
 
 PAGE = "https://poirot.example.org"
 

@@ -1,6 +1,6 @@
 """Run by Phoenix's own venv (.venv-phoenix), so it imports nothing of poirotd: waits until a
 span of NAME is in trace TRACE_ID, as Phoenix's own client (phoenix.client) reads it, then prints
-every span of the trace as JSON. Exit status 1 if none came within SECONDS.
+every span of the trace as JSON. Exit status 3 if none came within SECONDS.
 
     .venv-phoenix/bin/python tests/support/phoenix_query.py URL PROJECT TRACE_ID NAME SECONDS
 
@@ -16,6 +16,8 @@ import time
 
 from phoenix.client import Client
 
+NOT_FOUND = 3
+
 
 def main() -> int:
     url, project, trace_id, name, seconds = sys.argv[1:6]
@@ -27,7 +29,7 @@ def main() -> int:
             break
         time.sleep(1)
     json.dump(list(spans), sys.stdout)
-    return 0 if any(span["name"] == name for span in spans) else 1
+    return 0 if any(span["name"] == name for span in spans) else NOT_FOUND
 
 
 if __name__ == "__main__":

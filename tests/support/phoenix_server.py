@@ -25,6 +25,8 @@ from hwbridge.broker import free_port, stop_process
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv-phoenix" / "bin" / "python"
 QUERY = ROOT / "tests" / "support" / "phoenix_query.py"
+# tests/support/phoenix_query.py's exit status when the span did not come.
+_NOT_FOUND = 3
 # Phoenix imports its whole server stack, then migrates its database: on two busy cores, minutes.
 START_SECONDS = 600.0
 
@@ -38,18 +40,24 @@ class Phoenix:
         """The spans of trace `trace_id` once one named `span_name` is among them, as Phoenix's
         client reads them (fails the test if none came within `seconds`)."""
         args = [str(QUERY), self.url, "default", trace_id, span_name, str(seconds)]
+        # -P: the script's folder (tests/support) stays off the path, whatever it holds.
         process = await asyncio.create_subprocess_exec(
             str(PYTHON),
+            "-P",
             *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=_environment(),
         )
         out, err = await process.communicate()
-        assert process.returncode in (0, 1), err.decode()[-3000:]
+        problem = f"{err.decode(errors='replace')[-3000:]}\nPhoenix's log ends:\n{self.log_tail()}"
+        assert process.returncode in (0, _NOT_FOUND), problem
         spans: list[Any] = json.loads(out)
         assert process.returncode == 0, f"no {span_name} span in trace {trace_id}: {spans}"
         return spans
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
 
 
 @contextmanager
@@ -108,5 +116,5 @@ def _wait_healthy(phoenix: Phoenix, process: subprocess.Popen[bytes]) -> None:
         except OSError:
             pass
         time.sleep(1)
-    tail = phoenix.log.read_text(errors="replace")[-3000:]
+    tail = phoenix.log_tail()
     raise AssertionError(f"Phoenix did not start (exit code {process.poll()}):\n{tail}")
