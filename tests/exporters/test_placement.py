@@ -1,6 +1,7 @@
 """Where an attribution's span goes: into the session's trace when the OTLP receiver started the
 session (a child of the span it evaluates, the other traces linked), into a trace of its own
-otherwise (linked to the spans the messages name); and how its page is linked."""
+otherwise (linked to the spans the messages name), as the span carries it; how its page is
+linked; and the export settings' checks."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from poirotd.config import Settings
+from poirotd.exporters.evaluations import attribution_span
 from poirotd.exporters.page_links import PageLinks
 from poirotd.exporters.placement import EVALUATED, MAX_LINKS, SESSION_TRACE, place
-from poirotd.model import AgentMessage
-from tests.support.store import investigation, message
+from poirotd.model import AgentMessage, Attribution, InvestigationState
+from tests.support.store import investigation, message, space
 
 OTLP = {"input": "otlp"}
 TRACE_A, TRACE_B = "a" * 32, "b" * 32
@@ -94,3 +96,23 @@ def test_header_values_are_percent_decoded_and_never_shown() -> None:
         "x-tenant": "ops",
     }
     assert "s3cret" not in repr(settings)
+
+
+def test_the_span_carries_its_placement_and_links_on_the_wire() -> None:
+    record = investigation("i1", state=InvestigationState.SUCCEEDED).model_copy(
+        update={
+            "hazard_space": space(),
+            "attribution": Attribution(
+                scores=(0.5, 1.0), top=(1,), tie=False, decision=(0, 1), rule="argmax", beta=0.25
+            ),
+        }
+    )
+    messages = [traced(0, TRACE_A, "01" * 8), traced(1, TRACE_B, "02" * 8)]
+    placement = place({"input": "grpc"}, messages, step=1)
+    span = attribution_span(record, placement, b"\x07" * 8)
+    assert (span.trace_id, span.parent_span_id) == (placement.trace_id, b"")
+    assert [
+        (link.trace_id.hex(), link.span_id.hex(), link.attributes[0].value.string_value)
+        for link in span.links
+    ] == [(TRACE_B, "02" * 8, EVALUATED), (TRACE_A, "01" * 8, SESSION_TRACE)]
+    assert [e.attributes[2].value.string_value for e in span.events] == ["cleared", "blamed"]
