@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMPS := .stamps
+PHOENIX_VENV := .venv-phoenix
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast lint proto bench-tta clean
@@ -10,7 +11,7 @@ PYTEST_ARGS ?=
 demo: $(STAMPS)/python-deps $(STAMPS)/system-deps
 	$(BIN)/poirotd demo
 
-test: $(STAMPS)/python-deps $(STAMPS)/system-deps
+test: $(STAMPS)/python-deps $(STAMPS)/system-deps $(STAMPS)/phoenix-venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Skips the slow integration tests (real daemon process, embedded model).
@@ -49,10 +50,18 @@ $(STAMPS)/system-deps:
 	fi
 	@mkdir -p $(STAMPS) && touch $@
 
+# Arize Phoenix, which the slow OTLP-export test (tests/exporters/test_phoenix.py) starts and
+# queries, in a venv of its own: its OpenTelemetry and web stack would clash with the project's
+# pins. About 6 minutes and 850 MB on first use (docs/otlp-export.md).
+$(STAMPS)/phoenix-venv: tests/support/phoenix-requirements.txt
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet -r tests/support/phoenix-requirements.txt
+	@mkdir -p $(STAMPS) && touch $@
+
 # poirotd against poirot-framework 0.2.0 (own venv, made on first use) on Who&When: about an hour.
 # The cases come from POIROTD_EVAL_DATA, the data folder holding whowhen/ (README.md: Evaluation).
 bench-tta: $(STAMPS)/python-deps
 	$(BIN)/python -m bench.tta
 
 clean:
-	rm -rf $(VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache

@@ -16,10 +16,12 @@ import structlog
 
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import load_spec
+from poirotd.exporters.exporter import AttributionExporter, exporter_from_settings
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.ingest.session_reads import SessionReads
 from poirotd.investigations.admission import QueueShares
 from poirotd.investigations.bus import EventBus
+from poirotd.investigations.recorder import OnFinished
 from poirotd.investigations.replica import Replica
 from poirotd.investigations.runner import InvestigationRunner
 from poirotd.investigations.service import InvestigationService
@@ -76,7 +78,9 @@ def build_core(
     metrics: Metrics,
     settings: Settings,
     bus: EventBus | None = None,
+    on_finished: OnFinished | None = None,
 ) -> Core:
+    """`on_finished`: told of each investigation the runner finished (the OTLP exporter)."""
     engine = InvestigationEngine(
         spec, backend, store, token_budget=settings.llm_token_budget, memory=store
     )
@@ -92,6 +96,7 @@ def build_core(
         workers=settings.concurrent_investigations,
         replica=Replica.from_settings(settings, shared=store.shared),
         model=backend.availability,
+        on_finished=on_finished,
     )
     triggers = HazardTriggers(spec, runner, metrics)
     pipeline = IngestPipeline(
@@ -165,6 +170,7 @@ class Daemon:
         self._store: Store | None = None
         self._core: Core | None = None
         self._checkpoints: ChainCheckpoints | None = None
+        self._exporter: AttributionExporter | None = None
         self._transports: list[Transport] = []
         self._denials: DenialRecorder | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -173,8 +179,8 @@ class Daemon:
         self.metrics_port = 0
 
     async def start(self) -> None:
-        """Raises InsecureBindError, TlsError or AccessFileError before opening anything when
-        the doors' settings cannot be used."""
+        """Raises InsecureBindError, TlsError, AccessFileError or ExportSetupError before
+        opening anything when the doors' or the exporter's settings cannot be used."""
         s = self.settings
         self._publish_exposure(check_exposure(s))
         tls = (
@@ -186,12 +192,23 @@ class Daemon:
         if s.auth_file is not None or s.tls_client_ca_file is not None:
             reloads = self.metrics.auth_file_reloads
             access = AccessControl(s.auth_file, lambda outcome: reloads.labels(outcome).inc())
+        exporter = self._exporter = exporter_from_settings(s, self.metrics, self.spec.system.name)
         self._store = await open_store(s)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
         self._publish_parts(self._store, self._backend)
         bus = EventBus()
-        core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s, bus)
+        if exporter is not None:
+            await exporter.start(self._store)
+        core = self._core = build_core(
+            self.spec,
+            self._store,
+            self._backend,
+            self.metrics,
+            s,
+            bus,
+            on_finished=None if exporter is None else exporter.offer,
+        )
         await core.runner.recover()
         core.runner.start()
         if self._store.shared:
@@ -295,6 +312,7 @@ class Daemon:
             tls=tls is not None,
             client_certificates=tls is not None and tls.requires_client_certificate,
             access_file=str(s.auth_file) if s.auth_file else None,
+            otlp_export=s.otlp_export_protocol if exporter is not None else None,
         )
 
     def _publish_parts(self, store: Store, backend: LLMBackend) -> None:
@@ -338,6 +356,8 @@ class Daemon:
             await door.stop(_RPC_GRACE_SECONDS)
         if self._denials is not None:
             await self._denials.flush()  # refusals the doors saw are chained before the close
+        if self._exporter is not None:  # the attributions of the drain too, while it may
+            await self._exporter.stop(_RPC_GRACE_SECONDS)
         if self._core is not None:
             await self._core.pipeline.drain()
         if self._checkpoints is not None:

@@ -57,6 +57,7 @@ def run(
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
     from poirotd.daemon import Daemon, StoreUnavailableError, load_system_spec
+    from poirotd.exporters.otlp_client import ExportSetupError
     from poirotd.llm.base import LLMError
     from poirotd.observability import logs
     from poirotd.transports.security.access import AccessFileError
@@ -72,7 +73,13 @@ def run(
         raise typer.Exit(2) from exc
     try:
         asyncio.run(Daemon(settings, spec).run_until_signalled(ready_file))
-    except (InsecureBindError, TlsError, AccessFileError, StoreUnavailableError) as exc:
+    except (
+        InsecureBindError,
+        TlsError,
+        AccessFileError,
+        StoreUnavailableError,
+        ExportSetupError,
+    ) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
     except LLMError as exc:  # the backend could not be built: a key, TLS or model file

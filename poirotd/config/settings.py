@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import unquote
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from poirotd.exporters.page_links import DEFAULT_PATH, template_problem
 from poirotd.model import DEFAULT_MAX_ABS_VALUE, ValueBound
 from poirotd.observability.gc_tuning import YOUNG_THRESHOLD
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="POIROTD_", extra="forbid")
+    # Errors name the setting, never its value: a DB URL or the exporter's headers hold secrets.
+    model_config = SettingsConfigDict(
+        env_prefix="POIROTD_", extra="forbid", hide_input_in_errors=True
+    )
 
     spec_path: Path | None = None
     db_path: Path = Path("poirotd.db")
@@ -122,6 +127,34 @@ class Settings(BaseSettings):
     # Messages of OTLP exports waiting for their commit at most; an export beyond it is
     # throttled (RESOURCE_EXHAUSTED / HTTP 429 with a retry delay).
     otlp_max_pending_messages: int = Field(default=8192, ge=1)
+    # Attributions exported over OTLP as GenAI evaluation results, in the session's own trace
+    # (docs/otlp-export.md): the receiver, a Collector, Phoenix, Langfuse... Empty: off.
+    # http/protobuf: its URL (http(s)://host:4318; /v1/traces is added when it names no path);
+    # grpc: host:4317 (https://host:4317, a CA file or a client certificate for TLS).
+    otlp_export_endpoint: str = ""
+    otlp_export_protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    # Headers sent with every export (authentication), as OTEL_EXPORTER_OTLP_HEADERS writes them:
+    # "authorization=Bearer%20abc,x-tenant=ops", values percent-decoded. Never logged.
+    otlp_export_headers: SecretStr = SecretStr("")
+    # TLS towards the receiver: the CA (PEM) its certificate is checked against (unset: the
+    # system's), and this daemon's own certificate and key if it asks for one.
+    otlp_export_ca_file: Path | None = None
+    otlp_export_client_cert_file: Path | None = None
+    otlp_export_client_key_file: Path | None = None
+    # Attributes of the exporting resource, OTEL_RESOURCE_ATTRIBUTES' way ("k=v,k2=v2"), beside
+    # service.name=poirotd: Phoenix files spans by openinference.project.name, say.
+    otlp_export_resource_attributes: str = ""
+    # How long one export may take; how long an attribution is tried again at most (exponential
+    # backoff from otlp_export_backoff_seconds, or the delay the receiver asks for); how many
+    # wait for their turn at most (beyond, dropped and counted: investigations never wait).
+    otlp_export_timeout_seconds: float = Field(default=10.0, gt=0)
+    otlp_export_retry_seconds: float = Field(default=120.0, ge=0)
+    otlp_export_backoff_seconds: float = Field(default=1.0, gt=0)
+    otlp_export_queue_size: int = Field(default=1024, ge=1)
+    # The investigation's page each export links to: where the operator's page is served (empty:
+    # no link), and the path there, with {investigation_id}, {session_id} or {system}.
+    otlp_export_link_base_url: str = ""
+    otlp_export_link_path: str = DEFAULT_PATH
     # The HTTP doors (/metrics, OTLP/HTTP), each on its own: how long a connection has to deliver
     # each whole request, headers and body, from its opening or its previous answer (a TLS
     # handshake has as long again; a connection idle that long after an answer is closed), and
@@ -158,9 +191,53 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _otlp_export_usable(self) -> Settings:
+        self.otlp_export_header_map()
+        self.otlp_export_resource_map()
+        if problem := template_problem(self.otlp_export_link_path):
+            raise ValueError(f"POIROTD_OTLP_EXPORT_LINK_PATH: {problem}")
+        if (self.otlp_export_client_cert_file is None) != (
+            self.otlp_export_client_key_file is None
+        ):
+            raise ValueError(
+                "POIROTD_OTLP_EXPORT_CLIENT_CERT_FILE and _CLIENT_KEY_FILE go together"
+            )
+        endpoint = self.otlp_export_endpoint
+        if (
+            endpoint
+            and self.otlp_export_protocol == "http/protobuf"
+            and not endpoint.startswith(("http://", "https://"))
+        ):
+            raise ValueError(
+                f"POIROTD_OTLP_EXPORT_ENDPOINT {endpoint!r} is not an http(s):// URL "
+                "(OTLP/HTTP: http://collector:4318)"
+            )
+        return self
+
+    def otlp_export_header_map(self) -> dict[str, str]:
+        return _pairs("POIROTD_OTLP_EXPORT_HEADERS", self.otlp_export_headers.get_secret_value())
+
+    def otlp_export_resource_map(self) -> dict[str, str]:
+        text = self.otlp_export_resource_attributes
+        return _pairs("POIROTD_OTLP_EXPORT_RESOURCE_ATTRIBUTES", text)
+
+    @model_validator(mode="after")
     def _tls_files_together(self) -> Settings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("POIROTD_TLS_CERT_FILE and POIROTD_TLS_KEY_FILE go together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("POIROTD_TLS_CLIENT_CA_FILE needs POIROTD_TLS_CERT_FILE and _KEY_FILE")
         return self
+
+
+def _pairs(setting: str, text: str) -> dict[str, str]:
+    """ "k=v,k2=v2" as OTEL_EXPORTER_OTLP_HEADERS writes it (percent-encoded values). A bad pair
+    is named by its key alone: the values may be secrets."""
+    pairs: dict[str, str] = {}
+    for i, item in enumerate(part for part in text.split(",") if part.strip()):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"{setting}: entry {i + 1} is not key=value")
+        pairs[key] = unquote(value.strip())
+    return pairs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import structlog
@@ -51,12 +51,18 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+# Told of each record this process made final (succeeded, failed, deferred), once it is stored;
+# it must return at once (poirotd.exporters.exporter queues it).
+OnFinished = Callable[[Investigation], None]
+
+
 class EventLog:
     """Investigation events: stored, then announced to Watch streams."""
 
-    def __init__(self, store: Store, bus: EventBus) -> None:
+    def __init__(self, store: Store, bus: EventBus, on_finished: OnFinished | None = None) -> None:
         self._store = store
         self._bus = bus
+        self._on_finished = on_finished
 
     async def emit(
         self,
@@ -77,6 +83,11 @@ class EventLog:
         announced = _new_event(record.investigation_id, kind, fields)
         stored = await self._store.finish_investigation(record, announced, lease=lease)
         await self._bus.published(stored.event_id)
+        if self._on_finished is not None:
+            try:
+                self._on_finished(record)
+            except Exception:  # the record is stored: what listens must not undo the run
+                log.exception("a listener of finished investigations failed")
 
 
 def _new_event(

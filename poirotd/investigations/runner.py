@@ -38,7 +38,7 @@ from poirotd.errors import Unavailable
 from poirotd.hazards import summarise_window
 from poirotd.investigations.admission import QueueShares
 from poirotd.investigations.bus import EventBus
-from poirotd.investigations.recorder import EventLog, InvestigationRecorder, now
+from poirotd.investigations.recorder import EventLog, InvestigationRecorder, OnFinished, now
 from poirotd.investigations.replica import Replica
 from poirotd.model import (
     EventKind,
@@ -79,13 +79,15 @@ class InvestigationRunner:
         workers: int,
         replica: Replica,
         model: PartState | None = None,
+        on_finished: OnFinished | None = None,
     ) -> None:
         """`model`: whether the LLM's servers answer (None: a backend in this process, never
-        down); while they do not, no investigation is started, and running ones say they wait."""
+        down); while they do not, no investigation is started, and running ones say they wait.
+        `on_finished`: told of each record this replica made final (the OTLP exporter)."""
         self._spec = spec
         self._store = store
         self._engine = engine
-        self._events = EventLog(store, bus)
+        self._events = EventLog(store, bus, on_finished)
         self._metrics = metrics
         self._backend = backend_name
         self._shares = shares

@@ -15,6 +15,10 @@ _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 HTTP_DOORS = ("metrics", "otlp_http")
 # Why an HTTP door refused a connection (poirotd.transports.http_server).
 HTTP_REFUSALS = ("too_many_connections", "too_many_peer_connections", "request_deadline")
+# What became of an attribution offered to the OTLP exporter (poirotd.exporters.exporter), and
+# why an export was sent again (poirotd.exporters.otlp_client).
+OTLP_EXPORT_OUTCOMES = ("exported", "rejected", "refused", "gave_up", "queue_full", "shutdown")
+OTLP_EXPORT_RETRY_REASONS = ("throttled", "unavailable", "timeout", "connection", "store")
 
 
 class Metrics:
@@ -295,6 +299,31 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.otlp_export_attributions = Counter(
+            "poirot_otlp_export_attributions_total",
+            "Attributions offered to the OTLP exporter, by outcome: exported; rejected (the "
+            "receiver's partial success refused the span); refused (an error not worth a "
+            "retry); gave_up (POIROTD_OTLP_EXPORT_RETRY_SECONDS spent); queue_full and "
+            "shutdown (dropped unsent)",
+            ["outcome"],
+            registry=r,
+        )
+        self.otlp_export_retries = Counter(
+            "poirot_otlp_export_retries_total",
+            "OTLP exports of attributions sent again, by reason (throttled, unavailable, "
+            "timeout, connection; store: the session could not be read)",
+            ["reason"],
+            registry=r,
+        )
+        self.otlp_export_queued = Gauge(
+            "poirot_otlp_export_queued_attributions",
+            "Attributions waiting for the OTLP exporter (at most POIROTD_OTLP_EXPORT_QUEUE_SIZE)",
+            registry=r,
+        )
+        for outcome in OTLP_EXPORT_OUTCOMES:  # at 0 from the start, so an increase sees the first
+            self.otlp_export_attributions.labels(outcome)
+        for retry in OTLP_EXPORT_RETRY_REASONS:
+            self.otlp_export_retries.labels(retry)
         self.http_connections = Gauge(
             "poirot_http_connections",
             "Connections open on an HTTP door (metrics, otlp_http)",

@@ -3,6 +3,7 @@ against (the `daemon` and `client` fixtures are built on these)."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -18,6 +19,8 @@ from poirotd.config.spec import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.demo.process import DaemonProcess
 from poirotd.llm.base import LLMBackend
+from poirotd.model import Investigation
+from poirotd.store import Store
 
 
 @asynccontextmanager
@@ -40,6 +43,18 @@ async def in_process_daemon(
 async def client_of(daemon: Daemon) -> AsyncIterator[PoirotClient]:
     async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client:
         yield client
+
+
+async def finished_investigation(
+    store: Store, session_id: str, seconds: float = 60
+) -> Investigation:
+    """The session's latest investigation, once it finished (fails after `seconds`)."""
+    for _ in range(int(seconds * 20)):
+        found, _ = await store.list_investigations(session_id=session_id)
+        if found and found[0].state.finished:
+            return found[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no investigation of {session_id} finished in {seconds} s")
 
 
 def stored_messages(daemon: Daemon) -> int:

@@ -24,10 +24,11 @@ from typing import Any
 
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Span, Tracer
@@ -502,6 +503,17 @@ RUNS: dict[str, Run] = {
     "genai_events": genai_events_run,
     "openinference": openinference_run,
 }
+
+
+def send_run(endpoints: list[str], conversation: str, run: str = "genai") -> None:
+    """Runs the traced run now and exports it to every OTLP/HTTP endpoint (/v1/traces URLs) the
+    way an application does (batch processors, flushed); blocking, as the SDK is."""
+    traced = provider(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoints[0])))
+    for endpoint in endpoints[1:]:
+        traced.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    RUNS[run](traced.get_tracer("clinic"), time.time_ns() - 1_000_000_000, conversation)
+    assert traced.force_flush(60_000)
+    traced.shutdown()
 
 
 def recorded_export(run: Run, t0: int = RECORDED_AT_NS) -> ExportTraceServiceRequest:
