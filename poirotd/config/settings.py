@@ -122,6 +122,15 @@ class Settings(BaseSettings):
     # Messages of OTLP exports waiting for their commit at most; an export beyond it is
     # throttled (RESOURCE_EXHAUSTED / HTTP 429 with a retry delay).
     otlp_max_pending_messages: int = Field(default=8192, ge=1)
+    # OTLP logs (LogsService on grpc_port, POST /v1/logs on otlp_http_port): GenAI log events
+    # name only their span, so they wait in memory for it (and the agent's span above it), at
+    # most otlp_log_wait_seconds, then are placed with what is known or rejected (no_span);
+    # at most otlp_log_wait_records wait at once (a logs export beyond it is throttled). The
+    # spans of the last otlp_log_remembered_spans exported are remembered for the events
+    # exported after them.
+    otlp_log_wait_seconds: float = Field(default=120.0, gt=0)
+    otlp_log_wait_records: int = Field(default=20_000, ge=1)
+    otlp_log_remembered_spans: int = Field(default=100_000, ge=1)
     # The HTTP doors (/metrics, OTLP/HTTP), each on its own: how long a connection has to deliver
     # each whole request, headers and body, from its opening or its previous answer (a TLS
     # handshake has as long again; a connection idle that long after an answer is closed), and
