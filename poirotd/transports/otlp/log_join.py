@@ -20,9 +20,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from poirotd.transports.otlp.log_records import SpanKey
+from poirotd.transports.otlp.log_records import ReadLogs, SpanKey
 from poirotd.transports.otlp.mapping import (
+    MESSAGE_ORDER,
     LoggedEvent,
+    MappedExport,
     MappedMessage,
     ReadSpan,
     Rejection,
@@ -53,6 +55,16 @@ class Placed:
     taken: dict[SpanKey, list[LoggedEvent]]
 
 
+@dataclass(frozen=True)
+class Joined:
+    """A trace export's messages with those of the log events that waited for its spans (in
+    session order), its spans' rejections, and what was placed of the waiting events."""
+
+    messages: list[MappedMessage]
+    rejections: tuple[Rejection, ...]
+    placed: Placed
+
+
 class LogJoin:
     def __init__(
         self,
@@ -75,6 +87,28 @@ class LogJoin:
         self._waiting: OrderedDict[SpanKey, _Waiting] = OrderedDict()
         self._said: OrderedDict[str, set[bytes]] = OrderedDict()
         self.waiting_records = 0
+
+    def spans_in(self, spans: Sequence[ReadSpan], mapped: MappedExport) -> Joined:
+        """A trace export came (`mapped` from `spans`): its spans are remembered, its messages
+        noted as stored, and the events waiting for its spans placed. A model call without
+        content whose log events wait here is not rejected: they speak for it."""
+        self.remember(spans)
+        self.stored(mapped.messages)
+        rejections = tuple(
+            r
+            for r in mapped.rejections
+            if r.reason != "no_content" or (r.trace_id, r.span_id) not in self._waiting
+        )
+        placed = self.place(self.waiting_in({span.trace_id for span in spans}))
+        messages = list(mapped.messages)
+        if placed.messages:
+            messages = sorted([*messages, *placed.messages], key=MESSAGE_ORDER)
+        return Joined(messages, rejections, placed)
+
+    def logs_in(self, read: ReadLogs) -> Placed:
+        """A logs export came: its events wait, and those whose span is known are placed."""
+        self.wait(read.events)
+        return self.place(read.events)
 
     def remember(self, spans: Sequence[ReadSpan]) -> None:
         for span in spans:
@@ -130,6 +164,7 @@ class LogJoin:
             else:
                 taken[key] = events
             messages += said
+        messages.sort(key=MESSAGE_ORDER)  # the earliest of a message said twice is kept
         return Placed(self.new(messages), rejections, taken)
 
     def wait_again(self, taken: Mapping[SpanKey, list[LoggedEvent]]) -> None:

@@ -76,9 +76,9 @@ def _records(request: ExportLogsServiceRequest) -> Iterator[LogRecord]:
 
 def _body(record: LogRecord) -> dict[str, Any] | None:
     """The event's body as an object ({} for none: content capture off); None if it is not."""
-    if not record.HasField("body"):
-        return {}
     body = any_value(record.body)
+    if body is None:
+        return {}
     if isinstance(body, str):
         try:
             body = orjson.loads(body)

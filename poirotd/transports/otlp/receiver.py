@@ -45,7 +45,6 @@ from poirotd.observability.metrics import Metrics
 from poirotd.transports.otlp.log_join import LogJoin
 from poirotd.transports.otlp.log_records import LOG_REJECT_REASONS, read_logs
 from poirotd.transports.otlp.mapping import (
-    MESSAGE_ORDER,
     REJECT_REASONS,
     MappedMessage,
     Rejection,
@@ -162,22 +161,18 @@ class OtlpReceiver:
         mapped = map_spans(spans, self._agents, session_by=self._session_by)
         self._metrics.otlp_spans.labels(transport).inc(mapped.spans)
         self._throttle(len(mapped.messages))
-        self._join.remember(spans)
-        self._join.stored(mapped.messages)
-        placed = self._join.place(self._join.waiting_in({span.trace_id for span in spans}))
-        messages = list(mapped.messages)
-        if placed.messages:
-            messages = sorted([*messages, *placed.messages], key=MESSAGE_ORDER)
+        joined = self._join.spans_in(spans, mapped)
+        placed = joined.placed
         try:
-            committed = await self._commit(messages, caller)
+            committed = await self._commit(joined.messages, caller)
         except Unavailable:
-            self._join.unstored(messages)
+            self._join.unstored(joined.messages)
             self._join.wait_again(placed.taken)
             raise
         finally:
             self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
         self._rejected_logged([*placed.rejections, *committed.refused_logged], transport)
-        rejected = (*mapped.rejections, *committed.refused_spans)
+        rejected = (*joined.rejections, *committed.refused_spans)
         for rejection in rejected:
             self._metrics.otlp_rejected_spans.labels(rejection.reason).inc()
         if rejected:
@@ -201,8 +196,7 @@ class OtlpReceiver:
                 f"{self._join.max_waiting}); retry in {RETRY_AFTER_SECONDS} s"
             )
         self._throttle(arriving)
-        self._join.wait(read.events)
-        placed = self._join.place(read.events)
+        placed = self._join.logs_in(read)
         try:
             committed = await self._commit(placed.messages, caller)
         except Unavailable:
