@@ -27,6 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, set_span_in_context
 
 from tests.support.otlp_runs import (
     DATA,
@@ -53,7 +54,7 @@ def recorded_logs(
     run(traced.get_tracer("clinic"), t0, "conv-1")
     traced.shutdown()
     spans = memory.get_finished_spans()
-    logs = InMemoryLogRecordExporter()
+    logs = InMemoryLogRecordExporter()  # type: ignore[no-untyped-call]
     logged = LoggerProvider(resource=Resource({"service.name": "clinic-agents"}))
     logged.add_log_record_processor(SimpleLogRecordProcessor(logs))
     logger = logged.get_logger("clinic")
@@ -65,32 +66,36 @@ def recorded_logs(
 
 
 def _records(span: ReadableSpan) -> list[LogRecord]:
-    context = span.get_span_context()
-    ids = {
-        "trace_id": context.trace_id,
-        "span_id": context.span_id,
-        "trace_flags": context.trace_flags,
-    }
+    """The span's messages as log events emitted in its context."""
+    span_context = span.get_span_context()
+    assert span_context is not None
+    context = set_span_in_context(NonRecordingSpan(span_context))
     records = []
     for event in span.events:
-        attributes = dict(event.attributes or {})
+        attributes: dict[str, Any] = dict(event.attributes or {})
         content = attributes.get("gen_ai.event.content")
         body = json.loads(content) if isinstance(content, str) else attributes
         at = event.timestamp
         records.append(
-            LogRecord(timestamp=at, observed_timestamp=at, event_name=event.name, body=body, **ids)
+            LogRecord(
+                timestamp=at,
+                observed_timestamp=at,
+                context=context,
+                event_name=event.name,
+                body=body,
+            )
         )
-    attributes = span.attributes or {}
-    messages = {k: json.loads(str(attributes[k])) for k in CONTENT_KEYS if k in attributes}
+    spanned = span.attributes or {}
+    messages = {k: json.loads(str(spanned[k])) for k in CONTENT_KEYS if k in spanned}
     if messages:
-        operation = attributes.get("gen_ai.operation.name", "chat")
+        operation = spanned.get("gen_ai.operation.name", "chat")
         records.append(
             LogRecord(
                 timestamp=span.end_time,
                 observed_timestamp=span.end_time,
+                context=context,
                 event_name=DETAILS,
                 attributes={"gen_ai.operation.name": operation, **messages},
-                **ids,
             )
         )
     return records
