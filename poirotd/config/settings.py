@@ -125,7 +125,8 @@ class Settings(BaseSettings):
     # OTLP logs (LogsService on grpc_port, POST /v1/logs on otlp_http_port): GenAI log events
     # name only their span, so they wait in memory for it (and the agent's span above it), at
     # most otlp_log_wait_seconds, then are placed with what is known or rejected (no_span);
-    # at most otlp_log_wait_records wait at once (a logs export beyond it is throttled). The
+    # at most otlp_log_wait_records wait at once (a logs export whose events of unknown spans
+    # would pass it is throttled; keep it above the exporter's batch size). The
     # spans of the last otlp_log_remembered_spans exported are remembered for the events
     # exported after them.
     otlp_log_wait_seconds: float = Field(default=120.0, gt=0)

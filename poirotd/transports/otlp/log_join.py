@@ -110,6 +110,10 @@ class LogJoin:
         self.wait(read.events)
         return self.place(read.events)
 
+    def would_wait(self, read: ReadLogs) -> int:
+        """How many of the export's events would wait: those whose span is not known yet."""
+        return sum(len(events) for key, events in read.events.items() if key not in self._spans)
+
     def remember(self, spans: Sequence[ReadSpan]) -> None:
         for span in spans:
             key = (span.trace_id, span.span_id)

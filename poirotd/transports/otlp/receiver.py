@@ -189,13 +189,13 @@ class OtlpReceiver:
             raise Unavailable("the daemon is draining", reason="draining")
         read = read_logs(request)
         self._metrics.otlp_log_records.labels(transport).inc(read.records)
-        arriving = sum(map(len, read.events.values()))
-        if self._join.waiting_records + arriving > self._join.max_waiting:
+        waiting = self._join.waiting_records
+        if waiting + self._join.would_wait(read) > self._join.max_waiting:
             raise Throttled(
-                f"{self._join.waiting_records} log records wait for their spans (the limit is "
-                f"{self._join.max_waiting}); retry in {RETRY_AFTER_SECONDS} s"
+                f"{waiting} log records wait for their spans, this export would add more than "
+                f"the limit of {self._join.max_waiting}; retry in {RETRY_AFTER_SECONDS} s"
             )
-        self._throttle(arriving)
+        self._throttle(sum(map(len, read.events.values())))
         placed = self._join.logs_in(read)
         try:
             committed = await self._commit(placed.messages, caller)

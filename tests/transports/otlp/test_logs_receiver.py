@@ -155,3 +155,34 @@ async def test_bad_logs_bodies_are_refused_with_a_status_that_says_why(daemon: D
             assert says in answer.json()["message"] if status == 415 or headers == JSON else True
         answer = await client.post(f"{_base(daemon)}/v1/logs", content=good, headers=PROTOBUF)
         assert answer.status_code == 200
+
+
+async def test_events_beyond_the_waiting_bound_are_throttled_and_nothing_is_kept(
+    tmp_path: Path,
+) -> None:
+    """More GenAI events than POIROTD_OTLP_LOG_WAIT_RECORDS may wait: the export is refused
+    whole with a retry delay (the exporter resends it), and nothing of it waits."""
+    spans, logs = recorded_logs(LOG_RUNS["genai_events"])
+    async with in_process_daemon(
+        tmp_path,
+        SPEC,
+        ScriptedBackend(schema_answer),
+        otlp_http_port=free_port(),
+        otlp_log_wait_records=4,
+    ) as daemon:
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(
+                f"{_base(daemon)}/v1/logs", content=logs.SerializeToString(), headers=PROTOBUF
+            )
+        assert answer.status_code == 429 and answer.headers["Retry-After"] == "1"
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await logs_service_pb2_grpc.LogsServiceStub(channel).Export(logs)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert daemon.metrics.otlp_waiting_log_records._value.get() == 0
+        # Once the spans are known, the same export's events are placed at once, not held.
+        await _send_spans(daemon, "grpc", spans)
+        answer_after = await _send_logs(daemon, "grpc", logs)
+        assert (
+            answer_after.partial_success.rejected_log_records == PHARMACIST_RECORDS["genai_events"]
+        )
