@@ -17,6 +17,8 @@ ties by span id, and a message two spans carry (an agent's answer on its invocat
 last model call) is kept once. A speaking span that names no agent of the spec, carries no
 content, or whose attributes do not decode is rejected with a reason; other spans (HTTP, a
 database, a workflow step) are structure only.
+A span's GenAI log events (log_records, joined by log_join) are read as the span's own content
+(`map_logged`; docs/otlp-logs.md has their table).
 """
 
 from __future__ import annotations
