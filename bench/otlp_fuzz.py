@@ -487,7 +487,7 @@ def make_input(seed: int, n: int, pool: list[ExportTraceServiceRequest]) -> tupl
     body = json.dumps(document).encode()
     if n % 4 == 3:
         try:
-            parsed = _decode(body, JSON, "identity", 1 << 30)
+            parsed = _decode(ExportTraceServiceRequest, body, JSON, "identity", 1 << 30)
         except ServiceError:
             return "json", Input("http", body, JSON)
         return "json→protobuf", Input("grpc", parsed.SerializeToString())
@@ -561,7 +561,11 @@ def mapped(item: Input, settings: Settings) -> MappedExport | None:
             request = ExportTraceServiceRequest.FromString(item.body)
         else:
             request = _decode(
-                item.body, item.content_type, item.encoding, settings.otlp_max_body_bytes
+                ExportTraceServiceRequest,
+                item.body,
+                item.content_type,
+                item.encoding,
+                settings.otlp_max_body_bytes,
             )
     except (DecodeError, ServiceError):
         return None

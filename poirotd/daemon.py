@@ -46,9 +46,10 @@ from poirotd.transports.http_server import HttpLimits
 from poirotd.transports.lifecycle import Transport
 from poirotd.transports.metrics_http import MetricsHttp
 from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
+from poirotd.transports.otlp.grpc_services import LogsService, TraceService
 from poirotd.transports.otlp.http import OtlpHttp
+from poirotd.transports.otlp.log_join import LogJoin
 from poirotd.transports.otlp.receiver import OtlpReceiver
-from poirotd.transports.otlp.trace_service import TraceService
 from poirotd.transports.security.access import AccessControl
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.exposure import Exposure, check_exposure, exposures
@@ -232,6 +233,13 @@ class Daemon:
             self.metrics,
             session_by=s.otlp_session,
             max_pending=s.otlp_max_pending_messages,
+            join=LogJoin(
+                self.spec.agents_by_alias(),
+                s.otlp_session,
+                max_spans=s.otlp_log_remembered_spans,
+                max_waiting=s.otlp_log_wait_records,
+                wait_seconds=s.otlp_log_wait_seconds,
+            ),
         )
         denials = None
         if access is not None:
@@ -255,7 +263,7 @@ class Daemon:
             ingest_idle_seconds=s.ingest_idle_seconds,
             keepalive_seconds=s.grpc_keepalive_seconds,
             keepalive_timeout_seconds=s.grpc_keepalive_timeout_seconds,
-            extra_services=[TraceService(otlp, self.metrics)],
+            extra_services=[TraceService(otlp, self.metrics), LogsService(otlp, self.metrics)],
             tls=tls,
             auth=None if access is None or denials is None else AuthInterceptor(access, denials),
             reflection=s.grpc_reflection,
@@ -291,6 +299,7 @@ class Daemon:
                 max_body_bytes=s.otlp_max_body_bytes,
                 tls=tls,
                 access=http_access("otlp_http", "POST /v1/traces"),
+                logs_access=http_access("otlp_http", "POST /v1/logs"),
             )
             doors.append(otlp_http)
         inputs = mqtt_input_spec(self.spec)

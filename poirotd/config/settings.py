@@ -155,6 +155,16 @@ class Settings(BaseSettings):
     # no link), and the path there, with {investigation_id}, {session_id} or {system}.
     otlp_export_link_base_url: str = ""
     otlp_export_link_path: str = DEFAULT_PATH
+    # OTLP logs (LogsService on grpc_port, POST /v1/logs on otlp_http_port): GenAI log events
+    # name only their span, so they wait in memory for it (and the agent's span above it), at
+    # most otlp_log_wait_seconds, then are placed with what is known or rejected (no_span);
+    # at most otlp_log_wait_records wait at once (a logs export whose events of unknown spans
+    # would pass it is throttled; keep it above the exporter's batch size). The
+    # spans of the last otlp_log_remembered_spans exported are remembered for the events
+    # exported after them.
+    otlp_log_wait_seconds: float = Field(default=120.0, gt=0)
+    otlp_log_wait_records: int = Field(default=20_000, ge=1)
+    otlp_log_remembered_spans: int = Field(default=100_000, ge=1)
     # The HTTP doors (/metrics, OTLP/HTTP), each on its own: how long a connection has to deliver
     # each whole request, headers and body, from its opening or its previous answer (a TLS
     # handshake has as long again; a connection idle that long after an answer is closed), and

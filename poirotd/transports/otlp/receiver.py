@@ -1,7 +1,9 @@
-"""What both OTLP doors (gRPC TraceService, HTTP /v1/traces) do with an export: map its spans to
+"""What both OTLP doors (gRPC TraceService and LogsService, HTTP /v1/traces and /v1/logs) do
+with an export: map its spans, or its GenAI log events joined to their spans (log_join), to
 agent messages, number them in their sessions, start the sessions that are new, hand them to the
-ingest pipeline and answer once they are durable, with the spans that could not be placed in
-OTLP's partial_success.
+ingest pipeline and answer once they are durable, with the spans or log records that could not
+be placed in OTLP's partial_success (a log record that waits for its span is answered as
+accepted; if it is rejected later, only the metrics tell).
 
 Sessions: a session the store does not have is started (system, the time of its first message,
 labels input=otlp and the trace id) in the same batch as its first messages. Numbering: the
@@ -24,6 +26,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import structlog
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsPartialSuccess,
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceRequest,
@@ -35,12 +42,15 @@ from poirotd.errors import ResourceExhausted, Unavailable
 from poirotd.ingest.pipeline import IngestPipeline, Refusal
 from poirotd.model import CommitItem, validate_agent_message
 from poirotd.observability.metrics import Metrics
+from poirotd.transports.otlp.log_join import LogJoin
+from poirotd.transports.otlp.log_records import LOG_REJECT_REASONS, read_logs
 from poirotd.transports.otlp.mapping import (
     REJECT_REASONS,
     MappedMessage,
     Rejection,
     SessionBy,
-    map_export,
+    map_spans,
+    read_spans,
 )
 
 log = structlog.get_logger(__name__)
@@ -77,6 +87,33 @@ class ExportResult:
         return ExportTraceServiceResponse(partial_success=partial)
 
 
+@dataclass(frozen=True)
+class LogsExportResult:
+    records: int
+    rejected: tuple[Rejection, ...]
+
+    def response(self) -> ExportLogsServiceResponse:
+        if not self.rejected:
+            return ExportLogsServiceResponse()
+        first = self.rejected[0]
+        message = (
+            f"{len(self.rejected)} of {self.records} log records rejected; first: of span "
+            f"{first.span_id} of trace {first.trace_id}: {first.reason}: {first.detail}"
+        )
+        partial = ExportLogsPartialSuccess(
+            rejected_log_records=len(self.rejected), error_message=message
+        )
+        return ExportLogsServiceResponse(partial_success=partial)
+
+
+@dataclass(frozen=True)
+class _Committed:
+    """The messages the pipeline refused, by the span (or log record) they came from."""
+
+    refused_spans: list[Rejection]
+    refused_logged: list[Rejection]
+
+
 class OtlpReceiver:
     def __init__(
         self,
@@ -86,6 +123,7 @@ class OtlpReceiver:
         *,
         session_by: SessionBy,
         max_pending: int,
+        join: LogJoin,
     ) -> None:
         self._agents = spec.agents_by_alias()
         self._pipeline = pipeline
@@ -95,12 +133,16 @@ class OtlpReceiver:
         self._scope = pipeline.scope()
         self._indexes = pipeline.indexes
         self._sessions = pipeline.implicit_sessions("otlp")
+        self._join = join
         self._pending = 0
         self._draining = False
         for transport in TRANSPORTS:
             metrics.otlp_spans.labels(transport)
+            metrics.otlp_log_records.labels(transport)
         for reason in REJECT_REASONS:
             metrics.otlp_rejected_spans.labels(reason)
+        for reason in LOG_REJECT_REASONS:
+            metrics.otlp_rejected_log_records.labels(reason)
 
     def drain(self) -> None:
         """From now on exports are refused as UNAVAILABLE (an exporter retries elsewhere)."""
@@ -111,17 +153,72 @@ class OtlpReceiver:
     ) -> ExportResult:
         """Returns once the export's messages are durable; raises a ServiceError when nothing
         of it was stored (draining, throttled, the store failed). `caller`: who the exporter
-        authenticated as ("via:name"; "" when authentication is off)."""
+        authenticated as ("via:name"; "" when authentication is off). Log events that waited
+        for these spans are stored with them."""
         if self._draining:
             raise Unavailable("the daemon is draining", reason="draining")
-        mapped = map_export(request, self._agents, session_by=self._session_by)
+        spans = read_spans(request)
+        mapped = map_spans(spans, self._agents, session_by=self._session_by)
         self._metrics.otlp_spans.labels(transport).inc(mapped.spans)
-        messages = mapped.messages
-        if self._pending and self._pending + len(messages) > self._max_pending:
+        self._throttle(len(mapped.messages))
+        joined = self._join.spans_in(spans, mapped)
+        placed = joined.placed
+        try:
+            committed = await self._commit(joined.messages, caller)
+        except Unavailable:
+            self._join.unstored(joined.messages)
+            self._join.wait_again(placed.taken)
+            raise
+        finally:
+            self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
+        self._rejected_logged([*placed.rejections, *committed.refused_logged], transport)
+        rejected = (*joined.rejections, *committed.refused_spans)
+        for rejection in rejected:
+            self._metrics.otlp_rejected_spans.labels(rejection.reason).inc()
+        if rejected:
+            _warn("otlp spans rejected", transport, rejected, mapped.spans)
+        return ExportResult(mapped.spans, rejected)
+
+    async def export_logs(
+        self, request: ExportLogsServiceRequest, transport: str, caller: str = ""
+    ) -> LogsExportResult:
+        """As `export`, for a logs export: its GenAI events whose span is known are stored
+        before the answer; the others wait for their span (log_join) and are answered as
+        accepted."""
+        if self._draining:
+            raise Unavailable("the daemon is draining", reason="draining")
+        read = read_logs(request)
+        self._metrics.otlp_log_records.labels(transport).inc(read.records)
+        waiting = self._join.waiting_records
+        if waiting + self._join.would_wait(read) > self._join.max_waiting:
+            raise Throttled(
+                f"{waiting} log records wait for their spans, this export would add more than "
+                f"the limit of {self._join.max_waiting}; retry in {RETRY_AFTER_SECONDS} s"
+            )
+        self._throttle(sum(map(len, read.events.values())))
+        placed = self._join.logs_in(read)
+        try:
+            committed = await self._commit(placed.messages, caller)
+        except Unavailable:
+            self._join.unstored(placed.messages)
+            self._join.wait_again(placed.taken)
+            raise
+        finally:
+            self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
+        placed_rejected = [*placed.rejections, *committed.refused_logged]
+        self._rejected_logged([*read.rejections, *placed_rejected], transport)
+        # Records of earlier exports that waited their time were answered already.
+        here = (r for r in placed_rejected if (r.trace_id, r.span_id) in read.events)
+        return LogsExportResult(read.records, (*read.rejections, *here))
+
+    def _throttle(self, arriving: int) -> None:
+        if self._pending and self._pending + arriving > self._max_pending:
             raise Throttled(
                 f"{self._pending} messages wait for their commit (the limit is "
                 f"{self._max_pending}); retry in {RETRY_AFTER_SECONDS} s"
             )
+
+    async def _commit(self, messages: Sequence[MappedMessage], caller: str) -> _Committed:
         await self._indexes.learn(m.session_id for m in messages)
         items, sources = self._numbered(messages)
         keys = [None if source is None else source.key(caller) for source in sources]
@@ -135,22 +232,23 @@ class OtlpReceiver:
             raise Unavailable(f"store write failed: {exc}", reason="store_error") from exc
         finally:
             self._pending -= len(items)
-        rejected = (*mapped.rejections, *_refused_spans(admission.refused, sources))
+        logged: list[Rejection] = []
+        from_spans: list[Refusal] = []
+        for refusal in admission.refused:
+            source = sources[refusal.index]
+            if source is not None and source.logged_seq is not None:
+                key = (source.trace_id, source.span_id)
+                logged.append(Rejection(*key, refusal.error.reason, str(refusal.error)))
+            else:
+                from_spans.append(refusal)
+        return _Committed(_refused_spans(from_spans, sources), logged)
+
+    def _rejected_logged(self, rejected: Sequence[Rejection], transport: str) -> None:
+        """Counts and tells log records rejected once placed (of this export or earlier ones)."""
         for rejection in rejected:
-            self._metrics.otlp_rejected_spans.labels(rejection.reason).inc()
+            self._metrics.otlp_rejected_log_records.labels(rejection.reason).inc()
         if rejected:
-            first = rejected[0]
-            log.warning(
-                "otlp spans rejected",
-                transport=transport,
-                rejected=len(rejected),
-                spans=mapped.spans,
-                first_reason=first.reason,
-                first_detail=first.detail,
-                trace_id=first.trace_id,
-                span_id=first.span_id,
-            )
-        return ExportResult(mapped.spans, rejected)
+            _warn("otlp log records rejected", transport, rejected, len(rejected))
 
     def _numbered(
         self, messages: Sequence[MappedMessage]
@@ -184,6 +282,20 @@ class OtlpReceiver:
             )
             sources.append(m)
         return items, sources
+
+
+def _warn(event: str, transport: str, rejected: Sequence[Rejection], of: int) -> None:
+    first = rejected[0]
+    log.warning(
+        event,
+        transport=transport,
+        rejected=len(rejected),
+        of=of,
+        first_reason=first.reason,
+        first_detail=first.detail,
+        trace_id=first.trace_id,
+        span_id=first.span_id,
+    )
 
 
 def _refused_spans(

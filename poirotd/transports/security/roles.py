@@ -45,6 +45,7 @@ class Requirement:
 REQUIRED: Mapping[str, Requirement | None] = {
     "/poirot.v1.Ingest/Stream": Requirement(Role.INGEST),
     "/opentelemetry.proto.collector.trace.v1.TraceService/Export": Requirement(Role.INGEST),
+    "/opentelemetry.proto.collector.logs.v1.LogsService/Export": Requirement(Role.INGEST),
     "/poirot.v1.Investigations/Trigger": Requirement(Role.OPERATOR),
     "/poirot.v1.Investigations/ConfirmOutcome": Requirement(Role.OPERATOR),
     "/poirot.v1.Investigations/Get": Requirement(
@@ -65,4 +66,5 @@ REQUIRED: Mapping[str, Requirement | None] = {
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": None,
     "GET /metrics": Requirement(Role.METRICS),
     "POST /v1/traces": Requirement(Role.INGEST),
+    "POST /v1/logs": Requirement(Role.INGEST),
 }

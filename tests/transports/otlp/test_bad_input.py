@@ -190,7 +190,7 @@ async def test_a_fault_of_ours_is_answered_500_with_an_id_counted_and_the_daemon
     good = live_export("after-the-fault").SerializeToString()
     async with httpx.AsyncClient() as client:
         with monkeypatch.context() as patched:
-            patched.setattr(receiver, "map_export", broken)
+            patched.setattr(receiver, "map_spans", broken)
             answer = await client.post(_url(daemon), content=good, headers=PROTOBUF)
         assert answer.status_code == 500
         assert Status.FromString(answer.content).message.startswith("internal error ")

@@ -54,8 +54,16 @@ SPANS = {
 
 def _read(name: str, encoding: str) -> ExportTraceServiceRequest:
     if encoding == "protobuf":
-        return _decode((DATA / f"{name}.pb").read_bytes(), PROTOBUF, "identity", 1 << 20)
-    return _decode((DATA / f"{name}.json").read_bytes(), JSON, "identity", 1 << 20)
+        return _decode(
+            ExportTraceServiceRequest,
+            (DATA / f"{name}.pb").read_bytes(),
+            PROTOBUF,
+            "identity",
+            1 << 20,
+        )
+    return _decode(
+        ExportTraceServiceRequest, (DATA / f"{name}.json").read_bytes(), JSON, "identity", 1 << 20
+    )
 
 
 def _conversation(mapped: MappedExport) -> list[tuple[Any, ...]]:

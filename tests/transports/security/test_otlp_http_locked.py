@@ -105,3 +105,33 @@ def test_an_unlocked_otlp_port_beyond_loopback_is_refused() -> None:
         check_exposure(Settings(otlp_http_port=4318, otlp_http_host="0.0.0.0"))
     # Off, its host does not matter.
     assert check_exposure(Settings(otlp_http_host="0.0.0.0")) == ()
+
+
+async def test_a_logs_export_needs_the_ingest_role_too(locked: tuple[Daemon, Pki]) -> None:
+    """POST /v1/logs is its own call under the access policy, with the traces' role."""
+    from tests.support.otlp_log_runs import LOG_RUNS, recorded_logs
+
+    daemon, pki = locked
+    context = ssl.create_default_context()
+    pki.ca.configure_trust(context)
+    context.check_hostname = False
+    body = recorded_logs(LOG_RUNS["genai"])[1].SerializeToString()
+    url = f"https://127.0.0.1:{daemon.settings.otlp_http_port}/v1/logs"
+    async with httpx.AsyncClient(verify=context, timeout=10) as http:
+        answers = {
+            token: await http.post(
+                url,
+                content=body,
+                headers=PROTOBUF | ({"Authorization": f"Bearer {token}"} if token else {}),
+            )
+            for token in ("bridge-token", "reader-token", None)
+        }
+    assert answers["bridge-token"].status_code == 200
+    assert answers[None].status_code == 401
+    assert answers["reader-token"].status_code == 403
+    assert "needs the role 'ingest'" in answers["reader-token"].text
+    value = daemon.metrics.registry.get_sample_value(
+        "poirot_auth_denials_total", {"rpc": "POST /v1/logs", "reason": "missing_role"}
+    )
+    assert value == 1
+    assert daemon.metrics.otlp_waiting_log_records._value.get() > 0  # the ingest's records only
