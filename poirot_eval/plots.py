@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle
 
-from poirot_eval.projection import RADIUS, anchors, project
+from poirotd.protocol.projection import RADIUS, anchors, project
 from poirot_eval.results import CaseResult
 from poirot_eval.scoring import PerAgent, truth_vector
 

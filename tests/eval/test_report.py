@@ -9,7 +9,7 @@ import pytest
 from matplotlib.image import imread
 
 from poirot_eval import blame
-from poirot_eval.projection import anchors, project
+from poirotd.protocol.projection import anchors, project
 from poirot_eval.report import percent, render_report
 from poirot_eval.results import CaseResult, TokenUsage
 from poirot_eval.scoring import STEP_TOLERANCES, groups, summarise
