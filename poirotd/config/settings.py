@@ -140,8 +140,8 @@ class Settings(BaseSettings):
     # ingress stands in front of it: published as poirot_page_info{url} for the alert rules'
     # and the dashboard's links, and accepted as the Origin of the page's own form posts.
     page_external_url: str = Field(default="", pattern=r"^(https?://[^/?#\s]+)?$")
-    # TLS on the gRPC, metrics, OTLP/HTTP and page ports: the server's certificate chain and key (PEM),
-    # re-read when the files are replaced (no restart for a renewal).
+    # TLS on the gRPC, metrics, OTLP/HTTP and page ports: the server's certificate chain and key
+    # (PEM), re-read when the files are replaced (no restart for a renewal).
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     # With it, clients must present a certificate this CA (PEM) signed, on every port.

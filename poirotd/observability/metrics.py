@@ -347,8 +347,8 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        for reason in PAGE_REFUSALS:  # at 0 from the start, so an increase sees the first
-            self.page_refusals.labels(reason)
+        for refused in PAGE_REFUSALS:  # at 0 from the start, so an increase sees the first
+            self.page_refusals.labels(refused)
         self.page_streams = Gauge(
             "poirot_page_event_streams",
             "Server-sent event streams the page holds open (browsers following investigations)",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from hwbridge.broker import free_port
@@ -22,7 +23,8 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.base import LLMBackend
-from tests.support.daemon import client_of, in_process_daemon
+from poirotd.transports.security.access import token_hash
+from tests.support.daemon import in_process_daemon
 from tests.support.ingest import OVERHEAT
 from tests.support.spec import clinic
 from tests.support.waiting import eventually
@@ -60,7 +62,9 @@ def conversation(
     system: str = "clinic",
 ) -> list[pb.IngestRequest]:
     """The session's start and its messages (sender, recipient, content), a second apart."""
-    requests = [pb.IngestRequest(session_start=pb.SessionStart(session_id=session_id, system=system))]
+    requests = [
+        pb.IngestRequest(session_start=pb.SessionStart(session_id=session_id, system=system))
+    ]
     for index, (sender, recipient, content) in enumerate(lines):
         requests.append(
             pb.IngestRequest(
@@ -112,17 +116,45 @@ async def open_investigation(
     return (await client.list_investigations(session_id=SESSION)).investigations[0]
 
 
+# Tokens the locked page daemon's access file grants, by the role they hold.
+READER, AUDITOR, OPERATOR = "reader-token-0123456789", "auditor-token-0123456789", "op-token-0123"
+_FEEDER = "feeder-token-0123456789"
+ACCESS = {
+    READER: ("rita", ["reader"]),
+    AUDITOR: ("aldo", ["auditor"]),
+    OPERATOR: ("olga", ["operator", "reader"]),
+    _FEEDER: ("feeder", ["ingest", "reader"]),
+}
+
+
+async def until_succeeded(client: PoirotClient, investigation_id: str) -> None:
+    async def done() -> bool:
+        state = (await client.get(investigation_id)).state
+        return bool(state == pb.INVESTIGATION_STATE_SUCCEEDED)
+
+    async with asyncio.timeout(20):
+        await eventually(done)
+
+
 @contextlib.asynccontextmanager
 async def page_daemon(
     tmp_path: Path,
     backend: LLMBackend,
     spec: SystemSpec = PAGE_CLINIC,
+    *,
+    locked: bool = False,
     **settings: Any,
 ) -> AsyncIterator[tuple[Daemon, PoirotClient]]:
-    """A daemon serving the page on a free loopback port, and a gRPC client of it."""
+    """A daemon serving the page on a free loopback port, and a gRPC client of it that may
+    ingest and read. `locked`: with an access file granting ACCESS's tokens."""
+    if locked:
+        access = tmp_path / "access.yaml"
+        grants = {token_hash(t): {"name": n, "roles": r} for t, (n, r) in ACCESS.items()}
+        access.write_text(yaml.safe_dump({"tokens": grants}))
+        settings["auth_file"] = access
     async with (
         in_process_daemon(tmp_path, spec, backend, page_port=free_port(), **settings) as daemon,
-        client_of(daemon) as client,
+        PoirotClient(f"127.0.0.1:{daemon.grpc_port}", token=_FEEDER if locked else None) as client,
     ):
         yield daemon, client
 
@@ -132,7 +164,9 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[Any]:
     """A headless Chromium with a fresh profile, its console log readable
     (`driver.get_log("browser")`); skips where Debian's chromium is not installed."""
     if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        pytest.skip("Debian's `chromium` and `chromium-driver` are not installed (make installs them)")
+        pytest.skip(
+            "Debian's `chromium` and `chromium-driver` are not installed (make installs them)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

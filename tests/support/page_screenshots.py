@@ -113,7 +113,9 @@ def demo_answers(spec: SystemSpec) -> ScriptedBackend:
             if agent not in asked and agent in QUESTIONS:
                 asked.add(agent)
                 peer, question = QUESTIONS[agent]
-                return json.dumps({"action": "ask", "peer": f"talk_to_{peer}", "question": question})
+                return json.dumps(
+                    {"action": "ask", "peer": f"talk_to_{peer}", "question": question}
+                )
             value = fill(schema, prefer="vote")
         if isinstance(value, dict) and "location" in value and agent in VOTES:
             location, vector, why = VOTES[agent]

@@ -44,7 +44,7 @@ from poirotd.model import InvestigationEvent, InvestigationState
 from poirotd.observability.metrics import Metrics
 from poirotd.transports.http_server import HttpLimits, HttpServer
 from poirotd.transports.page import views
-from poirotd.transports.page.access import PageAccess, Refused
+from poirotd.transports.page.access import COOKIE, PageAccess, Refused
 from poirotd.transports.security.access import Denied
 from poirotd.transports.security.roles import Role
 from poirotd.transports.security.tls import ServerTls
@@ -157,11 +157,11 @@ class PageHttp:
                 response = await handler(request)
             except Refused as refused:
                 response = refused.response
-            except web.HTTPException as exc:
-                response = exc
+            except web.HTTPException as exc:  # redirects, 404: aiohttp answers them
+                _secure(exc)
+                raise
         if not response.prepared:
-            response.headers.update(SECURITY_HEADERS)
-            response.headers.setdefault("Cache-Control", "no-store")
+            _secure(response)
         return response
 
     def _refuse(self, reason: str, status: int, text: str) -> web.Response:
@@ -238,13 +238,13 @@ class PageHttp:
         log.info("page sign-in", identity=identity.name)
         response = web.HTTPSeeOther(target)
         self._access.set_cookie(response, token)
-        return response
+        raise response
 
     async def _sign_out(self, request: web.Request) -> web.StreamResponse:
         self._post_from_page(request)
         response = web.HTTPSeeOther("/login" if self._access.asks_credentials else "/")
-        response.del_cookie("poirotd_page", path="/")
-        return response
+        response.del_cookie(COOKIE, path="/")
+        raise response
 
     # ------------------------------------------------------------------ the API
 
@@ -415,6 +415,11 @@ class PageHttp:
                 await buffer.put(event)
         except ServiceError as error:
             log.info("page event stream ended", error=str(error))
+
+
+def _secure(response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
+    response.headers.setdefault("Cache-Control", "no-store")
 
 
 def _json(body: dict[str, Any]) -> web.Response:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 from poirotd.hazards.spec import (
     RangeRule,
     RollingMeanRule,
@@ -134,7 +135,7 @@ def projection(inv: Investigation) -> dict[str, Any]:
     assert inv.hazard_space is not None
     n = inv.hazard_space.size
     votes = [v for v in inv.votes if not v.abstained and len(v.location) == n]
-    points = project([v.location for v in votes]) if votes else []
+    points = project([v.location for v in votes]) if votes else np.zeros((0, 2))
 
     def point(vector: Sequence[int]) -> list[float]:
         x, y = project([list(vector)])[0]

@@ -1,0 +1,248 @@
+"""The page over HTTP, without a browser: what each role is sent, the sign-in cookie, the refusal
+of cross-site posts and foreign Host names, the security headers, the event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from poirotd.config.settings import Settings
+from poirotd.daemon import Daemon
+from poirotd.llm.scripted import ScriptedBackend
+from poirotd.transports.page.server import CSP
+from poirotd.transports.security.exposure import InsecureBindError, check_exposure
+from tests.support.answers import gated, schema_answer
+from tests.support.page import (
+    AUDITOR,
+    OPERATOR,
+    READER,
+    open_investigation,
+    page_daemon,
+    until_succeeded,
+)
+
+LINES = [
+    ("doctor", "chief", "Gait assessment done."),
+    ("chief", "physio", "Plan 2, twenty minutes."),
+    ("physio", "chief", "Agreed."),
+]
+
+
+def page_url(daemon: Daemon, path: str) -> str:
+    return f"http://127.0.0.1:{daemon.page_port}{path}"
+
+
+def refusals(daemon: Daemon, reason: str) -> float:
+    value = daemon.metrics.registry.get_sample_value(
+        "poirot_page_requests_refused_total", {"reason": reason}
+    )
+    return value or 0.0
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@contextlib.asynccontextmanager
+async def finished_investigation(
+    tmp_path: Path, **settings: Any
+) -> AsyncIterator[tuple[Daemon, str]]:
+    """A page daemon whose rule opened an investigation of LINES, which succeeded."""
+    async with page_daemon(tmp_path, ScriptedBackend(schema_answer), **settings) as (d, client):
+        inv = await open_investigation(client, LINES)
+        await until_succeeded(client, inv.investigation_id)
+        yield d, inv.investigation_id
+
+
+async def get_json(
+    http: aiohttp.ClientSession, url: str, token: str | None = None
+) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with http.get(url, headers=headers) as response:
+        body = await response.text()
+        return response.status, json.loads(body) if response.status == 200 else body
+
+
+async def test_a_reader_is_sent_no_exchange_nor_message_and_an_auditor_is(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with finished_investigation(tmp_path, locked=True) as (daemon, investigation_id):
+        url = page_url(daemon, f"/api/investigations/{investigation_id}")
+        status, reader = await get_json(http, url, READER)
+        assert status == 200
+        assert reader["threads"] is None
+        assert not [i for i in reader["timeline"] if i["kind"] in ("message", "tool")]
+        assert reader["votes"] and reader["attribution"] is not None
+        status, auditor = await get_json(http, url, AUDITOR)
+        assert status == 200
+        assert auditor["threads"], "an auditor sees the interrogation"
+        texts = [i["text"] for i in auditor["timeline"] if i["kind"] == "message"]
+        assert texts == [line[2] for line in LINES]
+        assert (await get_json(http, url))[0] == 401
+        assert (await get_json(http, url, "not-a-token"))[0] == 401
+
+
+async def test_sign_in_sets_a_script_proof_same_site_cookie_and_keeps_redirects_local(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with page_daemon(tmp_path, ScriptedBackend(schema_answer), locked=True) as (daemon, _):
+        origin = page_url(daemon, "")
+        async with http.get(page_url(daemon, "/investigations"), allow_redirects=False) as r:
+            assert r.status == 303 and r.headers["Location"].startswith("/login?next=")
+        form = {"token": READER, "next": "//evil.example/x"}
+        async with http.post(
+            page_url(daemon, "/login"), data=form, headers={"Origin": origin}, allow_redirects=False
+        ) as r:
+            assert r.status == 303
+            assert r.headers["Location"] == "/investigations"
+            cookie = r.headers["Set-Cookie"]
+        assert cookie.startswith(f"poirotd_page={READER};")
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+        assert "Secure" not in cookie  # plain HTTP on loopback: a Secure cookie would be dropped
+        headers = {"Cookie": f"poirotd_page={READER}"}
+        async with http.get(page_url(daemon, "/api/investigations"), headers=headers) as r:
+            assert r.status == 200
+            assert (await r.json())["viewer"] == {
+                "name": "rita",
+                "exchanges": False,
+                "confirm": False,
+                "signed_in": True,
+            }
+        bad = {"token": "guess", "next": "/investigations"}
+        async with http.post(
+            page_url(daemon, "/login"), data=bad, headers={"Origin": origin}, allow_redirects=False
+        ) as r:
+            assert "error=1" in r.headers["Location"] and "Set-Cookie" not in r.headers
+        denied = daemon.metrics.registry.get_sample_value(
+            "poirot_auth_denials_total", {"rpc": "GET /page", "reason": "unknown_token"}
+        )
+        assert denied == 1
+
+
+async def test_a_cross_site_post_is_refused_and_counted(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with finished_investigation(tmp_path, locked=True, page_confirm=True) as (
+        daemon,
+        investigation_id,
+    ):
+        url = page_url(daemon, f"/api/investigations/{investigation_id}/confirm")
+        body = {"region_ids": ["exo"], "note": "seen on the bench"}
+        cookie = {"Cookie": f"poirotd_page={OPERATOR}"}
+        for foreign in (
+            {"Origin": "http://evil.example"},
+            {"Origin": "null"},
+            {},  # no Origin at all
+            {"Origin": page_url(daemon, ""), "Sec-Fetch-Site": "cross-site"},
+        ):
+            async with http.post(url, json=body, headers=cookie | foreign) as r:
+                assert r.status == 403, foreign
+        assert refusals(daemon, "cross_site") == 4
+        _, record = await get_json(
+            http, page_url(daemon, f"/api/investigations/{investigation_id}"), OPERATOR
+        )
+        assert record["confirmed"] is None
+        same = cookie | {"Origin": page_url(daemon, "")}
+        async with http.post(url, json=body, headers=same) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["confirmed"]["region_ids"] == ["exo"]
+        async with http.post(
+            url,
+            json=body,
+            headers={"Origin": page_url(daemon, "")} | {"Cookie": f"poirotd_page={READER}"},
+        ) as r:
+            assert r.status == 403  # a reader may not confirm
+
+
+async def test_the_page_is_read_only_unless_told(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with finished_investigation(tmp_path) as (daemon, investigation_id):
+        url = page_url(daemon, f"/api/investigations/{investigation_id}/confirm")
+        async with http.post(
+            url, json={"region_ids": ["exo"]}, headers={"Origin": page_url(daemon, "")}
+        ) as r:
+            assert r.status == 403
+            assert "read-only" in await r.text()
+        assert refusals(daemon, "read_only") == 1
+        _, body = await get_json(http, page_url(daemon, f"/api/investigations/{investigation_id}"))
+        assert body["viewer"]["confirm"] is False
+
+
+async def test_without_credentials_only_loopback_host_names_are_served(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A name that resolves to 127.0.0.1 (DNS rebinding) cannot read an unlocked page."""
+    async with page_daemon(
+        tmp_path, ScriptedBackend(schema_answer), page_external_url="https://poirotd.example"
+    ) as (daemon, _):
+        url = page_url(daemon, "/api/investigations")
+        async with http.get(url, headers={"Host": "attacker.example"}) as r:
+            assert r.status == 421
+        for host in ("localhost", f"127.0.0.1:{daemon.page_port}", "poirotd.example"):
+            async with http.get(url, headers={"Host": host}) as r:
+                assert r.status == 200, host
+        assert refusals(daemon, "unknown_host") == 1
+        info = daemon.metrics.registry.get_sample_value(
+            "poirot_page_info", {"url": "https://poirotd.example"}
+        )
+        assert info == 1
+
+
+async def test_every_answer_carries_the_security_headers(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with page_daemon(tmp_path, ScriptedBackend(schema_answer)) as (daemon, _):
+        for path in (
+            "/investigations",
+            "/investigations/x",
+            "/assets/page.js",
+            "/api/investigations",
+            "/api/investigations/nope",
+            "/nothing",
+        ):
+            async with http.get(page_url(daemon, path)) as r:
+                assert r.headers["Content-Security-Policy"] == CSP, path
+                assert r.headers["X-Content-Type-Options"] == "nosniff"
+                assert r.headers["X-Frame-Options"] == "DENY"
+        assert "script-src 'self';" in CSP and "unsafe" not in CSP
+        async with http.get(page_url(daemon, "/assets/page.js")) as r:
+            assert r.status == 200 and r.content_type == "text/javascript"
+            assert "innerHTML" not in await r.text()
+
+
+async def test_events_stream_as_they_are_stored(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    gate = asyncio.Event()
+    async with page_daemon(tmp_path, gated(gate)) as (daemon, client):
+        inv = await open_investigation(client, LINES)
+        url = page_url(daemon, f"/api/events?investigation={inv.investigation_id}&after=0")
+        async with http.get(url) as r:
+            assert r.headers["Content-Type"] == "text/event-stream"
+            seen: list[dict[str, Any]] = []
+            gate.set()
+            async with asyncio.timeout(20):
+                async for line in r.content:
+                    if line.startswith(b"data: "):
+                        seen.append(json.loads(line[6:]))
+                        if seen[-1]["event"] == "attribution_ready":
+                            break
+        kinds = [e["event"] for e in seen]
+        assert kinds[0] == "started" and kinds.count("vote_cast") == 3
+        assert [e["event_id"] for e in seen] == sorted(e["event_id"] for e in seen)
+
+
+def test_an_exposed_page_needs_tls_and_credentials() -> None:
+    with pytest.raises(InsecureBindError, match="POIROTD_PAGE_HOST"):
+        check_exposure(Settings(page_port=8080, page_host="0.0.0.0"))
+    assert check_exposure(Settings(page_port=0, page_host="0.0.0.0")) == ()
