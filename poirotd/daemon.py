@@ -299,7 +299,7 @@ class Daemon:
             )
             doors.append(page)
             if s.page_external_url:
-                self.metrics.page_info.labels(s.page_external_url.rstrip("/")).set(1)
+                self.metrics.page.info({"url": s.page_external_url.rstrip("/")})
         inputs = mqtt_input_spec(self.spec)
         if inputs is not None:
             mqtt = MqttInput(inputs, self.spec.system.name, core.pipeline, self.metrics.registry)

@@ -354,11 +354,10 @@ class Metrics:
             "Server-sent event streams the page holds open (browsers following investigations)",
             registry=r,
         )
-        self.page_info = Gauge(
-            "poirot_page_info",
-            "1, labelled with the page's external URL (POIROTD_PAGE_EXTERNAL_URL): what the alert "
-            "rules and the dashboard link to",
-            ["url"],
+        # poirot_page_info{url}: what the alert rules and the dashboard link to.
+        self.page = Info(
+            "poirot_page",
+            "The page's external URL (POIROTD_PAGE_EXTERNAL_URL), while it is served",
             registry=r,
         )
         self.insecure_bind = Gauge(
