@@ -173,6 +173,11 @@ def session(t0: datetime) -> list[pb.IngestRequest]:
     return requests
 
 
+async def succeeded(client: PoirotClient, investigation_id: str) -> bool:
+    state = (await client.get(investigation_id)).state
+    return bool(state == pb.INVESTIGATION_STATE_SUCCEEDED)
+
+
 async def finished(client: PoirotClient) -> bool:
     found = (await client.list_investigations(session_id=SESSION)).investigations
     return bool(found) and found[0].state == pb.INVESTIGATION_STATE_SUCCEEDED
@@ -187,18 +192,27 @@ async def take(folder: Path) -> None:
             async with asyncio.timeout(60):
                 await eventually(lambda: finished(client))
             found = (await client.list_investigations(session_id=SESSION)).investigations[0]
+            await client.confirm(
+                found.investigation_id,
+                ["d2w_exoskeleton"],
+                "Bench test: the sensor reads 2/8 on a 6/8 phantom limb (technician, ward 3)",
+            )
+            for method in ("baseline", "echo"):  # an operator's second opinions, for the list
+                again = await client.trigger(SESSION, "second opinion", method=method)
+                async with asyncio.timeout(60):
+                    await eventually(lambda: succeeded(client, again.investigation_id))
             base = f"http://127.0.0.1:{daemon.page_port}"
             await asyncio.to_thread(shoot, base, found.investigation_id, folder)
 
 
 def shoot(base: str, investigation_id: str, folder: Path) -> None:
-    with chromium(1280, 900) as driver:
+    with chromium(1280, 520) as driver:
         driver.get(f"{base}/investigations")
         time.sleep(1.5)
         driver.save_screenshot(str(folder / "page-list.png"))
         driver.get(f"{base}/investigations/{investigation_id}")
         time.sleep(2)
-        driver.set_window_size(1280, 2500)  # down to the start of the timeline
+        driver.set_window_size(1280, 2600)  # down to the start of the timeline
         time.sleep(1)
         driver.save_screenshot(str(folder / "page-investigation.png"))
         for entry in driver.get_log("browser"):

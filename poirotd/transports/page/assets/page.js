@@ -138,7 +138,7 @@
   function drawRows(rows) {
     fill("rows", rows.map((row) => el("tr", {},
       el("td", { class: "mono nowrap" }, when(row.created_at)),
-      el("td", { class: "id" }, el("a", { href: "/investigations/" + encodeURIComponent(row.investigation_id), text: row.investigation_id })),
+      el("td", { class: "id" }, el("a", { href: "/investigations/" + encodeURIComponent(row.investigation_id), title: row.investigation_id, "aria-label": `investigation ${row.investigation_id}`, text: truncate(row.investigation_id, 13) })),
       el("td", { class: "mono nowrap", text: row.session_id }),
       el("td", {}, row.rule ? [pill(row.severity, "sev-" + row.severity), " ", row.rule] : el("span", { class: "note", text: row.reason })),
       el("td", { text: row.method }),
@@ -235,7 +235,7 @@
       return;
     }
     const confirmed = new Set(data.confirmed ? data.confirmed.region_ids : []);
-    const rowH = 26, labelW = 230, barW = 300, width = labelW + barW + 70;
+    const rowH = 26, labelW = 230, barW = 280, width = labelW + barW + 120;
     const max = Math.max(...a.scores, 1e-9);
     const chart = sv("svg", { class: "chart", viewBox: `0 0 ${width} ${data.regions.length * rowH + 10}`, role: "img", "aria-label": "Score of each hazard region" });
     data.regions.forEach((region, i) => {
@@ -287,13 +287,13 @@
       chart.appendChild(sv("polygon", { points: `${x},${y - d} ${x + d},${y} ${x},${y + d} ${x - d},${y}`, class: "consensus" },
         sv("title", { text: "consensus (the decision vector)" })));
     }
-    if (p.confirmed) chart.appendChild(star(X(p.confirmed[0]), Y(p.confirmed[1]), 9));
     for (const g of groups.values()) {
       chart.appendChild(sv("circle", { cx: X(g.x), cy: Y(g.y), r: 5 + 2 * (g.agents.length - 1), class: "vote" },
         sv("title", { text: `vote: ${g.agents.join(", ")}` })));
       const inside = Math.hypot(g.x, g.y) < 0.45;
       if (inside) chart.appendChild(sv("text", { x: X(g.x) + 9, y: Y(g.y) + 4, class: "label", text: truncate(g.agents.join(", "), 30) }));
     }
+    if (p.confirmed) chart.appendChild(star(X(p.confirmed[0]), Y(p.confirmed[1]), 10));
     const onCircle = [...groups.values()].filter((g) => Math.hypot(g.x, g.y) >= 0.45);
     fill("projection", chart,
       el("div", { class: "legend" },
