@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from hwbridge.broker import free_port
-
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from tests.support.deploy import (

@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -198,9 +199,11 @@ async def take(folder: Path) -> None:
                 "Bench test: the sensor reads 2/8 on a 6/8 phantom limb (technician, ward 3)",
             )
             for method in ("baseline", "echo"):  # an operator's second opinions, for the list
-                again = await client.trigger(SESSION, "second opinion", method=method)
+                again = (
+                    await client.trigger(SESSION, "second opinion", method=method)
+                ).investigation_id
                 async with asyncio.timeout(60):
-                    await eventually(lambda: succeeded(client, again.investigation_id))
+                    await eventually(partial(succeeded, client, again))
             base = f"http://127.0.0.1:{daemon.page_port}"
             await asyncio.to_thread(shoot, base, found.investigation_id, folder)
 

@@ -78,11 +78,9 @@ class PageAccess:
     def viewer(self, request: web.Request, call: str = "GET /page") -> Viewer:
         """The viewer a data request is made for, once it holds `call`'s role; raises Refused
         (401 or 403, recorded like every door's refusals) otherwise."""
-        requirement = REQUIRED[call]
-        assert requirement is not None, f"{call} is never open"
         try:
             identity = self.identity(request)
-            identity.require(requirement.role, call)
+            identity.require(_role(call), call)
         except Denied as denied:
             if self.denials is not None:
                 self.denials.record(denied, door="page", call=call, peer=request.remote or "")
@@ -91,12 +89,25 @@ class PageAccess:
             raise Refused(web.Response(status=401, text=f"{denied}\n", headers=CHALLENGE)) from None
         return Viewer(
             name=identity.name,
-            exchanges=Role.AUDITOR in identity.roles,
-            confirm=self.confirm and Role.OPERATOR in identity.roles,
+            exchanges=_role("GET /page/exchanges") in identity.roles,
+            confirm=self.confirm and _role("POST /page/confirm") in identity.roles,
             signed_in=self.access is not None
             and bool(request.cookies.get(COOKIE))
             and "Authorization" not in request.headers,
         )
+
+    def sign_in(self, token: str, peer: str) -> Identity | None:
+        """Who a token typed into the sign-in form names, when it may read the page; else None,
+        the refusal recorded like a request's."""
+        assert self.access is not None, "the form is shown only under an access policy"
+        try:
+            identity = self.access.policy().identify(f"Bearer {token}", None)
+            identity.require(_role("GET /page"), "GET /page")
+        except Denied as denied:
+            if self.denials is not None:
+                self.denials.record(denied, door="page", call="GET /page", peer=peer)
+            return None
+        return identity
 
     def known_host(self, request: web.Request) -> bool:
         """Whether the request's Host may be served (always, under an access policy)."""
@@ -126,6 +137,12 @@ class PageAccess:
         response.set_cookie(
             COOKIE, token, httponly=True, samesite="Strict", secure=secure or None, path="/"
         )
+
+
+def _role(call: str) -> Role:
+    requirement = REQUIRED[call]
+    assert requirement is not None, f"{call} is never open"
+    return requirement.role
 
 
 def _peercert(request: web.Request) -> dict[str, object] | None:

@@ -45,8 +45,6 @@ from poirotd.observability.metrics import Metrics
 from poirotd.transports.http_server import HttpLimits, HttpServer
 from poirotd.transports.page import views
 from poirotd.transports.page.access import COOKIE, PageAccess, Refused
-from poirotd.transports.security.access import Denied
-from poirotd.transports.security.roles import Role
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
@@ -223,18 +221,11 @@ class PageHttp:
         self._post_from_page(request)
         form = await request.post()
         token, target = str(form.get("token", "")).strip(), _local_path(str(form.get("next", "")))
-        access = self._access.access
-        if access is None:
+        if not self._access.asks_credentials:
             raise web.HTTPSeeOther(target)
-        try:
-            identity = access.policy().identify(f"Bearer {token}", None)
-            identity.require(Role.READER, "GET /page")
-        except Denied as denied:
-            if self._access.denials is not None:
-                self._access.denials.record(
-                    denied, door="page", call="GET /page", peer=request.remote or ""
-                )
-            raise web.HTTPSeeOther("/login?" + urlencode({"next": target, "error": "1"})) from None
+        identity = self._access.sign_in(token, request.remote or "")
+        if identity is None:
+            raise web.HTTPSeeOther("/login?" + urlencode({"next": target, "error": "1"}))
         log.info("page sign-in", identity=identity.name)
         response = web.HTTPSeeOther(target)
         self._access.set_cookie(response, token)

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+
 from poirotd.hazards.spec import (
     RangeRule,
     RollingMeanRule,
