@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from hwbridge.broker import free_port
 from poirotd.config.settings import Settings
 from poirotd.daemon import Daemon
 from poirotd.llm.scripted import ScriptedBackend
@@ -27,6 +31,7 @@ from tests.support.page import (
     page_daemon,
     until_succeeded,
 )
+from tests.support.pki import Pem, Pki, issue, locked_daemon
 
 LINES = [
     ("doctor", "chief", "Gait assessment done."),
@@ -246,3 +251,71 @@ def test_an_exposed_page_needs_tls_and_credentials() -> None:
     with pytest.raises(InsecureBindError, match="POIROTD_PAGE_HOST"):
         check_exposure(Settings(page_port=8080, page_host="0.0.0.0"))
     assert check_exposure(Settings(page_port=0, page_host="0.0.0.0")) == ()
+
+
+def fetch_over_tls(
+    daemon: Daemon, pki: Pki, path: str, pem: Pem | None = None, form: bytes | None = None
+) -> tuple[int, dict[str, str], str]:
+    """GET (or POST `form`) the page over HTTPS, with a client certificate when given (not
+    following redirects)."""
+    context = ssl.create_default_context()
+    pki.ca.configure_trust(context)
+    context.check_hostname = False  # the certificate names SERVER_NAME; we dial 127.0.0.1
+    if pem is not None:
+        folder = Path(daemon.settings.db_path).parent
+        cert, key = folder / "browser.pem", folder / "browser.key"
+        cert.write_bytes(pem.cert)
+        key.write_bytes(pem.key)
+        context.load_cert_chain(cert, key)
+    origin = f"https://127.0.0.1:{daemon.page_port}"
+    request = urllib.request.Request(origin + path, data=form, headers={"Origin": origin})
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), Stay)
+    try:
+        with opener.open(request, timeout=5) as reply:
+            return reply.status, dict(reply.headers), reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode()
+
+
+async def test_over_tls_a_client_certificate_is_a_viewer_and_the_cookie_is_secure(
+    tmp_path: Path,
+) -> None:
+    pki = Pki.create(tmp_path / "pki")
+    pki.write_access(
+        {READER: ("rita", ["reader"])},
+        {"dns:auditor.clinic.test": ("aldo", ["auditor"])},
+    )
+    async with locked_daemon(
+        tmp_path,
+        pki,
+        auth_file=pki.auth_file,
+        tls_client_ca_file=pki.ca_file,
+        page_port=free_port(),
+    ) as daemon:
+        auditor = issue(pki.ca, "auditor.clinic.test")
+        status, _, body = await asyncio.to_thread(
+            fetch_over_tls, daemon, pki, "/api/investigations", auditor
+        )
+        assert status == 200
+        assert json.loads(body)["viewer"] == {
+            "name": "aldo",
+            "exchanges": True,
+            "confirm": False,
+            "signed_in": False,
+        }
+        stranger = issue(pki.ca, "stranger.clinic.test")
+        status, _, _ = await asyncio.to_thread(
+            fetch_over_tls, daemon, pki, "/api/investigations", stranger
+        )
+        assert status == 401
+        form = f"token={READER}&next=/investigations".encode()
+        status, headers, _ = await asyncio.to_thread(
+            fetch_over_tls, daemon, pki, "/login", stranger, form
+        )
+        assert status == 303
+        assert "Secure" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
