@@ -26,6 +26,7 @@ from tests.support.answers import gated, schema_answer
 from tests.support.page import (
     AUDITOR,
     OPERATOR,
+    PAGE_CLINIC,
     READER,
     open_investigation,
     page_daemon,
@@ -319,3 +320,23 @@ async def test_over_tls_a_client_certificate_is_a_viewer_and_the_cookie_is_secur
         )
         assert status == 303
         assert "Secure" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
+
+
+async def test_a_browser_still_following_does_not_hold_the_daemon_at_stop(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    settings = Settings(
+        db_path=tmp_path / "poirotd.db", grpc_port=0, metrics_port=0, page_port=free_port()
+    )
+    daemon = Daemon(settings, PAGE_CLINIC, backend=ScriptedBackend(schema_answer))
+    await daemon.start()
+    response = await http.get(page_url(daemon, "/api/events?after=0"))
+    assert response.status == 200
+    assert daemon.metrics.registry.get_sample_value("poirot_page_event_streams") == 1
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await daemon.stop()
+    assert loop.time() - started < 5  # aiohttp waits up to 60 s for a handler still running
+    assert await response.content.read() == b""  # the stream ended
+    assert daemon.metrics.registry.get_sample_value("poirot_page_event_streams") == 0
+    response.release()
