@@ -340,3 +340,23 @@ async def test_a_browser_still_following_does_not_hold_the_daemon_at_stop(
     assert await response.content.read() == b""  # the stream ended
     assert daemon.metrics.registry.get_sample_value("poirot_page_event_streams") == 0
     response.release()
+
+
+async def test_the_deep_link_lands_on_the_newest_investigation_blaming_a_component(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """What alerts and dashboard panels link to: they know a component, not an id."""
+    async with finished_investigation(tmp_path) as (daemon, investigation_id):
+        link = "/investigations/latest?component=doctor&state=succeeded"
+        async with http.get(page_url(daemon, link), allow_redirects=False) as r:
+            assert r.status == 303
+            assert r.headers["Location"] == f"/investigations/{investigation_id}"
+        nobody = "/investigations/latest?component=exo&state=succeeded"
+        async with http.get(page_url(daemon, nobody), allow_redirects=False) as r:
+            assert r.status == 303
+            assert r.headers["Location"] == "/investigations?component=exo&state=succeeded"
+        _, listed = await get_json(http, page_url(daemon, "/api/investigations?component=exo"))
+        assert listed["investigations"] == []
+        _, listed = await get_json(http, page_url(daemon, "/api/investigations?state=bogus"))
+        assert "unknown state" in listed
+        assert refusals(daemon, "bad_request") == 1
