@@ -23,6 +23,7 @@ from tests.support.page import (
     AUDITOR,
     OPERATOR,
     READER,
+    SESSION,
     chromium,
     open_investigation,
     page_daemon,
@@ -116,6 +117,21 @@ async def test_list_and_investigation_pages_load_without_console_errors(tmp_path
                 assert errors(driver) == []
 
         await asyncio.to_thread(browse)
+        # Another method's findings, drawn from what it recorded: ECHO's consensus first.
+        echo = (await client.trigger(SESSION, "second opinion", method="echo")).investigation_id
+        await until_succeeded(client, echo)
+
+        def findings() -> None:
+            from selenium.webdriver.common.by import By
+
+            with chromium() as driver:
+                driver.get(f"{base(daemon)}/investigations/{echo}")
+                wait(driver, lambda d: count(d, "#findings h3") == 1)
+                assert driver.find_element(By.CSS_SELECTOR, "#findings h3").text == "consensus"
+                assert count(driver, "#findings details") >= 2  # panel, context, analyses
+                assert errors(driver) == []
+
+        await asyncio.to_thread(findings)
 
 
 async def test_a_vote_cast_during_the_visit_appears_without_a_reload(tmp_path: Path) -> None:

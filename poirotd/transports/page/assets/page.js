@@ -425,12 +425,13 @@
     return document.createTextNode(value === null ? "—" : String(value));
   }
 
-  // Each method's findings, its headline part first: ECHO's consensus, ErrorProbe's checked
-  // evidence and verdict; the rest folded.
+  // Each method's findings, its headline parts first: ECHO's consensus, ErrorProbe's verdict,
+  // diagnosis and hypotheses with their checked evidence (claims, each passed or not); the rest
+  // folded.
   const HEADLINES = {
-    echo: ["consensus"],
-    errorprobe: ["verdict", "diagnosis", "evidence"],
-    ensemble: ["members"],
+    echo: { consensus: "consensus" },
+    errorprobe: { verdict: "verdict", diagnosis: "diagnosis", hypotheses: "hypotheses and their checked evidence" },
+    ensemble: { members: "members" },
   };
 
   function drawFindings(data) {
@@ -446,12 +447,12 @@
       fill("findings", parts);
       return;
     }
-    const headline = HEADLINES[method] || [];
-    for (const key of headline) {
-      if (key in findings) parts.push(el("h3", { text: key === "evidence" ? "checked evidence" : key }), tree(findings[key]));
+    const headline = HEADLINES[method] || {};
+    for (const [key, title] of Object.entries(headline)) {
+      if (key in findings) parts.push(el("h3", { text: title }), tree(findings[key]));
     }
     for (const [key, value] of Object.entries(findings)) {
-      if (key === "method" || headline.includes(key)) continue;
+      if (key === "method" || key in headline) continue;
       parts.push(el("details", {}, el("summary", { text: key.replaceAll("_", " ") }), tree(value)));
     }
     fill("findings", el("p", { class: "note", text: `Method: ${method}` }), parts);
