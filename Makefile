@@ -38,15 +38,17 @@ $(STAMPS)/python-deps: pyproject.toml | $(BIN)/python
 # Real parts the tests start on loopback ports of their own: Mosquitto (and mosquitto_sub for the
 # edge healthcheck), Prometheus and promtool, a PostgreSQL server (the tests run initdb and
 # postgres from /usr/lib/postgresql/*/bin in a temporary folder; the package's own cluster is not
-# used); openssl for deploy/edge/make-certs.sh.
+# used); openssl for deploy/edge/make-certs.sh; Chromium and its chromedriver for the page's
+# browser tests (Selenium drives /usr/bin/chromedriver: no browser is downloaded).
 $(STAMPS)/system-deps:
 	@if ! command -v mosquitto >/dev/null || ! command -v mosquitto_sub >/dev/null \
 	    || ! command -v promtool >/dev/null || ! command -v openssl >/dev/null \
+	    || ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null \
 	    || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	    mosquitto mosquitto-clients prometheus openssl postgresql; \
+	    mosquitto mosquitto-clients prometheus openssl postgresql chromium chromium-driver; \
 	fi
 	@mkdir -p $(STAMPS) && touch $@
 

@@ -15,9 +15,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle
 
-from poirot_eval.projection import RADIUS, anchors, project
 from poirot_eval.results import CaseResult
 from poirot_eval.scoring import PerAgent, truth_vector
+from poirotd.protocol.projection import RADIUS, anchors, project
 
 # More axes than this make a radar unreadable; the most frequent voters are kept.
 MAX_RADAR_AXES = 16

@@ -50,6 +50,8 @@ from poirotd.transports.otlp.grpc_services import LogsService, TraceService
 from poirotd.transports.otlp.http import OtlpHttp
 from poirotd.transports.otlp.log_join import LogJoin
 from poirotd.transports.otlp.receiver import OtlpReceiver
+from poirotd.transports.page.access import PageAccess
+from poirotd.transports.page.server import PageHttp
 from poirotd.transports.security.access import AccessControl
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.exposure import Exposure, check_exposure, exposures
@@ -178,6 +180,7 @@ class Daemon:
         self.metrics = Metrics(spec.system.name)
         self.grpc_port = 0
         self.metrics_port = 0
+        self.page_port = 0
 
     async def start(self) -> None:
         """Raises InsecureBindError, TlsError, AccessFileError or ExportSetupError before
@@ -302,6 +305,27 @@ class Daemon:
                 logs_access=http_access("otlp_http", "POST /v1/logs"),
             )
             doors.append(otlp_http)
+        page = None
+        if s.page_port:
+            page = PageHttp(
+                core.investigations,
+                core.sessions,
+                self.metrics,
+                http_limits,
+                PageAccess(
+                    access,
+                    denials,
+                    confirm=s.page_confirm,
+                    tls=tls is not None,
+                    external_url=s.page_external_url,
+                ),
+                host=s.page_host,
+                port=s.page_port,
+                tls=tls,
+            )
+            doors.append(page)
+            if s.page_external_url:
+                self.metrics.page.info({"url": s.page_external_url.rstrip("/")})
         inputs = mqtt_input_spec(self.spec)
         if inputs is not None:
             mqtt = MqttInput(inputs, self.spec.system.name, core.pipeline, self.metrics.registry)
@@ -310,11 +334,13 @@ class Daemon:
             await door.start()
             self._transports.append(door)
         self.grpc_port, self.metrics_port = grpc.port, metrics_http.port
+        self.page_port = page.port if page is not None else 0
         log.info(
             "daemon ready",
             system=self.spec.system.name,
             grpc_port=self.grpc_port,
             metrics_port=self.metrics_port,
+            page_port=self.page_port,
             llm_backend=self._backend.name,
             replica_id=core.runner.replica.replica_id,
             store=store_name(s),
@@ -385,7 +411,7 @@ class Daemon:
         await self.start()
         tune_for_daemon(self.settings.gc_young_threshold)
         if ready_file is not None:
-            _write_ready_file(ready_file, self.grpc_port, self.metrics_port)
+            _write_ready_file(ready_file, self.grpc_port, self.metrics_port, self.page_port)
         await stop.wait()
         await self.stop()
 
@@ -398,12 +424,13 @@ def _is_last_error(faults: Availability, kind: str) -> float:
     return float(faults.last_error_kind == kind)
 
 
-def _write_ready_file(path: Path, grpc_port: int, metrics_port: int) -> None:
+def _write_ready_file(path: Path, grpc_port: int, metrics_port: int, page_port: int) -> None:
     """Atomically announces the bound ports (useful when they were chosen by the OS)."""
     payload = {
         "pid": os.getpid(),
         "grpc_port": grpc_port,
         "metrics_port": metrics_port,
+        "page_port": page_port,
         "ready_at": datetime.now(UTC).isoformat(),
     }
     tmp = path.with_suffix(path.suffix + ".tmp")

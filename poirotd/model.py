@@ -543,7 +543,7 @@ class Investigation(Frozen):
 
 
 # The transports that check credentials.
-Door = Literal["grpc", "metrics", "otlp_http"]
+Door = Literal["grpc", "metrics", "otlp_http", "page"]
 
 
 class AccessDenial(Frozen):

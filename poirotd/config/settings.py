@@ -173,8 +173,18 @@ class Settings(BaseSettings):
     http_request_seconds: float = Field(default=30.0, gt=0)
     http_max_connections: int = Field(default=256, ge=1)
     http_max_connections_per_peer: int = Field(default=32, ge=1)
-    # TLS on the gRPC, metrics and OTLP/HTTP ports: the server's certificate chain and key (PEM),
-    # re-read when the files are replaced (no restart for a renewal).
+    # The operator's page (poirotd.transports.page: investigations, votes, telemetry, live by
+    # server-sent events) on its own port, with the same TLS and access file as the other doors;
+    # 0 = off. Read-only unless page_confirm: then an operator may confirm or correct an outcome.
+    page_host: str = "127.0.0.1"
+    page_port: int = Field(default=0, ge=0, le=65535)
+    page_confirm: bool = False
+    # Where people reach the page from outside (https://poirotd.example.org), when a proxy or an
+    # ingress stands in front of it: published as poirot_page_info{url} for the alert rules'
+    # and the dashboard's links, and accepted as the Origin of the page's own form posts.
+    page_external_url: str = Field(default="", pattern=r"^(https?://[^/?#\s]+)?$")
+    # TLS on the gRPC, metrics, OTLP/HTTP and page ports: the server's certificate chain and key
+    # (PEM), re-read when the files are replaced (no restart for a renewal).
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     # With it, clients must present a certificate this CA (PEM) signed, on every port.

@@ -59,6 +59,18 @@ class SessionReads:
         page = following[:limit]
         return page, following[limit].index if len(following) > limit else None
 
+    async def series(
+        self, session_id: str, component: str, signal: str, since: datetime, until: datetime
+    ) -> list[Reading]:
+        """One signal's readings measured within [since, until], oldest first, among the
+        session's newest TELEMETRY_WINDOW samples (the page's chart of a hazard's window)."""
+        readings = await self._store.newest_readings(session_id, limit=TELEMETRY_WINDOW)
+        return [
+            r
+            for r in readings
+            if r.component == component and r.signal == signal and since <= r.measured_at <= until
+        ]
+
     async def telemetry(self, session_id: str) -> list[SignalSummary]:
         """Per component and signal (sorted by both), over the newest TELEMETRY_WINDOW samples."""
         readings = await self._store.newest_readings(session_id, limit=TELEMETRY_WINDOW)

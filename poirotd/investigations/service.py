@@ -94,6 +94,15 @@ class InvestigationService:
             raise NotFound(f"investigation {quote(investigation_id)} not found", reason="not_found")
         return investigation
 
+    async def history(self, investigation_id: str) -> list[InvestigationEvent]:
+        """The investigation's stored events, oldest first (the page's timeline)."""
+        await self.get(investigation_id)
+        return await self._store.events_after(0, investigation_id=investigation_id)
+
+    async def latest_event_id(self) -> int:
+        """The newest stored event's id: where a follower of every investigation starts."""
+        return await self._store.latest_event_id()
+
     async def list(
         self,
         *,

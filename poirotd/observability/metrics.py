@@ -12,7 +12,10 @@ from poirotd.protocol.injection import FINDING_KINDS
 
 _PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-HTTP_DOORS = ("metrics", "otlp_http")
+HTTP_DOORS = ("metrics", "otlp_http", "page")
+# Why the page refused a request it could read (poirotd.transports.page): a post from another
+# site, a Host that is not its own, a request it cannot use, a confirmation it is not set to take.
+PAGE_REFUSALS = ("cross_site", "unknown_host", "bad_request", "read_only")
 # Why an HTTP door refused a connection (poirotd.transports.http_server).
 HTTP_REFUSALS = ("too_many_connections", "too_many_peer_connections", "request_deadline")
 # What became of an attribution offered to the OTLP exporter (poirotd.exporters.exporter), and
@@ -344,7 +347,7 @@ class Metrics:
         )
         self.http_connections = Gauge(
             "poirot_http_connections",
-            "Connections open on an HTTP door (metrics, otlp_http)",
+            "Connections open on an HTTP door (metrics, otlp_http, page)",
             ["door"],
             registry=r,
         )
@@ -384,6 +387,26 @@ class Metrics:
         )
         for outcome in ("ok", "error"):  # at 0 from the start, so an increase sees the first
             self.auth_file_reloads.labels(outcome)
+        self.page_refusals = Counter(
+            "poirot_page_requests_refused_total",
+            "Requests the page refused before reading or changing anything, by reason "
+            "(cross_site, unknown_host, bad_request, read_only)",
+            ["reason"],
+            registry=r,
+        )
+        for refused in PAGE_REFUSALS:  # at 0 from the start, so an increase sees the first
+            self.page_refusals.labels(refused)
+        self.page_streams = Gauge(
+            "poirot_page_event_streams",
+            "Server-sent event streams the page holds open (browsers following investigations)",
+            registry=r,
+        )
+        # poirot_page_info{url}: what the alert rules and the dashboard link to.
+        self.page = Info(
+            "poirot_page",
+            "The page's external URL (POIROTD_PAGE_EXTERNAL_URL), while it is served",
+            registry=r,
+        )
         self.insecure_bind = Gauge(
             "poirot_insecure_bind",
             "1 for a port serving a non-loopback address without TLS and authentication "

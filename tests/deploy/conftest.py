@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from hwbridge.broker import free_port
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from tests.support.deploy import (
@@ -60,8 +61,13 @@ def daemon_backend() -> None:
 
 @pytest.fixture
 def daemon_settings(tmp_path: Path) -> dict[str, Any]:
-    """The shared daemon with an access file, so that the access metrics are exercised too."""
-    return {"auth_file": access_file(tmp_path)}
+    """The shared daemon with an access file, so that the access metrics are exercised too, and
+    its page, which publishes its URL."""
+    return {
+        "auth_file": access_file(tmp_path),
+        "page_port": free_port(),
+        "page_external_url": "https://poirotd.example",
+    }
 
 
 @pytest.fixture

@@ -111,3 +111,16 @@ def test_every_query_is_filtered_by_the_system_variable() -> None:
             else:
                 # No system label of its own: joined to the daemon's build info instead.
                 assert SYSTEM_JOIN in expr, f"{name} unfiltered in {expr}"
+
+
+def test_the_attribution_panels_link_to_the_investigation_page() -> None:
+    """The page's URL comes from what the daemon publishes; the link is the page's deep link
+    to the newest investigation blaming the bar's component (poirotd.transports.page)."""
+    dashboard = _dashboard()
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["page"]["query"]["query"] == "label_values(poirot_page_info, url)"
+    deep = "${page}/investigations/latest?component=${__field.labels.component}&state=succeeded"
+    for metric in ("poirot_attribution_score", "poirot_attribution_top"):
+        panel = next(p for p in _panels() if metric in p["targets"][0]["expr"])
+        assert [link["url"] for link in panel["fieldConfig"]["defaults"]["links"]] == [deep]
+    assert [link["url"] for link in dashboard["links"]] == ["${page}/investigations"]

@@ -194,10 +194,14 @@ def test_poirotd_sidecar_probes_drain_and_filesystem() -> None:
     # OTLP/HTTP, off by default (port 0), open for a Collector (the poirotd-otlp Service).
     assert env["POIROTD_OTLP_HTTP_HOST"] == "0.0.0.0"
     otlp_http = int(env["POIROTD_OTLP_HTTP_PORT"])
+    # The page, off by default too, served to operators' browsers (the poirotd-page Service).
+    assert env["POIROTD_PAGE_HOST"] == "0.0.0.0"
+    assert env["POIROTD_PAGE_EXTERNAL_URL"].startswith("https://")
     assert ports == {
         "grpc": defaults.grpc_port,
         "metrics": defaults.metrics_port,
         "otlp-http": otlp_http,
+        "page": int(env["POIROTD_PAGE_PORT"]),
     }
     # gRPC health over the daemon's own TLS, from inside the container (poirotd.cli.probe asks
     # localhost on the default gRPC port): the kubelet's grpc probe has no TLS.

@@ -9,11 +9,11 @@ import pytest
 from matplotlib.image import imread
 
 from poirot_eval import blame
-from poirot_eval.projection import anchors, project
 from poirot_eval.report import percent, render_report
 from poirot_eval.results import CaseResult, TokenUsage
 from poirot_eval.scoring import STEP_TOLERANCES, groups, summarise
 from poirotd.model import Vote
+from poirotd.protocol.projection import anchors, project
 from tests.eval.helpers import one_hot, result
 from tests.support.data import DATA
 

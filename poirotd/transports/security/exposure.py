@@ -51,6 +51,8 @@ def exposures(settings: Settings) -> tuple[Exposure, ...]:
         doors.append(
             Exposure("otlp_http", "POIROTD_OTLP_HTTP_HOST", settings.otlp_http_host, tls, auth)
         )
+    if settings.page_port:
+        doors.append(Exposure("page", "POIROTD_PAGE_HOST", settings.page_host, tls, auth))
     return tuple(doors)
 
 

@@ -67,4 +67,9 @@ REQUIRED: Mapping[str, Requirement | None] = {
     "GET /metrics": Requirement(Role.METRICS),
     "POST /v1/traces": Requirement(Role.INGEST),
     "POST /v1/logs": Requirement(Role.INGEST),
+    # The page (poirotd.transports.page): what Get and Watch show; the exchanges and the
+    # session's messages, as Get and Sessions.Get show them to auditors; ConfirmOutcome.
+    "GET /page": Requirement(Role.READER),
+    "GET /page/exchanges": Requirement(Role.AUDITOR),
+    "POST /page/confirm": Requirement(Role.OPERATOR),
 }
