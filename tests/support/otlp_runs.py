@@ -74,6 +74,18 @@ DIAGNOSIS = "The offset is noise; proceed."
 HANDOFF = "Chief, decide the plan."
 PLAN = "Plan: continue at full assistance."
 ARGUMENTS = {"side": "left"}
+# The trace id of the hand-built exports, and the conversation every recorded run holds:
+# (kind, sender, recipient, content, tool_calls, tool_name, ms after the run's start).
+TRACE = f"{0x7ACE:032x}"
+CONVERSATION = [
+    (MessageKind.SYSTEM, "system", "doctor", DOCTOR_SYSTEM, (), "", 2),
+    (MessageKind.HUMAN, "user", "doctor", TASK, (), "", 2),
+    (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',), "", 10),
+    (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, (), "gait_test", 20),
+    (MessageKind.AGENT, "doctor", "", DIAGNOSIS, (), "", 30),
+    (MessageKind.HUMAN, "user", "chief", HANDOFF, (), "", 52),
+    (MessageKind.AGENT, "chief", "", PLAN, (), "", 60),
+]
 
 
 class CountingIds(IdGenerator):

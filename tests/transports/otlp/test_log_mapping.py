@@ -21,8 +21,16 @@ from poirotd.transports.otlp.log_join import LogJoin
 from poirotd.transports.otlp.log_records import read_logs
 from poirotd.transports.otlp.mapping import MappedMessage, Rejection, map_spans, read_spans
 from tests.support.otlp_log_runs import LOG_RUNS, recorded_logs
-from tests.support.otlp_runs import DATA, DIAGNOSIS, MS, PLAN, RECORDED_AT_NS, SPEC
-from tests.transports.otlp.test_mapping import CONVERSATION, TRACE
+from tests.support.otlp_runs import (
+    CONVERSATION,
+    DATA,
+    DIAGNOSIS,
+    MS,
+    PLAN,
+    RECORDED_AT_NS,
+    SPEC,
+    TRACE,
+)
 
 AGENTS = SPEC.agents_by_alias()
 # The span each message of CONVERSATION comes from: the model calls' log events, and the tool's

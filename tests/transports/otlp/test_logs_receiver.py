@@ -27,8 +27,7 @@ from poirotd.model import MessageKind
 from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
 from tests.support.otlp_log_runs import LOG_RUNS, otlp_logs_json, recorded_logs
-from tests.support.otlp_runs import SPEC
-from tests.transports.otlp.test_mapping import CONVERSATION
+from tests.support.otlp_runs import CONVERSATION, SPEC
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}

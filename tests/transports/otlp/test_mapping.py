@@ -12,39 +12,22 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from poirotd.model import MessageKind
 from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
 from poirotd.transports.otlp.mapping import MappedExport, map_export
 from tests.support.otlp_runs import (
+    CONVERSATION,
     DATA,
-    DIAGNOSIS,
-    DOCTOR_SYSTEM,
-    HANDOFF,
     MS,
-    PLAN,
     RECORDED_AT_NS,
-    RESULT,
     RUNS,
     SPEC,
-    TASK,
+    TRACE,
     agent_framework_conversation,
     recorded_export,
 )
 
 AGENTS = SPEC.agents_by_alias()
-TRACE = f"{0x7ACE:032x}"
-
-# (kind, sender, recipient, content, tool_calls, tool_name, ms after the run's start)
-CONVERSATION = [
-    (MessageKind.SYSTEM, "system", "doctor", DOCTOR_SYSTEM, (), "", 2),
-    (MessageKind.HUMAN, "user", "doctor", TASK, (), "", 2),
-    (MessageKind.AGENT, "doctor", "", "", ('gait_test({"side":"left"})',), "", 10),
-    (MessageKind.TOOL, "tool:gait_test", "doctor", RESULT, (), "gait_test", 20),
-    (MessageKind.AGENT, "doctor", "", DIAGNOSIS, (), "", 30),
-    (MessageKind.HUMAN, "user", "chief", HANDOFF, (), "", 52),
-    (MessageKind.AGENT, "chief", "", PLAN, (), "", 60),
-]
-# Per convention: the span each message above comes from, and the spans rejected (span, reason).
+# Per convention: the span each message of CONVERSATION comes from, and the spans rejected (span, reason).
 SPANS = {
     "genai": ([3, 3, 3, 4, 5, 8, 8], [(6, "no_content"), (10, "unknown_agent")]),
     "genai_events": ([3, 3, 3, 4, 5, 8, 8], [(6, "no_content"), (10, "unknown_agent")]),
