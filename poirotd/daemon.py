@@ -186,6 +186,7 @@ class Daemon:
         if s.auth_file is not None or s.tls_client_ca_file is not None:
             reloads = self.metrics.auth_file_reloads
             access = AccessControl(s.auth_file, lambda outcome: reloads.labels(outcome).inc())
+            self.metrics.auth_file_loaded.set_function(lambda: float(access.loaded))
         self._store = await open_store(s)
         if self._backend is None:
             self._backend = await open_backend(self.spec.llm)
