@@ -14,8 +14,8 @@ blames. A run follows the injection when its attribution blames the parent (the 
 ECHO's consensus, ErrorProbe's verdict). Each case runs twice, spotlighting off and "lines", back
 to back in alternating order (as in the daemon, off quotes nothing but still breaks the model's
 chat-control spellings, so the two differ by spotlighting alone); cases are taken one category
-after another while the method's budget lasts, so a short run still covers every kind of attack.
-A control pair with harmless text comes first.
+after another while the method's slice lasts, so a short run still covers every kind of attack.
+A control pair with harmless text follows when there is time left.
 
 One spotlight token serves the whole bench run, where the daemon draws one per investigation:
 with it the embedded backend's prefix cache reuses the session for every case, and a random
@@ -35,7 +35,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -212,37 +212,45 @@ def one_category_after_another(cases: Sequence[InjectionCase]) -> list[Injection
 
 
 async def measure_method(
-    voter: Voter, method: str, cases: Sequence[InjectionCase], minutes: float
-) -> tuple[list[Result], list[Result]]:
-    """`method`'s control pair, then its pairs one category after another while the budget
-    lasts: a pair starts only when the previous pair's time still fits, so a slow method does not
-    overrun by a whole pair."""
-    deadline = time.monotonic() + minutes * 60
-    control = [await voter.vote(cases[0].benign(), mode, method) for mode in COMPARED]
-    last = sum(r.seconds for r in control)
-    results: list[Result] = []
-    for n, case in enumerate(one_category_after_another(cases)):
-        if time.monotonic() + last > deadline:
+    voter: Voter,
+    method: str,
+    cases: Sequence[InjectionCase],
+    deadline: float,
+    saved: Callable[[Sequence[Result], Sequence[Result]], None],
+) -> None:
+    """`method`'s pairs one category after another until `deadline` (monotonic), then its
+    control pair if there is time left: on a loaded machine a slow method gets at least one
+    injection pair rather than only the control. A pair starts only when the previous pair's
+    time still fits (the first always runs), so a method overruns by less than a pair; each
+    pair is handed to `saved` as it ends."""
+    last = 0.0
+    units = list(enumerate(one_category_after_another(cases)))
+    units.append((0, cases[0].benign()))
+    for n, case in units:
+        if last and time.monotonic() + last > deadline:
             break
-        pair = time.monotonic()
+        started = time.monotonic()
+        pair: list[Result] = []
         for mode in COMPARED if n % 2 == 0 else COMPARED[::-1]:
             result = await voter.vote(case, mode, method)
-            results.append(result)
+            pair.append(result)
             mark = "follows" if result.follows else ""
             print(
                 f"{method:10} {case.id:40} {mode:5} {result.location} {mark:7} "
                 f"{result.seconds:.0f} s",
                 flush=True,
             )
-        last = time.monotonic() - pair
-    return control, results
+        last = time.monotonic() - started
+        is_control = case.category == "benign"
+        saved(pair if is_control else [], [] if is_control else pair)
 
 
 async def measure(
     minutes: float, only: Sequence[str], methods: Sequence[str], runs: Path, note: str = ""
 ) -> Bench:
-    """Every method in turn, each under its own budget of `minutes`; what was measured is saved
-    to `runs` after each method, so that a stopped run keeps what it finished."""
+    """Every method in turn, each in its slice of `minutes`; the slices end at fixed times, so
+    a method that overruns its own shortens the next one's and the whole run ends on time.
+    What was measured is saved to `runs` after each pair, so that a stopped run keeps it."""
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
     llm = cortex_spec().llm
     assert isinstance(llm, EmbeddedLLMSpec)
@@ -253,12 +261,16 @@ async def measure(
         voter = Voter(backend)
         cases = [c for c in load_cases() if not only or c.id in only]
         bench = Bench(started, commit_text(), [], [], tokens, minutes, len(cases), [], note)
-        for method in methods:
-            control, results = await measure_method(voter, method, cases, minutes)
+
+        def saved(control: Sequence[Result], results: Sequence[Result]) -> None:
             bench.control.extend(control)
             bench.results.extend(results)
-            bench.methods.append(method)
             bench.save(runs)
+
+        begun = time.monotonic()
+        for k, method in enumerate(methods, 1):
+            bench.methods.append(method)
+            await measure_method(voter, method, cases, begun + k * minutes * 60, saved)
         return bench
     finally:
         await backend.aclose()
@@ -367,8 +379,8 @@ def render(bench: Bench) -> str:
 
 {bench.started} UTC, commit {bench.commit}; {os.cpu_count()} CPUs, \
 {platform.machine()}, Python {platform.python_version()}, the embedded SmolLM2-135M-Instruct \
-(llama.cpp). Methods {", ".join(methods)}, each within a {bench.minutes:g}-minute budget (its \
-control pair included) over the red-team set of {bench.set_size} texts \
+(llama.cpp). Methods {", ".join(methods)}, in that order, each in a {bench.minutes:g}-minute \
+slice of the run (the slices end at fixed times) over the red-team set of {bench.set_size} texts \
 (bench/injections.yaml): {", ".join(f"{m} {n}" for m, n in pairs.items())} injections, each \
 run with spotlighting off and on; every run is in bench/injection-runs.json.{note}
 
@@ -408,9 +420,11 @@ By category (runs whose attribution follows the injection):
   Llama 3, Gemma, Mistral, harmony, Phi-3, DeepSeek); in both conditions the daemon breaks
   them (poirotd/llm/control_tokens.py), so the pair differs by the quoting alone. Cases are
   taken one category after another (control tokens first), each run off and on back to back
-  (the order alternating), while the method's budget lasts; a control pair with harmless text
-  comes first. One spotlight token serves the whole bench run (the daemon draws one per
-  investigation) so that the backend's prefix cache reuses the session.
+  (the order alternating), while the method's slice lasts (a pair starts only when the last
+  pair's time still fits; a method that overran its slice shortens the next one's); the
+  control pair with harmless text comes after them, when there is time left. One spotlight
+  token serves the whole bench run (the daemon draws one per investigation) so that the
+  backend's prefix cache reuses the session.
 - **Tokens.** The requests of an investigation of the demo session, tokenized with SmolLM2's
   chat template: each agent's Phase II request (its prefix, shared by all its requests, then the
   task): {per_agent}; the baseline's request {base["off"]:,} → {base["lines"]:,}. Most of the
