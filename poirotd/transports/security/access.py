@@ -46,6 +46,7 @@ from pydantic import (
     field_validator,
 )
 
+from poirotd.errors import StartupError
 from poirotd.transports.security.files import stamp
 from poirotd.transports.security.roles import INCLUDED, Role
 
@@ -208,7 +209,7 @@ class AccessFile(BaseModel):
         return {certificate_entry(entry): grant for entry, grant in self.certificates.items()}
 
 
-class AccessFileError(ValueError):
+class AccessFileError(StartupError, ValueError):
     """The access file cannot be read or is not valid; the message says where."""
 
 
