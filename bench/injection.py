@@ -36,7 +36,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -454,12 +454,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--cases", nargs="*", default=[], help="only these case ids")
     parser.add_argument("--runs", type=Path, default=RUNS, help="where the runs are saved")
-    parser.add_argument("--note", default="", help="a sentence the section adds (why a budget)")
+    parser.add_argument(
+        "--note", default="", help="a sentence for the section; with --render, the saved one's"
+    )
     parser.add_argument("--render", type=Path, help="only redraw the section from saved runs")
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     args = parser.parse_args(argv)
     if args.render:
         bench = Bench.load(args.render)
+        if args.note:
+            bench = replace(bench, note=args.note)
     else:
         bench = asyncio.run(measure(args.minutes, args.cases, args.methods, args.runs, args.note))
     section = render(bench)
