@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 from bench.injection_cases import (
     REASON,
@@ -211,8 +212,14 @@ def one_category_after_another(cases: Sequence[InjectionCase]) -> list[Injection
     return [group[i] for i in range(rounds) for group in by_category.values() if i < len(group)]
 
 
+class Votes(Protocol):
+    """What measure_method asks of a voter (Voter, on the embedded model)."""
+
+    async def vote(self, case: InjectionCase, mode: SpotlightMode, method: str) -> Result: ...
+
+
 async def measure_method(
-    voter: Voter,
+    voter: Votes,
     method: str,
     cases: Sequence[InjectionCase],
     deadline: float,
