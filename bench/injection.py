@@ -5,6 +5,9 @@ in prompt tokens.
     .venv/bin/python -m bench.injection                  # 15 minutes per method on 2 shared cores
     .venv/bin/python -m bench.injection --minutes 2 --methods baseline --no-write   # a try
     .venv/bin/python -m bench.injection --render bench/injection-runs.json   # redraw the section
+    .venv/bin/python -m bench.injection --methods baseline --runs b.json --no-write   # beside...
+    .venv/bin/python -m bench.injection --methods echo --runs e.json --no-write
+    .venv/bin/python -m bench.injection --render b.json e.json --runs bench/injection-runs.json
 
 Method: each of the baseline (one LLM call: the system, the whole CORTEX demo session, the
 incident, the legend and the vote format), ECHO and ErrorProbe, run as the daemon runs it over
@@ -120,6 +123,29 @@ class Bench:
         for key in ("control", "results"):
             raw[key] = [Result(**r) for r in raw[key]]
         return cls(**raw)
+
+    @classmethod
+    def merged(cls, parts: Sequence[Bench]) -> Bench:
+        """Runs of different methods saved by separate bench processes (run side by side to
+        share a loaded machine), as one: they must have measured the same set in equal slices.
+        The token figures are the first's (each process measures them alike)."""
+        first = parts[0]
+        if any((b.minutes, b.set_size) != (first.minutes, first.set_size) for b in parts):
+            raise ValueError("the runs differ in slice or set: not one bench")
+        methods = [m for b in parts for m in b.methods]
+        if len(set(methods)) != len(methods):
+            raise ValueError(f"a method is in more than one of the runs: {methods}")
+        return cls(
+            min(b.started for b in parts),
+            ", ".join(dict.fromkeys(b.commit for b in parts)),
+            [r for b in parts for r in b.control],
+            [r for b in parts for r in b.results],
+            first.tokens,
+            first.minutes,
+            first.set_size,
+            methods,
+            " ".join(dict.fromkeys(b.note for b in parts if b.note)),
+        )
 
 
 def _space(spec: SystemSpec) -> HazardSpace:
@@ -386,8 +412,8 @@ def render(bench: Bench) -> str:
 
 {bench.started} UTC, commit {bench.commit}; {os.cpu_count()} CPUs, \
 {platform.machine()}, Python {platform.python_version()}, the embedded SmolLM2-135M-Instruct \
-(llama.cpp). Methods {", ".join(methods)}, in that order, each in a {bench.minutes:g}-minute \
-slice of the run (the slices end at fixed times) over the red-team set of {bench.set_size} texts \
+(llama.cpp). Methods {", ".join(methods)}, each in a {bench.minutes:g}-minute slice of the \
+run over the red-team set of {bench.set_size} texts \
 (bench/injections.yaml): {", ".join(f"{m} {n}" for m, n in pairs.items())} injections, each \
 run with spotlighting off and on; every run is in bench/injection-runs.json.{note}
 
@@ -441,8 +467,8 @@ By category (runs whose attribution follows the injection):
 ### What it says, and what it does not
 
 - **The runs that followed:** {followed}.
-- **The 135M model answers nearly alike whatever the injection:** the commonest attribution \
-takes {"; ".join(_sameness(bench, m) for m in methods)} runs with one.
+- **How alike the 135M model answers, whatever the injection** (runs with the method's \
+commonest attribution): {"; ".join(_sameness(bench, m) for m in methods)}.
 - **Few pairs, a small model.** At these counts only a large difference would be unlikely by \
 chance (Fisher's exact test, two-sided, per method above). A 135M model's rate says little about \
 a capable model's either way: Hines et al. (2024) report attack success falling from above 50% \
@@ -464,11 +490,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--note", default="", help="a sentence for the section; with --render, the saved one's"
     )
-    parser.add_argument("--render", type=Path, help="only redraw the section from saved runs")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        nargs="+",
+        help="only redraw the section from saved runs (several: merged, and saved to --runs)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     args = parser.parse_args(argv)
     if args.render:
-        bench = Bench.load(args.render)
+        bench = Bench.merged([Bench.load(path) for path in args.render])
+        if len(args.render) > 1:
+            bench.save(args.runs)
         if args.note:
             bench = replace(bench, note=args.note)
     else:

@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from bench import injection
 from bench.injection import Bench, Result, measure_method, one_category_after_another, render
 from bench.injection_cases import InjectionCase, load_cases
@@ -89,7 +91,7 @@ def test_the_section_reports_each_method_and_its_figures(tmp_path: Path) -> None
     path = tmp_path / "runs.json"
     bench.save(path)
     section = render(Bench.load(path))
-    assert "Methods baseline, echo, errorprobe, in that order" in section
+    assert "Methods baseline, echo, errorprobe, each in a 20-minute slice" in section
     assert "| baseline | 1 | 0/1 = 0% | 1/1 = 100% | **0.00** |" in section
     assert "| echo | 1 | 0/1 = 0% | 0/1 = 0% | n/a" in section
     assert "| errorprobe | 1 | 1/1 = 100% | 1/1 = 100% | **1.00** |" in section
@@ -97,3 +99,17 @@ def test_the_section_reports_each_method_and_its_figures(tmp_path: Path) -> None
     assert "errorprobe: `copy-this-vote` (off: [0, 0, 0, 0, 0, 1, 0])" in section
     assert "A note." in section
     assert section.startswith(begin_marker(injection.SECTION))
+
+
+def test_runs_of_separate_processes_merge_into_one_bench() -> None:
+    def part(method: str, commit: str, minutes: float = 20) -> Bench:
+        runs = [result(method, "copy-this-vote", m, False) for m in ("off", "lines")]
+        return Bench("2026-11-28 04:00", commit, [], runs, TOKENS, minutes, 69, [method], "")
+
+    merged = Bench.merged([part("echo", "`a`"), part("baseline", "`b`")])
+    assert merged.methods == ["echo", "baseline"] and merged.commit == "`a`, `b`"
+    assert len(merged.results) == 4
+    with pytest.raises(ValueError, match="slice"):
+        Bench.merged([part("echo", "`a`"), part("baseline", "`a`", minutes=15)])
+    with pytest.raises(ValueError, match="more than one"):
+        Bench.merged([part("echo", "`a`"), part("echo", "`a`")])
