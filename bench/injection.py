@@ -348,6 +348,11 @@ def _votes(results: Sequence[Result]) -> str:
     return f"{following}/{votes}" if votes else "none"
 
 
+def _votes_marked(control: Sequence[Result]) -> str:
+    """How many of the control runs blamed the parent ("none": no control run had time)."""
+    return f"{sum(r.follows for r in control)}/{len(control)}" if control else "none"
+
+
 def _method_row(bench: Bench, method: str) -> str:
     on, off = _split(bench.results, method)
     control_on, control_off = _split(bench.control, method)
@@ -355,7 +360,7 @@ def _method_row(bench: Bench, method: str) -> str:
     runs = [r for r in bench.results if r.method == method]
     seconds = sum(r.seconds for r in runs) / max(1, len(runs))
     abstained = f"{sum(not r.location for r in on)} / {sum(not r.location for r in off)}"
-    control = f"{sum(r.follows for r in control_on)}/1 / {sum(r.follows for r in control_off)}/1"
+    control = f"{_votes_marked(control_on)} / {_votes_marked(control_off)}"
     return (
         f"| {method} | {len(on)} | {_rate(on)} | {_rate(off)} | {_ratio(on, off)} | {p:.2f} | "
         f"{_votes(on)} / {_votes(off)} | {abstained} | {control} | {seconds:.0f} |"
@@ -494,16 +499,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--render",
         type=Path,
         nargs="+",
-        help="only redraw the section from saved runs (several: merged, and saved to --runs)",
+        help="only redraw the section from saved runs (several are merged; with several, or "
+        "with a --note, the runs are saved to --runs)",
     )
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     args = parser.parse_args(argv)
     if args.render:
         bench = Bench.merged([Bench.load(path) for path in args.render])
-        if len(args.render) > 1:
-            bench.save(args.runs)
         if args.note:
             bench = replace(bench, note=args.note)
+        if len(args.render) > 1 or args.note:
+            bench.save(args.runs)
     else:
         bench = asyncio.run(measure(args.minutes, args.cases, args.methods, args.runs, args.note))
     section = render(bench)
