@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -14,8 +15,9 @@ from pathlib import Path
 import psycopg
 import structlog
 
-from poirotd.config import Settings, SystemSpec
+from poirotd.config import LLMSpec, Settings, SystemSpec
 from poirotd.config.loader import load_spec
+from poirotd.errors import StartupError
 from poirotd.exporters.exporter import AttributionExporter, exporter_from_settings
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.ingest.session_reads import SessionReads
@@ -27,6 +29,7 @@ from poirotd.investigations.runner import InvestigationRunner
 from poirotd.investigations.service import InvestigationService
 from poirotd.investigations.triggers import HazardTriggers
 from poirotd.llm import LLMBackend
+from poirotd.llm.base import LLMError
 from poirotd.llm.factory import open_backend
 from poirotd.llm.health import Server, ServerPool
 from poirotd.model import Door
@@ -115,10 +118,14 @@ def build_core(
     return Core(pipeline, investigations, runner, SessionReads(store))
 
 
-class StoreUnavailableError(Exception):
+class StoreUnavailableError(StartupError):
     """The configured store cannot be opened: a bad URL, an unreachable server, a password file
     that cannot be read, a database from a newer poirotd (the message names the setting and
     never holds the password)."""
+
+
+class ModelStartError(StartupError):
+    """The LLM backend cannot be built: an API key, TLS material or model file it needs."""
 
 
 def store_name(settings: Settings) -> str:
@@ -164,6 +171,11 @@ def load_system_spec(path: Path) -> SystemSpec:
 
 
 class Daemon:
+    """Start-up opens the parts in order (store, model, investigations, background tasks,
+    doors), each registered on an exit stack as it starts, so that a start that fails part-way
+    (a port taken) stops what had started, in reverse order, before its StartupError leaves.
+    `stop` drains in the order its docstring gives, then closes the same stack."""
+
     def __init__(
         self, settings: Settings, spec: SystemSpec, *, backend: LLMBackend | None = None
     ) -> None:
@@ -172,19 +184,23 @@ class Daemon:
         self._backend = backend
         self._store: Store | None = None
         self._core: Core | None = None
-        self._checkpoints: ChainCheckpoints | None = None
         self._exporter: AttributionExporter | None = None
         self._transports: list[Transport] = []
         self._denials: DenialRecorder | None = None
         self._background: list[asyncio.Task[None]] = []
+        self._investigations_drained = False
+        # What start opened, closed in reverse order by stop (None: nothing is running).
+        self._started: AsyncExitStack | None = None
         self.metrics = Metrics(spec.system.name)
         self.grpc_port = 0
         self.metrics_port = 0
         self.page_port = 0
 
     async def start(self) -> None:
-        """Raises InsecureBindError, TlsError, AccessFileError or ExportSetupError before
-        opening anything when the doors' or the exporter's settings cannot be used."""
+        """Raises a StartupError: InsecureBindError, TlsError, AccessFileError or
+        ExportSetupError before opening anything when the doors' or the exporter's settings
+        cannot be used; StoreUnavailableError,
+        ModelStartError or DoorBindError once what had started is stopped again."""
         s = self.settings
         self._publish_exposure(check_exposure(s))
         tls = (
@@ -196,40 +212,81 @@ class Daemon:
         if s.auth_file is not None or s.tls_client_ca_file is not None:
             reloads = self.metrics.auth_file_reloads
             access = AccessControl(s.auth_file, lambda outcome: reloads.labels(outcome).inc())
-        exporter = self._exporter = exporter_from_settings(s, self.metrics, self.spec.system.name)
-        self._store = await open_store(s)
-        if self._backend is None:
-            self._backend = await open_backend(self.spec.llm)
-        self._publish_parts(self._store, self._backend)
+            self.metrics.auth_file_loaded.set_function(lambda: float(access.loaded))
+        self._exporter = exporter_from_settings(s, self.metrics, self.spec.system.name)
+        async with AsyncExitStack() as started:
+            core, otlp, denials = await self._start_parts(started, access)
+            grpc, metrics_http, page, doors = self._doors(core, otlp, tls, access, denials)
+            # Last: telemetry flows only once everything that handles it and its metrics is up.
+            for door in doors:
+                await door.start()
+                started.push_async_callback(door.stop, _RPC_GRACE_SECONDS)
+                self._transports.append(door)
+            self._started = started.pop_all()
+        assert self._backend is not None, "started above"
+        self.grpc_port, self.metrics_port = grpc.port, metrics_http.port
+        self.page_port = page.port if page is not None else 0
+        log.info(
+            "daemon ready",
+            system=self.spec.system.name,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            page_port=self.page_port,
+            llm_backend=self._backend.name,
+            replica_id=core.runner.replica.replica_id,
+            store=store_name(s),
+            tls=tls is not None,
+            client_certificates=tls is not None and tls.requires_client_certificate,
+            access_file=str(s.auth_file) if s.auth_file else None,
+            otlp_export=s.otlp_export_protocol if self._exporter is not None else None,
+        )
+
+    async def _start_parts(
+        self, started: AsyncExitStack, access: AccessControl | None
+    ) -> tuple[Core, OtlpReceiver, DenialRecorder | None]:
+        """Everything behind the doors, each part registered on `started` as it starts so that
+        closing the stack stops them in the drain order (see `stop`)."""
+        s = self.settings
+        store = self._store = await open_store(s)
+        started.push_async_callback(store.close)
+        backend = self._backend = self._backend or await _open_backend(self.spec.llm)
+        started.push_async_callback(backend.aclose)
+        self._publish_parts(store, backend)
         bus = EventBus()
-        if exporter is not None:
-            await exporter.start(self._store)
+        exporter = self._exporter
+        if exporter is not None:  # stopped once the drain's attributions are offered too
+            await exporter.start(store)
+            started.push_async_callback(exporter.stop, _RPC_GRACE_SECONDS)
         core = self._core = build_core(
             self.spec,
-            self._store,
-            self._backend,
+            store,
+            backend,
             self.metrics,
             s,
             bus,
             on_finished=None if exporter is None else exporter.offer,
         )
-        await core.runner.recover()
-        core.runner.start()
-        if self._store.shared:
-            follow = bus.follow(self._store, s.shared_poll_seconds)
-            self._background.append(asyncio.create_task(follow, name="events-follow"))
-        checkpoints = self._checkpoints = ChainCheckpoints(
-            self._store,
+        checkpoints = ChainCheckpoints(
+            store,
             s.audit_checkpoint_path or s.db_path.with_name(s.db_path.name + ".checkpoints.jsonl"),
             self.metrics,
             interval=s.audit_checkpoint_seconds,
         )
+        started.push_async_callback(checkpoints.write)  # the head everything below left
+        started.push_async_callback(core.pipeline.drain)
+        await core.runner.recover()
+        core.runner.start()
+        started.push_async_callback(self._drain_investigations)
+        if store.shared:
+            follow = bus.follow(store, s.shared_poll_seconds)
+            self._background.append(asyncio.create_task(follow, name="events-follow"))
         self._background.append(
             asyncio.create_task(checkpoints.run_forever(), name="audit-checkpoints")
         )
         if self.spec.rules:
             tick = asyncio.create_task(core.pipeline.tick_forever(), name="rules-tick")
             self._background.append(tick)
+        started.push_async_callback(self._end_background)
         otlp = OtlpReceiver(
             self.spec,
             core.pipeline,
@@ -246,14 +303,30 @@ class Daemon:
         )
         denials = None
         if access is not None:
-            loop = asyncio.get_running_loop()
             denials = self._denials = DenialRecorder(
-                self._store,
+                store,
                 self.metrics,
-                loop,
+                asyncio.get_running_loop(),
                 window_seconds=s.audit_denial_window_seconds,
                 max_summaries=s.audit_denial_max_summaries,
             )
+            # refusals the doors saw are chained before the store closes
+            started.push_async_callback(denials.flush)
+        return core, otlp, denials
+
+    def _doors(
+        self,
+        core: Core,
+        otlp: OtlpReceiver,
+        tls: ServerTls | None,
+        access: AccessControl | None,
+        denials: DenialRecorder | None,
+    ) -> tuple[GrpcServer, MetricsHttp, PageHttp | None, list[Transport]]:
+        """The doors, built (nothing bound yet), in the order they start: gRPC and metrics
+        (also returned alone, for their ports, with the page), then OTLP/HTTP, the page and
+        the MQTT input when configured."""
+        s = self.settings
+        assert self._store is not None and self._backend is not None, "started before"
         grpc = GrpcServer(
             core.pipeline,
             core.investigations,
@@ -290,7 +363,6 @@ class Daemon:
             tls=tls,
             access=http_access("metrics", "GET /metrics"),
         )
-        # Last: telemetry flows only once everything that handles it and its metrics is up.
         doors: list[Transport] = [grpc, metrics_http]
         if s.otlp_http_port:
             otlp_http = OtlpHttp(
@@ -330,25 +402,7 @@ class Daemon:
         if inputs is not None:
             mqtt = MqttInput(inputs, self.spec.system.name, core.pipeline, self.metrics.registry)
             doors.append(mqtt)
-        for door in doors:
-            await door.start()
-            self._transports.append(door)
-        self.grpc_port, self.metrics_port = grpc.port, metrics_http.port
-        self.page_port = page.port if page is not None else 0
-        log.info(
-            "daemon ready",
-            system=self.spec.system.name,
-            grpc_port=self.grpc_port,
-            metrics_port=self.metrics_port,
-            page_port=self.page_port,
-            llm_backend=self._backend.name,
-            replica_id=core.runner.replica.replica_id,
-            store=store_name(s),
-            tls=tls is not None,
-            client_certificates=tls is not None and tls.requires_client_certificate,
-            access_file=str(s.auth_file) if s.auth_file else None,
-            otlp_export=s.otlp_export_protocol if exporter is not None else None,
-        )
+        return grpc, metrics_http, page, doors
 
     def _publish_parts(self, store: Store, backend: LLMBackend) -> None:
         """Gauges read, at each scrape, whether each part the daemon depends on answers."""
@@ -379,41 +433,59 @@ class Daemon:
         """Drain order: every transport stops taking work (un-acked telemetry stays with the
         broker, health turns NOT_SERVING), investigations finish or are kept as interrupted,
         transports close their open calls, what was admitted is committed, then the model and
-        the store are released."""
+        the store are released. The last steps are the start-up stack's, closed in reverse."""
+        started, self._started = self._started, None
+        if started is None:
+            return
         log.info("daemon draining", drain_seconds=self.settings.drain_seconds)
         for door in self._transports:
             await door.drain()
-        for task in self._background:
-            task.cancel()
-        if self._core is not None:
-            await self._core.runner.drain(self.settings.drain_seconds)
-        for door in reversed(self._transports):
-            await door.stop(_RPC_GRACE_SECONDS)
-        if self._denials is not None:
-            await self._denials.flush()  # refusals the doors saw are chained before the close
-        if self._exporter is not None:  # the attributions of the drain too, while it may
-            await self._exporter.stop(_RPC_GRACE_SECONDS)
-        if self._core is not None:
-            await self._core.pipeline.drain()
-        if self._checkpoints is not None:
-            await self._checkpoints.write()  # the head everything above left
-        if self._backend is not None:
-            await self._backend.aclose()
-        if self._store is not None:
-            await self._store.close()
+        await self._end_background()
+        await self._drain_investigations()
+        await started.aclose()
         log.info("daemon stopped")
 
+    async def _drain_investigations(self) -> None:
+        """Once: the drain runs before the doors close, and again from the stack."""
+        if self._core is None or self._investigations_drained:
+            return
+        self._investigations_drained = True
+        await self._core.runner.drain(self.settings.drain_seconds)
+
+    async def _end_background(self) -> None:
+        tasks, self._background = self._background, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def run_until_signalled(self, ready_file: Path | None = None) -> None:
+        """Serves until SIGTERM or SIGINT, then stops: also when anything in between raises."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
             loop.add_signal_handler(sig, stop.set)
-        await self.start()
-        tune_for_daemon(self.settings.gc_young_threshold)
-        if ready_file is not None:
-            _write_ready_file(ready_file, self.grpc_port, self.metrics_port, self.page_port)
-        await stop.wait()
-        await self.stop()
+        try:
+            await self.start()
+            try:
+                tune_for_daemon(self.settings.gc_young_threshold)
+                if ready_file is not None:
+                    _write_ready_file(ready_file, self.grpc_port, self.metrics_port, self.page_port)
+                await stop.wait()
+            finally:
+                await self.stop()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+
+async def _open_backend(spec: LLMSpec) -> LLMBackend:
+    """The spec's LLM backend; one that cannot be built (a key, TLS or model file) is a start-up
+    error."""
+    try:
+        return await open_backend(spec)
+    except LLMError as exc:
+        raise ModelStartError(f"poirotd could not start its LLM backend: {exc}") from None
 
 
 def _closed(server: Server) -> float:

@@ -1,4 +1,5 @@
-"""Errors the core raises for bad requests; each transport maps them to its own status codes."""
+"""Errors the core raises for bad requests, each transport mapping them to its own status codes;
+and the one base of every reason the daemon cannot start."""
 
 from __future__ import annotations
 
@@ -12,6 +13,18 @@ def quote(text: str) -> str:
     if len(text) <= QUOTE_CHARS:
         return repr(text)
     return f"{text[:QUOTE_CHARS]!r}... ({len(text)} characters)"
+
+
+class StartupError(Exception):
+    """The daemon cannot start with these settings on this machine: a port taken, an unusable
+    certificate, access file, store or model. The message alone tells the operator what to fix
+    (the CLI prints it, without a traceback, and exits 2). It is raised once what had already
+    started is stopped again."""
+
+
+class DoorBindError(StartupError):
+    """A door cannot listen on its address: the port is taken, or the host is not this
+    machine's."""
 
 
 class ServiceError(Exception):

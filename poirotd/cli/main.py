@@ -56,13 +56,9 @@ def run(
     ] = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT."""
-    from poirotd.daemon import Daemon, StoreUnavailableError, load_system_spec
-    from poirotd.exporters.otlp_client import ExportSetupError
-    from poirotd.llm.base import LLMError
+    from poirotd.daemon import Daemon, load_system_spec
+    from poirotd.errors import StartupError
     from poirotd.observability import logs
-    from poirotd.transports.security.access import AccessFileError
-    from poirotd.transports.security.exposure import InsecureBindError
-    from poirotd.transports.security.tls import TlsError
 
     settings = _settings(grpc_port=grpc_port, metrics_port=metrics_port, db_path=db)
     logs.configure(settings.log_level, settings.log_format)
@@ -73,18 +69,9 @@ def run(
         raise typer.Exit(2) from exc
     try:
         asyncio.run(Daemon(settings, spec).run_until_signalled(ready_file))
-    except (
-        InsecureBindError,
-        TlsError,
-        AccessFileError,
-        StoreUnavailableError,
-        ExportSetupError,
-    ) as exc:
+    except StartupError as exc:  # what had started is stopped again: the message says why
         typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from exc
-    except LLMError as exc:  # the backend could not be built: a key, TLS or model file
-        typer.echo(f"poirotd could not start: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        raise typer.Exit(2) from None
 
 
 @app.command("check-config")

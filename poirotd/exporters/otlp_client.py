@@ -28,6 +28,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from poirotd.errors import StartupError
+
 ExportProtocol = Literal["http/protobuf", "grpc"]
 # Why an export is sent again: a bounded label of poirot_otlp_export_retries_total.
 RETRY_REASONS = ("throttled", "unavailable", "timeout", "connection", "store")
@@ -46,7 +48,7 @@ _PROTOBUF = "application/x-protobuf"
 _DETAIL_CHARS = 300
 
 
-class ExportSetupError(ValueError):
+class ExportSetupError(StartupError):
     """The exporter's TLS files cannot be used (missing, unreadable, not PEM)."""
 
 

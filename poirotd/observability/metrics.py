@@ -381,11 +381,12 @@ class Metrics:
         )
         self.auth_file_reloads = Counter(
             "poirot_auth_file_reloads_total",
-            "Re-reads of the access file after it changed, by outcome (ok, error)",
+            "Re-reads of the access file after it changed, by outcome (ok; error: it did not "
+            "load and the previous one stays; missing: it is gone and every call is refused)",
             ["outcome"],
             registry=r,
         )
-        for outcome in ("ok", "error"):  # at 0 from the start, so an increase sees the first
+        for outcome in ("ok", "error", "missing"):  # at 0 from the start: an increase sees one
             self.auth_file_reloads.labels(outcome)
         self.page_refusals = Counter(
             "poirot_page_requests_refused_total",
@@ -407,6 +408,14 @@ class Metrics:
             "The page's external URL (POIROTD_PAGE_EXTERNAL_URL), while it is served",
             registry=r,
         )
+        self.auth_file_loaded = Gauge(
+            "poirot_auth_file_loaded",
+            "1 while the access policy in force is the access file as it is now (or none is "
+            "configured); 0 while the file is missing (every call refused) or its latest "
+            "change did not load (the previous one in force)",
+            registry=r,
+        )
+        self.auth_file_loaded.set(1)
         self.insecure_bind = Gauge(
             "poirot_insecure_bind",
             "1 for a port serving a non-loopback address without TLS and authentication "

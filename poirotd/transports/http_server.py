@@ -21,6 +21,7 @@ the handshake is over. Each refusal is counted in
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from asyncio import sslproto
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from poirotd.config import Settings
+from poirotd.errors import DoorBindError
 from poirotd.model import Door
 from poirotd.observability.metrics import HTTP_REFUSALS, Metrics
 from poirotd.transports.security.tls import ServerTls
@@ -78,6 +80,7 @@ class HttpServer:
         tls: ServerTls | None = None,
         auto_decompress: bool = True,
     ) -> None:
+        self._door = door
         self._connections = _Connections(door, metrics, limits)
         app.middlewares.append(self._connections.answering)
         self._app = app
@@ -106,6 +109,13 @@ class HttpServer:
             listener = await asyncio.get_running_loop().create_server(
                 lambda: _Connection(connections, handlers(), context), self._host, self.port
             )
+        except OSError as exc:
+            await runner.cleanup()
+            setting = f"POIROTD_{self._door.upper()}"
+            raise DoorBindError(
+                f"cannot listen for {self._door} on {self._host}:{self.port} "
+                f"({setting}_HOST, {setting}_PORT): {os.strerror(exc.errno) if exc.errno else exc}"
+            ) from None
         except BaseException:
             await runner.cleanup()
             raise

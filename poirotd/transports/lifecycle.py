@@ -10,7 +10,7 @@ class Transport(Protocol):
     on SIGTERM all are drained before investigations are, then stopped in reverse order."""
 
     async def start(self) -> None:
-        """Binds and starts serving; raises if it cannot (a port taken, say)."""
+        """Binds and starts serving; raises DoorBindError if it cannot listen (a port taken)."""
 
     async def drain(self) -> None:
         """Stops taking new work; what was received is still committed and acknowledged."""

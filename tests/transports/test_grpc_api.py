@@ -404,6 +404,35 @@ async def test_health_and_reflection_are_served(daemon: Daemon) -> None:
         assert {"poirot.v1.Ingest", "poirot.v1.Investigations", "grpc.health.v1.Health"} <= names
 
 
+async def test_health_watch_streams_serving_then_each_change(daemon: Daemon) -> None:
+    """grpc's Watch answers with context.write, not by yielding: the guard must await it (it
+    answered INTERNAL, with a logged traceback, for everyone). A watcher sees the state at
+    once, then each change: here the store's outage as the store's own fault tracking reports
+    it, and its end."""
+    assert daemon._store is not None
+    store = daemon._store.faults.availability
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{daemon.grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        ready = health.Watch(health_pb2.HealthCheckRequest(service=""))
+        part = health.Watch(health_pb2.HealthCheckRequest(service="poirotd.store"))
+        async with asyncio.timeout(10):
+            assert (await ready.read()).status == serving
+            assert (await part.read()).status == serving
+            store.failed("connection_lost", "the test cut it")
+            assert (await ready.read()).status == not_serving
+            assert (await part.read()).status == not_serving
+            store.answered()
+            assert (await ready.read()).status == serving
+            assert (await part.read()).status == serving
+        ready.cancel()
+        part.cancel()
+    assert rejected(daemon, "Health.Watch", "internal") == 0
+
+
 async def test_get_returns_the_full_record_with_transcripts_on_request(
     client: PoirotClient,
 ) -> None:

@@ -14,10 +14,16 @@ state. Its traceback holds the handler's frames, which hold the call's context, 
 state: a reference cycle, holding the request, that only the cyclic collector frees, and the
 daemon runs that one rarely (observability.gc_tuning). `release` cuts the cycle where the error
 leaves our code, so a refused call is freed when it ends, like an answered one.
+
+A streaming behaviour comes in two shapes: an async generator that yields its replies (ours),
+or a coroutine that sends them with `context.write` (grpc's own health Watch). Each is wrapped
+in its own shape (`writes_replies`): grpc tells them apart by the handler's shape, and a
+coroutine iterated as a generator fails before its first reply.
 """
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -41,6 +47,12 @@ class _Refused:
 
     def __init__(self, error: ServiceError) -> None:
         self.error = error
+
+
+def writes_replies(behaviour: Behaviour) -> bool:
+    """Whether a streaming behaviour is a coroutine that answers with `context.write` rather
+    than an async generator that yields its replies."""
+    return not inspect.isasyncgenfunction(behaviour)
 
 
 def release(aborted: grpc.aio.AbortError) -> None:
@@ -106,7 +118,10 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _streaming(self, rpc: str, behaviour: Behaviour) -> Behaviour:
         """A behaviour that answers with a stream; it is given a request or, for a streamed
-        request, the iterator of requests."""
+        request, the iterator of requests. One that writes its replies is awaited like a unary
+        one (its result is None)."""
+        if writes_replies(behaviour):
+            return self._unary(rpc, behaviour)
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:

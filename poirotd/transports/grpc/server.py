@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection as grpc_reflection
 from poirotd.api.limits import BATCH_BYTES, MAX_REPLY_BYTES
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
+from poirotd.errors import DoorBindError
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.ingest.session_reads import SessionReads
 from poirotd.investigations.service import InvestigationService
@@ -133,12 +134,18 @@ class GrpcServer:
 
     async def start(self) -> None:
         address = f"{self._host}:{self.port}"
-        if self._tls is None:
-            port = self._server.add_insecure_port(address)
-        else:
-            port = self._server.add_secure_port(address, _credentials(self._tls))
+        try:
+            if self._tls is None:
+                port = self._server.add_insecure_port(address)
+            else:
+                port = self._server.add_secure_port(address, _credentials(self._tls))
+        except RuntimeError:  # grpc's "Failed to bind", in the versions that raise it
+            port = 0
         if port == 0:
-            raise OSError(f"cannot bind gRPC to {self._host}:{self.port}")
+            raise DoorBindError(
+                f"cannot listen for gRPC on {address} (POIROTD_GRPC_HOST, POIROTD_GRPC_PORT): "
+                "the port is taken, or the host is not an address of this machine"
+            )
         self.port = port
         await self._server.start()
         await self._health.set(LIVE, health_pb2.HealthCheckResponse.SERVING)

@@ -46,6 +46,7 @@ from pydantic import (
     field_validator,
 )
 
+from poirotd.errors import StartupError
 from poirotd.transports.security.files import stamp
 from poirotd.transports.security.roles import INCLUDED, Role
 
@@ -78,6 +79,7 @@ def token_hash(token: str) -> str:
 
 class DenialReason(enum.StrEnum):
     NO_CREDENTIALS = "no_credentials"  # neither a token nor a client certificate
+    ACCESS_FILE_MISSING = "access_file_missing"  # nobody is admitted until the file is back
     MALFORMED_TOKEN = "malformed_token"  # an authorization value that is not "Bearer <token>"
     UNKNOWN_TOKEN = "unknown_token"
     UNKNOWN_CERTIFICATE = "unknown_certificate"  # signed by the CA, but no name of it is mapped
@@ -121,22 +123,24 @@ class CertificateName:
 
 def certificate_entry(entry: str) -> CertificateName:
     """The SAN an access-file `certificates` key names: `uri:<URI>`, `dns:<name>`, or without a
-    prefix a URI with a scheme (`spiffe://...`) or a DNS name. Raises ValueError otherwise."""
+    prefix a URI with a scheme (`spiffe://...`) or a DNS name. Raises ValueError otherwise, with
+    a message that does not repeat the entry (a secret pasted in the wrong place stays out of
+    the log): the caller says which entry."""
     type_, _, value = entry.partition(":")
     if type_ == "uri" and _URI.match(value):
         return CertificateName.of("uri", value)
     if type_ == "dns" and _DNS_NAME.match(value):
         return CertificateName.of("dns", value)
     if type_ in ("uri", "dns"):
-        raise ValueError(f"{entry!r} is not a {type_.upper()} name after its '{type_}:' prefix")
+        raise ValueError(f"is not a {type_.upper()} name after its '{type_}:' prefix")
     if _URI_WITH_AUTHORITY.match(entry):
         return CertificateName.of("uri", entry)
     if _DNS_NAME.match(entry) and not _is_ip_address(entry):
         return CertificateName.of("dns", entry)
     raise ValueError(
-        f"{entry!r} is neither a URI (scheme://...) nor a DNS name: certificates are matched by "
-        "their URI or DNS subject alternative names only, never by common name, email or IP "
-        "(write 'uri:<URI>' or 'dns:<name>')"
+        "is neither a URI (scheme://...) nor a DNS name: certificates are matched by their URI "
+        "or DNS subject alternative names only, never by common name, email or IP (write "
+        "'uri:<URI>' or 'dns:<name>')"
     )
 
 
@@ -188,35 +192,102 @@ class AccessFile(BaseModel):
     @field_validator("certificates")
     @classmethod
     def _entries_name_one_san_each(cls, certificates: dict[str, Grant]) -> dict[str, Grant]:
-        seen: dict[CertificateName, str] = {}
-        for entry in certificates:
-            name = certificate_entry(entry)
+        seen: dict[CertificateName, int] = {}
+        for n, entry in enumerate(certificates, 1):
+            try:
+                name = certificate_entry(entry)
+            except ValueError as exc:
+                raise ValueError(f"entry {n} of certificates: its key {exc}") from None
             if name in seen:
-                raise ValueError(f"{entry!r} and {seen[name]!r} both name the SAN {name}")
-            seen[name] = entry
+                raise ValueError(
+                    f"entries {seen[name]} and {n} of certificates both name the same SAN"
+                )
+            seen[name] = n
         return certificates
 
     def certificate_grants(self) -> dict[CertificateName, Grant]:
         return {certificate_entry(entry): grant for entry, grant in self.certificates.items()}
 
 
-class AccessFileError(ValueError):
+class AccessFileError(StartupError, ValueError):
     """The access file cannot be read or is not valid; the message says where."""
 
 
+class AccessFileMissingError(AccessFileError):
+    """The access file is not there (deleted, or its folder not mounted)."""
+
+
 def load_access_file(path: Path) -> AccessFile:
+    """The file, checked. An error names where the problem is by position ("entry 3 of
+    tokens"), never by a key or a value of the file: a token pasted as a key, or a secret in the
+    wrong place, must not reach the log. For the same reason it is raised outside the handler
+    that caught its cause, so it carries no cause or context (a YAML or pydantic error's text
+    quotes the input)."""
+    error: AccessFileError
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return AccessFile.model_validate(data or {})
+    except FileNotFoundError:
+        error = AccessFileMissingError(f"access file {path} is missing")
     except OSError as exc:
-        raise AccessFileError(f"cannot read access file {path}: {exc.strerror or exc}") from exc
+        error = AccessFileError(f"cannot read access file {path}: {exc.strerror or exc}")
     except yaml.YAMLError as exc:
-        raise AccessFileError(f"access file {path} is not YAML or JSON: {exc}") from exc
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors()
-        )
-        raise AccessFileError(f"access file {path}: {problems}") from exc
+        error = AccessFileError(f"access file {path} is not YAML or JSON{_at(exc)}")
+    else:
+        try:
+            return AccessFile.model_validate(data or {})
+        except ValidationError as exc:
+            problems = "; ".join(
+                _problem(e["loc"], e["type"], e["msg"], data) for e in exc.errors()
+            )
+            error = AccessFileError(f"access file {path}: {problems}")
+    raise error
+
+
+def _at(exc: yaml.YAMLError) -> str:
+    """Where a YAML error is and what it is, without the quoted line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or "unreadable"
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{where}: {problem}"
+
+
+# The access file's own field names: the only keys an error may name.
+_FIELDS = frozenset({*AccessFile.model_fields, *Grant.model_fields})
+
+
+def _problem(loc: tuple[int | str, ...], kind: str, message: str, data: object) -> str:
+    """One validation error as "entry 3 of tokens, roles, item 1: <message>"; a key that is not
+    one of the file's field names is told by its position. A validator's own message
+    (ValueError) already says where."""
+    if kind == "value_error":
+        return message.removeprefix("Value error, ")
+    where: list[str] = []
+    node: object = data
+    for part in loc:
+        if part == "[key]":
+            where.append("its key")
+            continue
+        if isinstance(part, str) and part in _FIELDS:
+            where.append(part)
+        elif isinstance(node, dict):
+            keys = list(node)
+            n = f" {keys.index(part) + 1}" if part in keys else ""
+            if where and where[-1] in AccessFile.model_fields:
+                where[-1] = f"entry{n} of {where[-1]}"
+            else:
+                where.append(f"key{n}" if where else f"key{n} of the file")
+        else:
+            where.append(f"item {int(part) + 1}" if isinstance(part, int) else "an item")
+        node = _child(node, part)
+    return f"{', '.join(where) or 'the file'}: {message}"
+
+
+def _child(node: object, part: int | str) -> object:
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and part < len(node):
+        return node[part]
+    return None
 
 
 @dataclass(frozen=True)
@@ -296,10 +367,27 @@ class AccessPolicy:
         )
 
 
+class _Closed(AccessPolicy):
+    """What is in force while the access file is missing: nobody is admitted. Keeping the last
+    good policy would keep every client the operator meant to revoke by deleting the file."""
+
+    def __init__(self) -> None:
+        super().__init__(AccessFile())
+
+    def identify(
+        self, authorization: str | None, certificate: ClientCertificate | None
+    ) -> Identity:
+        raise Denied(
+            DenialReason.ACCESS_FILE_MISSING,
+            "the daemon's access file is missing: no client is admitted until it is back",
+        )
+
+
 class AccessControl:
     """The policy in force: the access file's, re-read when the file changes (its stat is looked
     at no more than once a second). A change that does not load is logged and counted, and the
-    policy before it stays."""
+    policy before it stays; a file that is gone fails closed: every call is refused until it is
+    back. `loaded` says whether the policy in force is the file as it is now."""
 
     def __init__(self, path: Path | None, on_reload: Callable[[str], None] | None = None) -> None:
         self._path = path
@@ -308,10 +396,18 @@ class AccessControl:
         self._checked_at = time.monotonic()
         self._stamp = stamp((path,)) if path else ()
         self._policy = AccessPolicy(load_access_file(path) if path else None)
+        self._loaded = True
 
     @property
     def uses_file(self) -> bool:
         return self._path is not None
+
+    @property
+    def loaded(self) -> bool:
+        """True while the policy in force is the access file's current content (or no file is
+        configured); looks at the file first, so a scrape notices a deletion without calls."""
+        self.policy()
+        return self._loaded
 
     def policy(self) -> AccessPolicy:
         if self._path is None or time.monotonic() - self._checked_at < _RECHECK_SECONDS:
@@ -327,13 +423,19 @@ class AccessControl:
     def _reload(self, path: Path) -> None:
         try:
             self._policy = AccessPolicy(load_access_file(path))
+        except AccessFileMissingError as exc:
+            self._policy, self._loaded, outcome = _Closed(), False, "missing"
+            log.error(
+                "access file is missing; every authenticated call is refused until it is back",
+                error=str(exc),
+            )
         except AccessFileError as exc:
+            self._loaded, outcome = False, "error"
             log.error(
                 "access file changed but cannot be used; the previous one stays", error=str(exc)
             )
-            outcome = "error"
         else:
+            self._loaded, outcome = True, "ok"
             log.info("access file reloaded", path=str(path))
-            outcome = "ok"
         if self._on_reload is not None:
             self._on_reload(outcome)

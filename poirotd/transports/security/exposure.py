@@ -7,12 +7,13 @@ import ipaddress
 from dataclasses import dataclass
 
 from poirotd.config import Settings
+from poirotd.errors import StartupError
 
 _TLS = "TLS (POIROTD_TLS_CERT_FILE and POIROTD_TLS_KEY_FILE)"
 _AUTH = "authentication (POIROTD_AUTH_FILE or POIROTD_TLS_CLIENT_CA_FILE)"
 
 
-class InsecureBindError(ValueError):
+class InsecureBindError(StartupError, ValueError):
     """A port would be reachable from the network unlocked; the message names the settings."""
 
 

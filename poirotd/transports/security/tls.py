@@ -16,12 +16,13 @@ from pathlib import Path
 
 import structlog
 
+from poirotd.errors import StartupError
 from poirotd.transports.security.files import Stamp, stamp
 
 log = structlog.get_logger(__name__)
 
 
-class TlsError(ValueError):
+class TlsError(StartupError, ValueError):
     """The TLS files cannot be used (missing, not PEM, a key that is not the certificate's)."""
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import structlog
 import trustme
 from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -343,3 +344,33 @@ async def test_the_access_file_is_reloaded_when_it_changes(token_daemon: Daemon,
     registry = token_daemon.metrics.registry
     assert registry.get_sample_value("poirot_auth_file_reloads_total", {"outcome": "ok"}) == 1
     assert registry.get_sample_value("poirot_auth_file_reloads_total", {"outcome": "error"}) == 1
+
+
+async def test_a_deleted_access_file_fails_closed_until_it_is_back(
+    token_daemon: Daemon, pki: Pki
+) -> None:
+    """Deleting the access file revokes everyone (it kept the last good policy, silently): each
+    call is refused with the reason, the log says so once, the gauge reads 0 and the reload
+    counter counts it; the file put back admits again."""
+    tls, registry = pki.client_tls(), token_daemon.metrics.registry
+    saved = pki.auth_file.read_bytes()
+    pki.auth_file.unlink()
+    await asyncio.sleep(1.1)  # the file's stat is looked at once a second at most
+    with structlog.testing.capture_logs() as logs:
+        assert registry.get_sample_value("poirot_auth_file_loaded") == 0  # a scrape notices
+        for token in (READER, OPERATOR, None):
+            async with client(token_daemon, tls, token=token) as anyone:
+                error = await refused(anyone.reputation())
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "access file is missing" in error.details()
+    assert [line["event"] for line in logs if line["log_level"] == "error"] == [
+        "access file is missing; every authenticated call is refused until it is back"
+    ]
+    assert denials(token_daemon, "Investigations.GetReputation", "access_file_missing") == 3
+    assert registry.get_sample_value("poirot_auth_file_reloads_total", {"outcome": "missing"}) == 1
+
+    replace_file(pki.auth_file, saved)
+    await asyncio.sleep(1.1)
+    async with client(token_daemon, tls, token=READER) as reader:
+        assert (await reader.reputation()).betas
+    assert registry.get_sample_value("poirot_auth_file_loaded") == 1
