@@ -324,13 +324,21 @@ def _proto_comments(file: descriptor_pb2.FileDescriptorProto) -> dict[tuple[int,
     return comments
 
 
-def _field_type(field: descriptor_pb2.FieldDescriptorProto, maps: dict[str, str]) -> str:
-    if field.type_name:
-        name = field.type_name.rsplit(".", 1)[-1]
-        if field.type_name in maps:
-            return maps[field.type_name]
-        local = field.type_name.startswith(".poirot.")
-        text = f"[{name}](#{name.lower()})" if local else f"`{field.type_name.lstrip('.')}`"
+def _anchor_of(full_name: str, package: str) -> str:
+    """The section id of a message or enum: its name within the package, dots as dashes."""
+    return full_name.lstrip(".").removeprefix(package + ".").lower().replace(".", "-")
+
+
+def _field_type(
+    field: descriptor_pb2.FieldDescriptorProto, package: str, maps: dict[str, str]
+) -> str:
+    if field.type_name in maps:
+        return maps[field.type_name]
+    if field.type_name.startswith(f".{package}."):
+        name = field.type_name.removeprefix(f".{package}.")
+        text = f"[{name}](#{_anchor_of(field.type_name, package)})"
+    elif field.type_name:
+        text = f"`{field.type_name.lstrip('.')}`"
     else:
         text = _SCALARS[field.type]
     if field.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED:
@@ -338,68 +346,113 @@ def _field_type(field: descriptor_pb2.FieldDescriptorProto, maps: dict[str, str]
     return text
 
 
+class _ProtoFile:
+    """Renders one .proto file's services, messages (nested ones too) and enums."""
+
+    # Field numbers of the descriptor messages, as protoc's source-info paths use them.
+    SERVICE, MESSAGE, ENUM = 6, 4, 5  # in FileDescriptorProto
+    FIELD, NESTED, NESTED_ENUM = 2, 3, 4  # in DescriptorProto
+    METHOD, VALUE = 2, 2  # in ServiceDescriptorProto, EnumDescriptorProto
+
+    def __init__(self, file: descriptor_pb2.FileDescriptorProto) -> None:
+        self.file = file
+        self.package = file.package
+        self.comments = _proto_comments(file)
+        self.maps: dict[str, str] = {}
+        self.messages: list[str] = []
+        self.enums: list[str] = []
+
+    def comment(self, *path: int) -> str:
+        return self.comments.get(path, "")
+
+    def render(self) -> str:
+        for i, message in enumerate(self.file.message_type):
+            self._message(message, f".{self.package}", (self.MESSAGE, i))
+        for e, enum_type in enumerate(self.file.enum_type):
+            self._enum(enum_type, f".{self.package}", (self.ENUM, e))
+        return "\n".join(
+            [
+                f"## `{self.file.name}` (package `{self.package}`)\n",
+                "### Services\n",
+                *(self._service(s, service) for s, service in enumerate(self.file.service)),
+                "### Messages\n",
+                *self.messages,
+                "### Enums\n",
+                *self.enums,
+            ]
+        )
+
+    def _link(self, full_name: str) -> str:
+        name = full_name.lstrip(".").removeprefix(self.package + ".")
+        return f"[{name}](#{_anchor_of(full_name, self.package)})"
+
+    def _service(self, s: int, service: descriptor_pb2.ServiceDescriptorProto) -> str:
+        rows = [
+            f"#### {service.name}\n\n{self.comment(self.SERVICE, s)}\n",
+            "| RPC | request | response | what |\n| --- | --- | --- | --- |",
+        ]
+        for m, method in enumerate(service.method):
+            stream_in = "stream " if method.client_streaming else ""
+            stream_out = "stream " if method.server_streaming else ""
+            what = _markdown_cell(self.comment(self.SERVICE, s, self.METHOD, m))
+            rows.append(
+                f"| `{service.name}.{method.name}` "
+                f"| {stream_in}{self._link(method.input_type)} "
+                f"| {stream_out}{self._link(method.output_type)} | {what} |"
+            )
+        return "\n".join(rows) + "\n"
+
+    def _heading(self, full_name: str) -> str:
+        name = full_name.lstrip(".").removeprefix(self.package + ".")
+        return f"#### {name} {{#{_anchor_of(full_name, self.package)}}}\n"
+
+    def _message(
+        self, message: descriptor_pb2.DescriptorProto, scope: str, path: tuple[int, ...]
+    ) -> None:
+        full_name = f"{scope}.{message.name}"
+        for nested in message.nested_type:
+            if nested.options.map_entry:
+                key, value = nested.field
+                self.maps[f"{full_name}.{nested.name}"] = (
+                    f"map of {_SCALARS[key.type]} to {_field_type(value, self.package, {})}"
+                )
+        lines = [self._heading(full_name)]
+        if self.comment(*path):
+            lines.append(f"{self.comment(*path)}\n")
+        if message.field:
+            lines.append("| # | field | type | what |\n| --- | --- | --- | --- |")
+        else:
+            lines.append("No fields.")
+        for f, field in enumerate(message.field):
+            what = self.comment(*path, self.FIELD, f)
+            if field.HasField("oneof_index") and not field.proto3_optional:
+                what += f" (one of `{message.oneof_decl[field.oneof_index].name}`)"
+            lines.append(
+                f"| {field.number} | `{field.name}` "
+                f"| {_field_type(field, self.package, self.maps)} "
+                f"| {_markdown_cell(what.strip())} |"
+            )
+        self.messages.append("\n".join(lines) + "\n")
+        for n, nested in enumerate(message.nested_type):
+            if not nested.options.map_entry:
+                self._message(nested, full_name, (*path, self.NESTED, n))
+        for e, enum_type in enumerate(message.enum_type):
+            self._enum(enum_type, full_name, (*path, self.NESTED_ENUM, e))
+
+    def _enum(
+        self, enum_type: descriptor_pb2.EnumDescriptorProto, scope: str, path: tuple[int, ...]
+    ) -> None:
+        lines = [self._heading(f"{scope}.{enum_type.name}")]
+        if self.comment(*path):
+            lines.append(f"{self.comment(*path)}\n")
+        lines.append("| value | name | what |\n| --- | --- | --- |")
+        for v, member in enumerate(enum_type.value):
+            what = _markdown_cell(self.comment(*path, self.VALUE, v))
+            lines.append(f"| {member.number} | `{member.name}` | {what} |")
+        self.enums.append("\n".join(lines) + "\n")
+
+
 def api_page() -> str:
-    # Field numbers of FileDescriptorProto / DescriptorProto in protoc's source paths.
-    message_path, service_path, enum_path, field_path, method_path, value_path = 4, 6, 5, 2, 2, 2
-    out: list[str] = []
-    for file in _file_descriptors():
-        comments = _proto_comments(file)
-        maps = {}
-        for message in file.message_type:
-            for nested in message.nested_type:
-                if nested.options.map_entry:
-                    key, value = nested.field
-                    maps[f".{file.package}.{message.name}.{nested.name}"] = (
-                        f"map of {_SCALARS[key.type]} to {_field_type(value, {})}"
-                    )
-        out.append(f"## `{file.name}` (package `{file.package}`)\n")
-        out.append("### Services\n")
-        for s, service in enumerate(file.service):
-            out.append(f"#### {service.name}\n\n{comments.get((service_path, s), '')}\n")
-            out.append("| RPC | request | response | what |\n| --- | --- | --- | --- |")
-            for m, method in enumerate(service.method):
-                request = method.input_type.rsplit(".", 1)[-1]
-                response = method.output_type.rsplit(".", 1)[-1]
-                stream_in = "stream " if method.client_streaming else ""
-                stream_out = "stream " if method.server_streaming else ""
-                what = _markdown_cell(comments.get((service_path, s, method_path, m), ""))
-                out.append(
-                    f"| `{service.name}.{method.name}` "
-                    f"| {stream_in}[{request}](#{request.lower()}) "
-                    f"| {stream_out}[{response}](#{response.lower()}) | {what} |"
-                )
-            out.append("")
-        out.append("### Messages\n")
-        for i, message in enumerate(file.message_type):
-            out.append(f"#### {message.name}\n")
-            doc = comments.get((message_path, i), "")
-            if doc:
-                out.append(f"{doc}\n")
-            if not message.field:
-                out.append("No fields.\n")
-                continue
-            out.append("| # | field | type | what |\n| --- | --- | --- | --- |")
-            for f, field in enumerate(message.field):
-                oneof = ""
-                if field.HasField("oneof_index") and not field.proto3_optional:
-                    oneof = f" (one of `{message.oneof_decl[field.oneof_index].name}`)"
-                what = comments.get((message_path, i, field_path, f), "") + oneof
-                out.append(
-                    f"| {field.number} | `{field.name}` | {_field_type(field, maps)} "
-                    f"| {_markdown_cell(what.strip())} |"
-                )
-            out.append("")
-        out.append("### Enums\n")
-        for e, enum_type in enumerate(file.enum_type):
-            out.append(f"#### {enum_type.name}\n")
-            doc = comments.get((enum_path, e), "")
-            if doc:
-                out.append(f"{doc}\n")
-            out.append("| value | name | what |\n| --- | --- | --- |")
-            for v, member in enumerate(enum_type.value):
-                what = comments.get((enum_path, e, value_path, v), "")
-                out.append(f"| {member.number} | `{member.name}` | {_markdown_cell(what)} |")
-            out.append("")
     return (
         _HEADER.format(source="proto/")
         + "# Wire API\n\n"
@@ -407,7 +460,7 @@ def api_page() -> str:
         "[The wire API](../operating/api.md) tells how to use them: statuses, limits, "
         "keepalive, the investigation queue. gRPC health checking (`grpc.health.v1.Health`), "
         "server reflection and OTLP's `TraceService/Export` are served on the same port.\n\n"
-        + "\n".join(out)
+        + "\n".join(_ProtoFile(file).render() for file in _file_descriptors())
     )
 
 
