@@ -31,8 +31,10 @@ import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import annotated_types
+import typer.rich_utils
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 from prometheus_client.metrics import MetricWrapperBase
@@ -507,6 +509,21 @@ def _command_paths(command: Any, path: list[str]) -> Iterator[list[str]]:
         yield from _command_paths(sub, [*path, name])
 
 
+# Variables that make rich colour or force a terminal (and NO_COLOR, which the runner's own
+# environment must not depend on either).
+_COLOUR_VARIABLES = (
+    "FORCE_COLOR",
+    "PY_COLORS",
+    "GITHUB_ACTIONS",
+    "NO_COLOR",
+    "TTY_COMPATIBLE",
+    "TTY_INTERACTIVE",
+    "TERMINAL_WIDTH",
+    "JUPYTER_COLUMNS",
+    "JUPYTER_LINES",
+)
+
+
 def cli_page() -> str:
     from typer.main import get_command
     from typer.testing import CliRunner
@@ -520,18 +537,22 @@ def cli_page() -> str:
         paths += list(_command_paths(get_command(evaluation_app), [name]))[1:]
     sections = []
     runner = CliRunner()
-    for path in paths:
-        result = runner.invoke(
-            app,
-            [*path, "--help"],
-            prog_name="poirotd",
-            env={"COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1"},
-            terminal_width=100,
-        )
-        if result.exit_code != 0:
-            raise SystemExit(f"poirotd {' '.join(path)} --help exited {result.exit_code}")
-        text = "\n".join(line.rstrip() for line in result.output.strip("\n").splitlines())
-        sections.append(f"## {' '.join(['poirotd', *path])}\n\n```text\n{text.strip()}\n```")
+    # The same text whatever the terminal the generator runs in: typer reads the width and
+    # whether to force a terminal from the environment once, when it is imported.
+    environment: dict[str, str | None] = {"COLUMNS": "100", "LINES": "50", "TERM": "dumb"}
+    environment |= dict.fromkeys(_COLOUR_VARIABLES)  # None: unset while the help is printed
+    plain = mock.patch.multiple(
+        typer.rich_utils, MAX_WIDTH=100, FORCE_TERMINAL=False, COLOR_SYSTEM=None
+    )
+    with plain:
+        for path in paths:
+            result = runner.invoke(
+                app, [*path, "--help"], prog_name="poirotd", env=environment, terminal_width=100
+            )
+            if result.exit_code != 0:
+                raise SystemExit(f"poirotd {' '.join(path)} --help exited {result.exit_code}")
+            text = "\n".join(line.rstrip() for line in result.output.splitlines()).strip()
+            sections.append(f"## {' '.join(['poirotd', *path])}\n\n```text\n{text}\n```")
     return (
         _HEADER.format(source="poirotd/cli and poirot_eval/cli")
         + "# Command line\n\n"
