@@ -6,7 +6,7 @@ STAMPS := .stamps
 PHOENIX_VENV := .venv-phoenix
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint proto bench-tta clean
+.PHONY: demo test test-fast lint docs docs-reference proto bench-tta clean
 
 demo: $(STAMPS)/python-deps $(STAMPS)/system-deps
 	$(BIN)/poirotd demo
@@ -21,7 +21,17 @@ test-fast: $(STAMPS)/python-deps $(STAMPS)/system-deps
 lint: $(STAMPS)/python-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy poirotd poirot_eval hwbridge tests bench
+	$(BIN)/mypy poirotd poirot_eval hwbridge tests bench docs/tooling
+
+# The documentation site (mkdocs.yml, docs/) into site/; strict: any warning (a broken link, an
+# anchor or page that does not exist) fails the build.
+docs: $(STAMPS)/python-deps
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# docs/reference/*.md from the code: settings, spec, wire API, metrics, CLI
+# (tests/docs/test_reference.py fails when they are stale).
+docs-reference: $(STAMPS)/python-deps
+	$(BIN)/python docs/tooling/reference.py
 
 proto: $(STAMPS)/python-deps
 	$(BIN)/python -m poirotd.api.codegen
@@ -66,4 +76,4 @@ bench-tta: $(STAMPS)/python-deps
 	$(BIN)/python -m bench.tta
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache site

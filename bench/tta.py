@@ -4,7 +4,8 @@
     .venv/bin/python -m bench.tta --data DIR --cases 38 --no-write    # one case, to try the set-up
 
 DIR is the data folder `poirotd eval --data-dir` reads (POIROTD_EVAL_DATA when --data is not
-given): the cases come from its whowhen/Algorithm-Generated (README.md says where to get it).
+given): the cases come from its whowhen/Algorithm-Generated (docs/evaluation.md says where to
+get it).
 
 Both sides investigate the same Who&When Algorithm-Generated cases against one llama.cpp server
 (`python -m llama_cpp.server`, the embedded SmolLM2-135M, one slot: that server serves one request

@@ -1,2 +1,2 @@
-"""Runnable examples of feeding poirotd from an agent system (README, "Client SDK"); each takes
---target and --system, for a daemon started with `poirotd run --config ...`."""
+"""Runnable examples of feeding poirotd from an agent system (docs/operating/client-sdk.md); each
+takes --target and --system, for a daemon started with `poirotd run --config ...`."""

@@ -35,7 +35,7 @@ class EvalCase(Frozen):
     truth: GroundTruth
 
 
-# What a one-case JSON file holds (the README's "Case and result formats" has every field).
+# What a one-case JSON file holds (docs/evaluation.md's "Case and result formats" has every field).
 CASE_SHAPE = (
     'a one-case JSON file {"dataset": DATASET, "case_id": str, "spec": SYSTEM SPEC (as its YAML, '
     'in JSON), "messages": [{"session_id", "index", "kind", "sender", "content", "sent_at", ...}], '

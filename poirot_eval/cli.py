@@ -35,8 +35,8 @@ DataDirOption = Annotated[
     Path,
     typer.Option(
         envvar="POIROTD_EVAL_DATA",
-        help="the data folder holding blame/, whowhen/ and tracertraj/ (README.md says where "
-        "to get them)",
+        help="the data folder holding blame/, whowhen/ and tracertraj/ (docs/evaluation.md says "
+        "where to get them)",
     ),
 ]
 CaseArgument = Annotated[

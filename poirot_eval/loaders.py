@@ -28,7 +28,7 @@ def load_cases(
     if not where.exists():
         raise FileNotFoundError(
             f"no {where}: the data folder (--data-dir, POIROTD_EVAL_DATA) lacks {dataset}; "
-            'README.md, "Evaluation on public benchmarks", says where to get it'
+            'docs/evaluation.md, "Evaluation on public benchmarks", says where to get it'
         )
     if dataset == "tracertraj":
         by_id = {c.case_id: c for c in tracertraj.load_all(data_dir)}

@@ -1,7 +1,7 @@
 """The client SDK against a real in-process daemon: the blocking and the asyncio client record
 messages (numbered by the daemon) and telemetry, trigger, watch and confirm an investigation;
 the LangChain callback handler records a run driven by langchain-core's fake chat model; and
-the README's examples (examples/) really run."""
+the documentation's examples (examples/) really run."""
 
 from __future__ import annotations
 

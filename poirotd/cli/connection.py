@@ -2,8 +2,8 @@
 added to each such command by `@connects`, one way to call the daemon and report its refusal,
 and one --json form of its answers.
 
-The options are --target and those of a locked port (README, Security): --tls, --ca, --cert,
---key and --token-file, the last four also read from POIROTD_CLIENT_CA_FILE, ..._CERT_FILE,
+The options are --target and those of a locked port (docs/operating/security.md): --tls, --ca,
+--cert, --key and --token-file, the last four also read from POIROTD_CLIENT_CA_FILE, ..._CERT_FILE,
 ..._KEY_FILE and ..._TOKEN_FILE."""
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ class Settings(BaseSettings):
         env_prefix="POIROTD_", extra="forbid", hide_input_in_errors=True
     )
 
+    # The system spec (YAML) to run; `poirotd run --config` sets it too.
     spec_path: Path | None = None
+    # The SQLite store (created on first start) when db_url is unset.
     db_path: Path = Path("poirotd.db")
     # The PostgreSQL store several daemons may share, postgresql://user@host:port/dbname?...
     # (libpq's URL: sslmode, target_session_attrs...); unset, the store is SQLite at db_path.
@@ -28,8 +30,11 @@ class Settings(BaseSettings):
     # db_password_file (a mounted secret), or libpq's PGPASSFILE / ~/.pgpass.
     db_url: SecretStr | None = None
     db_password_file: Path | None = None
+    # The gRPC port (Ingest, Investigations, Sessions, health, OTLP): loopback unless told;
+    # any other address needs TLS and authentication (allow_insecure_bind).
     grpc_host: str = "127.0.0.1"
     grpc_port: int = Field(default=50051, ge=0, le=65535)
+    # Prometheus' /metrics over HTTP, under the same rule for non-loopback addresses.
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     # Largest gRPC message accepted; larger ones are refused with RESOURCE_EXHAUSTED.
@@ -88,6 +93,7 @@ class Settings(BaseSettings):
     queue_capacity: int = Field(default=16, ge=1)
     queue_reserved_for_rules: int = Field(default=4, ge=1)
     max_queued_triggers_per_client: int = Field(default=4, ge=1)
+    # Investigations this daemon runs at once (each replica its own).
     concurrent_investigations: int = Field(default=1, ge=1)
     # On SIGTERM, how long running investigations may take before they are kept as interrupted.
     drain_seconds: float = Field(default=30.0, ge=0.0)
@@ -198,6 +204,8 @@ class Settings(BaseSettings):
     # Serve a non-loopback address without TLS and authentication anyway (logged at WARNING,
     # poirot_insecure_bind); refused at start-up otherwise.
     allow_insecure_bind: bool = False
+    # Logging: the daemon's own lines from this level (libraries' from WARNING or this, if
+    # higher), as one JSON object a line or for a human at a console.
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
 

@@ -42,7 +42,7 @@ _NOTICE = (
     "[bold yellow]About the answers:[/] this demo runs the embedded SmolLM2-135M model on the CPU. "
     "It makes every phase of the pipeline run for real, with schema-valid JSON, but a 135M model "
     "cannot make the attribution meaningful. Real attribution needs a capable model served by "
-    "vLLM: see README.md, section 'Pointing poirotd at vLLM'."
+    "vLLM: see docs/operating/vllm.md, 'Pointing poirotd at vLLM'."
 )
 
 console = Console()

@@ -76,14 +76,18 @@ class EdgeMosquitto:
         lines.append(f"user {getpass.getuser()}")
         self.conf = folder / "mosquitto.conf"
         self.conf.write_text("\n".join(lines) + "\n")
+        # Its log goes to a file, not a pipe nobody reads (which leaked its descriptor, and
+        # would stall the broker once full).
+        self.log = (folder / "mosquitto.log").open("wb")
         self.process = subprocess.Popen(
-            ["mosquitto", "-c", str(self.conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            ["mosquitto", "-c", str(self.conf)], stdout=self.log, stderr=subprocess.STDOUT
         )
         for port in (self.tls_port, self.health_port):
             wait_listening(self.process, port)
 
     def stop(self) -> None:
         stop_process(self.process)
+        self.log.close()
 
 
 @pytest.fixture

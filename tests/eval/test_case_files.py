@@ -17,7 +17,7 @@ from poirot_eval.selection import resolve_case
 from tests.support.cli import poirotd
 from tests.support.data import DATA, RUNS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+EVALUATION_PAGE = Path(__file__).resolve().parents[2] / "docs" / "evaluation.md"
 
 
 def test_export_writes_a_case_every_command_reads_back(tmp_path: Path) -> None:
@@ -57,8 +57,8 @@ def test_replaying_a_web_tool_run_says_how_to_import_it() -> None:
 
 
 def _documented(section: str) -> set[str]:
-    """Field names in the first column of the README table after `section`."""
-    text = README.read_text()
+    """Field names in the first column of the evaluation page's table after `section`."""
+    text = EVALUATION_PAGE.read_text()
     table = text[text.index(section) :].split("\n\n")[1]
     names = set()
     for row in table.splitlines()[2:]:
@@ -66,6 +66,6 @@ def _documented(section: str) -> set[str]:
     return names
 
 
-def test_the_readme_documents_every_field_of_both_formats() -> None:
+def test_the_docs_document_every_field_of_both_formats() -> None:
     assert _documented("**One-case JSON**") == set(EvalCase.model_fields)
     assert _documented("**`results.jsonl`**") == set(CaseResult.model_fields)

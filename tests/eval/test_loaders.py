@@ -154,7 +154,8 @@ def test_a_dataset_missing_from_the_data_folder_says_where_to_get_it(
     with pytest.raises(FileNotFoundError) as missing:
         load_cases(dataset, tmp_path)
     assert str(missing.value).startswith(f"no {tmp_path}/")
-    assert f'lacks {dataset}; README.md, "Evaluation on public benchmarks"' in str(missing.value)
+    where = 'docs/evaluation.md, "Evaluation on public benchmarks"'
+    assert f"lacks {dataset}; {where}" in str(missing.value)
 
 
 class _EmptyStore:

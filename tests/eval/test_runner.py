@@ -174,7 +174,7 @@ def test_eval_cli_refuses_what_it_cannot_run(tmp_path: Path) -> None:
     assert no_model.returncode == 2 and "--model" in no_model.stderr
     no_data = poirotd(*common, "--data-dir", str(tmp_path / "nowhere"), "--model-path", "x.gguf")
     assert no_data.returncode == 2 and "cannot load whowhen: no " in no_data.stderr
-    assert 'lacks whowhen; README.md, "Evaluation on public benchmarks"' in no_data.stderr
+    assert 'lacks whowhen; docs/evaluation.md, "Evaluation on public benchmarks"' in no_data.stderr
 
 
 async def test_cancelling_abandons_the_case_in_flight_and_records_nothing_for_it(

@@ -277,7 +277,7 @@ async def test_session_ids_and_signal_names_are_bounded_in_length(store: GatedSt
     kept too; the daemon's memory grew with every one."""
     pipeline = pipeline_on(store, signals=2)
     scope = pipeline.scope()
-    limit = 256  # MAX_NAME_CHARS, as the README gives it
+    limit = 256  # MAX_NAME_CHARS, as docs/operating/replicas.md gives it
     long_name = "x" * (limit + 1)
     refused = await pipeline.consume([session(long_name)], scope)
     assert [r.error.reason for r in refused.refused] == ["too_long"]

@@ -289,7 +289,7 @@ async def test_what_the_openai_backend_sends_holds_no_control_spelling(
 ) -> None:
     """With /tokenizer_info the backend knows every added token of the model; with /tokenize
     alone, which built-in spellings are the model's (so SmolLM2's own <jupyter_code>, in no
-    family, is not planted there: see the README's gap)."""
+    family, is not planted there: see the gap in docs/concepts/prompt-injection.md)."""
     attack = ATTACK if info else ATTACK.replace(PLANTED["vocabulary"], "")
 
     def reply(body: Any) -> Reply:

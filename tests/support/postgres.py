@@ -83,10 +83,12 @@ class PostgresServer:
         command = [str(self._bin / "postgres"), "-D", str(data)]
         for name, value in settings.items():
             command += ["-c", f"{name}={value}"]
-        log = (self.folder / "postgres.log").open("ab")
-        self._process = subprocess.Popen(
-            [*self._run_as, *command], stdout=log, stderr=subprocess.STDOUT
-        )
+        # The server writes to its own copy of the descriptor: ours is closed at once, or it
+        # would leak until the collector found it.
+        with (self.folder / "postgres.log").open("ab") as log:
+            self._process = subprocess.Popen(
+                [*self._run_as, *command], stdout=log, stderr=subprocess.STDOUT
+            )
         self._wait_ready()
 
     def _run(self, *command: str) -> None:

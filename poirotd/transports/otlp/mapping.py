@@ -2,7 +2,7 @@
 agent said. Pure (no I/O, no clock), so it is tested on recorded exports alone; the receiver
 numbers the messages and hands them to the ingest pipeline.
 
-Which spans speak (README, "OpenTelemetry traces", has the full table):
+Which spans speak (docs/operating/otlp.md has the full table):
 - a model call (`gen_ai.operation.name` chat / text_completion / generate_content, or
   `openinference.span.kind` LLM): its output messages are the agent's turns; of its input, only
   what follows the last assistant turn is new (the user's request, tool results, the system
