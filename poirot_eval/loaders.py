@@ -24,6 +24,11 @@ def load_cases(
     `data_dir` is the data folder the user names (the one holding blame/, whowhen/,
     tracertraj/); the datasets are not in the repository, so a missing one says where to look.
     """
+    if dataset == "campaign":
+        raise ValueError(
+            "campaign variants are files, not a dataset of the data folder: name the folder "
+            "`poirotd campaign` wrote with --cases"
+        )
     where = source(dataset, data_dir)
     if not where.exists():
         raise FileNotFoundError(
