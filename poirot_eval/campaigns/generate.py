@@ -199,8 +199,7 @@ def _nth(messages: Sequence[AgentMessage], fault: AgentFault) -> int:
         for m in messages
         if m.sender == fault.sender
         and (
-            (fault.is_llm
-            and m.kind is MessageKind.AGENT)
+            (fault.is_llm and m.kind is MessageKind.AGENT)
             or agent_faults.can_strike(fault.operator, m)
         )
     ]
@@ -292,4 +291,3 @@ def _short(text: str, limit: int = 500) -> str:
 
 def _drop(source: EvalCase, number: int, fault: Fault, reason: str, detail: str) -> Dropped:
     return Dropped(source_ref(source), number, fault.operator, reason, detail)
-
