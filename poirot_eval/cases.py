@@ -41,7 +41,8 @@ class InjectedFault(Frozen):
     signals: tuple[str, ...] = ()
     onset: datetime | None = None
     follow_up: FollowUp = "keep"
-    # Where the variant comes from: "<dataset>:<case id>" or "store:<session id>".
+    # Where the variant comes from: "<dataset>:<case id>" ("campaign:store-<session id>" for a
+    # session of the daemon's store).
     source: str = ""
     # The rule (spec or campaign check) that fired on the variant and not on its source.
     hazard: str = ""
