@@ -283,3 +283,22 @@ def test_session_items_interleave_telemetry_by_time() -> None:
     times = [i.sent_at if isinstance(i, AgentMessage) else i.measured_at for i in timed]
     assert times == sorted(times)
     assert {i.session_id for i in timed} == {"x"}
+
+
+def test_commands_refuse_ambiguous_sources(tmp_path: Path) -> None:
+    runner = CliRunner()
+    both = runner.invoke(
+        commands["campaign"],
+        ["run", str(EXAMPLES / "trading_plan.yaml"), "--out", str(tmp_path), "--store",
+         "--case", str(EXAMPLES / "trading_desk.json")],
+    )  # fmt: skip
+    assert both.exit_code == 2 and "--case (one or more) or --store" in both.output
+    neither = runner.invoke(commands["eval"], ["run", "--out", str(tmp_path)])
+    assert neither.exit_code == 2 and "--dataset or --cases" in neither.output
+    bad_plan = tmp_path / "plan.yaml"
+    bad_plan.write_text("faults: [{operator: llm_response, sender: trader}]\n")
+    refused = runner.invoke(
+        commands["campaign"],
+        ["run", str(bad_plan), "--out", str(tmp_path), "--case", str(EXAMPLES / "trading_desk.json")],
+    )  # fmt: skip
+    assert refused.exit_code == 2 and "needs the MAST mode" in refused.output
