@@ -297,8 +297,8 @@ def test_commands_refuse_ambiguous_sources(tmp_path: Path) -> None:
     assert neither.exit_code == 2 and "--dataset or --cases" in neither.output
     bad_plan = tmp_path / "plan.yaml"
     bad_plan.write_text("faults: [{operator: llm_response, sender: trader}]\n")
+    source = str(EXAMPLES / "trading_desk.json")
     refused = runner.invoke(
-        commands["campaign"],
-        ["run", str(bad_plan), "--out", str(tmp_path), "--case", str(EXAMPLES / "trading_desk.json")],
-    )  # fmt: skip
+        commands["campaign"], ["run", str(bad_plan), "--out", str(tmp_path), "--case", source]
+    )
     assert refused.exit_code == 2 and "needs the MAST mode" in refused.output
