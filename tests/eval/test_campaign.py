@@ -21,11 +21,14 @@ from poirot_eval.campaigns.plan import CampaignPlan, read_plan
 from poirot_eval.cases import EvalCase
 from poirot_eval.cli import commands
 from poirot_eval.loaders import load_cases
+from poirot_eval.runner import without_triggers
 from poirot_eval.selection import read_case_file, read_case_folder
 from poirot_eval.session import session_items
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, MessageKind, TelemetrySample
+from tests.eval.helpers import run
+from tests.support.answers import schema_answer
 from tests.support.data import DATA
 
 EXAMPLES = Path(build_sources.__file__).parent
@@ -302,3 +305,20 @@ def test_commands_refuse_ambiguous_sources(tmp_path: Path) -> None:
         commands["campaign"], ["run", str(bad_plan), "--out", str(tmp_path), "--case", source]
     )
     assert refused.exit_code == 2 and "needs the MAST mode" in refused.output
+
+
+def test_a_variant_is_investigated_once_by_the_method_asked(tmp_path: Path) -> None:
+    """Its hazard fires on ingest; without the fix the rule opened a POIROT investigation of
+    its own ahead of the baseline's (several more LLM calls per case)."""
+    plan = {"faults": [{"operator": "crossed_book", "component": "market_feed", "signal": "ACME"}]}
+    [variant] = _campaign(plan, [build_sources.trading_desk()]).kept
+    calls = []
+    for i, case in enumerate(
+        (variant, variant.model_copy(update={"spec": without_triggers(variant.spec)}))
+    ):
+        backend = ScriptedBackend(schema_answer)
+        recorder = asyncio.run(run([case], tmp_path / str(i), backend, "baseline"))
+        [finished] = recorder.finished
+        assert finished.status == "ok" and finished.truth == variant.truth
+        calls.append(len(backend.calls))
+    assert calls[0] == calls[1] == 1
