@@ -6,16 +6,16 @@ import asyncio
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from poirot_eval.campaigns.generate import CampaignOutcome
-from poirot_eval.campaigns.plan import CampaignPlan
-from poirot_eval.cases import EvalCase
-from poirotd.config import LLMSpec
+if TYPE_CHECKING:
+    # Imported where used: `poirotd eval ...` and `replay` load this module too.
+    from poirot_eval.campaigns.generate import CampaignOutcome
+    from poirot_eval.campaigns.plan import CampaignPlan
+    from poirot_eval.cases import EvalCase
+    from poirotd.config import LLMSpec
 
 app = typer.Typer(
     add_completion=False,
@@ -229,6 +229,9 @@ def _write(
 
 
 def _print(outcome: CampaignOutcome, out: Path, manifest: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     table = Table(title="Variants")
     for column in ("kept", "dropped", *outcome.reasons):
