@@ -14,11 +14,14 @@ from pydantic import Field
 from poirotd.config.spec import SystemSpec
 from poirotd.model import AgentMessage, Frozen, TelemetrySample
 
-# "whowhen" is Who&When's Algorithm-Generated subset, "whowhen-hand-crafted" its Hand-Crafted one;
-# "campaign" a variant `poirotd campaign` wrote (its source and fault are in `truth.fault`).
-Dataset = Literal[
-    "blame-cortex", "blame-trading", "whowhen", "whowhen-hand-crafted", "tracertraj", "campaign"
+# The published benchmarks a data folder holds. "whowhen" is Who&When's Algorithm-Generated
+# subset, "whowhen-hand-crafted" its Hand-Crafted one.
+Benchmark = Literal[
+    "blame-cortex", "blame-trading", "whowhen", "whowhen-hand-crafted", "tracertraj"
 ]
+# What a case belongs to: a benchmark, or "campaign" for a variant `poirotd campaign` wrote (its
+# source and fault are in `truth.fault`).
+Dataset = Literal[Benchmark, "campaign"]
 # What an injected fault is: an agent's message corrupted (response) or what it was told altered
 # before it spoke (prompt), a hardware sensor's signal or a market-data feed's quotes corrupted.
 FaultKind = Literal["agent_response", "agent_prompt", "hardware", "feed"]

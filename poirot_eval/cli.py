@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poirot_eval.campaigns.cli import app as campaign_app
-from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.cases import Benchmark, Dataset, EvalCase
 from poirot_eval.poirot_runs import Reaggregation, ZeroPosition
 from poirot_eval.whowhen import SUBSETS, Subset
 from poirotd.cli.connection import DEFAULT_TARGET, TargetOption, refused
@@ -74,7 +74,7 @@ def run_command(
         Path, typer.Option(help="run directory: results.jsonl and run.json (resumed if present)")
     ],
     dataset: Annotated[
-        Dataset | None, typer.Option(help="a benchmark of the data folder (or --cases)")
+        Benchmark | None, typer.Option(help="a benchmark of the data folder (or --cases)")
     ] = None,
     cases: Annotated[
         Path | None,
@@ -162,27 +162,27 @@ def run_command(
         typer.echo("name the cases: --dataset or --cases, one of the two", err=True)
         raise typer.Exit(2)
     chosen = [i.strip() for i in ids.split(",") if i.strip()] if ids else None
-    dataset = _with_subset("campaign" if dataset is None else dataset, subset)
+    named: Dataset = "campaign" if dataset is None else _with_subset(dataset, subset)
     try:
         selected = (
-            select_cases(dataset, data_dir, ids=chosen, offset=offset, limit=limit)
+            select_cases(named, data_dir, ids=chosen, offset=offset, limit=limit)
             if cases is None
             else read_case_folder(cases, ids=chosen, offset=offset, limit=limit)
         )
     except KeyError as exc:
-        typer.echo(f"cannot load {dataset}: {exc.args[0]}", err=True)
+        typer.echo(f"cannot load {named}: {exc.args[0]}", err=True)
         raise typer.Exit(2) from exc
     except (OSError, ValueError) as exc:
-        typer.echo(f"cannot load {dataset}: {exc}", err=True)
+        typer.echo(f"cannot load {named}: {exc}", err=True)
         raise typer.Exit(2) from exc
     if not selected:
-        where = cases if cases is not None else source(dataset, data_dir)
-        typer.echo(f"cannot load {dataset}: no cases selected in {where}", err=True)
+        where = cases if cases is not None else source(named, data_dir)
+        typer.echo(f"cannot load {named}: no cases selected in {where}", err=True)
         raise typer.Exit(2)
     journal = RunJournal(out)
     try:
         journal.begin(
-            dataset=dataset,
+            dataset=named,
             method=method,
             llm=llm.model_dump(mode="json"),
             settings={
@@ -369,7 +369,7 @@ def _comparison_tables(result: Reaggregation) -> list[Table]:
     return [agents, regions]
 
 
-def _with_subset(dataset: Dataset, subset: Subset | None) -> Dataset:
+def _with_subset(dataset: Benchmark, subset: Subset | None) -> Benchmark:
     """`--dataset whowhen --subset hand-crafted` is the dataset whowhen-hand-crafted."""
     if subset is None:
         return dataset

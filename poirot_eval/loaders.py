@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import get_args
 
 from poirot_eval import blame, tracertraj, whowhen
-from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.cases import Benchmark, Dataset, EvalCase
 
-DATASETS: tuple[Dataset, ...] = get_args(Dataset)
+# The datasets a data folder holds (campaign variants are files named with --cases).
+DATASETS: tuple[Benchmark, ...] = get_args(Benchmark)
 
 
 def load_cases(
