@@ -13,7 +13,8 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.campaigns.cli import app as campaign_app
+from poirot_eval.cases import Benchmark, Dataset, EvalCase
 from poirot_eval.poirot_runs import Reaggregation, ZeroPosition
 from poirot_eval.whowhen import SUBSETS, Subset
 from poirotd.cli.connection import DEFAULT_TARGET, TargetOption, refused
@@ -28,8 +29,9 @@ app = typer.Typer(
 )
 # `poirotd replay`: one command, so a Typer of its own (a group needs a subcommand name).
 replay_app = typer.Typer(add_completion=False)
-# What `poirotd eval ...` and `poirotd replay ...` run: poirotd's CLI looks them up here by name.
-commands = {"eval": app, "replay": replay_app}
+# What `poirotd eval ...`, `poirotd replay ...` and `poirotd campaign ...` run: poirotd's CLI
+# looks them up here by name.
+commands = {"eval": app, "replay": replay_app, "campaign": campaign_app}
 
 DataDirOption = Annotated[
     Path,
@@ -68,10 +70,19 @@ def load_case(ref: str, data_dir: Path) -> EvalCase:
 
 @app.command("run")
 def run_command(
-    dataset: Annotated[Dataset, typer.Option()],
     out: Annotated[
         Path, typer.Option(help="run directory: results.jsonl and run.json (resumed if present)")
     ],
+    dataset: Annotated[
+        Benchmark | None, typer.Option(help="a benchmark of the data folder (or --cases)")
+    ] = None,
+    cases: Annotated[
+        Path | None,
+        typer.Option(
+            help="a folder of one-case JSON files instead of a dataset: the variants folder "
+            "`poirotd campaign run` wrote",
+        ),
+    ] = None,
     data_dir: DataDirOption = Path("data"),
     subset: Annotated[
         Subset | None,
@@ -136,7 +147,7 @@ def run_command(
     from poirot_eval.loaders import source
     from poirot_eval.progress import RunProgress
     from poirot_eval.runner import run_cases
-    from poirot_eval.selection import select_cases
+    from poirot_eval.selection import read_case_folder, select_cases
     from poirotd.observability import logs
 
     llm = _llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
@@ -147,27 +158,35 @@ def run_command(
             err=True,
         )
         raise typer.Exit(2)
-    dataset = _with_subset(dataset, subset)
+    if (dataset is None) == (cases is None):
+        typer.echo("name the cases: --dataset or --cases, one of the two", err=True)
+        raise typer.Exit(2)
     chosen = [i.strip() for i in ids.split(",") if i.strip()] if ids else None
+    named: Dataset = "campaign" if dataset is None else _with_subset(dataset, subset)
     try:
-        cases = select_cases(dataset, data_dir, ids=chosen, offset=offset, limit=limit)
+        selected = (
+            select_cases(named, data_dir, ids=chosen, offset=offset, limit=limit)
+            if cases is None
+            else read_case_folder(cases, ids=chosen, offset=offset, limit=limit)
+        )
     except KeyError as exc:
-        typer.echo(f"cannot load {dataset}: {exc.args[0]}", err=True)
+        typer.echo(f"cannot load {named}: {exc.args[0]}", err=True)
         raise typer.Exit(2) from exc
     except (OSError, ValueError) as exc:
-        typer.echo(f"cannot load {dataset}: {exc}", err=True)
+        typer.echo(f"cannot load {named}: {exc}", err=True)
         raise typer.Exit(2) from exc
-    if not cases:
-        where = source(dataset, data_dir)
-        typer.echo(f"cannot load {dataset}: no cases selected in {where}", err=True)
+    if not selected:
+        where = cases if cases is not None else source(named, data_dir)
+        typer.echo(f"cannot load {named}: no cases selected in {where}", err=True)
         raise typer.Exit(2)
     journal = RunJournal(out)
     try:
         journal.begin(
-            dataset=dataset,
+            dataset=named,
             method=method,
             llm=llm.model_dump(mode="json"),
             settings={
+                "cases": None if cases is None else str(cases),
                 "ids": chosen,
                 "offset": offset,
                 "limit": limit,
@@ -187,7 +206,7 @@ def run_command(
         with progress:
             asyncio.run(
                 run_cases(
-                    cases,
+                    selected,
                     journal,
                     method=method,
                     llm=llm,
@@ -350,7 +369,7 @@ def _comparison_tables(result: Reaggregation) -> list[Table]:
     return [agents, regions]
 
 
-def _with_subset(dataset: Dataset, subset: Subset | None) -> Dataset:
+def _with_subset(dataset: Benchmark, subset: Subset | None) -> Benchmark:
     """`--dataset whowhen --subset hand-crafted` is the dataset whowhen-hand-crafted."""
     if subset is None:
         return dataset

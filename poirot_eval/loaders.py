@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import get_args
 
 from poirot_eval import blame, tracertraj, whowhen
-from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.cases import Benchmark, Dataset, EvalCase
 
-DATASETS: tuple[Dataset, ...] = get_args(Dataset)
+# The datasets a data folder holds (campaign variants are files named with --cases).
+DATASETS: tuple[Benchmark, ...] = get_args(Benchmark)
 
 
 def load_cases(
@@ -24,6 +25,11 @@ def load_cases(
     `data_dir` is the data folder the user names (the one holding blame/, whowhen/,
     tracertraj/); the datasets are not in the repository, so a missing one says where to look.
     """
+    if dataset == "campaign":
+        raise ValueError(
+            "campaign variants are files, not a dataset of the data folder: name the folder "
+            "`poirotd campaign` wrote with --cases"
+        )
     where = source(dataset, data_dir)
     if not where.exists():
         raise FileNotFoundError(

@@ -125,3 +125,50 @@ def _project_onto(ax: Axes, results: Sequence[CaseResult], *, label_size: int) -
     ax.set_aspect("equal")
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def confusion(matrix: dict[str, dict[str, int]], title: str, path: Path) -> Path:
+    """Rows the true faulty region, columns what the method decided (a region, none, several);
+    each cell the share of that row's variants, with its count."""
+    rows = list(matrix)
+    columns = sorted({c for row in matrix.values() for c in row})
+    counts = np.array([[matrix[r].get(c, 0) for c in columns] for r in rows], dtype=np.float64)
+    shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+    fig = Figure(figsize=(1.0 + 0.8 * len(columns), 1.2 + 0.5 * len(rows)))
+    ax = fig.add_subplot()
+    ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(columns)), columns, rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_xlabel("decided", fontsize=8)
+    ax.set_ylabel("faulty (truth)", fontsize=8)
+    for i in range(len(rows)):
+        for j in range(len(columns)):
+            if counts[i, j]:
+                colour = "white" if shares[i, j] > 0.5 else "black"
+                ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=7,
+                        color=colour)  # fmt: skip
+    ax.set_title(title, fontsize=9)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path
+
+
+def accuracy_by(
+    table: dict[str, dict[str, float | None]], title: str, ylabel: str, path: Path
+) -> Path:
+    """Grouped bars: one group per key (a fault kind), one bar per series (a method)."""
+    series = list(table)
+    keys = sorted({k for values in table.values() for k in values})
+    width = 0.8 / max(len(series), 1)
+    fig = Figure(figsize=(1.5 + 1.2 * len(keys), 4))
+    ax = fig.add_subplot()
+    x = np.arange(len(keys), dtype=np.float64)
+    for i, name in enumerate(series):
+        values = [table[name].get(k) or 0.0 for k in keys]
+        ax.bar(x + i * width - 0.4 + width / 2, values, width, label=name)
+    ax.set_xticks(x, keys, fontsize=8)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return path

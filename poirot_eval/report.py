@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from poirot_eval import plots
 from poirot_eval.results import CaseResult
 from poirot_eval.scoring import (
     STEP_TOLERANCES,
+    CampaignScores,
     Ratio,
     Summary,
     agreement,
+    campaign_scores,
     groups,
     per_agent,
     summarise,
@@ -89,6 +91,7 @@ def render_report(results: Sequence[CaseResult], out_dir: Path) -> Path:
     lines += [_row((*key, *_cost(s))) for key, s in summaries.items()]
     lines += _combined(grouped)
     lines += _agreement(results)
+    lines += _campaign(grouped, out_dir)
     for key, rows in grouped.items():
         lines += _figures(key, rows, out_dir)
     path = out_dir / REPORT
@@ -160,6 +163,73 @@ def _agreement(results: Sequence[CaseResult]) -> list[str]:
         lines += [
             _row((f"{a} / {b}", dataset, model, percent(ratio))) for (a, b), ratio in table.items()
         ]
+    return lines
+
+
+_CAMPAIGN_NOTES = """\
+Campaign variants (`poirotd campaign`), split by what was injected. *by fault kind / operator /
+faulty region*: the decision names exactly the injected region, over the variants of that kind.
+*precision / recall* of a region: of the variants where the method decided it, how many had it
+faulty / of those that had it faulty, how many decided it. *mode*: for a method that names a
+MAST failure mode (ErrorProbe), over the variants whose fault enacts one: accuracy, and F1
+macro-averaged over the modes and micro-averaged over the variants, as AEGIS reports them.
+Step accuracy (exact, ±k) is in the first table (agent faults carry a step; hardware and feed
+faults do not). The confusion matrices are per method: rows the faulty region, columns the
+region decided ((none): no decision, (several): more than one region).
+"""
+
+
+def _campaign(grouped: dict[tuple[str, str, str], list[CaseResult]], out_dir: Path) -> list[str]:
+    """The campaign section: accuracy by fault kind, operator and region, mode scores, plots."""
+    scored = {key: s for key, rows in grouped.items() if (s := campaign_scores(rows)) is not None}
+    if not scored:
+        return []
+    lines = ["", "## Campaign: accuracy by fault", "", _CAMPAIGN_NOTES]
+    lines += _by(scored, "fault kind", lambda s: s.by_kind)
+    lines += _by(scored, "operator", lambda s: s.by_operator)
+    lines += _by(scored, "faulty region", lambda s: s.by_region)
+    lines += ["", *_table(("method", "model", "region", "precision", "recall"))]
+    for (_, method, model), s in scored.items():
+        lines += [
+            _row((method, model, region, percent(precision), percent(recall)))
+            for region, (precision, recall) in s.region_pr.items()
+        ]
+    moded = {key: s.modes for key, s in scored.items() if s.modes is not None}
+    if moded:
+        lines += ["", *_table(("method", "model", "mode accuracy", "macro F1", "micro F1"))]
+        lines += [
+            _row((m, model, percent(x.accuracy), f"{x.macro_f1:.3f}", f"{x.micro_f1:.3f}"))
+            for (_, m, model), x in moded.items()
+        ]
+    by_kind = {
+        f"{method} / {model}" if model else method: {k: r.value for k, r in s.by_kind.items()}
+        for (_, method, model), s in scored.items()
+    }
+    bars = plots.accuracy_by(
+        by_kind, "Accuracy by fault kind", "accuracy", out_dir / "campaign-by-kind.png"
+    )
+    lines += ["", f"![accuracy by fault kind]({bars.name})"]
+    for (_, method, model), s in scored.items():
+        slug = re.sub(r"[^a-z0-9]+", "-", f"{method}-{model}".lower()).strip("-")
+        title = (
+            f"{method} / {model}: faulty vs decided" if model else f"{method}: faulty vs decided"
+        )
+        figure = plots.confusion(s.confusion, title, out_dir / f"confusion-{slug}.png")
+        lines += ["", f"![confusion matrix, {method}]({figure.name})"]
+    return lines
+
+
+def _by(
+    scored: dict[tuple[str, str, str], CampaignScores],
+    what: str,
+    pick: Callable[[CampaignScores], dict[str, Ratio]],
+) -> list[str]:
+    """A table: one row per method, one column per value of `what`."""
+    columns = sorted({k for s in scored.values() for k in pick(s)})
+    lines = ["", f"Accuracy by {what}:", "", *_table(("method", "model", *columns))]
+    for (_, method, model), s in scored.items():
+        values = pick(s)
+        lines.append(_row((method, model, *(percent(values.get(c, Ratio(0, 0))) for c in columns))))
     return lines
 
 

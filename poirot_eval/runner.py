@@ -21,7 +21,7 @@ from poirot_eval.ensemble_lines import ensemble_line
 from poirot_eval.journal import RunJournal
 from poirot_eval.results import CaseResult, Status, TokenUsage
 from poirot_eval.session import session_id_of, session_items
-from poirotd.config import LLMSpec, OpenAILLMSpec, Settings
+from poirotd.config import LLMSpec, OpenAILLMSpec, Settings, SystemSpec
 from poirotd.daemon import Core, build_core
 from poirotd.errors import ServiceError
 from poirotd.ingest.pipeline import IngestPipeline
@@ -174,7 +174,8 @@ async def run_case(
     outcome = _Outcome(case, method, model)
     with tempfile.TemporaryDirectory(prefix="poirotd-eval-") as folder:
         store = await SqliteStore.open(Path(folder) / "case.db", synchronous="NORMAL")
-        core = build_core(case.spec, store, backend, Metrics(case.spec.system.name), settings)
+        spec = without_triggers(case.spec)
+        core = build_core(spec, store, backend, Metrics(spec.system.name), settings)
         core.runner.start()
         try:
             async with asyncio.timeout(limit_seconds):
@@ -191,6 +192,14 @@ async def run_case(
             await core.pipeline.drain()
             await store.close()
     return outcome.of(investigation, exchanges, time.monotonic() - started)
+
+
+def without_triggers(spec: SystemSpec) -> SystemSpec:
+    """The spec without its hazard rules. A case is investigated once, by the method asked: a
+    rule firing as the session is ingested (a campaign variant's validated hazard does, by
+    design) would open a POIROT investigation of its own ahead of it, costing a whole POIROT
+    run per case and delaying the one measured."""
+    return spec.model_copy(update={"rules": ()}) if spec.rules else spec
 
 
 async def _investigate(

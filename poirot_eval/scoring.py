@@ -16,6 +16,7 @@ Numbers from that script can therefore be higher than ours for the same predicti
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -225,3 +226,134 @@ def _ratio(hits: Iterable[bool]) -> Ratio:
 
 def _mean(values: npt.NDArray[np.float64]) -> float:
     return float(values.mean()) if values.size else 0.0
+
+
+# ------------------------------------------------------------------ campaigns
+
+# A MAST mode as a vote names it ("MAST-3 Step repetition"): ErrorProbe's hypothesis.
+_MODE = re.compile(r"^(MAST-\d+)\b")
+# Confusion-matrix columns for a run that decided no region, or several.
+NO_REGION = "(none)"
+SEVERAL_REGIONS = "(several)"
+
+
+@dataclass(frozen=True)
+class ModeScores:
+    """Failure-mode accuracy over the variants whose truth names a MAST mode, for a method that
+    names one; F1 as AEGIS reports it (macro: the mean of the per-mode F1s over every mode in
+    the truth or the predictions; micro: over all decisions pooled)."""
+
+    accuracy: Ratio
+    macro_f1: float
+    micro_f1: float
+
+
+@dataclass(frozen=True)
+class CampaignScores:
+    """One group of campaign results, split by what was injected."""
+
+    by_kind: dict[str, Ratio]
+    by_operator: dict[str, Ratio]
+    # Truth region -> accuracy, and (precision, recall) of deciding that region.
+    by_region: dict[str, Ratio]
+    region_pr: dict[str, tuple[Ratio, Ratio]]
+    # Truth region -> predicted region (or NO_REGION / SEVERAL_REGIONS) -> cases.
+    confusion: dict[str, dict[str, int]]
+    # None when the method names no failure mode or no variant has one.
+    modes: ModeScores | None
+
+
+def predicted_mode(result: CaseResult) -> str | None:
+    """The MAST mode the run's highest-weighted mode-naming vote gives, if any."""
+    named = [
+        (v.weight, match.group(1))
+        for v in result.votes
+        if not v.abstained and (match := _MODE.match(v.hazard_vector))
+    ]
+    return max(named)[1] if named and result.status == "ok" else None
+
+
+def predicted_label(result: CaseResult) -> str:
+    """The region a run decided, as a confusion-matrix column."""
+    regions = result.predicted_regions if result.status == "ok" else ()
+    if not regions:
+        return NO_REGION
+    return regions[0] if len(regions) == 1 else SEVERAL_REGIONS
+
+
+def campaign_scores(results: Sequence[CaseResult]) -> CampaignScores | None:
+    """Scores by fault of the results that are campaign variants; None when there are none."""
+    rows = [r for r in results if r.truth.fault is not None]
+    if not rows:
+        return None
+    kinds: dict[str, list[bool]] = defaultdict(list)
+    operators: dict[str, list[bool]] = defaultdict(list)
+    regions: dict[str, list[bool]] = defaultdict(list)
+    confusion: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # tp, fp, fn per region
+    for r in rows:
+        fault = r.truth.fault
+        assert fault is not None
+        hit = attribution_hit(r)
+        kinds[fault.kind].append(hit)
+        operators[fault.operator].append(hit)
+        for region in r.truth.regions:
+            regions[region].append(hit)
+            confusion[region][predicted_label(r)] += 1
+        decided = set(r.predicted_regions if r.status == "ok" else ())
+        for region in set(r.region_ids):
+            faulty = region in r.truth.regions
+            if region in decided:
+                counts[region][0 if faulty else 1] += 1
+            elif faulty:
+                counts[region][2] += 1
+    return CampaignScores(
+        by_kind={k: _ratio(v) for k, v in sorted(kinds.items())},
+        by_operator={k: _ratio(v) for k, v in sorted(operators.items())},
+        by_region={k: _ratio(v) for k, v in sorted(regions.items())},
+        region_pr={
+            region: (Ratio(tp, tp + fp), Ratio(tp, tp + fn))
+            for region, (tp, fp, fn) in sorted(counts.items())
+            if tp + fp + fn
+        },
+        confusion={t: dict(sorted(p.items())) for t, p in sorted(confusion.items())},
+        modes=mode_scores(rows),
+    )
+
+
+def mode_scores(results: Sequence[CaseResult]) -> ModeScores | None:
+    """Mode accuracy and F1 over the results whose truth names a mode; None when the method
+    named no mode in any of the group's results (it does not diagnose modes)."""
+    if not any(predicted_mode(r) for r in results):
+        return None
+    pairs = [
+        (r.truth.fault.mode, predicted_mode(r))
+        for r in results
+        if r.truth.fault is not None and r.truth.fault.mode is not None
+    ]
+    if not pairs:
+        return None
+    correct = sum(t == p for t, p in pairs)
+    predicted = sum(p is not None for _, p in pairs)
+    micro_p = correct / predicted if predicted else 0.0
+    micro_r = correct / len(pairs)
+    labels = sorted({t for t, _ in pairs} | {p for _, p in pairs if p is not None})
+    f1s = []
+    for label in labels:
+        tp = sum(t == label and p == label for t, p in pairs)
+        fp = sum(t != label and p == label for t, p in pairs)
+        fn = sum(t == label and p != label for t, p in pairs)
+        f1s.append(_f1(tp, fp, fn))
+    return ModeScores(
+        accuracy=Ratio(correct, len(pairs)),
+        macro_f1=float(np.mean(f1s)) if f1s else 0.0,
+        micro_f1=_harmonic(micro_p, micro_r),
+    )
+
+
+def _f1(tp: int, fp: int, fn: int) -> float:
+    return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+
+
+def _harmonic(p: float, r: float) -> float:
+    return 2 * p * r / (p + r) if p + r else 0.0

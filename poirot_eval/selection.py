@@ -64,3 +64,19 @@ def _is_web_tool_run(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(record, dict) and "voting_data" in record
+
+
+def read_case_folder(
+    folder: Path, *, ids: Collection[str] | None, offset: int, limit: int | None
+) -> list[EvalCase]:
+    """Every one-case JSON file of `folder` (a campaign's variants), by case id, kept by `ids`,
+    then `limit` of them from `offset`. Raises CaseFileError for a file that is not a case."""
+    if not folder.is_dir():
+        raise CaseFileError(f"{folder}: no such folder")
+    cases = sorted((read_case_file(p) for p in folder.glob("*.json")), key=lambda c: c.case_id)
+    unknown = sorted(set(ids or ()) - {c.case_id for c in cases})
+    if unknown:
+        raise KeyError(f"no case {unknown} in {folder}")
+    chosen = [c for c in cases if ids is None or c.case_id in ids]
+    stop = None if limit is None else offset + limit
+    return chosen[offset:stop]

@@ -23,11 +23,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from poirot_eval.case_files import CaseFileError, read_record
-from poirot_eval.cases import Dataset, EvalCase
+from poirot_eval.cases import Benchmark, Dataset, EvalCase
 from poirot_eval.trajectory import TruthError, Turn, trajectory_case
 
 Subset = Literal["algorithm-generated", "hand-crafted"]
-SUBSETS: dict[Subset, Dataset] = {
+SUBSETS: dict[Subset, Benchmark] = {
     "algorithm-generated": "whowhen",
     "hand-crafted": "whowhen-hand-crafted",
 }

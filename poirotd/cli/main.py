@@ -121,6 +121,12 @@ def replay(ctx: typer.Context) -> None:
     _run_evaluation_command("replay", ctx)
 
 
+@app.command(context_settings=_PASSED_ON, add_help_option=False)
+def campaign(ctx: typer.Context) -> None:
+    """Inject faults into clean sessions and write the validated variants as labelled cases."""
+    _run_evaluation_command("campaign", ctx)
+
+
 def _run_evaluation_command(name: str, ctx: typer.Context) -> None:
     """Runs poirot_eval's command `name` on the arguments given, or exits 2 saying how to install
     the extra it comes with."""

@@ -1,0 +1,1 @@
+"""Fault-injection campaigns over the CORTEX demo and the trading desk (docs/campaigns.md)."""
