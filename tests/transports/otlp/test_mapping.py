@@ -27,7 +27,8 @@ from tests.support.otlp_runs import (
 )
 
 AGENTS = SPEC.agents_by_alias()
-# Per convention: the span each message of CONVERSATION comes from, and the spans rejected (span, reason).
+# Per convention: the span each message of CONVERSATION comes from, and the spans rejected
+# (span, reason).
 SPANS = {
     "genai": ([3, 3, 3, 4, 5, 8, 8], [(6, "no_content"), (10, "unknown_agent")]),
     "genai_events": ([3, 3, 3, 4, 5, 8, 8], [(6, "no_content"), (10, "unknown_agent")]),
