@@ -8,31 +8,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from poirotd.config.spec import SystemSpec
-from poirotd.model import AgentMessage, Frozen
+from pydantic import ConfigDict
+
+from poirotd.campaigns.labelled import GroundTruth, LabelledCase
+
+__all__ = ["CASE_SHAPE", "Dataset", "EvalCase", "GroundTruth"]
 
 # "whowhen" is Who&When's Algorithm-Generated subset, "whowhen-hand-crafted" its Hand-Crafted one.
 Dataset = Literal["blame-cortex", "blame-trading", "whowhen", "whowhen-hand-crafted", "tracertraj"]
 
 
-class GroundTruth(Frozen):
-    """What caused the failure, as the dataset states it, in terms of the case's hazard space."""
+class EvalCase(LabelledCase):
+    """A labelled case of a known dataset; unlike the daemon's canaries, the harness refuses
+    fields it does not know."""
 
-    # Region ids of the faulty component(s): one for Who&When and TracerTraj, one or more for
-    # BLAME (its exact-vector match compares the whole set).
-    regions: tuple[str, ...]
-    # Session index of the message where the failure began (Who&When, TracerTraj); None for BLAME.
-    step: int | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-
-class EvalCase(Frozen):
     dataset: Dataset
-    case_id: str
-    # Pins the hazard space, so predictions and truth index the same regions.
-    spec: SystemSpec
-    # The session as the attributor may see it, in session order (indices 0..n-1).
-    messages: tuple[AgentMessage, ...]
-    truth: GroundTruth
 
 
 # What a one-case JSON file holds (the README's "Case and result formats" has every field).

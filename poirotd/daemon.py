@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import structlog
 
+from poirotd.campaigns.canary import Canaries, load_cases
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import load_spec
 from poirotd.ingest.pipeline import IngestPipeline
@@ -194,6 +195,15 @@ class Daemon:
         core = self._core = build_core(self.spec, self._store, self._backend, self.metrics, s, bus)
         await core.runner.recover()
         core.runner.start()
+        if self.spec.canary is not None:
+            canaries = Canaries(
+                self.spec,
+                self._store,
+                self._backend,
+                self.metrics,
+                load_cases(self.spec, self.metrics),
+            )
+            self._background.append(asyncio.create_task(canaries.run_forever(), name="canaries"))
         if self._store.shared:
             follow = bus.follow(self._store, s.shared_poll_seconds)
             self._background.append(asyncio.create_task(follow, name="events-follow"))
@@ -332,6 +342,7 @@ class Daemon:
             await door.drain()
         for task in self._background:
             task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         if self._core is not None:
             await self._core.runner.drain(self.settings.drain_seconds)
         for door in reversed(self._transports):

@@ -319,6 +319,7 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
         coalesced=[coalesced_trigger(c) for c in inv.coalesced],
         coalesced_omitted=inv.coalesced_omitted,
         requested_by=inv.requested_by,
+        canary=inv.canary,
     )
     if inv.confirmed is not None:
         message.confirmed.CopyFrom(confirmed_outcome(inv.confirmed))

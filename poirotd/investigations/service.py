@@ -192,6 +192,12 @@ class InvestigationService:
                 reason="missing_note",
             )
         investigation = await self.get(investigation_id)
+        if investigation.canary:
+            raise FailedPrecondition(
+                f"investigation {investigation_id!r} is a canary's (a labelled case replayed to "
+                "measure attribution): its truth is its label, and it moves no β",
+                reason="canary",
+            )
         space = investigation.hazard_space
         if investigation.state is not InvestigationState.SUCCEEDED or space is None:
             raise FailedPrecondition(
