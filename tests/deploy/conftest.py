@@ -12,6 +12,7 @@ import pytest
 
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from tests.support.canary import labelled, write_case
 from tests.support.deploy import (
     EDGE,
     K8S,
@@ -21,7 +22,6 @@ from tests.support.deploy import (
     require_tool,
     run_one_investigation,
 )
-from tests.support.canary import labelled, write_case
 from tests.support.openai_server import ScriptedServer, schema_replies
 from tests.support.spec import clinic
 
