@@ -241,6 +241,15 @@ class PoirotClient:
         )
         return response
 
+    async def seed_reputation(
+        self, source: str, outcomes: Iterable[pb.CampaignOutcome]
+    ) -> pb.GetReputationResponse:
+        """Seeds β and reliabilities from a fault campaign's outcomes (SeedReputation)."""
+        response: pb.GetReputationResponse = await self.investigations.SeedReputation(
+            pb.SeedReputationRequest(source=source, outcomes=list(outcomes))
+        )
+        return response
+
     async def reputation(self) -> pb.GetReputationResponse:
         response: pb.GetReputationResponse = await self.investigations.GetReputation(
             pb.GetReputationRequest()

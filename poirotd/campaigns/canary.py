@@ -268,13 +268,18 @@ class Canaries:
 
     async def _betas(self) -> dict[str, float]:
         """The agents' β as a real run would weigh them (read, never moved)."""
-        return betas_in_use(self._spec, await self._store.reputations(self._system))
+        system = self._system
+        seed = await self._store.campaign_seed(system)
+        return betas_in_use(self._spec, await self._store.reputations(system), seed)
 
     async def _reliabilities(self, method: InvestigationMethod) -> dict[str, float]:
         if method != "ensemble":
             return {}
-        confirmed = await self._store.confirmed_investigations(self._system)
-        return method_reliabilities(self._spec.protocol.ensemble.reliability, confirmed)
+        return method_reliabilities(
+            self._spec.protocol.ensemble.reliability,
+            await self._store.confirmed_investigations(self._system),
+            await self._store.campaign_seed(self._system),
+        )
 
     def _scored(self, result: CanaryResult) -> None:
         method = result.investigation.method

@@ -190,13 +190,57 @@ def reputation(daemon: Connection, as_json: JsonOption = False) -> None:
     _print_betas(response.betas)
 
 
+@app.command("seed-reputation")
+@connects
+def seed_reputation(
+    daemon: Connection,
+    results: Annotated[
+        Path,
+        typer.Option("--from", help="results.jsonl of `poirotd eval` over labelled cases"),
+    ],
+    source: Annotated[str, typer.Option(help="what to call the campaign (default: the file)")] = "",
+    as_json: JsonOption = False,
+) -> None:
+    """Seed the agents' β and the ensemble's reliabilities from a fault campaign (SeedReputation).
+
+    Kept apart from confirmed outcomes and shown beside them; weighed in only as the spec's
+    protocol.reputation.campaign_weight says. A new seed replaces the one before.
+    """
+    from poirotd.cli.seeding import ResultsError, campaign_outcomes
+
+    try:
+        outcomes = campaign_outcomes(results)
+    except ResultsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    response = daemon.call(lambda client: client.seed_reputation(source or results.name, outcomes))
+    if as_json:
+        print_json(response)
+        return
+    typer.echo(
+        f"seeded from {response.campaign_source}: {response.campaign_cases} outcomes, "
+        f"campaign weight {response.campaign_weight:g}"
+        + (" (the campaign's β is shown, not used)" if response.campaign_weight == 0 else "")
+    )
+    _print_betas(response.betas)
+
+
 def _print_betas(betas: Iterable[pb.AgentBeta]) -> None:
+    """The β in use; with a campaign seed, also the confirmed and the campaign's β."""
     from rich.console import Console
     from rich.table import Table
 
+    betas = list(betas)
+    seeded = any(beta.HasField("campaign") for beta in betas)
     table = Table("agent", "β", "confirmations", "last confirmed investigation")
+    if seeded:
+        table.add_column("confirmed β")
+        table.add_column("campaign β (cases)")
     for beta in betas:
-        table.add_row(
-            beta.agent_id, f"{beta.beta:.3f}", str(beta.confirmations), beta.investigation_id
-        )
+        row = [beta.agent_id, f"{beta.beta:.3f}", str(beta.confirmations), beta.investigation_id]
+        if seeded:
+            campaign = beta.campaign
+            shown = f"{campaign.value:.3f} ({campaign.cases})" if beta.HasField("campaign") else ""
+            row += [f"{beta.confirmed_beta:.3f}", shown]
+        table.add_row(*row)
     Console().print(table)

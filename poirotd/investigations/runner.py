@@ -482,7 +482,12 @@ class InvestigationRunner:
         self, investigation: Investigation, recorder: InvestigationRecorder
     ) -> ProtocolOutcome:
         messages = await self._store.session_messages(investigation.session_id)
-        betas = betas_in_use(self._spec, await self._store.reputations(investigation.system))
+        system = investigation.system
+        betas = betas_in_use(
+            self._spec,
+            await self._store.reputations(system),
+            await self._store.campaign_seed(system),
+        )
         self._metrics.record_betas(betas)
         readings = await self._store.newest_readings(
             investigation.session_id, limit=_EVIDENCE_SAMPLES
@@ -531,11 +536,16 @@ class InvestigationRunner:
             recorder.cancelled()
 
     async def _reliabilities(self, investigation: Investigation) -> dict[str, float]:
-        """The methods' reliabilities from confirmed outcomes, which only an ensemble weighs."""
+        """The methods' reliabilities from confirmed outcomes and a campaign's seed, which only
+        an ensemble weighs."""
         if investigation.method != "ensemble":
             return {}
-        confirmed = await self._store.confirmed_investigations(investigation.system)
-        return method_reliabilities(self._spec.protocol.ensemble.reliability, confirmed)
+        system = investigation.system
+        return method_reliabilities(
+            self._spec.protocol.ensemble.reliability,
+            await self._store.confirmed_investigations(system),
+            await self._store.campaign_seed(system),
+        )
 
     async def _describe(
         self, investigation: Investigation, readings: list[Reading]

@@ -33,6 +33,7 @@ from poirotd.model import (
     AccessDenial,
     AgentMessage,
     AgentReputation,
+    CampaignSeed,
     CommitItem,
     ConfirmedOutcome,
     DiagnosisMemoryEntry,
@@ -323,6 +324,12 @@ class Store(Protocol):
         `supersede`, else raise AlreadyConfirmedError; the same regions change nothing."""
 
     async def reputations(self, system: str) -> dict[str, AgentReputation]: ...
+
+    async def put_campaign_seed(self, seed: CampaignSeed) -> None:
+        """Stores a fault campaign's seed for its system, replacing the one before (which the
+        audit chain keeps); confirmed reputations are left as they are."""
+
+    async def campaign_seed(self, system: str) -> CampaignSeed | None: ...
 
     async def confirmed_investigations(
         self, system: str, *, limit: int = 500

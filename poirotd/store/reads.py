@@ -12,6 +12,7 @@ from typing import Any
 
 from poirotd.model import (
     AgentReputation,
+    CampaignSeed,
     DiagnosisMemoryEntry,
     HazardSpace,
     Investigation,
@@ -146,6 +147,11 @@ class StoreReads(ABC):
         )
         reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
         return {r.agent_id: r for r in reputations}
+
+    async def campaign_seed(self, system: str) -> CampaignSeed | None:
+        """The fault campaign's seed in force for `system` (the latest applied), if any."""
+        rows = await self._query("SELECT record FROM campaign_seeds WHERE system = ?", (system,))
+        return CampaignSeed.model_validate_json(rows[0][0]) if rows else None
 
     async def confirmed_investigations(
         self, system: str, *, limit: int = 500
