@@ -37,6 +37,7 @@ from poirotd.campaigns.labelled import (
 from poirotd.campaigns.schedule import DailyBudget, seconds_until_due
 from poirotd.config.spec import CanarySpec, SystemSpec
 from poirotd.investigations.recorder import degraded_reason
+from poirotd.investigations.weights import betas_now, reliabilities_now
 from poirotd.llm.base import LLMBackend
 from poirotd.model import (
     DiagnosisMemoryEntry,
@@ -49,10 +50,8 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol import prompts
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
-from poirotd.protocol.ensemble import method_reliabilities
 from poirotd.protocol.errors import ModelUnavailableError, ProtocolError
 from poirotd.protocol.events import ExchangeDone, ProtocolEvent
-from poirotd.protocol.reputation import betas_in_use
 from poirotd.store import Store
 from poirotd.store.port import MemoryUpdate
 
@@ -202,7 +201,7 @@ class Canaries:
         investigation_id = uuid.uuid4().hex
         session_id = f"{SHADOW_SESSION_PREFIX}{investigation_id[:12]}"
         messages = [m.model_copy(update={"session_id": session_id}) for m in case.messages]
-        betas = await self._betas()
+        betas = await betas_now(self._spec, self._store)
         exchanges: list[LLMExchange] = []
 
         async def on_event(event: ProtocolEvent) -> None:
@@ -240,7 +239,7 @@ class Canaries:
                 incident=_INCIDENT,
                 betas=betas,
                 method=method,
-                reliabilities=await self._reliabilities(method),
+                reliabilities=await reliabilities_now(self._spec, self._store, method),
                 investigation_id=investigation_id,
             )
         except (ProtocolError, ModelUnavailableError) as exc:
@@ -265,21 +264,6 @@ class Canaries:
             correct=correct,
         )
         return CanaryResult(record, case, correct, seconds)
-
-    async def _betas(self) -> dict[str, float]:
-        """The agents' β as a real run would weigh them (read, never moved)."""
-        system = self._system
-        seed = await self._store.campaign_seed(system)
-        return betas_in_use(self._spec, await self._store.reputations(system), seed)
-
-    async def _reliabilities(self, method: InvestigationMethod) -> dict[str, float]:
-        if method != "ensemble":
-            return {}
-        return method_reliabilities(
-            self._spec.protocol.ensemble.reliability,
-            await self._store.confirmed_investigations(self._system),
-            await self._store.campaign_seed(self._system),
-        )
 
     def _scored(self, result: CanaryResult) -> None:
         method = result.investigation.method

@@ -177,10 +177,19 @@ def confirm(
     _print_betas(response.betas)
 
 
-@app.command()
+reputation_app = typer.Typer(
+    help="The β each agent's vote is weighed with, and seeding it from a fault campaign."
+)
+app.add_typer(reputation_app, name="reputation")
+
+
+@reputation_app.callback(invoke_without_command=True)
 @connects
-def reputation(daemon: Connection, as_json: JsonOption = False) -> None:
-    """Show the β each agent's vote is weighed with now (GetReputation)."""
+def reputation(ctx: typer.Context, daemon: Connection, as_json: JsonOption = False) -> None:
+    """Show the β each agent's vote is weighed with now (GetReputation); `seed` sets a fault
+    campaign's values beside the confirmed ones."""
+    if ctx.invoked_subcommand is not None:
+        return
     response = daemon.call(lambda client: client.reputation())
     if as_json:
         print_json(response)
@@ -190,7 +199,7 @@ def reputation(daemon: Connection, as_json: JsonOption = False) -> None:
     _print_betas(response.betas)
 
 
-@app.command("seed-reputation")
+@reputation_app.command("seed")
 @connects
 def seed_reputation(
     daemon: Connection,
@@ -203,8 +212,8 @@ def seed_reputation(
 ) -> None:
     """Seed the agents' β and the ensemble's reliabilities from a fault campaign (SeedReputation).
 
-    Kept apart from confirmed outcomes and shown beside them; weighed in only as the spec's
-    protocol.reputation.campaign_weight says. A new seed replaces the one before.
+    Kept apart from confirmed outcomes and shown beside them, weighed in only as the spec's
+    campaign_weight says; a new seed replaces the one before.
     """
     from poirotd.cli.seeding import ResultsError, campaign_outcomes
 

@@ -17,6 +17,7 @@ from poirotd.config import SystemSpec
 from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.runner import InvestigationRunner
+from poirotd.investigations.weights import betas_now
 from poirotd.model import (
     MAX_INTEGER,
     AgentReputation,
@@ -36,7 +37,7 @@ from poirotd.observability.metrics import Metrics
 from poirotd.protocol.ensemble import confirmed_reliabilities, method_reliabilities
 from poirotd.protocol.errorprobe.memory import learn_from_confirmation
 from poirotd.protocol.hazard_space import pinned_hazard_space
-from poirotd.protocol.reputation import betas_in_use, reassess
+from poirotd.protocol.reputation import reassess
 from poirotd.store import AlreadyConfirmedError, Store
 
 
@@ -275,7 +276,7 @@ class InvestigationService:
 
     async def betas(self) -> dict[str, float]:
         """The β each agent's vote is weighed with from now on."""
-        return betas_in_use(self.spec, await self.reputations(), await self.campaign_seed())
+        return await betas_now(self.spec, self._store)
 
     async def campaign_seed(self) -> CampaignSeed | None:
         """The fault campaign's seed in force (SeedReputation), if any."""

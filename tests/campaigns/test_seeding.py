@@ -3,7 +3,9 @@ the store (both adapters) and shown beside them in GetReputation."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,9 +16,11 @@ from poirotd.api.client import PoirotClient
 from poirotd.campaigns.seeding import seed_from
 from poirotd.cli.seeding import campaign_outcomes
 from poirotd.config import SystemSpec
+from poirotd.daemon import Daemon
 from poirotd.model import AgentReputation, CampaignOutcome, CampaignValue, Vote
 from poirotd.protocol.reputation import betas_in_use, updated_beta
 from poirotd.store.audit import verify
+from tests.support.cli import poirotd
 from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.stores import StoreDb
 
@@ -160,3 +164,25 @@ async def test_seed_reputation_is_shown_beside_the_confirmed_values(
         await client.seed_reputation("broken", bad)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "decision has 5 entries for 4 regions" in (refused.value.details() or "")
+
+
+async def test_operators_seed_and_read_the_campaign_from_the_command_line(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    target = f"127.0.0.1:{daemon.grpc_port}"
+    results = results_file(tmp_path)
+    seeded = await asyncio.to_thread(
+        poirotd, "reputation", "seed", "--from", str(results), "--target", target
+    )
+    assert seeded.returncode == 0, seeded.stderr
+    assert "seeded from results.jsonl: 1 outcomes, campaign weight 0.5" in seeded.stdout
+    shown = await asyncio.to_thread(poirotd, "reputation", "--target", target)
+    assert shown.returncode == 0, shown.stderr
+    # doctor: in use 0.300, no confirmation, confirmed 0.250, campaign 0.300 over 1 case.
+    assert re.search(r"doctor\W+0\.300\W+0\W+0\.250\W+0\.300 \(1\)", shown.stdout)
+
+    (tmp_path / "bad.jsonl").write_text('{"case_id": "a"}\n')
+    refused = await asyncio.to_thread(
+        poirotd, "reputation", "seed", "--from", str(tmp_path / "bad.jsonl"), "--target", target
+    )
+    assert refused.returncode == 2 and "bad.jsonl:1: not a result line" in refused.stderr

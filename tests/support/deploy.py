@@ -154,8 +154,8 @@ async def one_canary(daemon: Daemon) -> None:
     """Waits until the daemon's canaries (its spec has a canary section) have run one."""
 
     def ran() -> bool:
-        runs = daemon.metrics.canary_runs.collect()[0].samples
-        return any(s.name.endswith("_total") and s.value >= 1 for s in runs)
+        families = daemon.metrics.canary_runs.collect()
+        return any(s.name.endswith("_total") and s.value >= 1 for f in families for s in f.samples)
 
     async with asyncio.timeout(30):
         await eventually(ran)
