@@ -121,6 +121,7 @@ class InvestigationService:
         page_size: int,
         page_token: str | None,
         method: str | None = None,
+        canaries: bool = False,
     ) -> tuple[list[Investigation], str | None]:
         if method is not None:
             _check_method(method)
@@ -131,6 +132,7 @@ class InvestigationService:
                 method=method,
                 limit=page_size,
                 page_token=page_token,
+                canaries=canaries,
             )
         except ValueError as exc:
             raise InvalidArgument(str(exc), reason="invalid") from exc

@@ -301,8 +301,10 @@ class Store(Protocol):
         method: str | None = None,
         limit: int = 50,
         page_token: str | None = None,
+        canaries: bool = False,
     ) -> tuple[list[Investigation], str | None]:
-        """Newest first, keyset-paginated by an opaque token; ValueError for a bad token."""
+        """Newest first, keyset-paginated by an opaque token; ValueError for a bad token. Real
+        investigations only, or with `canaries` the canaries' only."""
 
     async def settle_unfinished(self, reason: str, at: datetime) -> Settled:
         """What a daemon alone on its store leaves when it stops, or finds when it starts: every

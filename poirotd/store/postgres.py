@@ -251,6 +251,7 @@ class PostgresStore(StoreReads):
 
     _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
     _TRIGGERED = "(record::jsonb ->> 'trigger') IS NOT NULL"
+    _CANARY = "(record::jsonb ->> 'canary') IS NOT NULL"
     _METHOD = "coalesce(record::jsonb ->> 'method', 'poirot')"
     _STARTED_MS = (
         "floor(extract(epoch FROM (record::jsonb ->> 'started_at')::timestamptz) * 1000)::bigint"

@@ -71,6 +71,12 @@ async def test_a_canary_is_scored_marked_and_leaves_alerts_betas_and_memory_alon
         assert await store.confirmed_investigations("clinic") == []
         assert await store.memory_entries("clinic", include_deleted=True) == []
         assert not store.has_session(stored.session_id)
+        assert await store.list_investigations() == ([], None)
+        listed, _ = await store.list_investigations(canaries=True)
+        assert {i.investigation_id for i in listed} == {
+            right.investigation.investigation_id,
+            wrong.investigation.investigation_id,
+        }
 
         assert sample(metrics, "poirot_canary_runs_total", method="poirot", outcome="correct") == 1
         assert sample(metrics, "poirot_canary_runs_total", method="poirot", outcome="wrong") == 1

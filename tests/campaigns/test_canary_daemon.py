@@ -62,9 +62,12 @@ async def test_canary_metrics_are_scraped_and_nothing_real_moves(
     assert metrics[count] >= 2
     assert not [name for name, _ in metrics if name == "poirot_attribution_score"]
 
-    page = await client.list_investigations(page_size=50)
-    canaries = [i for i in page.investigations if i.canary]
-    assert len(canaries) >= 2 and all(i.session_id.startswith("canary-") for i in canaries)
+    # List shows real investigations only unless asked for the canaries'.
+    assert list((await client.list_investigations(page_size=50)).investigations) == []
+    page = await client.list_investigations(page_size=50, canaries=True)
+    canaries = list(page.investigations)
+    assert len(canaries) >= 2 and all(i.canary for i in canaries)
+    assert all(i.session_id.startswith("canary-") for i in canaries)
     done = next(i for i in canaries if i.state == pb.INVESTIGATION_STATE_SUCCEEDED)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await client.confirm(done.investigation_id, ["doctor"], note="a canary")

@@ -67,6 +67,7 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
                 page_size=request.page_size or _DEFAULT_PAGE,
                 page_token=request.page_token or None,
                 method=request.method or None,
+                canaries=request.canaries,
             )
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.List", error)

@@ -671,12 +671,17 @@ class ListInvestigationsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     METHOD_FIELD_NUMBER: _builtins.int
+    CANARIES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___InvestigationState.ValueType
     page_size: _builtins.int
     page_token: _builtins.str
     method: _builtins.str
     """Only investigations by this method ("poirot", "baseline", ...); empty: any."""
+    canaries: _builtins.bool
+    """False: real investigations only (never a canary's); true: the canaries' only
+    (docs/canaries.md), each marked Investigation.canary.
+    """
     def __init__(
         self,
         *,
@@ -685,10 +690,11 @@ class ListInvestigationsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         method: _builtins.str = ...,
+        canaries: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canaries", b"canaries", "method", b"method", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
