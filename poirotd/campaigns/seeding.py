@@ -13,7 +13,8 @@ from poirotd.config.spec import ReputationSpec, SystemSpec
 from poirotd.model import CampaignOutcome, CampaignSeed, CampaignValue
 from poirotd.protocol.reputation import accuracy, updated_beta
 
-# The most outcomes one seed may carry (a campaign of thousands of cases by five methods fits).
+# The most outcomes one seed may carry (the request's byte bound, SEED_REQUEST_BYTES, usually
+# comes first: some 20,000 outcomes of a small system).
 MAX_OUTCOMES = 100_000
 
 

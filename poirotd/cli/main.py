@@ -215,6 +215,8 @@ def seed_reputation(
     Kept apart from confirmed outcomes and shown beside them, weighed in only as the spec's
     campaign_weight says; a new seed replaces the one before.
     """
+    from poirotd.api.limits import SEED_REQUEST_BYTES
+    from poirotd.api.poirot.v1 import poirot_pb2 as pb
     from poirotd.cli.seeding import ResultsError, campaign_outcomes
 
     try:
@@ -222,7 +224,15 @@ def seed_reputation(
     except ResultsError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
-    response = daemon.call(lambda client: client.seed_reputation(source or results.name, outcomes))
+    request = pb.SeedReputationRequest(source=source or results.name, outcomes=outcomes)
+    if request.ByteSize() > SEED_REQUEST_BYTES:
+        typer.echo(
+            f"{results}: {len(outcomes)} outcomes take {request.ByteSize():,} bytes, more than "
+            f"the daemon takes in one seed ({SEED_REQUEST_BYTES:,}); seed from fewer cases",
+            err=True,
+        )
+        raise typer.Exit(2)
+    response = daemon.call(lambda client: client.seed_reputation(request.source, outcomes))
     if as_json:
         print_json(response)
         return

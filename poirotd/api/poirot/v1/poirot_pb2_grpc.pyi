@@ -183,7 +183,8 @@ class InvestigationsStub:
     beside them, shown beside them, and weighed in only as the spec's
     protocol.reputation.campaign_weight (ensemble.reliability.campaign_weight) says. A new
     seed replaces the previous one. INVALID_ARGUMENT: no outcome, more than 100000, one whose
-    vectors do not fit its regions, or an unknown method.
+    vectors do not fit its regions, or an unknown method; RESOURCE_EXHAUSTED: a request over
+    4 MiB (some 20,000 outcomes of a system of 7 regions).
     """
 
 @_typing.type_check_only
@@ -228,7 +229,8 @@ class InvestigationsAsyncStub(InvestigationsStub):
     beside them, shown beside them, and weighed in only as the spec's
     protocol.reputation.campaign_weight (ensemble.reliability.campaign_weight) says. A new
     seed replaces the previous one. INVALID_ARGUMENT: no outcome, more than 100000, one whose
-    vectors do not fit its regions, or an unknown method.
+    vectors do not fit its regions, or an unknown method; RESOURCE_EXHAUSTED: a request over
+    4 MiB (some 20,000 outcomes of a system of 7 regions).
     """
 
 class InvestigationsServicer(metaclass=_abc_1.ABCMeta):
@@ -318,7 +320,8 @@ class InvestigationsServicer(metaclass=_abc_1.ABCMeta):
         beside them, shown beside them, and weighed in only as the spec's
         protocol.reputation.campaign_weight (ensemble.reliability.campaign_weight) says. A new
         seed replaces the previous one. INVALID_ARGUMENT: no outcome, more than 100000, one whose
-        vectors do not fit its regions, or an unknown method.
+        vectors do not fit its regions, or an unknown method; RESOURCE_EXHAUSTED: a request over
+        4 MiB (some 20,000 outcomes of a system of 7 regions).
         """
 
 def add_InvestigationsServicer_to_server(servicer: InvestigationsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
