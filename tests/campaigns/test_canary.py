@@ -21,6 +21,7 @@ from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import InvestigationState
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Admission, Store
+from poirotd.store.audit import verify
 from tests.support.answers import schema_answer
 from tests.support.canary import labelled, write_case
 from tests.support.spec import clinic
@@ -91,6 +92,12 @@ async def test_a_canary_is_scored_marked_and_leaves_alerts_betas_and_memory_alon
         )
     finally:
         await store.close()
+    assert verify(store_db.target).ok
+    marked = store_db.query(
+        "SELECT count(*) FROM audit WHERE kind = 'investigation' AND payload LIKE ?",
+        '%"canary":true%',
+    )
+    assert marked == [(2,)], "the audit chain keeps each canary's record as a canary's"
 
 
 async def test_a_canary_waits_while_the_queue_holds_work(store_db: StoreDb, tmp_path: Path) -> None:
