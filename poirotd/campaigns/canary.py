@@ -24,7 +24,6 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import structlog
 
@@ -36,7 +35,7 @@ from poirotd.campaigns.labelled import (
 )
 from poirotd.campaigns.schedule import DailyBudget, seconds_until_due
 from poirotd.config.spec import CanarySpec, SystemSpec
-from poirotd.investigations.recorder import degraded_reason
+from poirotd.investigations.recorder import now, succeeded_record
 from poirotd.investigations.weights import betas_now, reliabilities_now
 from poirotd.llm.base import LLMBackend
 from poirotd.model import (
@@ -49,7 +48,7 @@ from poirotd.model import (
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol import prompts
-from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
+from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.errors import ModelUnavailableError, ProtocolError
 from poirotd.protocol.events import ExchangeDone, ProtocolEvent
 from poirotd.store import Store
@@ -151,7 +150,7 @@ class Canaries:
         self._budget = DailyBudget(self._canary.token_budget)
         # The first canary is due one interval after the daemon starts, not at once: a daemon
         # restarted in a loop must not spend its budget on canaries.
-        self._last_started = _now()
+        self._last_started = now()
         self._outcomes: dict[str, deque[bool]] = {}
         metrics.canary_accuracy_floor.labels(self._system).set(self._canary.accuracy_floor)
         for reason in ("queue_busy", "token_budget"):  # at 0, so an increase sees the first
@@ -164,17 +163,17 @@ class Canaries:
         if not self._plan:
             return
         while True:
-            await asyncio.sleep(seconds_until_due(self._canary, self._last_started, _now()))
+            await asyncio.sleep(seconds_until_due(self._canary, self._last_started, now()))
             try:
                 await self.run_next()
             except Exception:  # a canary is not worth the daemon: the next one tries again
                 log.exception("canary crashed")
-                self._last_started = _now()
+                self._last_started = now()
 
     async def run_next(self) -> CanaryResult | None:
         """The next planned canary, now, unless the queue has waiting work or the day's token
         budget is spent (None, counted as skipped; the interval starts again either way)."""
-        at = self._last_started = _now()
+        at = self._last_started = now()
         if not await self._queue_is_idle():
             self._metrics.canary_skipped.labels(self._system, "queue_busy").inc()
             log.info("canary skipped: investigations wait in the queue")
@@ -219,7 +218,7 @@ class Canaries:
             ),
             method=method,
             incident=prompts.incident_section(_INCIDENT),
-            created_at=_now(),
+            created_at=now(),
             betas=betas,
             canary=True,
         )
@@ -248,12 +247,12 @@ class Canaries:
             log.exception("canary investigation crashed", investigation_id=investigation_id)
             record = _failed(record, f"internal error: {type(exc).__name__}: {exc}", None)
         else:
-            record = _succeeded(record, outcome)
+            record = succeeded_record(record, outcome)
         seconds = time.monotonic() - started
         await self._store.save_investigation(record)
         for exchange in exchanges:
             await self._store.record_exchange(investigation_id, exchange)
-        self._budget.spend(_now(), record.usage.prompt_tokens + record.usage.completion_tokens)
+        self._budget.spend(now(), record.usage.prompt_tokens + record.usage.completion_tokens)
         correct = _names_the_label(record, case)
         log.info(
             "canary finished",
@@ -281,28 +280,11 @@ class Canaries:
         m.canary_accuracy.labels(system, method).set(sum(window) / len(window))
 
 
-def _succeeded(record: Investigation, outcome: ProtocolOutcome) -> Investigation:
-    return record.model_copy(
-        update={
-            "state": InvestigationState.SUCCEEDED,
-            "finished_at": _now(),
-            "hazard_space": outcome.hazard_space,
-            "reports": dict(outcome.reports),
-            "votes": tuple(outcome.votes),
-            "attribution": outcome.attribution,
-            "phases": tuple(outcome.phases),
-            "usage": outcome.usage,
-            "degraded_reason": degraded_reason(outcome),
-            "findings": outcome.findings,
-        }
-    )
-
-
 def _failed(record: Investigation, error: str, usage: LLMUsage | None) -> Investigation:
     changes: dict[str, object] = {
         "state": InvestigationState.FAILED,
         "error": error,
-        "finished_at": _now(),
+        "finished_at": now(),
     }
     if usage is not None:
         changes["usage"] = usage
@@ -316,7 +298,3 @@ def _names_the_label(record: Investigation, case: LabelledCase) -> bool:
     regions = [region.id for region in record.hazard_space.regions]
     named = {r for r, bit in zip(regions, record.attribution.decision, strict=False) if bit}
     return named == set(case.truth.regions)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
