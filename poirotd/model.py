@@ -511,6 +511,17 @@ class CoalescedTrigger(Frozen):
     requested_by: str = ""
 
 
+class CanaryLabel(Frozen):
+    """What a canary replayed, and how its attribution scored against the label."""
+
+    case_id: str
+    dataset: str
+    # The labelled region(s).
+    truth: tuple[str, ...]
+    # The decision named exactly the labelled region(s) (False for a wrong or failed run).
+    correct: bool = False
+
+
 class Investigation(Frozen):
     investigation_id: str
     system: str
@@ -566,10 +577,10 @@ class Investigation(Frozen):
     # Set while the run waits for the model (no LLM server can serve): since when. Left out
     # while unset, like `superseded`.
     waiting_for_model_since: datetime | None = Field(default=None, exclude_if=lambda v: v is None)
-    # A canary's (poirotd.campaigns.canary): a labelled case replayed in a shadow session to
-    # measure attribution, never a real incident. It cannot be confirmed and streams no events.
-    # Left out while unset, like `superseded`.
-    canary: bool = Field(default=False, exclude_if=lambda v: not v)
+    # Set on a canary's (poirotd.campaigns.canary): a labelled case replayed in a shadow session
+    # to measure attribution, never a real incident. It cannot be confirmed and streams no
+    # events. Left out while unset, like `superseded`.
+    canary: CanaryLabel | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def joined_by(self, trigger: CoalescedTrigger) -> Investigation:
         """The record with `trigger` coalesced into it (counted only, beyond MAX_COALESCED)."""

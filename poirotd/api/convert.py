@@ -322,8 +322,17 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
         coalesced=[coalesced_trigger(c) for c in inv.coalesced],
         coalesced_omitted=inv.coalesced_omitted,
         requested_by=inv.requested_by,
-        canary=inv.canary,
+        canary=inv.canary is not None,
     )
+    if inv.canary is not None:
+        message.canary_label.CopyFrom(
+            pb.CanaryLabel(
+                case_id=inv.canary.case_id,
+                dataset=inv.canary.dataset,
+                truth_region_ids=inv.canary.truth,
+                correct=inv.canary.correct,
+            )
+        )
     if inv.confirmed is not None:
         message.confirmed.CopyFrom(confirmed_outcome(inv.confirmed))
     message.superseded.extend(confirmed_outcome(outcome) for outcome in inv.superseded)

@@ -39,6 +39,7 @@ from poirotd.investigations.recorder import now, succeeded_record
 from poirotd.investigations.weights import betas_now, reliabilities_now
 from poirotd.llm.base import LLMBackend
 from poirotd.model import (
+    CanaryLabel,
     DiagnosisMemoryEntry,
     Investigation,
     InvestigationMethod,
@@ -162,6 +163,10 @@ class Canaries:
         cancelled (the daemon's stop)."""
         if not self._plan:
             return
+        try:
+            await self.restore()
+        except Exception:  # the accuracy then starts afresh: not worth the canaries
+            log.exception("the canaries' accuracy could not be read back from the store")
         while True:
             await asyncio.sleep(seconds_until_due(self._canary, self._last_started, now()))
             try:
@@ -169,6 +174,20 @@ class Canaries:
             except Exception:  # a canary is not worth the daemon: the next one tries again
                 log.exception("canary crashed")
                 self._last_started = now()
+
+    async def restore(self) -> None:
+        """Each method's accuracy window from its newest stored canaries, so a restart does not
+        reset it (its gauge is published once a method has one)."""
+        window = self._canary.window
+        for method in self._canary.methods:
+            stored, _ = await self._store.list_investigations(
+                method=method, limit=window, canaries=True
+            )
+            labels = [i.canary for i in reversed(stored) if i.canary is not None]
+            if labels:
+                outcomes = self._outcomes[method] = deque(maxlen=window)
+                outcomes.extend(label.correct for label in labels)
+                self._publish_accuracy(method)
 
     async def run_next(self) -> CanaryResult | None:
         """The next planned canary, now, unless the queue has waiting work or the day's token
@@ -207,6 +226,7 @@ class Canaries:
             if isinstance(event, ExchangeDone):
                 exchanges.append(event.exchange)
 
+        label = CanaryLabel(case_id=case.case_id, dataset=case.dataset, truth=case.truth.regions)
         record = Investigation(
             investigation_id=investigation_id,
             system=self._system,
@@ -220,7 +240,7 @@ class Canaries:
             incident=prompts.incident_section(_INCIDENT),
             created_at=now(),
             betas=betas,
-            canary=True,
+            canary=label,
         )
         engine = InvestigationEngine(
             self._spec,
@@ -249,11 +269,13 @@ class Canaries:
         else:
             record = succeeded_record(record, outcome)
         seconds = time.monotonic() - started
+        correct = _names_the_label(record, case)
+        label = label.model_copy(update={"correct": correct})
+        record = record.model_copy(update={"canary": label})
         await self._store.save_investigation(record)
         for exchange in exchanges:
             await self._store.record_exchange(investigation_id, exchange)
         self._budget.spend(now(), record.usage.prompt_tokens + record.usage.completion_tokens)
-        correct = _names_the_label(record, case)
         log.info(
             "canary finished",
             investigation_id=investigation_id,
@@ -275,9 +297,13 @@ class Canaries:
         else:
             outcome = "failed"
         m.canary_runs.labels(system, method, outcome).inc()
-        window = self._outcomes.setdefault(method, deque(maxlen=self._canary.window))
-        window.append(result.correct)
-        m.canary_accuracy.labels(system, method).set(sum(window) / len(window))
+        self._outcomes.setdefault(method, deque(maxlen=self._canary.window)).append(result.correct)
+        self._publish_accuracy(method)
+
+    def _publish_accuracy(self, method: str) -> None:
+        outcomes = self._outcomes[method]
+        accuracy = sum(outcomes) / len(outcomes)
+        self._metrics.canary_accuracy.labels(self._system, method).set(accuracy)
 
 
 def _failed(record: Investigation, error: str, usage: LLMUsage | None) -> Investigation:

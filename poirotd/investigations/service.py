@@ -213,7 +213,7 @@ class InvestigationService:
                 reason="missing_note",
             )
         investigation = await self.get(investigation_id)
-        if investigation.canary:
+        if investigation.canary is not None:
             raise FailedPrecondition(
                 f"investigation {investigation_id!r} is a canary's (a labelled case replayed to "
                 "measure attribution): its truth is its label, and it moves no β",

@@ -57,7 +57,9 @@ async def test_a_canary_is_scored_marked_and_leaves_alerts_betas_and_memory_alon
         assert (right.correct, wrong.correct) == (True, False)
 
         stored = await store.get_investigation(right.investigation.investigation_id)
-        assert stored is not None and stored.canary
+        assert stored is not None and stored.canary is not None
+        assert (stored.canary.case_id, stored.canary.truth) == ("right", ("doctor",))
+        assert stored.canary.correct
         assert stored.state is InvestigationState.SUCCEEDED
         assert stored.session_id.startswith("canary-") and "right" in stored.reason
         assert await store.exchanges(stored.investigation_id), "its LLM calls are audited"
@@ -84,6 +86,13 @@ async def test_a_canary_is_scored_marked_and_leaves_alerts_betas_and_memory_alon
         assert sample(metrics, "poirot_canary_accuracy", method="poirot") == 0.5
         assert sample(metrics, "poirot_canary_accuracy_floor") == 0.5
         assert sample(metrics, "poirot_canary_cases") == 2
+
+        # A restarted daemon reads each method's accuracy window back from the store.
+        restarted = Metrics("clinic")
+        again = Canaries(spec, store, ScriptedBackend(schema_answer), restarted, cases)
+        assert sample(restarted, "poirot_canary_accuracy", method="poirot") is None
+        await again.restore()
+        assert sample(restarted, "poirot_canary_accuracy", method="poirot") == 0.5
         assert sample(metrics, "poirot_canary_llm_tokens_total") == (
             right.investigation.usage.prompt_tokens
             + right.investigation.usage.completion_tokens
@@ -95,7 +104,7 @@ async def test_a_canary_is_scored_marked_and_leaves_alerts_betas_and_memory_alon
     assert verify(store_db.target).ok
     marked = store_db.query(
         "SELECT count(*) FROM audit WHERE kind = 'investigation' AND payload LIKE ?",
-        '%"canary":true%',
+        '%"canary":{"case_id":%',
     )
     assert marked == [(2,)], "the audit chain keeps each canary's record as a canary's"
 

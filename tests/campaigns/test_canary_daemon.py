@@ -67,6 +67,9 @@ async def test_canary_metrics_are_scraped_and_nothing_real_moves(
     page = await client.list_investigations(page_size=50, canaries=True)
     canaries = list(page.investigations)
     assert len(canaries) >= 2 and all(i.canary for i in canaries)
+    labels = {i.canary_label.case_id: i.canary_label for i in canaries}
+    assert labels["right"].correct and not labels["wrong"].correct
+    assert list(labels["wrong"].truth_region_ids) == ["exo"]
     assert all(i.session_id.startswith("canary-") for i in canaries)
     done = next(i for i in canaries if i.state == pb.INVESTIGATION_STATE_SUCCEEDED)
     with pytest.raises(grpc.aio.AioRpcError) as refused:

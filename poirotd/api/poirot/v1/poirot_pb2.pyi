@@ -1500,6 +1500,7 @@ class Investigation(_message.Message):
     REQUESTED_BY_FIELD_NUMBER: _builtins.int
     WAITING_FOR_MODEL_SINCE_FIELD_NUMBER: _builtins.int
     CANARY_FIELD_NUMBER: _builtins.int
+    CANARY_LABEL_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -1525,9 +1526,9 @@ class Investigation(_message.Message):
     requested_by: _builtins.str
     """Who asked for it (a Trigger caller's identity); empty for a hazard rule's."""
     canary: _builtins.bool
-    """A canary's: a labelled case replayed in a shadow session to measure attribution (its reason
-    names the case and its label), never a real incident. It streams no event and cannot be
-    confirmed.
+    """A canary's: a labelled case replayed in a shadow session to measure attribution, never a
+    real incident. It streams no event and cannot be confirmed. canary_label says what it
+    replayed and whether it named the label.
     """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
@@ -1588,6 +1589,8 @@ class Investigation(_message.Message):
         within llm.outage_budget_seconds and the run goes on, with what it had, once one answers.
         """
 
+    @_builtins.property
+    def canary_label(self) -> Global___CanaryLabel: ...
     def __init__(
         self,
         *,
@@ -1623,14 +1626,45 @@ class Investigation(_message.Message):
         requested_by: _builtins.str = ...,
         waiting_for_model_since: _timestamp_pb2.Timestamp | None = ...,
         canary: _builtins.bool = ...,
+        canary_label: Global___CanaryLabel | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "canary_label", b"canary_label", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "canary", b"canary", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "canary", b"canary", "canary_label", b"canary_label", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Investigation: _TypeAlias = Investigation  # noqa: Y015
+
+@_typing.final
+class CanaryLabel(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CASE_ID_FIELD_NUMBER: _builtins.int
+    DATASET_FIELD_NUMBER: _builtins.int
+    TRUTH_REGION_IDS_FIELD_NUMBER: _builtins.int
+    CORRECT_FIELD_NUMBER: _builtins.int
+    case_id: _builtins.str
+    dataset: _builtins.str
+    correct: _builtins.bool
+    """The decision named exactly the labelled region(s)."""
+    @_builtins.property
+    def truth_region_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        case_id: _builtins.str = ...,
+        dataset: _builtins.str = ...,
+        truth_region_ids: _abc.Iterable[_builtins.str] | None = ...,
+        correct: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_id", b"case_id", "correct", b"correct", "dataset", b"dataset", "truth_region_ids", b"truth_region_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CanaryLabel: _TypeAlias = CanaryLabel  # noqa: Y015
 
 @_typing.final
 class CoalescedTrigger(_message.Message):
