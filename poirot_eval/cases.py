@@ -9,10 +9,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from poirotd.config.spec import SystemSpec
-from poirotd.model import AgentMessage, Frozen, TelemetrySample
+from poirotd.campaigns.labelled import GroundTruth as Label
+from poirotd.campaigns.labelled import LabelledCase
+from poirotd.model import Frozen, TelemetrySample
 
 # The published benchmarks a data folder holds. "whowhen" is Who&When's Algorithm-Generated
 # subset, "whowhen-hand-crafted" its Hand-Crafted one.
@@ -55,32 +56,29 @@ class InjectedFault(Frozen):
     after: str = ""
 
 
-class GroundTruth(Frozen):
-    """What caused the failure, as the dataset states it, in terms of the case's hazard space."""
+class GroundTruth(Label):
+    """The label as the harness reads it: a campaign variant's also names the fault injected.
+    Unlike the daemon's canaries, the harness refuses fields it does not know."""
 
-    # Region ids of the faulty component(s): one for Who&When and TracerTraj, one or more for
-    # BLAME (its exact-vector match compares the whole set).
-    regions: tuple[str, ...]
-    # Session index of the message where the failure began (Who&When, TracerTraj); None for BLAME.
-    step: int | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     # Campaign variants only: the fault injected (None for the benchmarks' own cases).
     fault: InjectedFault | None = None
 
 
-class EvalCase(Frozen):
+class EvalCase(LabelledCase):
+    """A labelled case of a known dataset, as every loader makes it and the runner reads it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     dataset: Dataset
-    case_id: str
-    # Pins the hazard space, so predictions and truth index the same regions.
-    spec: SystemSpec
-    # The session as the attributor may see it, in session order (indices 0..n-1).
-    messages: tuple[AgentMessage, ...]
     truth: GroundTruth
     # Samples of the session's components (hardware, feeds), in time order; the benchmarks have
     # none, a campaign's hardware and feed variants do. They reach the daemon with the messages.
     telemetry: tuple[TelemetrySample, ...] = ()
 
 
-# What a one-case JSON file holds (docs/evaluation.md's "Case and result formats" has every field).
+# What a one-case JSON file holds (the README's "Case and result formats" has every field).
 CASE_SHAPE = (
     'a one-case JSON file {"dataset": DATASET, "case_id": str, "spec": SYSTEM SPEC (as its YAML, '
     'in JSON), "messages": [{"session_id", "index", "kind", "sender", "content", "sent_at", ...}], '

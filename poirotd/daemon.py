@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import structlog
 
+from poirotd.campaigns.canary import Canaries, load_cases
 from poirotd.config import LLMSpec, Settings, SystemSpec
 from poirotd.config.loader import load_spec
 from poirotd.errors import StartupError
@@ -277,6 +278,11 @@ class Daemon:
         await core.runner.recover()
         core.runner.start()
         started.push_async_callback(self._drain_investigations)
+        if self.spec.canary is not None:
+            canaries = Canaries(
+                self.spec, store, backend, self.metrics, load_cases(self.spec, self.metrics)
+            )
+            self._background.append(asyncio.create_task(canaries.run_forever(), name="canaries"))
         if store.shared:
             follow = bus.follow(store, s.shared_poll_seconds)
             self._background.append(asyncio.create_task(follow, name="events-follow"))

@@ -416,6 +416,41 @@ class AgentReputation(Frozen):
     updated_at: datetime
 
 
+class CampaignValue(Frozen):
+    """What a fault campaign's outcomes made of one agent's β or one method's reliability."""
+
+    value: float = Field(ge=0.0, le=0.5)
+    # The campaign's outcomes that moved it.
+    cases: int = Field(ge=1)
+
+
+class CampaignSeed(Frozen):
+    """A fault campaign's labelled outcomes made into β and reliabilities (SeedReputation): a
+    source kept apart from confirmed outcomes, weighed in as the spec's campaign_weight says."""
+
+    system: str
+    # Where the outcomes came from (a results file, a campaign id), as the operator named it.
+    source: str
+    seeded_at: datetime
+    # The outcomes it used.
+    cases: int = Field(ge=1)
+    agents: dict[str, CampaignValue] = Field(default_factory=dict)
+    methods: dict[str, CampaignValue] = Field(default_factory=dict)
+
+
+class CampaignOutcome(Frozen):
+    """One labelled case as one method attributed it (a line of `poirotd eval`'s results)."""
+
+    case_id: str
+    method: InvestigationMethod
+    # Index i of `decision`, of every vote's location and of the truth vector is region i.
+    region_ids: tuple[str, ...] = Field(min_length=1)
+    # Empty when the run gave no attribution: the outcome then moves no reliability.
+    decision: tuple[int, ...] = ()
+    truth_region_ids: tuple[str, ...] = Field(min_length=1)
+    votes: tuple[Vote, ...] = ()
+
+
 class MemorySignature(Frozen):
     """What an ErrorProbe diagnosis is remembered by: the MAST failure mode, the agent (or
     component) blamed, and the tool involved at the faulty step ("" when none)."""
@@ -476,6 +511,17 @@ class CoalescedTrigger(Frozen):
     requested_by: str = ""
 
 
+class CanaryLabel(Frozen):
+    """What a canary replayed, and how its attribution scored against the label."""
+
+    case_id: str
+    dataset: str
+    # The labelled region(s).
+    truth: tuple[str, ...]
+    # The decision named exactly the labelled region(s) (False for a wrong or failed run).
+    correct: bool = False
+
+
 class Investigation(Frozen):
     investigation_id: str
     system: str
@@ -531,6 +577,10 @@ class Investigation(Frozen):
     # Set while the run waits for the model (no LLM server can serve): since when. Left out
     # while unset, like `superseded`.
     waiting_for_model_since: datetime | None = Field(default=None, exclude_if=lambda v: v is None)
+    # Set on a canary's (poirotd.campaigns.canary): a labelled case replayed in a shadow session
+    # to measure attribution, never a real incident. It cannot be confirmed and streams no
+    # events. Left out while unset, like `superseded`.
+    canary: CanaryLabel | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def joined_by(self, trigger: CoalescedTrigger) -> Investigation:
         """The record with `trigger` coalesced into it (counted only, beyond MAX_COALESCED)."""

@@ -179,8 +179,10 @@ class PoirotClient:
         method: str = "",
         page_size: int = 0,
         page_token: str = "",
+        canaries: bool = False,
     ) -> pb.ListInvestigationsResponse:
-        """A page of investigations, newest first; an empty filter matches every one."""
+        """A page of investigations, newest first; an empty filter matches every one. Real
+        investigations only, or with `canaries` the canaries' only."""
         response: pb.ListInvestigationsResponse = await self.investigations.List(
             pb.ListInvestigationsRequest(
                 session_id=session_id,
@@ -188,6 +190,7 @@ class PoirotClient:
                 method=method,
                 page_size=page_size,
                 page_token=page_token,
+                canaries=canaries,
             )
         )
         return response
@@ -238,6 +241,15 @@ class PoirotClient:
                 note=note,
                 supersede=supersede,
             )
+        )
+        return response
+
+    async def seed_reputation(
+        self, source: str, outcomes: Iterable[pb.CampaignOutcome]
+    ) -> pb.GetReputationResponse:
+        """Seeds β and reliabilities from a fault campaign's outcomes (SeedReputation)."""
+        response: pb.GetReputationResponse = await self.investigations.SeedReputation(
+            pb.SeedReputationRequest(source=source, outcomes=list(outcomes))
         )
         return response
 

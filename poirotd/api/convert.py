@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from google.protobuf.timestamp_pb2 import Timestamp
+from pydantic import ValidationError
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.errors import InvalidArgument
@@ -16,6 +17,8 @@ from poirotd.model import (
     AgentMessage,
     AgentReputation,
     Attribution,
+    CampaignOutcome,
+    CampaignValue,
     CoalescedTrigger,
     ConfirmedOutcome,
     ContextCut,
@@ -319,7 +322,17 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
         coalesced=[coalesced_trigger(c) for c in inv.coalesced],
         coalesced_omitted=inv.coalesced_omitted,
         requested_by=inv.requested_by,
+        canary=inv.canary is not None,
     )
+    if inv.canary is not None:
+        message.canary_label.CopyFrom(
+            pb.CanaryLabel(
+                case_id=inv.canary.case_id,
+                dataset=inv.canary.dataset,
+                truth_region_ids=inv.canary.truth,
+                correct=inv.canary.correct,
+            )
+        )
     if inv.confirmed is not None:
         message.confirmed.CopyFrom(confirmed_outcome(inv.confirmed))
     message.superseded.extend(confirmed_outcome(outcome) for outcome in inv.superseded)
@@ -354,18 +367,59 @@ def confirmed_outcome(outcome: ConfirmedOutcome) -> pb.ConfirmedOutcome:
 
 
 def agent_betas(
-    betas: Mapping[str, float], reputations: Mapping[str, AgentReputation]
+    betas: Mapping[str, float],
+    reputations: Mapping[str, AgentReputation],
+    confirmed: Mapping[str, float],
+    campaign: Mapping[str, CampaignValue],
 ) -> list[pb.AgentBeta]:
-    """Each agent's β in use, with the history of its reputation where it has one."""
+    """Each agent's β in use, with the history of its reputation where it has one, its β from
+    confirmed outcomes alone and a campaign's where one seeded it."""
     message = []
     for agent, beta in betas.items():
-        entry = pb.AgentBeta(agent_id=agent, beta=beta)
+        entry = pb.AgentBeta(agent_id=agent, beta=beta, confirmed_beta=confirmed[agent])
         if (reputation := reputations.get(agent)) is not None:
             entry.confirmations = reputation.confirmations
             entry.investigation_id = reputation.investigation_id
             entry.updated_at.CopyFrom(timestamp(reputation.updated_at))
+        if (seeded := campaign.get(agent)) is not None:
+            entry.campaign.CopyFrom(campaign_value(seeded))
         message.append(entry)
     return message
+
+
+def campaign_value(value: CampaignValue) -> pb.CampaignValue:
+    return pb.CampaignValue(value=value.value, cases=value.cases)
+
+
+def campaign_outcomes(request: pb.SeedReputationRequest) -> list[CampaignOutcome]:
+    """The request's outcomes; InvalidArgument naming the first that does not validate."""
+    outcomes = []
+    for i, o in enumerate(request.outcomes):
+        try:
+            outcomes.append(
+                CampaignOutcome(
+                    case_id=o.case_id,
+                    method=o.method,  # validated here
+                    region_ids=tuple(o.region_ids),
+                    decision=tuple(o.decision),
+                    truth_region_ids=tuple(o.truth_region_ids),
+                    votes=tuple(
+                        Vote(
+                            agent_id=v.agent_id,
+                            location=tuple(v.location),
+                            abstention_reason=v.abstention_reason,
+                        )
+                        for v in o.votes
+                    ),
+                )
+            )
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InvalidArgument(
+                f"outcomes[{i}] (case {o.case_id!r}): {where}: {first['msg']}", reason="invalid"
+            ) from exc
+    return outcomes
 
 
 def event(e: InvestigationEvent) -> pb.InvestigationEvent:

@@ -15,9 +15,12 @@ BATCH_BYTES = 64 << 10
 # ingest batches, megabytes). Ids, page tokens, filters and health's service names take a few
 # hundred bytes; a Trigger reason or a ConfirmOutcome note at most 4,000 characters
 # (investigations.service.MAX_TEXT_CHARS), 16,000 bytes of UTF-8, and a ConfirmOutcome names
-# hazard regions besides. Ingest and OTLP's Export keep the transport's limit.
+# hazard regions besides. A SeedReputation carries a whole campaign's outcomes: some 20,000 of a
+# system of 7 regions and 3 agents in 4 MiB (which the transport's default limit also allows).
+# Ingest and OTLP's Export keep the transport's limit.
 QUERY_REQUEST_BYTES = 4 << 10
 TEXT_REQUEST_BYTES = 64 << 10
+SEED_REQUEST_BYTES = 4 << 20
 MAX_REQUEST_BYTES: Mapping[str, int] = {
     "/poirot.v1.Investigations/Trigger": TEXT_REQUEST_BYTES,
     "/poirot.v1.Investigations/ConfirmOutcome": TEXT_REQUEST_BYTES,
@@ -26,6 +29,7 @@ MAX_REQUEST_BYTES: Mapping[str, int] = {
     "/poirot.v1.Investigations/Watch": QUERY_REQUEST_BYTES,
     "/poirot.v1.Investigations/GetHazardSpace": QUERY_REQUEST_BYTES,
     "/poirot.v1.Investigations/GetReputation": QUERY_REQUEST_BYTES,
+    "/poirot.v1.Investigations/SeedReputation": SEED_REQUEST_BYTES,
     "/grpc.health.v1.Health/Check": QUERY_REQUEST_BYTES,
     "/grpc.health.v1.Health/Watch": QUERY_REQUEST_BYTES,
 }

@@ -41,6 +41,9 @@ def list_command(
     method: Annotated[InvestigationMethod | None, typer.Option(help="only by this method")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="at most this many")] = 20,
     page_token: Annotated[str, typer.Option(help="the next page, as a previous list gave it")] = "",
+    canaries: Annotated[
+        bool, typer.Option("--canaries", help="the canaries' shadow investigations instead")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Investigations, newest first (List)."""
@@ -53,6 +56,7 @@ def list_command(
             method=method or "",
             page_size=limit,
             page_token=page_token,
+            canaries=canaries,
         )
     )
     if as_json:

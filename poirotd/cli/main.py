@@ -177,10 +177,19 @@ def confirm(
     _print_betas(response.betas)
 
 
-@app.command()
+reputation_app = typer.Typer(
+    help="The β each agent's vote is weighed with, and seeding it from a fault campaign."
+)
+app.add_typer(reputation_app, name="reputation")
+
+
+@reputation_app.callback(invoke_without_command=True)
 @connects
-def reputation(daemon: Connection, as_json: JsonOption = False) -> None:
-    """Show the β each agent's vote is weighed with now (GetReputation)."""
+def reputation(ctx: typer.Context, daemon: Connection, as_json: JsonOption = False) -> None:
+    """Show the β each agent's vote is weighed with now (GetReputation); `seed` sets a fault
+    campaign's values beside the confirmed ones."""
+    if ctx.invoked_subcommand is not None:
+        return
     response = daemon.call(lambda client: client.reputation())
     if as_json:
         print_json(response)
@@ -190,13 +199,67 @@ def reputation(daemon: Connection, as_json: JsonOption = False) -> None:
     _print_betas(response.betas)
 
 
+@reputation_app.command("seed")
+@connects
+def seed_reputation(
+    daemon: Connection,
+    results: Annotated[
+        Path,
+        typer.Option("--from", help="results.jsonl of `poirotd eval` over labelled cases"),
+    ],
+    source: Annotated[str, typer.Option(help="what to call the campaign (default: the file)")] = "",
+    as_json: JsonOption = False,
+) -> None:
+    """Seed the agents' β and the ensemble's reliabilities from a fault campaign (SeedReputation).
+
+    Kept apart from confirmed outcomes and shown beside them, weighed in only as the spec's
+    campaign_weight says; a new seed replaces the one before.
+    """
+    from poirotd.api.limits import SEED_REQUEST_BYTES
+    from poirotd.api.poirot.v1 import poirot_pb2 as pb
+    from poirotd.cli.seeding import ResultsError, campaign_outcomes
+
+    try:
+        outcomes = campaign_outcomes(results)
+    except ResultsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    request = pb.SeedReputationRequest(source=source or results.name, outcomes=outcomes)
+    if request.ByteSize() > SEED_REQUEST_BYTES:
+        typer.echo(
+            f"{results}: {len(outcomes)} outcomes take {request.ByteSize():,} bytes, more than "
+            f"the daemon takes in one seed ({SEED_REQUEST_BYTES:,}); seed from fewer cases",
+            err=True,
+        )
+        raise typer.Exit(2)
+    response = daemon.call(lambda client: client.seed_reputation(request.source, outcomes))
+    if as_json:
+        print_json(response)
+        return
+    typer.echo(
+        f"seeded from {response.campaign_source}: {response.campaign_cases} outcomes, "
+        f"campaign weight {response.campaign_weight:g}"
+        + (" (the campaign's β is shown, not used)" if response.campaign_weight == 0 else "")
+    )
+    _print_betas(response.betas)
+
+
 def _print_betas(betas: Iterable[pb.AgentBeta]) -> None:
+    """The β in use; with a campaign seed, also the confirmed and the campaign's β."""
     from rich.console import Console
     from rich.table import Table
 
+    betas = list(betas)
+    seeded = any(beta.HasField("campaign") for beta in betas)
     table = Table("agent", "β", "confirmations", "last confirmed investigation")
+    if seeded:
+        table.add_column("confirmed β")
+        table.add_column("campaign β (cases)")
     for beta in betas:
-        table.add_row(
-            beta.agent_id, f"{beta.beta:.3f}", str(beta.confirmations), beta.investigation_id
-        )
+        row = [beta.agent_id, f"{beta.beta:.3f}", str(beta.confirmations), beta.investigation_id]
+        if seeded:
+            campaign = beta.campaign
+            shown = f"{campaign.value:.3f} ({campaign.cases})" if beta.HasField("campaign") else ""
+            row += [f"{beta.confirmed_beta:.3f}", shown]
+        table.add_row(*row)
     Console().print(table)

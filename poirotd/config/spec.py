@@ -24,7 +24,13 @@ from pydantic import (
 from poirotd.api.client_tls import ClientTLS
 from poirotd.api.secrets import read_secret_file
 from poirotd.hazards.spec import RuleSet, RuleSpec, SignalName
-from poirotd.model import EnsembleMember, HazardRegion, RegionType, ValueBound
+from poirotd.model import (
+    EnsembleMember,
+    HazardRegion,
+    InvestigationMethod,
+    RegionType,
+    ValueBound,
+)
 
 ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
@@ -218,6 +224,14 @@ class ReputationSpec(SpecModel):
     correction of an outcome gives the β its right outcome would have given. Disabled (the
     default), every vote is weighed with `protocol.beta`, as in the paper, and confirmations are
     recorded without updating any β.
+
+    A fault campaign's labelled outcomes (`poirotd reputation seed`) are a second source, kept
+    apart: the same rule over the campaign's cases gives a campaign β_i (or rho_m), stored
+    beside the confirmed one, and the value in use is their mean weighed by evidence,
+    (n_c * confirmed + campaign_weight * n_s * campaign) / (n_c + campaign_weight * n_s), n_c
+    confirmed outcomes and n_s campaign cases: a campaign case counts as `campaign_weight` of a
+    real confirmed outcome, so real outcomes take over as they accumulate. 0 (the default)
+    keeps the campaign's values on show (GetReputation) without weighing a vote with them.
     """
 
     enabled: bool = False
@@ -225,6 +239,7 @@ class ReputationSpec(SpecModel):
     min: float = Field(default=0.0, ge=0.0, le=0.5)
     max: float = Field(default=0.5, ge=0.0, le=0.5)
     learning_rate: float = Field(default=0.2, gt=0.0, le=1.0)
+    campaign_weight: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _initial_within_bounds(self) -> ReputationSpec:
@@ -403,6 +418,44 @@ class InputsSpec(SpecModel):
     dead_letter: dict[str, Any] = Field(default_factory=dict)
 
 
+# "HH:MM-HH:MM" in UTC; a window may wrap midnight ("22:00-05:30").
+QUIET_HOURS_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-3]):[0-5][0-9]$"
+
+
+class CanarySpec(SpecModel):
+    """Canaries (docs/canaries.md): the daemon replays labelled cases (one-case JSON files with
+    ground truth, as `poirotd eval` reads them: a fault campaign's variants of this deployment's
+    own sessions) into shadow sessions, investigates them and scores the attribution against
+    the label, so a model or prompt that stopped attributing well shows before a real incident
+    does. A canary is never queued (it takes no place of the investigation queue, and starts
+    only while nothing waits in it), opens no alert, moves no β and is marked as a canary in
+    its record and its metrics (poirot_canary_*)."""
+
+    # A folder of one-case JSON files (*.json), or one such file.
+    cases: Path
+    # The methods each case is investigated by, in turn.
+    methods: tuple[InvestigationMethod, ...] = Field(default=("poirot",), min_length=1)
+    # At most one canary per interval.
+    interval_seconds: float = Field(default=3600.0, ge=1.0)
+    # Canaries run only within this UTC window when set ("01:00-05:00"); any time when not.
+    quiet_hours: str | None = Field(default=None, pattern=QUIET_HOURS_PATTERN)
+    # LLM tokens (prompt + completion) canaries may spend per UTC day; a run gets what is left
+    # as its own budget, and none starts once it is spent.
+    token_budget: int = Field(default=200_000, ge=1)
+    # Accuracy is the share of the last `window` canaries of a method that named exactly the
+    # labelled region(s) (a failed run counts as wrong).
+    window: int = Field(default=20, ge=1, le=1000)
+    # Exported as poirot_canary_accuracy_floor: the shipped alert fires below it.
+    accuracy_floor: float = Field(default=0.5, ge=0.0, le=1.0)
+
+    @field_validator("methods")
+    @classmethod
+    def _no_repeated_method(cls, methods: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(methods)) != len(methods):
+            raise ValueError(f"canary.methods repeats a method: {list(methods)}")
+        return methods
+
+
 class SystemSpec(SpecModel):
     system: SystemInfo
     agents: tuple[AgentSpec, ...] = Field(min_length=1)
@@ -412,6 +465,7 @@ class SystemSpec(SpecModel):
     hazard_space: PinnedHazardSpace | None = None
     rules: RuleSet = ()
     inputs: InputsSpec | None = None
+    canary: CanarySpec | None = None
 
     @model_validator(mode="after")
     def _ids_unique_and_pin_covers_agents(self) -> SystemSpec:

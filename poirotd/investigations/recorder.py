@@ -141,21 +141,7 @@ class InvestigationRecorder:
         # The record is final when the event announces it (one transaction), so a client that
         # reacts to the event with Get sees the finished investigation.
         self._ended = True
-        final = self.record.model_copy(
-            update={
-                "state": InvestigationState.SUCCEEDED,
-                "waiting_for_model_since": None,
-                "finished_at": now(),
-                "hazard_space": outcome.hazard_space,
-                "reports": dict(outcome.reports),
-                "votes": tuple(outcome.votes),
-                "attribution": outcome.attribution,
-                "phases": tuple(outcome.phases),
-                "usage": outcome.usage,
-                "degraded_reason": degraded_reason(outcome),
-                "findings": outcome.findings,
-            }
-        )
+        final = succeeded_record(self.record, outcome)
         regions = outcome.hazard_space.regions
         region_ids = [region.id for region in regions]
         await self._events.finish(
@@ -322,6 +308,25 @@ class InvestigationRecorder:
         m.llm_tokens.labels(backend, "prompt").inc(exchange.prompt_tokens)
         m.llm_tokens.labels(backend, "completion").inc(exchange.completion_tokens)
         m.llm_tokens.labels(backend, "cached").inc(exchange.cached_tokens or 0)
+
+
+def succeeded_record(record: Investigation, outcome: ProtocolOutcome) -> Investigation:
+    """`record` as it ends with `outcome`: SUCCEEDED, with everything the run produced."""
+    return record.model_copy(
+        update={
+            "state": InvestigationState.SUCCEEDED,
+            "waiting_for_model_since": None,
+            "finished_at": now(),
+            "hazard_space": outcome.hazard_space,
+            "reports": dict(outcome.reports),
+            "votes": tuple(outcome.votes),
+            "attribution": outcome.attribution,
+            "phases": tuple(outcome.phases),
+            "usage": outcome.usage,
+            "degraded_reason": degraded_reason(outcome),
+            "findings": outcome.findings,
+        }
+    )
 
 
 def degraded_reason(outcome: ProtocolOutcome) -> str:

@@ -40,6 +40,7 @@ from poirotd.investigations.admission import QueueShares
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.recorder import EventLog, InvestigationRecorder, OnFinished, now
 from poirotd.investigations.replica import Replica
+from poirotd.investigations.weights import betas_now, reliabilities_now
 from poirotd.model import (
     EventKind,
     HazardEvent,
@@ -53,9 +54,7 @@ from poirotd.observability.metrics import Metrics
 from poirotd.observability.outages import PartState
 from poirotd.protocol import prompts
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
-from poirotd.protocol.ensemble import method_reliabilities
 from poirotd.protocol.errors import ModelUnavailableError, ProtocolError
-from poirotd.protocol.reputation import betas_in_use
 from poirotd.store import Admission, Admitted, Lease, LeaseLostError, Store
 from poirotd.store.faults import StoreUnreachable
 
@@ -484,7 +483,7 @@ class InvestigationRunner:
         self, investigation: Investigation, recorder: InvestigationRecorder
     ) -> ProtocolOutcome:
         messages = await self._store.session_messages(investigation.session_id)
-        betas = betas_in_use(self._spec, await self._store.reputations(investigation.system))
+        betas = await betas_now(self._spec, self._store)
         self._metrics.record_betas(betas)
         readings = await self._store.newest_readings(
             investigation.session_id, limit=_EVIDENCE_SAMPLES
@@ -498,7 +497,7 @@ class InvestigationRunner:
             betas=betas,
             method=investigation.method,
             readings=readings,
-            reliabilities=await self._reliabilities(investigation),
+            reliabilities=await reliabilities_now(self._spec, self._store, investigation.method),
             investigation_id=investigation.investigation_id,
         )
 
@@ -531,13 +530,6 @@ class InvestigationRunner:
                     "the run's end could not be stored; run again once its lease lapses"
                 )
             recorder.cancelled()
-
-    async def _reliabilities(self, investigation: Investigation) -> dict[str, float]:
-        """The methods' reliabilities from confirmed outcomes, which only an ensemble weighs."""
-        if investigation.method != "ensemble":
-            return {}
-        confirmed = await self._store.confirmed_investigations(investigation.system)
-        return method_reliabilities(self._spec.protocol.ensemble.reliability, confirmed)
 
     async def _describe(
         self, investigation: Investigation, readings: list[Reading]

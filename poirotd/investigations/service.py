@@ -6,18 +6,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import cast, get_args
 
 import structlog
 
+from poirotd.campaigns.seeding import seed_from
 from poirotd.config import SystemSpec
 from poirotd.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from poirotd.investigations.bus import EventBus
 from poirotd.investigations.runner import InvestigationRunner
+from poirotd.investigations.weights import betas_now
 from poirotd.model import (
     MAX_INTEGER,
     AgentReputation,
+    CampaignOutcome,
+    CampaignSeed,
+    CampaignValue,
     ConfirmedOutcome,
     EventKind,
     HazardSpace,
@@ -28,10 +34,23 @@ from poirotd.model import (
     LLMExchange,
 )
 from poirotd.observability.metrics import Metrics
+from poirotd.protocol.ensemble import confirmed_reliabilities, method_reliabilities
 from poirotd.protocol.errorprobe.memory import learn_from_confirmation
 from poirotd.protocol.hazard_space import pinned_hazard_space
-from poirotd.protocol.reputation import betas_in_use, reassess
+from poirotd.protocol.reputation import reassess
 from poirotd.store import AlreadyConfirmedError, Store
+
+
+@dataclass(frozen=True)
+class MethodReliabilityView:
+    """One ensemble member's reliability as GetReputation shows it."""
+
+    method: str
+    reliability: float
+    confirmed: float
+    confirmations: int
+    campaign: CampaignValue | None
+
 
 log = structlog.get_logger(__name__)
 
@@ -111,6 +130,7 @@ class InvestigationService:
         page_size: int,
         page_token: str | None,
         method: str | None = None,
+        canaries: bool = False,
     ) -> tuple[list[Investigation], str | None]:
         if method is not None:
             _check_method(method)
@@ -121,6 +141,7 @@ class InvestigationService:
                 method=method,
                 limit=page_size,
                 page_token=page_token,
+                canaries=canaries,
             )
         except ValueError as exc:
             raise InvalidArgument(str(exc), reason="invalid") from exc
@@ -201,6 +222,12 @@ class InvestigationService:
                 reason="missing_note",
             )
         investigation = await self.get(investigation_id)
+        if investigation.canary is not None:
+            raise FailedPrecondition(
+                f"investigation {investigation_id!r} is a canary's (a labelled case replayed to "
+                "measure attribution): its truth is its label, and it moves no β",
+                reason="canary",
+            )
         space = investigation.hazard_space
         if investigation.state is not InvestigationState.SUCCEEDED or space is None:
             raise FailedPrecondition(
@@ -260,7 +287,56 @@ class InvestigationService:
 
     async def betas(self) -> dict[str, float]:
         """The β each agent's vote is weighed with from now on."""
-        return betas_in_use(self.spec, await self.reputations())
+        return await betas_now(self.spec, self._store)
+
+    async def campaign_seed(self) -> CampaignSeed | None:
+        """The fault campaign's seed in force (SeedReputation), if any."""
+        return await self._store.campaign_seed(self.spec.system.name)
+
+    async def seed_reputation(
+        self, source: str, outcomes: Sequence[CampaignOutcome]
+    ) -> CampaignSeed:
+        """Stores what a fault campaign's labelled `outcomes` make of the agents' β and the
+        methods' reliabilities, replacing the seed before; confirmed reputations are left as
+        they are (`poirotd.campaigns.seeding`)."""
+        _check_text("source", source)
+        try:
+            seed = seed_from(self.spec, outcomes, source=source, at=datetime.now(UTC))
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), reason="invalid") from exc
+        await self._store.put_campaign_seed(seed)
+        log.info(
+            "reputation seeded from a fault campaign",
+            source=source,
+            cases=seed.cases,
+            agents=sorted(seed.agents),
+            methods=sorted(seed.methods),
+        )
+        self.metrics.record_betas(await self.betas())
+        return seed
+
+    async def reliabilities(self) -> Sequence[MethodReliabilityView]:
+        """The ensemble members' reliabilities: in use, from confirmed outcomes, from the
+        campaign."""
+        settings = self.spec.protocol.ensemble.reliability
+        confirmed = await self._store.confirmed_investigations(self.spec.system.name)
+        seed = await self.campaign_seed()
+        learnt = confirmed_reliabilities(settings, confirmed) if settings.enabled else {}
+        in_use = method_reliabilities(settings, confirmed, seed)
+        campaign = seed.methods if seed is not None else {}
+        views = []
+        for method in self.spec.protocol.ensemble.members:
+            rho, confirmations = learnt.get(method, (settings.initial, 0))
+            views.append(
+                MethodReliabilityView(
+                    method=method,
+                    reliability=in_use.get(method, settings.initial),
+                    confirmed=rho,
+                    confirmations=confirmations,
+                    campaign=campaign.get(method),
+                )
+            )
+        return views
 
     async def hazard_space(self) -> HazardSpace:
         pinned = pinned_hazard_space(self.spec)

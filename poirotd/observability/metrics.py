@@ -416,6 +416,60 @@ class Metrics:
             registry=r,
         )
         self.auth_file_loaded.set(1)
+        # Canaries (poirotd.campaigns.canary): labelled cases investigated in shadow sessions.
+        # Their own families, so no attribution metric above ever carries a canary's result.
+        self.canary_runs = Counter(
+            "poirot_canary_runs_total",
+            "Canary investigations by method and outcome (correct: named exactly the labelled "
+            "region(s); wrong; failed: no attribution)",
+            ["system", "method", "outcome"],
+            registry=r,
+        )
+        self.canary_accuracy = Gauge(
+            "poirot_canary_accuracy",
+            "Share of a method's last canary.window canaries that were correct (failed ones "
+            "count as wrong)",
+            ["system", "method"],
+            registry=r,
+        )
+        self.canary_accuracy_floor = Gauge(
+            "poirot_canary_accuracy_floor",
+            "The spec's canary.accuracy_floor: the accuracy the shipped alert wants at least",
+            ["system"],
+            registry=r,
+        )
+        self.canary_attribution_duration = Histogram(
+            "poirot_canary_attribution_duration_seconds",
+            "Time from a canary's start to its attribution (successful canaries)",
+            ["system", "method"],
+            buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.canary_skipped = Counter(
+            "poirot_canary_skipped_total",
+            "Canaries due but not started: queue_busy (investigations wait in the queue) or "
+            "token_budget (the day's canary.token_budget is spent)",
+            ["system", "reason"],
+            registry=r,
+        )
+        self.canary_tokens = Counter(
+            "poirot_canary_llm_tokens_total",
+            "LLM tokens (prompt + completion) canaries spent",
+            ["system"],
+            registry=r,
+        )
+        self.canary_cases = Gauge(
+            "poirot_canary_cases",
+            "Labelled cases the canaries replay (those that loaded and fit the spec)",
+            ["system"],
+            registry=r,
+        )
+        self.canary_case_errors = Counter(
+            "poirot_canary_case_errors_total",
+            "Labelled case files the canaries refused (unreadable, or not of this system)",
+            ["system"],
+            registry=r,
+        )
         self.insecure_bind = Gauge(
             "poirot_insecure_bind",
             "1 for a port serving a non-loopback address without TLS and authentication "

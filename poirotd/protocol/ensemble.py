@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from poirotd.config.spec import ReputationSpec
-from poirotd.model import Attribution, EnsembleMember, Investigation, Phase
+from poirotd.model import Attribution, CampaignSeed, EnsembleMember, Investigation, Phase
 from poirotd.protocol.aggregation import decide, heaviest_step, rule_name
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.method import Case, Method, MethodResult
-from poirotd.protocol.reputation import accuracy, updated_beta
+from poirotd.protocol.reputation import accuracy, updated_beta, weighed_in
 from poirotd.protocol.run import RunContext
 
 # One member's run: its name, its result (None when it failed) and why it failed ("" if not).
@@ -111,23 +111,42 @@ def combine(case: Case, weighted: Sequence[tuple[float, Attribution]]) -> Attrib
 
 
 def method_reliabilities(
-    settings: ReputationSpec, confirmed: Sequence[Investigation]
+    settings: ReputationSpec,
+    confirmed: Sequence[Investigation],
+    seed: CampaignSeed | None = None,
 ) -> dict[str, float]:
-    """Each method's rho from the confirmed investigations (oldest first): an EMA of the Jaccard
-    accuracy of its decision, like an agent's β (ReputationSpec). An ensemble's members each
-    count for their method. Methods with no confirmed outcome are absent (`initial` applies);
-    with `settings.enabled` off nothing is learnt."""
-    rho: dict[str, float] = {}
+    """Each method's rho in use: learnt from the confirmed investigations
+    (`confirmed_reliabilities`), weighed in with a fault campaign's `seed` as
+    `settings.campaign_weight` says. Methods with neither are absent (`initial` applies); with
+    `settings.enabled` off nothing is learnt."""
     if not settings.enabled:
-        return rho
+        return {}
+    learnt = confirmed_reliabilities(settings, confirmed)
+    campaign = seed.methods if seed is not None else {}
+    return {
+        method: weighed_in(
+            *learnt.get(method, (settings.initial, 0)), campaign.get(method), settings
+        )
+        for method in learnt.keys() | campaign.keys()
+    }
+
+
+def confirmed_reliabilities(
+    settings: ReputationSpec, confirmed: Sequence[Investigation]
+) -> dict[str, tuple[float, int]]:
+    """Each method's rho from the confirmed investigations (oldest first), and how many moved
+    it: an EMA of the Jaccard accuracy of its decision, like an agent's β (ReputationSpec). An
+    ensemble's members each count for their method."""
+    rho: dict[str, tuple[float, int]] = {}
     for investigation in confirmed:
         if investigation.confirmed is None:
             continue
         truth = investigation.confirmed.decision
         for method, decision in _decisions(investigation):
             if len(decision) == len(truth):
-                current = rho.get(method, settings.initial)
-                rho[method] = updated_beta(current, accuracy(decision, truth), settings)
+                current, count = rho.get(method, (settings.initial, 0))
+                step = updated_beta(current, accuracy(decision, truth), settings)
+                rho[method] = (step, count + 1)
     return rho
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from poirotd.config.spec import ReputationSpec, SystemSpec
-from poirotd.model import AgentReputation, Investigation
+from poirotd.model import AgentReputation, CampaignSeed, CampaignValue, Investigation
 
 
 def accuracy(location: Sequence[int], truth: Sequence[int]) -> float:
@@ -34,16 +34,42 @@ def clamp(beta: float, spec: ReputationSpec) -> float:
     return min(spec.max, max(spec.min, beta))
 
 
-def betas_in_use(spec: SystemSpec, stored: Mapping[str, AgentReputation]) -> dict[str, float]:
+def betas_in_use(
+    spec: SystemSpec, stored: Mapping[str, AgentReputation], seed: CampaignSeed | None = None
+) -> dict[str, float]:
     """The β each agent is weighed with now: the spec's β for all when reputation is off, else
-    each agent's stored β_i (`initial` for an agent with no confirmed outcome yet)."""
+    each agent's stored β_i (`initial` for an agent with no confirmed outcome yet) weighed in
+    with a fault campaign's `seed` as the spec's campaign_weight says (`weighed_in`)."""
     reputation = spec.protocol.reputation
     if not reputation.enabled:
         return {agent: spec.protocol.beta for agent in spec.agent_ids}
-    return {
-        agent: clamp(stored[agent].beta, reputation) if agent in stored else reputation.initial
-        for agent in spec.agent_ids
-    }
+    campaign = seed.agents if seed is not None else {}
+    betas = {}
+    for agent in spec.agent_ids:
+        confirmed, confirmations = confirmed_beta(spec, stored.get(agent))
+        weighed = weighed_in(confirmed, confirmations, campaign.get(agent), reputation)
+        betas[agent] = clamp(weighed, reputation)
+    return betas
+
+
+def confirmed_beta(spec: SystemSpec, stored: AgentReputation | None) -> tuple[float, int]:
+    """An agent's β from confirmed outcomes alone, and how many moved it."""
+    reputation = spec.protocol.reputation
+    if stored is None:
+        return reputation.initial, 0
+    return clamp(stored.beta, reputation), stored.confirmations
+
+
+def weighed_in(
+    confirmed: float, confirmations: int, campaign: CampaignValue | None, rule: ReputationSpec
+) -> float:
+    """A confirmed value and a campaign's, each weighed by its evidence: n_c confirmed
+    outcomes against n_s campaign cases counted at `rule.campaign_weight` each (ReputationSpec).
+    The confirmed value alone without a campaign value or with a weight of 0."""
+    if campaign is None or rule.campaign_weight == 0:
+        return confirmed
+    evidence = rule.campaign_weight * campaign.cases
+    return (confirmations * confirmed + evidence * campaign.value) / (confirmations + evidence)
 
 
 def derived_betas(

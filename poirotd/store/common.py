@@ -235,14 +235,17 @@ def investigations_page_query(
     limit: int,
     page_token: str | None,
     mark: str,
+    canaries: tuple[str, bool] = ("FALSE", False),
 ) -> tuple[str, list[object]]:
     """The query of `list_investigations` (newest first: created_at, then id, descending) with
     `mark` as its placeholder; `method` is the adapter's SQL for a record's method and the one
-    wanted. It reads one row past the page, to tell whether another follows. Keyset pagination:
-    the opaque token is the last row's key, so pages neither skip nor repeat rows when new ones
-    arrive."""
+    wanted, `canaries` its SQL for "the record is a canary's" and whether those are wanted
+    (only them) or not (only real investigations). It reads one row past the page, to tell
+    whether another follows. Keyset pagination: the opaque token is the last row's key, so pages
+    neither skip nor repeat rows when new ones arrive."""
     check_limit(limit)
-    where: list[str] = ["TRUE"]
+    is_canary, wanted = canaries
+    where: list[str] = [is_canary if wanted else f"NOT {is_canary}"]
     params: list[object] = []
     if session_id is not None:
         where.append(f"session_id = {mark}")

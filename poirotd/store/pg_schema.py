@@ -213,6 +213,14 @@ CREATE TABLE ingest_conflicts (
 CREATE INDEX ingest_conflicts_by_session ON ingest_conflicts (session_id, id);
 """
 
+# SQLite schema 12: a fault campaign's seed of β and reliabilities (an audited table).
+_V5 = """
+CREATE TABLE campaign_seeds (
+    system text PRIMARY KEY,
+    record text NOT NULL
+);
+"""
+
 MIGRATIONS = (
     Migration(1, "the tables of SQLite schema 8 and the audit chain", _V1),
     Migration(2, "idempotency keys of ingest items (SQLite schema 9)", _V2),
@@ -223,6 +231,7 @@ MIGRATIONS = (
         " (SQLite schema 11)",
         _V4,
     ),
+    Migration(5, "a fault campaign's seed of β and reliabilities (SQLite schema 12)", _V5),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

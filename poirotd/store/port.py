@@ -33,6 +33,7 @@ from poirotd.model import (
     AccessDenial,
     AgentMessage,
     AgentReputation,
+    CampaignSeed,
     CommitItem,
     ConfirmedOutcome,
     DiagnosisMemoryEntry,
@@ -300,8 +301,10 @@ class Store(Protocol):
         method: str | None = None,
         limit: int = 50,
         page_token: str | None = None,
+        canaries: bool = False,
     ) -> tuple[list[Investigation], str | None]:
-        """Newest first, keyset-paginated by an opaque token; ValueError for a bad token."""
+        """Newest first, keyset-paginated by an opaque token; ValueError for a bad token. Real
+        investigations only, or with `canaries` the canaries' only."""
 
     async def settle_unfinished(self, reason: str, at: datetime) -> Settled:
         """What a daemon alone on its store leaves when it stops, or finds when it starts: every
@@ -323,6 +326,12 @@ class Store(Protocol):
         `supersede`, else raise AlreadyConfirmedError; the same regions change nothing."""
 
     async def reputations(self, system: str) -> dict[str, AgentReputation]: ...
+
+    async def put_campaign_seed(self, seed: CampaignSeed) -> None:
+        """Stores a fault campaign's seed for its system, replacing the one before (which the
+        audit chain keeps); confirmed reputations are left as they are."""
+
+    async def campaign_seed(self, system: str) -> CampaignSeed | None: ...
 
     async def confirmed_investigations(
         self, system: str, *, limit: int = 500

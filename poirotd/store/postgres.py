@@ -55,6 +55,7 @@ from poirotd.model import (
     AccessDenial,
     AgentMessage,
     AgentReputation,
+    CampaignSeed,
     CommitItem,
     ConfirmedOutcome,
     DiagnosisMemoryEntry,
@@ -109,6 +110,7 @@ from poirotd.store.port import (
 from poirotd.store.reads import StoreReads
 from poirotd.store.records import (
     ACCESS_DENIALS,
+    CAMPAIGN_SEEDS,
     DIAGNOSIS_MEMORY,
     EVENTS,
     EXCHANGES,
@@ -122,6 +124,7 @@ from poirotd.store.records import (
     AuditedTable,
     MessageBlock,
     access_denial_row,
+    campaign_seed_row,
     event_row,
     exchange_row,
     hazard_space_row,
@@ -248,6 +251,7 @@ class PostgresStore(StoreReads):
 
     _CONFIRMED = "(record::jsonb ->> 'confirmed') IS NOT NULL"
     _TRIGGERED = "(record::jsonb ->> 'trigger') IS NOT NULL"
+    _CANARY = "(record::jsonb ->> 'canary') IS NOT NULL"
     _METHOD = "coalesce(record::jsonb ->> 'method', 'poirot')"
     _STARTED_MS = (
         "floor(extract(epoch FROM (record::jsonb ->> 'started_at')::timestamptz) * 1000)::bigint"
@@ -758,6 +762,10 @@ class PostgresStore(StoreReads):
                 await _chained(conn, links, REPUTATIONS, reputation_row(reputation))
         return inv, True
 
+    async def put_campaign_seed(self, seed: CampaignSeed) -> None:
+        async with self._transaction() as (conn, links):
+            await _chained(conn, links, CAMPAIGN_SEEDS, campaign_seed_row(seed))
+
     # ------------------------------------------------------------ ErrorProbe's memory
 
     async def update_memory_entry(
@@ -1042,7 +1050,14 @@ async def _check_lease(conn: Connection, lease: Lease | None) -> None:
 
 
 # The number of leading columns that key each upserted table.
-_KEYS = {SESSIONS: 1, HAZARD_SPACES: 2, INVESTIGATIONS: 1, REPUTATIONS: 2, DIAGNOSIS_MEMORY: 2}
+_KEYS = {
+    SESSIONS: 1,
+    HAZARD_SPACES: 2,
+    INVESTIGATIONS: 1,
+    REPUTATIONS: 2,
+    CAMPAIGN_SEEDS: 1,
+    DIAGNOSIS_MEMORY: 2,
+}
 
 
 async def _chained(conn: Connection, links: Links, table: AuditedTable, row: Row) -> None:

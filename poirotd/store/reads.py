@@ -12,6 +12,7 @@ from typing import Any
 
 from poirotd.model import (
     AgentReputation,
+    CampaignSeed,
     DiagnosisMemoryEntry,
     HazardSpace,
     Investigation,
@@ -38,6 +39,8 @@ class StoreReads(ABC):
     _CONFIRMED = "json_extract(record, '$.confirmed') IS NOT NULL"
     # SQL: a hazard rule opened the investigation (its record has a trigger).
     _TRIGGERED = "json_extract(record, '$.trigger') IS NOT NULL"
+    # SQL: the investigation is a canary's (the field is left out of real ones' records).
+    _CANARY = "json_extract(record, '$.canary') IS NOT NULL"
     # SQL: the investigation's method (records from before methods existed ran poirot).
     _METHOD = "coalesce(json_extract(record, '$.method'), 'poirot')"
     # SQL: a session's start, in milliseconds since the epoch (julianday counts milliseconds:
@@ -116,11 +119,12 @@ class StoreReads(ABC):
         method: str | None = None,
         limit: int = 50,
         page_token: str | None = None,
+        canaries: bool = False,
     ) -> tuple[list[Investigation], str | None]:
         """Newest first (`investigations_page_query`)."""
         by_method = None if method is None else (self._METHOD, method)
         sql, params = investigations_page_query(
-            session_id, state, by_method, limit, page_token, "?"
+            session_id, state, by_method, limit, page_token, "?", (self._CANARY, canaries)
         )
         return investigations_page(await self._query(sql, params), limit)
 
@@ -146,6 +150,11 @@ class StoreReads(ABC):
         )
         reputations = [AgentReputation.model_validate_json(record) for (record,) in rows]
         return {r.agent_id: r for r in reputations}
+
+    async def campaign_seed(self, system: str) -> CampaignSeed | None:
+        """The fault campaign's seed in force for `system` (the latest applied), if any."""
+        rows = await self._query("SELECT record FROM campaign_seeds WHERE system = ?", (system,))
+        return CampaignSeed.model_validate_json(rows[0][0]) if rows else None
 
     async def confirmed_investigations(
         self, system: str, *, limit: int = 500

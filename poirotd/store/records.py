@@ -30,6 +30,7 @@ from poirotd.model import (
     AccessDenial,
     AgentMessage,
     AgentReputation,
+    CampaignSeed,
     DiagnosisMemoryEntry,
     HazardSpace,
     IngestConflict,
@@ -205,6 +206,10 @@ def reputation_row(reputation: AgentReputation) -> Row:
     return (reputation.system, reputation.agent_id, encode_record(reputation))
 
 
+def campaign_seed_row(seed: CampaignSeed) -> Row:
+    return (seed.system, encode_record(seed))
+
+
 def memory_row(entry: DiagnosisMemoryEntry) -> Row:
     return (entry.system, entry.entry_id, encode_record(entry))
 
@@ -303,6 +308,13 @@ REPUTATIONS = AuditedTable(
     ref=lambda row: canonical_json([row[0], row[1]]),
     expect=lambda row, _: reputation_row(AgentReputation.model_validate_json(row[-1])),
 )
+CAMPAIGN_SEEDS = AuditedTable(
+    "campaign_seed",
+    "campaign_seeds",
+    ("system", "record"),
+    ref=lambda row: str(row[0]),
+    expect=lambda row, _: campaign_seed_row(CampaignSeed.model_validate_json(row[-1])),
+)
 DIAGNOSIS_MEMORY = AuditedTable(
     "diagnosis_memory",
     "diagnosis_memory",
@@ -329,6 +341,7 @@ AUDITED_TABLES = (
     HAZARD_SPACES,
     INVESTIGATIONS,
     REPUTATIONS,
+    CAMPAIGN_SEEDS,
     DIAGNOSIS_MEMORY,
     MESSAGES,
     MESSAGE_BLOCKS,

@@ -46,7 +46,9 @@ from poirotd.store.records import (
 #    (per run) and `message_indices` (per message) now keep; an older store's rows have none and
 #    only ever drop copies. A schema-8 to -10 store gains
 #    them when opened.
-SCHEMA_VERSION = 11
+# 12: a fault campaign's seed of the agents' β and methods' reliabilities (`campaign_seeds`, an
+#    audited table kept apart from the confirmed reputations; a schema-11 store gains it empty).
+SCHEMA_VERSION = 12
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """
@@ -156,6 +158,10 @@ CREATE TABLE IF NOT EXISTS reputations (
     agent_id TEXT NOT NULL,
     record   TEXT NOT NULL,
     PRIMARY KEY (system, agent_id)
+);
+CREATE TABLE IF NOT EXISTS campaign_seeds (
+    system TEXT PRIMARY KEY,
+    record TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS access_denials (
     id     INTEGER PRIMARY KEY,

@@ -36,6 +36,7 @@ from poirotd.model import (
     AccessDenial,
     AgentMessage,
     AgentReputation,
+    CampaignSeed,
     CommitItem,
     ConfirmedOutcome,
     DiagnosisMemoryEntry,
@@ -89,6 +90,7 @@ from poirotd.store.port import (
 from poirotd.store.reads import StoreReads
 from poirotd.store.records import (
     ACCESS_DENIALS,
+    CAMPAIGN_SEEDS,
     DIAGNOSIS_MEMORY,
     EVENTS,
     EXCHANGES,
@@ -102,6 +104,7 @@ from poirotd.store.records import (
     AuditedTable,
     MessageBlock,
     access_denial_row,
+    campaign_seed_row,
     event_row,
     exchange_row,
     hazard_space_row,
@@ -160,6 +163,10 @@ ON CONFLICT (investigation_id) DO UPDATE SET
 _PUT_REPUTATION = """
 INSERT INTO reputations (system, agent_id, record) VALUES (?, ?, ?)
 ON CONFLICT (system, agent_id) DO UPDATE SET record = excluded.record
+"""
+_PUT_CAMPAIGN_SEED = """
+INSERT INTO campaign_seeds (system, record) VALUES (?, ?)
+ON CONFLICT (system) DO UPDATE SET record = excluded.record
 """
 _PUT_MEMORY = """
 INSERT INTO diagnosis_memory (system, entry_id, record) VALUES (?, ?, ?)
@@ -374,6 +381,9 @@ class SqliteStore(StoreReads):
         unless `supersede`, which keeps the replaced outcome in the record's `superseded` (and
         its earlier version in the chain). Returns (record, True) when this call changed it."""
         return await self._write(_confirm_outcome, investigation_id, outcome, reassess, supersede)
+
+    async def put_campaign_seed(self, seed: CampaignSeed) -> None:
+        await self._write(_put_campaign_seed, seed)
 
     # ------------------------------------------------------------ ErrorProbe's memory
 
@@ -854,6 +864,11 @@ def _confirm_outcome(
         ):
             _write(conn, chain, REPUTATIONS, _PUT_REPUTATION, reputation_row(reputation))
     return inv, True
+
+
+def _put_campaign_seed(conn: sqlite3.Connection, seed: CampaignSeed) -> None:
+    with transaction(conn) as chain:
+        _write(conn, chain, CAMPAIGN_SEEDS, _PUT_CAMPAIGN_SEED, campaign_seed_row(seed))
 
 
 def _memory_entry(

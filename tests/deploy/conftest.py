@@ -13,11 +13,13 @@ import pytest
 from hwbridge.broker import free_port
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from tests.support.canary import labelled, write_case
 from tests.support.deploy import (
     EDGE,
     K8S,
     access_file,
     load_yaml_documents,
+    one_canary,
     require_tool,
     run_one_investigation,
 )
@@ -47,11 +49,14 @@ def model_server() -> Iterator[ScriptedServer]:
 
 
 @pytest.fixture
-def daemon_spec(model_server: ScriptedServer) -> SystemSpec:
+def daemon_spec(model_server: ScriptedServer, tmp_path: Path) -> SystemSpec:
     """The clinic on the real HTTP backend, so that the model's gauges (one per base URL) are
-    exercised too."""
+    exercised too, with canaries over one labelled case (and one file they refuse)."""
     llm = {"backend": "openai", "base_urls": [model_server.url], "model": "qwen-test"}
-    return clinic(llm=llm)
+    cases = tmp_path / "canary-cases"
+    write_case(cases, labelled())
+    (cases / "broken.json").write_text("{")
+    return clinic(llm=llm, canary={"cases": str(cases), "interval_seconds": 1})
 
 
 @pytest.fixture
@@ -73,6 +78,7 @@ def daemon_settings(tmp_path: Path) -> dict[str, Any]:
 @pytest.fixture
 async def investigated_daemon(daemon: Daemon) -> Daemon:
     await run_one_investigation(daemon)
+    await one_canary(daemon)
     return daemon
 
 

@@ -24,6 +24,7 @@ from poirotd.observability.metrics import Metrics
 from poirotd.transports.security.access import token_hash
 from tests.support.ingest import session
 from tests.support.spec import CLINIC
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -147,6 +148,17 @@ def access_file(folder: Path) -> Path:
         yaml.safe_dump({"tokens": {token_hash(TOKEN): {"name": "t", "roles": roles}}})
     )
     return access
+
+
+async def one_canary(daemon: Daemon) -> None:
+    """Waits until the daemon's canaries (its spec has a canary section) have run one."""
+
+    def ran() -> bool:
+        families = daemon.metrics.canary_runs.collect()
+        return any(s.name.endswith("_total") and s.value >= 1 for f in families for s in f.samples)
+
+    async with asyncio.timeout(30):
+        await eventually(ran)
 
 
 async def run_one_investigation(daemon: Daemon) -> str:

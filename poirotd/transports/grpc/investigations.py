@@ -11,6 +11,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
 from poirotd.errors import InvalidArgument, ServiceError
 from poirotd.investigations.service import InvestigationService
+from poirotd.protocol.reputation import confirmed_beta
 from poirotd.transports.grpc.clients import ClientLimits, client_identity
 from poirotd.transports.grpc.status import abort
 
@@ -66,6 +67,7 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
                 page_size=request.page_size or _DEFAULT_PAGE,
                 page_token=request.page_token or None,
                 method=request.method or None,
+                canaries=request.canaries,
             )
         except ServiceError as error:
             await abort(context, self._service.metrics, "Investigations.List", error)
@@ -129,11 +131,50 @@ class InvestigationsServicer(pb_grpc.InvestigationsServicer):
     async def GetReputation(
         self, request: pb.GetReputationRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetReputationResponse:
-        return pb.GetReputationResponse(
-            reputation_enabled=self._service.spec.protocol.reputation.enabled,
+        return await self._reputation()
+
+    async def SeedReputation(
+        self, request: pb.SeedReputationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetReputationResponse:
+        try:
+            await self._service.seed_reputation(request.source, convert.campaign_outcomes(request))
+        except ServiceError as error:
+            await abort(context, self._service.metrics, "Investigations.SeedReputation", error)
+        return await self._reputation()
+
+    async def _reputation(self) -> pb.GetReputationResponse:
+        """β and reliabilities in use, each beside its confirmed and its campaign value."""
+        spec = self._service.spec
+        seed = await self._service.campaign_seed()
+        response = pb.GetReputationResponse(
+            reputation_enabled=spec.protocol.reputation.enabled,
             betas=await self._agent_betas(),
+            campaign_weight=spec.protocol.reputation.campaign_weight,
+            reliability_campaign_weight=spec.protocol.ensemble.reliability.campaign_weight,
         )
+        for view in await self._service.reliabilities():
+            entry = response.reliabilities.add(
+                method=view.method,
+                reliability=view.reliability,
+                confirmed_reliability=view.confirmed,
+                confirmations=view.confirmations,
+            )
+            if view.campaign is not None:
+                entry.campaign.CopyFrom(convert.campaign_value(view.campaign))
+        if seed is not None:
+            response.campaign_source = seed.source
+            response.campaign_seeded_at.CopyFrom(convert.timestamp(seed.seeded_at))
+            response.campaign_cases = seed.cases
+        return response
 
     async def _agent_betas(self) -> list[pb.AgentBeta]:
+        spec = self._service.spec
         reputations = await self._service.reputations()
-        return convert.agent_betas(await self._service.betas(), reputations)
+        seed = await self._service.campaign_seed()
+        confirmed = {a: confirmed_beta(spec, reputations.get(a))[0] for a in spec.agent_ids}
+        return convert.agent_betas(
+            await self._service.betas(),
+            reputations,
+            confirmed,
+            seed.agents if seed is not None else {},
+        )

@@ -48,6 +48,7 @@ REQUIRED: Mapping[str, Requirement | None] = {
     "/opentelemetry.proto.collector.logs.v1.LogsService/Export": Requirement(Role.INGEST),
     "/poirot.v1.Investigations/Trigger": Requirement(Role.OPERATOR),
     "/poirot.v1.Investigations/ConfirmOutcome": Requirement(Role.OPERATOR),
+    "/poirot.v1.Investigations/SeedReputation": Requirement(Role.OPERATOR),
     "/poirot.v1.Investigations/Get": Requirement(
         Role.READER, raised_by=("include_exchanges", Role.AUDITOR)
     ),

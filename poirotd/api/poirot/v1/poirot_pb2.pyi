@@ -671,12 +671,17 @@ class ListInvestigationsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     METHOD_FIELD_NUMBER: _builtins.int
+    CANARIES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     state: Global___InvestigationState.ValueType
     page_size: _builtins.int
     page_token: _builtins.str
     method: _builtins.str
     """Only investigations by this method ("poirot", "baseline", ...); empty: any."""
+    canaries: _builtins.bool
+    """False: real investigations only (never a canary's); true: the canaries' only
+    (docs/canaries.md), each marked Investigation.canary.
+    """
     def __init__(
         self,
         *,
@@ -685,10 +690,11 @@ class ListInvestigationsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         method: _builtins.str = ...,
+        canaries: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canaries", b"canaries", "method", b"method", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -862,23 +868,184 @@ class GetReputationResponse(_message.Message):
 
     REPUTATION_ENABLED_FIELD_NUMBER: _builtins.int
     BETAS_FIELD_NUMBER: _builtins.int
+    CAMPAIGN_WEIGHT_FIELD_NUMBER: _builtins.int
+    CAMPAIGN_SOURCE_FIELD_NUMBER: _builtins.int
+    CAMPAIGN_SEEDED_AT_FIELD_NUMBER: _builtins.int
+    CAMPAIGN_CASES_FIELD_NUMBER: _builtins.int
+    RELIABILITIES_FIELD_NUMBER: _builtins.int
+    RELIABILITY_CAMPAIGN_WEIGHT_FIELD_NUMBER: _builtins.int
     reputation_enabled: _builtins.bool
     """False: every agent is weighed with the spec's β, and confirmations move no β."""
+    campaign_weight: _builtins.float
+    """How much one campaign case counts against one confirmed outcome (the spec's
+    protocol.reputation.campaign_weight; 0: the campaign's values are shown, not used).
+    """
+    campaign_source: _builtins.str
+    """The campaign seed in force (SeedReputation): where its outcomes came from, when it was
+    applied and how many outcomes it used; unset/empty when none was applied.
+    """
+    campaign_cases: _builtins.int
+    reliability_campaign_weight: _builtins.float
     @_builtins.property
     def betas(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentBeta]: ...
+    @_builtins.property
+    def campaign_seeded_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def reliabilities(self) -> _containers.RepeatedCompositeFieldContainer[Global___MethodReliability]:
+        """The ensemble members' reliabilities rho_m (protocol.ensemble.reliability)."""
+
     def __init__(
         self,
         *,
         reputation_enabled: _builtins.bool = ...,
         betas: _abc.Iterable[Global___AgentBeta] | None = ...,
+        campaign_weight: _builtins.float = ...,
+        campaign_source: _builtins.str = ...,
+        campaign_seeded_at: _timestamp_pb2.Timestamp | None = ...,
+        campaign_cases: _builtins.int = ...,
+        reliabilities: _abc.Iterable[Global___MethodReliability] | None = ...,
+        reliability_campaign_weight: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["campaign_seeded_at", b"campaign_seeded_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["betas", b"betas", "reputation_enabled", b"reputation_enabled"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["betas", b"betas", "campaign_cases", b"campaign_cases", "campaign_seeded_at", b"campaign_seeded_at", "campaign_source", b"campaign_source", "campaign_weight", b"campaign_weight", "reliabilities", b"reliabilities", "reliability_campaign_weight", b"reliability_campaign_weight", "reputation_enabled", b"reputation_enabled"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetReputationResponse: _TypeAlias = GetReputationResponse  # noqa: Y015
+
+@_typing.final
+class CampaignValue(_message.Message):
+    """What a fault campaign made of one agent's β or one method's reliability."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALUE_FIELD_NUMBER: _builtins.int
+    CASES_FIELD_NUMBER: _builtins.int
+    value: _builtins.float
+    cases: _builtins.int
+    """The campaign's outcomes that moved it."""
+    def __init__(
+        self,
+        *,
+        value: _builtins.float = ...,
+        cases: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cases", b"cases", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CampaignValue: _TypeAlias = CampaignValue  # noqa: Y015
+
+@_typing.final
+class MethodReliability(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHOD_FIELD_NUMBER: _builtins.int
+    RELIABILITY_FIELD_NUMBER: _builtins.int
+    CONFIRMED_RELIABILITY_FIELD_NUMBER: _builtins.int
+    CONFIRMATIONS_FIELD_NUMBER: _builtins.int
+    CAMPAIGN_FIELD_NUMBER: _builtins.int
+    method: _builtins.str
+    reliability: _builtins.float
+    """The reliability in use: the confirmed one and the campaign's, weighed by their evidence."""
+    confirmed_reliability: _builtins.float
+    """From confirmed outcomes alone (`initial` when there is none), and how many moved it."""
+    confirmations: _builtins.int
+    @_builtins.property
+    def campaign(self) -> Global___CampaignValue:
+        """Unset when no campaign seeded it."""
+
+    def __init__(
+        self,
+        *,
+        method: _builtins.str = ...,
+        reliability: _builtins.float = ...,
+        confirmed_reliability: _builtins.float = ...,
+        confirmations: _builtins.int = ...,
+        campaign: Global___CampaignValue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["campaign", b"campaign"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign", b"campaign", "confirmations", b"confirmations", "confirmed_reliability", b"confirmed_reliability", "method", b"method", "reliability", b"reliability"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MethodReliability: _TypeAlias = MethodReliability  # noqa: Y015
+
+@_typing.final
+class SeedReputationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """Where the outcomes come from (a results file's name, a campaign's id): kept with the seed."""
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CampaignOutcome]: ...
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        outcomes: _abc.Iterable[Global___CampaignOutcome] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SeedReputationRequest: _TypeAlias = SeedReputationRequest  # noqa: Y015
+
+@_typing.final
+class CampaignOutcome(_message.Message):
+    """One labelled case as one method attributed it (a line of `poirotd eval`'s results)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CASE_ID_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    REGION_IDS_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    TRUTH_REGION_IDS_FIELD_NUMBER: _builtins.int
+    VOTES_FIELD_NUMBER: _builtins.int
+    case_id: _builtins.str
+    method: _builtins.str
+    @_builtins.property
+    def region_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The case's hazard space: index i of `decision`, of `truth` and of every vote is region i."""
+
+    @_builtins.property
+    def decision(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The method's decision vector; empty when the run gave no attribution (it is left out)."""
+
+    @_builtins.property
+    def truth_region_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The label: the region(s) that truly caused the case's failure."""
+
+    @_builtins.property
+    def votes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Vote]:
+        """The agents' votes (POIROT's), each moving its agent's campaign β; others are left out."""
+
+    def __init__(
+        self,
+        *,
+        case_id: _builtins.str = ...,
+        method: _builtins.str = ...,
+        region_ids: _abc.Iterable[_builtins.str] | None = ...,
+        decision: _abc.Iterable[_builtins.int] | None = ...,
+        truth_region_ids: _abc.Iterable[_builtins.str] | None = ...,
+        votes: _abc.Iterable[Global___Vote] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_id", b"case_id", "decision", b"decision", "method", b"method", "region_ids", b"region_ids", "truth_region_ids", b"truth_region_ids", "votes", b"votes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CampaignOutcome: _TypeAlias = CampaignOutcome  # noqa: Y015
 
 @_typing.final
 class AgentBeta(_message.Message):
@@ -889,15 +1056,24 @@ class AgentBeta(_message.Message):
     CONFIRMATIONS_FIELD_NUMBER: _builtins.int
     INVESTIGATION_ID_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    CONFIRMED_BETA_FIELD_NUMBER: _builtins.int
+    CAMPAIGN_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     beta: _builtins.float
+    """The β in use: the confirmed one and the campaign's, weighed by their evidence."""
     confirmations: _builtins.int
     """Confirmed outcomes that moved it (one per investigation, corrections included), the
     latest confirmation that changed it, and when.
     """
     investigation_id: _builtins.str
+    confirmed_beta: _builtins.float
+    """From confirmed outcomes alone (`initial` when there is none)."""
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def campaign(self) -> Global___CampaignValue:
+        """Unset when no campaign seeded it."""
+
     def __init__(
         self,
         *,
@@ -906,10 +1082,12 @@ class AgentBeta(_message.Message):
         confirmations: _builtins.int = ...,
         investigation_id: _builtins.str = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        confirmed_beta: _builtins.float = ...,
+        campaign: Global___CampaignValue | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["campaign", b"campaign", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "beta", b"beta", "confirmations", b"confirmations", "investigation_id", b"investigation_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "beta", b"beta", "campaign", b"campaign", "confirmations", b"confirmations", "confirmed_beta", b"confirmed_beta", "investigation_id", b"investigation_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1321,6 +1499,8 @@ class Investigation(_message.Message):
     COALESCED_OMITTED_FIELD_NUMBER: _builtins.int
     REQUESTED_BY_FIELD_NUMBER: _builtins.int
     WAITING_FOR_MODEL_SINCE_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
+    CANARY_LABEL_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -1345,6 +1525,11 @@ class Investigation(_message.Message):
     coalesced_omitted: _builtins.int
     requested_by: _builtins.str
     """Who asked for it (a Trigger caller's identity); empty for a hazard rule's."""
+    canary: _builtins.bool
+    """A canary's: a labelled case replayed in a shadow session to measure attribution, never a
+    real incident. It streams no event and cannot be confirmed. canary_label says what it
+    replayed and whether it named the label.
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1404,6 +1589,8 @@ class Investigation(_message.Message):
         within llm.outage_budget_seconds and the run goes on, with what it had, once one answers.
         """
 
+    @_builtins.property
+    def canary_label(self) -> Global___CanaryLabel: ...
     def __init__(
         self,
         *,
@@ -1438,14 +1625,46 @@ class Investigation(_message.Message):
         coalesced_omitted: _builtins.int = ...,
         requested_by: _builtins.str = ...,
         waiting_for_model_since: _timestamp_pb2.Timestamp | None = ...,
+        canary: _builtins.bool = ...,
+        canary_label: Global___CanaryLabel | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "canary_label", b"canary_label", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "canary", b"canary", "canary_label", b"canary_label", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Investigation: _TypeAlias = Investigation  # noqa: Y015
+
+@_typing.final
+class CanaryLabel(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CASE_ID_FIELD_NUMBER: _builtins.int
+    DATASET_FIELD_NUMBER: _builtins.int
+    TRUTH_REGION_IDS_FIELD_NUMBER: _builtins.int
+    CORRECT_FIELD_NUMBER: _builtins.int
+    case_id: _builtins.str
+    dataset: _builtins.str
+    correct: _builtins.bool
+    """The decision named exactly the labelled region(s)."""
+    @_builtins.property
+    def truth_region_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        case_id: _builtins.str = ...,
+        dataset: _builtins.str = ...,
+        truth_region_ids: _abc.Iterable[_builtins.str] | None = ...,
+        correct: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_id", b"case_id", "correct", b"correct", "dataset", b"dataset", "truth_region_ids", b"truth_region_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CanaryLabel: _TypeAlias = CanaryLabel  # noqa: Y015
 
 @_typing.final
 class CoalescedTrigger(_message.Message):

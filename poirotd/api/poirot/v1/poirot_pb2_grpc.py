@@ -293,6 +293,11 @@ class InvestigationsStub:
                 request_serializer=poirot_dot_v1_dot_poirot__pb2.GetReputationRequest.SerializeToString,
                 response_deserializer=poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.FromString,
                 _registered_method=True)
+        self.SeedReputation = channel.unary_unary(
+                '/poirot.v1.Investigations/SeedReputation',
+                request_serializer=poirot_dot_v1_dot_poirot__pb2.SeedReputationRequest.SerializeToString,
+                response_deserializer=poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.FromString,
+                _registered_method=True)
 
 
 class InvestigationsServicer:
@@ -355,7 +360,21 @@ class InvestigationsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetReputation(self, request, context):
-        """The β each agent's vote is weighed with now.
+        """The β each agent's vote is weighed with now, and the ensemble members' reliabilities; each
+        with what confirmed outcomes and what a fault campaign (SeedReputation) make of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SeedReputation(self, request, context):
+        """Seeds the agents' β and the methods' reliabilities from a fault campaign's outcomes
+        (labelled cases run by `poirotd eval`), a source kept apart from confirmed outcomes: stored
+        beside them, shown beside them, and weighed in only as the spec's
+        protocol.reputation.campaign_weight (ensemble.reliability.campaign_weight) says. A new
+        seed replaces the previous one. INVALID_ARGUMENT: no outcome, more than 100000, one whose
+        vectors do not fit its regions, or an unknown method; RESOURCE_EXHAUSTED: a request over
+        4 MiB (some 20,000 outcomes of a system of 7 regions).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -397,6 +416,11 @@ def add_InvestigationsServicer_to_server(servicer, server):
             'GetReputation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReputation,
                     request_deserializer=poirot_dot_v1_dot_poirot__pb2.GetReputationRequest.FromString,
+                    response_serializer=poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.SerializeToString,
+            ),
+            'SeedReputation': grpc.unary_unary_rpc_method_handler(
+                    servicer.SeedReputation,
+                    request_deserializer=poirot_dot_v1_dot_poirot__pb2.SeedReputationRequest.FromString,
                     response_serializer=poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.SerializeToString,
             ),
     }
@@ -590,6 +614,33 @@ class Investigations:
             target,
             '/poirot.v1.Investigations/GetReputation',
             poirot_dot_v1_dot_poirot__pb2.GetReputationRequest.SerializeToString,
+            poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SeedReputation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/poirot.v1.Investigations/SeedReputation',
+            poirot_dot_v1_dot_poirot__pb2.SeedReputationRequest.SerializeToString,
             poirot_dot_v1_dot_poirot__pb2.GetReputationResponse.FromString,
             options,
             channel_credentials,

@@ -174,7 +174,18 @@ class InvestigationsStub:
     investigation's hazard space, or a correction without a note.
     """
     GetReputation: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.GetReputationRequest, _poirot_pb2.GetReputationResponse]
-    """The β each agent's vote is weighed with now."""
+    """The β each agent's vote is weighed with now, and the ensemble members' reliabilities; each
+    with what confirmed outcomes and what a fault campaign (SeedReputation) make of it.
+    """
+    SeedReputation: _grpc.UnaryUnaryMultiCallable[_poirot_pb2.SeedReputationRequest, _poirot_pb2.GetReputationResponse]
+    """Seeds the agents' β and the methods' reliabilities from a fault campaign's outcomes
+    (labelled cases run by `poirotd eval`), a source kept apart from confirmed outcomes: stored
+    beside them, shown beside them, and weighed in only as the spec's
+    protocol.reputation.campaign_weight (ensemble.reliability.campaign_weight) says. A new
+    seed replaces the previous one. INVALID_ARGUMENT: no outcome, more than 100000, one whose
+    vectors do not fit its regions, or an unknown method; RESOURCE_EXHAUSTED: a request over
+    4 MiB (some 20,000 outcomes of a system of 7 regions).
+    """
 
 @_typing.type_check_only
 class InvestigationsAsyncStub(InvestigationsStub):
@@ -209,7 +220,18 @@ class InvestigationsAsyncStub(InvestigationsStub):
     investigation's hazard space, or a correction without a note.
     """
     GetReputation: _aio.UnaryUnaryMultiCallable[_poirot_pb2.GetReputationRequest, _poirot_pb2.GetReputationResponse]  # type: ignore[assignment]
-    """The β each agent's vote is weighed with now."""
+    """The β each agent's vote is weighed with now, and the ensemble members' reliabilities; each
+    with what confirmed outcomes and what a fault campaign (SeedReputation) make of it.
+    """
+    SeedReputation: _aio.UnaryUnaryMultiCallable[_poirot_pb2.SeedReputationRequest, _poirot_pb2.GetReputationResponse]  # type: ignore[assignment]
+    """Seeds the agents' β and the methods' reliabilities from a fault campaign's outcomes
+    (labelled cases run by `poirotd eval`), a source kept apart from confirmed outcomes: stored
+    beside them, shown beside them, and weighed in only as the spec's
+    protocol.reputation.campaign_weight (ensemble.reliability.campaign_weight) says. A new
+    seed replaces the previous one. INVALID_ARGUMENT: no outcome, more than 100000, one whose
+    vectors do not fit its regions, or an unknown method; RESOURCE_EXHAUSTED: a request over
+    4 MiB (some 20,000 outcomes of a system of 7 regions).
+    """
 
 class InvestigationsServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------- investigations"""
@@ -283,6 +305,23 @@ class InvestigationsServicer(metaclass=_abc_1.ABCMeta):
         request: _poirot_pb2.GetReputationRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_poirot_pb2.GetReputationResponse, _abc.Awaitable[_poirot_pb2.GetReputationResponse]]:
-        """The β each agent's vote is weighed with now."""
+        """The β each agent's vote is weighed with now, and the ensemble members' reliabilities; each
+        with what confirmed outcomes and what a fault campaign (SeedReputation) make of it.
+        """
+
+    @_abc_1.abstractmethod
+    def SeedReputation(
+        self,
+        request: _poirot_pb2.SeedReputationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_poirot_pb2.GetReputationResponse, _abc.Awaitable[_poirot_pb2.GetReputationResponse]]:
+        """Seeds the agents' β and the methods' reliabilities from a fault campaign's outcomes
+        (labelled cases run by `poirotd eval`), a source kept apart from confirmed outcomes: stored
+        beside them, shown beside them, and weighed in only as the spec's
+        protocol.reputation.campaign_weight (ensemble.reliability.campaign_weight) says. A new
+        seed replaces the previous one. INVALID_ARGUMENT: no outcome, more than 100000, one whose
+        vectors do not fit its regions, or an unknown method; RESOURCE_EXHAUSTED: a request over
+        4 MiB (some 20,000 outcomes of a system of 7 regions).
+        """
 
 def add_InvestigationsServicer_to_server(servicer: InvestigationsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
