@@ -247,3 +247,25 @@ def test_recorded_votes_are_judged_alike_by_poirotd_and_both_engines() -> None:
                     engine.name,
                 )
     assert taken > 0
+
+
+def test_what_the_engines_make_a_model_write() -> None:
+    """Pinned so that an engine upgrade that changes one is noticed (docs/vllm-grammars.md):
+    keys in the schema's order; an enum's numbers in one spelling (xgrammar: 17 digits); no
+    unescaped DEL under llguidance."""
+    schema = {
+        "type": "object",
+        "properties": {"level": {"enum": [1.0, 0.9, 0.0]}, "note": {"type": "string"}},
+        "required": ["level", "note"],
+        "additionalProperties": False,
+    }
+    compiled = {e.name: e.compile(schema) for e in engines()}
+    for g in compiled.values():
+        assert g.accepts('{"level": 1, "note": ""}') and g.accepts('{"level": 0, "note": ""}')
+        assert not g.accepts('{"note": "", "level": 1}')
+        assert not g.accepts('{"level": 1.0, "note": ""}')
+    assert compiled["xgrammar"].accepts('{"level": 0.90000000000000002, "note": ""}')
+    assert not compiled["xgrammar"].accepts('{"level": 0.9, "note": ""}')
+    assert compiled["llguidance"].accepts('{"level": 0.9, "note": ""}')
+    assert compiled["xgrammar"].accepts('{"level": 1, "note": "\x7f"}')
+    assert not compiled["llguidance"].accepts('{"level": 1, "note": "\x7f"}')
