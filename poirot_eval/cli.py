@@ -325,6 +325,12 @@ def import_run_command(
         f"score {result.score_error:.2g} (tolerance {SCORE_TOLERANCE:g}); "
         f"winner {list(result.top)} (recorded {list(result.recorded_top)})"
     )
+    if result.tie_broken_by_first:
+        tied = ", ".join(result.region_ids[j] for j in result.top)
+        verdict += (
+            f"; a tie between {tied}, which the tool broke by taking the first "
+            "(numpy's argmax); poirotd reports the tie"
+        )
     console.print(("reproduced: " if result.agrees else "NOT reproduced: ") + verdict)
     if case_out is not None:
         try:

@@ -2,8 +2,9 @@
 
 The schemas stay inside the subset llama.cpp's grammar converter handles (type, properties,
 required, additionalProperties false, items, prefixItems, minItems/maxItems, enum, const, anyOf,
-string maxLength/pattern). Every free string is bounded: a small model otherwise writes until its
-token limit and the JSON never closes. Parsers re-check everything after decoding, because not
+string minLength/maxLength/pattern), which vLLM's engines handle too (docs/vllm-grammars.md).
+Every free string is bounded: a small model otherwise writes until its token limit and the JSON
+never closes. Parsers re-check everything after decoding, because not
 every backend enforces the schema, and raise `InvalidAnswer` with a message short enough to hand
 back to the model in a repair prompt.
 """
@@ -168,7 +169,12 @@ def hazard_space_format(spec: SystemSpec) -> AnswerFormat[HazardSpaceAnswer]:
         )
 
     def exactly(items: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"type": "array", "prefixItems": items, "items": False}
+        # prefixItems alone lets the array stop short (llguidance, like JSON Schema, takes a
+        # prefix of the tuple): minItems makes it whole. JSON Schema wants prefixItems
+        # non-empty: no items at all is maxItems 0.
+        if not items:
+            return {"type": "array", "maxItems": 0}
+        return {"type": "array", "prefixItems": items, "items": False, "minItems": len(items)}
 
     components = [c.id for c in spec.components]
     sub_limit = limits.max_sub_regions if components else 0
@@ -233,7 +239,9 @@ def turn_format(
     """Phase III: ask one peer a question, or cast the vote (which ends the consultation).
     `steps` are the session indices the voter saw, the only ones a vote's step may name."""
     tools = [peer_tool(p) for p in peer_ids]
-    ask = _object(action={"const": "ask"}, peer={"enum": tools}, question=_text(QUESTION_MAX))
+    # A question is never empty (AskAction): the schema says so too, or decoding could write one.
+    question = {"type": "string", "minLength": 1, "maxLength": QUESTION_MAX}
+    ask = _object(action={"const": "ask"}, peer={"enum": tools}, question=question)
     vote = _object(action={"const": "vote"}, **_vote_properties(size, steps))
 
     def parse(text: str) -> AskAction | VoteAction:

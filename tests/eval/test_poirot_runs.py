@@ -41,6 +41,33 @@ def test_both_runs_re_aggregate_within_their_rounding(name: str) -> None:
     assert result.recorded_top == result.top
 
 
+def test_a_tie_the_tool_broke_by_taking_the_first_region_is_reproduced() -> None:
+    # TradingAgents run 103: the trader and the risk manager tie at 5.6333; the tool recorded
+    # the trader, the first of the two (numpy's argmax), and flagged the tie itself.
+    recorded = json.loads((RUNS / "trading_103.json").read_text())["voting_data"]
+    assert recorded["voting_summary"]["is_tie"]
+    run = read_run(RUNS / "trading_103.json")
+    result = reaggregate(run, benchmark_spec(run, DATA))
+
+    assert [result.region_ids[j] for j in result.top] == ["trader", "risk_manager"]
+    assert result.recorded_top == (7,) and result.region_ids[7] == "trader"
+    assert result.tie_broken_by_first and result.agrees
+
+
+def test_a_tools_winner_that_is_not_the_first_of_the_tie_is_not_reproduced(
+    tmp_path: Path,
+) -> None:
+    record = json.loads((RUNS / "trading_103.json").read_text())
+    record["voting_data"]["winning_location"]["dimension_index"] = 11
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(record))
+    run = read_run(path)
+    result = reaggregate(run, benchmark_spec(run, DATA))
+
+    assert result.top == (7, 11) and result.recorded_top == (11,)
+    assert not result.tie_broken_by_first and not result.agrees
+
+
 def test_cortex_weights_use_each_agents_recorded_beta() -> None:
     run = read_run(RUNS / "cortex_182.json")
     result = reaggregate(run, benchmark_spec(run, DATA))
@@ -151,3 +178,11 @@ def test_import_run_prints_the_comparison_and_writes_the_case(tmp_path: Path) ->
     assert own.returncode == 1 and "NOT reproduced" in own.stdout
     no_case = poirotd(*args, "--case-out", str(tmp_path / "t.json"))
     assert no_case.returncode == 2 and "no session to replay" in no_case.stderr
+
+
+def test_import_run_names_the_tie_the_tool_broke() -> None:
+    tie = poirotd("eval", "import-run", str(RUNS / "trading_103.json"), "--data-dir", str(DATA))
+    assert tie.returncode == 0, tie.stdout
+    verdict = " ".join(tie.stdout.split())
+    assert "reproduced: largest differences" in verdict
+    assert "a tie between trader, risk_manager, which the tool broke by taking the first" in verdict

@@ -22,7 +22,7 @@ def _recorded(name: str) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("run", ["cortex_182.json", "trading_10.json"])
+@pytest.mark.parametrize("run", ["cortex_182.json", "trading_10.json", "trading_103.json"])
 def test_recorded_runs_are_reproduced(run: str) -> None:
     data = _recorded(run)
     votes = data["agent_votes"]

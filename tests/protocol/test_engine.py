@@ -323,7 +323,7 @@ def test_hazard_space_schema_fixes_every_declared_id() -> None:
 
 ALLOWED_KEYS = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "enum", "const", "anyOf", "maxLength", "pattern",
+    "minItems", "maxItems", "enum", "const", "anyOf", "minLength", "maxLength", "pattern",
 }  # fmt: skip
 
 
