@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from hwbridge.broker import free_port
 from poirotd.config import Settings
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,

@@ -29,8 +29,8 @@ import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from hwbridge.broker import free_port, stop_process
 from poirotd.config import OpenAILLMSpec
+from poirotd.demo.process import free_port, stop_process
 from poirotd.llm.base import ChatMessage, LLMError, ToolCall
 from poirotd.llm.openai_http import OpenAIBackend
 from poirotd.model import Phase
