@@ -56,7 +56,7 @@ from poirotd.transports.security.tls import ServerTls
 log = structlog.get_logger(__name__)
 
 # How long open RPCs (Watch streams, ingest streams) get to finish once investigations are drained.
-_RPC_GRACE_SECONDS = 5.0
+RPC_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -335,7 +335,7 @@ class Daemon:
         if self._core is not None:
             await self._core.runner.drain(self.settings.drain_seconds)
         for door in reversed(self._transports):
-            await door.stop(_RPC_GRACE_SECONDS)
+            await door.stop(RPC_GRACE_SECONDS)
         if self._denials is not None:
             await self._denials.flush()  # refusals the doors saw are chained before the close
         if self._core is not None:
