@@ -28,8 +28,6 @@ app = typer.Typer(
 )
 # `poirotd replay`: one command, so a Typer of its own (a group needs a subcommand name).
 replay_app = typer.Typer(add_completion=False)
-# What `poirotd eval ...` and `poirotd replay ...` run: poirotd's CLI looks them up here by name.
-commands = {"eval": app, "replay": replay_app}
 
 DataDirOption = Annotated[
     Path,
