@@ -45,8 +45,8 @@ from bench import report
 from bench.fuzz_inputs import Hints, ingest_stream, mqtt_messages, request_bytes, spec_texts
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon

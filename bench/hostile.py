@@ -55,8 +55,8 @@ from bench import ingest, report
 from bench.daemon_process import Child, child_daemon
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.demo.broker import mosquitto
 from tests.support.ingest import OVERHEAT, session, start

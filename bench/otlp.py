@@ -52,8 +52,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from bench import report
 from bench.agents import CONTENT
 from poirotd.api import convert
-from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient, batched
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.demo.process import free_port

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# hwbridge is a client of poirotd: the domain types, the wire API and its client, the errors.
-HWBRIDGE_MAY_IMPORT = ("poirotd.model", "poirotd.api", "poirotd.errors")
+# hwbridge is a client of poirotd: the domain types, the wire API, the client (its TLS and
+# secrets included), the errors.
+HWBRIDGE_MAY_IMPORT = ("poirotd.model", "poirotd.api", "poirotd.client", "poirotd.errors")
 # Inside poirotd only these use hwbridge: the MQTT transport, and the demo that starts a broker.
 MAY_IMPORT_HWBRIDGE = ("poirotd.transports.mqtt", "poirotd.demo")
-# client: the SDK, where its users look for it (`poirotd.client`, issue 19).
-TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors", "client"}
+TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors"}
 # poirot_eval (the `eval` extra) sits above poirotd: it may import poirotd, never the reverse
 # (`poirotd eval` / `poirotd replay` find its commands through an entry point, pyproject.toml).
 EVAL_EXTRA = {"matplotlib", "pyarrow"}

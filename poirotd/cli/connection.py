@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import grpc
     from google.protobuf.message import Message
 
-    from poirotd.api.client import DaemonTls, PoirotClient
+    from poirotd.client.wire import DaemonTls, PoirotClient
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ class Connection:
     ) -> Connection:
         """TLS is on with --tls, --ca or a certificate; exits 2 naming a file that cannot be
         read."""
-        from poirotd.api.client import DaemonTls
+        from poirotd.client.wire import DaemonTls
 
         try:
             client_tls = DaemonTls.from_files(ca, cert, key) if tls or ca or cert or key else None
@@ -97,7 +97,7 @@ class Connection:
 
     def client(self) -> PoirotClient:
         """A new client (its own channel): open it in the event loop that uses it."""
-        from poirotd.api.client import PoirotClient
+        from poirotd.client.wire import PoirotClient
 
         return PoirotClient(self.target, tls=self.tls, token=self.token)
 

@@ -10,8 +10,8 @@ import typer
 from poirotd.cli.connection import Connection, JsonOption, connects, print_json
 
 if TYPE_CHECKING:
-    from poirotd.api.client import PoirotClient
     from poirotd.api.poirot.v1 import poirot_pb2 as pb
+    from poirotd.client.wire import PoirotClient
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -23,8 +23,8 @@ from rich.table import Table
 from hwbridge import exo
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.demo.broker import mosquitto
 from poirotd.demo.process import DaemonProcess
 

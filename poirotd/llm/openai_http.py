@@ -40,8 +40,8 @@ import httpx
 import structlog
 from pydantic import BaseModel, Field, ValidationError
 
-from poirotd.api.client_tls import ClientTLSError
-from poirotd.api.secrets import SecretError
+from poirotd.client.secrets import SecretError
+from poirotd.client.tls import ClientTLSError
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.llm.base import MODEL_UNAVAILABLE, ChatMessage, Completion, LLMError, Tool, ToolCall
 from poirotd.llm.control_tokens import ControlTokens, family_spellings

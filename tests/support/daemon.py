@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from poirotd.api.client import PoirotClient
+from poirotd.client.wire import PoirotClient
 from poirotd.config.settings import Settings
 from poirotd.config.spec import SystemSpec
 from poirotd.daemon import Daemon
