@@ -21,6 +21,7 @@ import typer
 if TYPE_CHECKING:
     import grpc
     from google.protobuf.message import Message
+    from rich.console import RenderableType
 
     from poirotd.client.wire import DaemonTls, PoirotClient
 
@@ -150,3 +151,18 @@ def print_json(message: Message) -> None:
     from google.protobuf import json_format
 
     typer.echo(json_format.MessageToJson(message, indent=2, ensure_ascii=False))
+
+
+def print_page(
+    page: Message, next_page_token: str, table: Callable[[], RenderableType], *, as_json: bool
+) -> None:
+    """One page of a listing: its JSON, or `table()` with the way to the next page on stderr,
+    said alike by every command that lists."""
+    if as_json:
+        print_json(page)
+        return
+    from poirotd.cli import render
+
+    render.console().print(table())
+    if next_page_token:
+        typer.echo(f"more: --page-token {next_page_token}", err=True)
