@@ -54,7 +54,7 @@ from poirotd.llm.embedded import EmbeddedBackend
 from poirotd.model import HazardSpace
 from poirotd.protocol import baseline, prompts
 from poirotd.protocol.events import ProtocolEvent
-from poirotd.protocol.hazard_space import pinned_hazard_space
+from poirotd.protocol.poirot.hazard_space import pinned_hazard_space
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.spotlight import VERBATIM, Spotlight
 

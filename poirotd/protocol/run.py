@@ -41,7 +41,7 @@ from poirotd.protocol.events import (
     ProtocolEvent,
     TokenBudgetSpent,
 )
-from poirotd.protocol.peer_tools import ToolFormat
+from poirotd.protocol.poirot.peer_tools import ToolFormat
 from poirotd.protocol.schemas import AnswerFormat, InvalidAnswer
 
 log = structlog.get_logger(__name__)

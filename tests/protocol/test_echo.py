@@ -21,7 +21,7 @@ from poirotd.protocol.echo.schemas import analysis_format
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ExchangeDone, ProtocolEvent, VoteCast
-from poirotd.protocol.hazard_space import pinned_hazard_space
+from poirotd.protocol.poirot.hazard_space import pinned_hazard_space
 from poirotd.protocol.prompts import Incident
 from poirotd.protocol.schemas import InvalidAnswer
 from poirotd.protocol.spotlight import MARK, OPEN

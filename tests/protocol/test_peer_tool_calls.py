@@ -13,8 +13,14 @@ from poirotd.llm.base import ChatMessage, Completion, Tool, ToolCall
 from poirotd.llm.scripted import ScriptedBackend, ToolReply
 from poirotd.protocol import prompts
 from poirotd.protocol.events import ExchangeDone
-from poirotd.protocol.interrogation import closing_request, one_more_round
-from poirotd.protocol.peer_tools import VOTE_TOOL, PeerCall, tools_text, turn_tools, uses_tools
+from poirotd.protocol.poirot.interrogation import closing_request, one_more_round
+from poirotd.protocol.poirot.peer_tools import (
+    VOTE_TOOL,
+    PeerCall,
+    tools_text,
+    turn_tools,
+    uses_tools,
+)
 from poirotd.protocol.schemas import AskAction, InvalidAnswer, VoteAction, vote_format
 from tests.support.answers import fill
 from tests.support.protocol import (

@@ -32,7 +32,7 @@ from poirotd.protocol import prompts
 from poirotd.protocol.aggregation import weigh
 from poirotd.protocol.errors import AnswerFailed
 from poirotd.protocol.events import VoteCast
-from poirotd.protocol.peer_tools import tools_text, turn_tools, uses_tools
+from poirotd.protocol.poirot.peer_tools import tools_text, turn_tools, uses_tools
 from poirotd.protocol.run import CallSite, RunContext, concurrently
 from poirotd.protocol.schemas import (
     FREE_TEXT,
