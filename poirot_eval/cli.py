@@ -130,7 +130,7 @@ def run_command(
     One line per case is appended to OUT/results.jsonl as soon as the case finishes; rerunning
     the same command skips the cases already there, so an interrupted run resumes.
     """
-    from poirot_eval.journal import RunJournal, RunMismatch
+    from poirot_eval.journal import RunJournal, RunMismatchError
     from poirot_eval.loaders import source
     from poirot_eval.progress import RunProgress
     from poirot_eval.runner import run_cases
@@ -175,7 +175,7 @@ def run_command(
                 "reuse_members": reuse_members,
             },
         )
-    except RunMismatch as exc:
+    except RunMismatchError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
     logs.configure("error", "console")
