@@ -20,8 +20,8 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from poirotd.api.client import DaemonTls, PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import DaemonTls, PoirotClient, batched
 
 SENDERS = ("doctor", "chief", "physio")
 # About the length of one turn in the BLAME CORTEX sessions.

@@ -5,7 +5,7 @@
 
 A real daemon runs in this process on its own event-loop thread (the tests' clinic spec, a
 scripted LLM, its SQLite store in a temporary folder, on tmpfs when there is one) with a real
-Mosquitto (`hwbridge.broker`) for its MQTT input. Hypothesis generates the inputs
+Mosquitto (`poirotd.demo.broker`) for its MQTT input. Hypothesis generates the inputs
 (`bench.fuzz_inputs`) on the main thread, one at a time: every RPC of poirot.v1 over loopback
 gRPC, structured mutations of valid requests and raw bytes through a generic channel method;
 MQTT messages through the broker to the daemon's input; spec YAML through the loader the daemon
@@ -43,14 +43,14 @@ from hypothesis import strategies as st
 
 from bench import report
 from bench.fuzz_inputs import Hints, ingest_stream, mqtt_messages, request_bytes, spec_texts
-from hwbridge.broker import mosquitto
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
+from poirotd.demo.broker import mosquitto
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.transports.mqtt import mqtt_input_spec

@@ -39,8 +39,8 @@ import grpc
 
 from bench import daemon_process, ingest, report
 from bench.daemon_process import Child
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import Settings
 from poirotd.investigations.service import MAX_TEXT_CHARS
 from tests.support.ingest import session, start

@@ -53,12 +53,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from bench import ingest, report
 from bench.daemon_process import Child, child_daemon
-from hwbridge.broker import mosquitto
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
+from poirotd.demo.broker import mosquitto
 from tests.support.ingest import OVERHEAT, session, start
 from tests.support.spec import CLINIC_REGIONS, clinic
 

@@ -39,7 +39,7 @@ import trustme
 
 from bench import report
 from bench.ingest import proc_status, reap, reflow, spawn, until
-from hwbridge.broker import free_port
+from poirotd.demo.process import free_port
 from poirotd.transports.security.access import new_token, token_hash
 from tests.support.otlp_runs import SPEC
 

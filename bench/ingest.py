@@ -41,12 +41,12 @@ import numpy as np
 from bench import report
 from bench.agents import CONTENT, SENDERS
 from bench.publisher import FRAME_SIGNALS, SPIKE, SPIKE_PERIOD
-from hwbridge.broker import MAX_INFLIGHT, mosquitto
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttSubscriber
 from poirotd.api.limits import BATCH_BYTES
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.demo.broker import MAX_INFLIGHT, mosquitto
 from poirotd.hazards import RuleEngine
 from poirotd.investigations.triggers import HazardTriggers
 from poirotd.llm.scripted import ScriptedBackend

@@ -62,8 +62,8 @@ from poirotd.model import HazardSpace, Vote
 from poirotd.protocol import baseline, echo, errorprobe, prompts
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ProtocolEvent
-from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.method import Case, Method
+from poirotd.protocol.poirot.hazard_space import pinned_hazard_space
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.spotlight import VERBATIM, Spotlight
 

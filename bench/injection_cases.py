@@ -22,7 +22,7 @@ from poirotd.config.spec import PinnedHazardSpace, SystemSpec
 from poirotd.demo.main import demo_file
 from poirotd.hazards import summarise_window
 from poirotd.model import AgentMessage, HazardEvent, HazardRegion, MessageKind, Reading
-from poirotd.protocol.hazard_space import agent_region
+from poirotd.protocol.poirot.hazard_space import agent_region
 from poirotd.protocol.prompts import Incident
 
 CASES_PATH = Path(__file__).with_name("injections.yaml")

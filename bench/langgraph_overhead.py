@@ -34,8 +34,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from bench import report
 from examples import langgraph_openinference as example
-from hwbridge.broker import free_port
-from poirotd.demo.process import DaemonProcess
+from poirotd.demo.process import DaemonProcess, free_port
 from poirotd.store import SqliteStore
 from tests.support.otlp_runs import SPEC
 

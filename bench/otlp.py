@@ -51,12 +51,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bench import report
 from bench.agents import CONTENT
-from hwbridge.broker import free_port
 from poirotd.api import convert
-from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient, batched
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, ItemKey, MessageKind, Session
 from poirotd.observability.gc_tuning import tune_for_daemon

@@ -53,7 +53,7 @@ from poirotd.model import AgentMessage, HazardRegion, HazardSpace, MessageKind
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ProtocolEvent
-from poirotd.protocol.hazard_space import agent_region
+from poirotd.protocol.poirot.hazard_space import agent_region
 from poirotd.protocol.prompts import Incident
 
 ROOT = Path(__file__).resolve().parents[1]

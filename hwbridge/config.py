@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from hwbridge.codecs import Codec, DocumentCodec, FrameCodec, TimestampUnit
 from hwbridge.messages import MessageRoute, PinnedFields
 from hwbridge.topics import Route, Template, TopicFilter
-from poirotd.api.client_tls import ClientTLS
-from poirotd.api.secrets import SecretRef
+from poirotd.client.secrets import SecretRef
+from poirotd.client.tls import ClientTLS
 
 
 class _Model(BaseModel):

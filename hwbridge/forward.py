@@ -53,9 +53,9 @@ from hwbridge.config import PoirotdConfig, PoirotdTlsConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.messages import ReceivedMessage
 from poirotd.api import convert
-from poirotd.api.client import DaemonTls, batched, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
+from poirotd.client.wire import DaemonTls, batched, open_channel
 from poirotd.errors import DRAINING, IDLE
 from poirotd.model import ItemKey, TelemetryBatch, TelemetrySample
 

@@ -28,7 +28,7 @@ from typing import Generic, NamedTuple, TypeVar
 from hwbridge.codecs import DecodeError, DocumentCodec
 from hwbridge.config import PipelineConfig
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.messages import PINNABLE, MessageRoute, ReceivedMessage, RouteRefusal
+from hwbridge.messages import PINNABLE, MessageRoute, ReceivedMessage, RouteRefusedError
 from hwbridge.topics import Route, Router, RouteT, topic_key
 from poirotd.model import ItemKey, SampleRow, TelemetryBatch, producer_problem
 
@@ -295,7 +295,7 @@ class MessageInput(DeliveryInput[MessageRoute, ReceivedMessage, list[ReceivedMes
             message = route.decode(
                 payload, source, captures, delivery.received_at, self._session_id
             )
-        except RouteRefusal as refusal:
+        except RouteRefusedError as refusal:
             self.route_refusals[refusal.field] += 1
             raise
         return [message]

@@ -24,8 +24,8 @@ the doctor's topic cannot hold a key of the chief's and have the chief's message
 
 Anything else (not JSON, an unknown field, a wrong type, no sender or session) is a
 ``DecodeError`` naming what is wrong, which the input dead-letters; a payload choosing what its
-route decides (another sender, or a pinned session, kind or index) is a ``RouteRefusal``, one of
-them, counted by the field.
+route decides (another sender, or a pinned session, kind or index) is a ``RouteRefusedError``,
+one of them, counted by the field.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from poirotd.model import (
 PINNABLE = ("session", "kind", "index", "sender")
 
 
-class RouteRefusal(DecodeError):
+class RouteRefusedError(DecodeError):
     """The payload chose what its route decides; `field` is which (one of PINNABLE)."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -128,7 +128,7 @@ class MessageRoute:
             raise DecodeError(f"not an agent message: {problems}") from None
         named = self.sender.render("", topic, captures)
         if body.sender and named and body.sender != named:
-            raise RouteRefusal(
+            raise RouteRefusedError(
                 "sender", f"sender {body.sender!r} is not the topic's sender {named!r}"
             )
         sender = body.sender or named
@@ -137,7 +137,9 @@ class MessageRoute:
         session = self._session(body, default_session)
         kind = self._kind(body)
         if body.index is not None and self.pin.index == "daemon":
-            raise RouteRefusal("index", "index: this route's messages are numbered by the daemon")
+            raise RouteRefusedError(
+                "index", "index: this route's messages are numbered by the daemon"
+            )
         message = AgentMessage(
             session_id=session,
             index=body.index or 0,
@@ -161,7 +163,7 @@ class MessageRoute:
     def _session(self, body: MessagePayload, default_session: str) -> str:
         routes = self.session_id or default_session
         if self.pin.session and body.session and body.session != routes:
-            raise RouteRefusal(
+            raise RouteRefusedError(
                 "session", f"session {body.session!r}: this route's session is {routes!r}"
             )
         session = body.session or routes
@@ -174,7 +176,7 @@ class MessageRoute:
         if pinned is None:
             return body.kind
         if "kind" in body.model_fields_set and body.kind != pinned:
-            raise RouteRefusal(
+            raise RouteRefusedError(
                 "kind", f"kind {body.kind.value!r}: this route's messages are {pinned.value!r}"
             )
         return pinned

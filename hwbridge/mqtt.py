@@ -42,8 +42,8 @@ from hwbridge.backoff import Backoff
 from hwbridge.config import BrokerConfig
 from hwbridge.ingest import Delivery
 from hwbridge.mqtt_failures import ConnectionFailure, classify
-from poirotd.api.client_tls import ClientTLSError
-from poirotd.api.secrets import SecretError
+from poirotd.client.secrets import SecretError
+from poirotd.client.tls import ClientTLSError
 
 log = structlog.get_logger(__name__)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.reasoncodes import ReasonCode
 
-from poirotd.api.client_tls import ClientTLSError
-from poirotd.api.secrets import SecretError
+from poirotd.client.secrets import SecretError
+from poirotd.client.tls import ClientTLSError
 
 # Every reason, in the order the metric lists them.
 REASONS = (

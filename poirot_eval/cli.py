@@ -13,7 +13,6 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from poirot_eval.campaigns.cli import app as campaign_app
 from poirot_eval.cases import Benchmark, Dataset, EvalCase
 from poirot_eval.poirot_runs import Reaggregation, ZeroPosition
 from poirot_eval.whowhen import SUBSETS, Subset
@@ -29,9 +28,6 @@ app = typer.Typer(
 )
 # `poirotd replay`: one command, so a Typer of its own (a group needs a subcommand name).
 replay_app = typer.Typer(add_completion=False)
-# What `poirotd eval ...`, `poirotd replay ...` and `poirotd campaign ...` run: poirotd's CLI
-# looks them up here by name.
-commands = {"eval": app, "replay": replay_app, "campaign": campaign_app}
 
 DataDirOption = Annotated[
     Path,
@@ -143,7 +139,7 @@ def run_command(
     One line per case is appended to OUT/results.jsonl as soon as the case finishes; rerunning
     the same command skips the cases already there, so an interrupted run resumes.
     """
-    from poirot_eval.journal import RunJournal, RunMismatch
+    from poirot_eval.journal import RunJournal, RunMismatchError
     from poirot_eval.loaders import source
     from poirot_eval.progress import RunProgress
     from poirot_eval.runner import run_cases
@@ -196,7 +192,7 @@ def run_command(
                 "reuse_members": reuse_members,
             },
         )
-    except RunMismatch as exc:
+    except RunMismatchError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
     logs.configure("error", "console")

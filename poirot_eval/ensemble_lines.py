@@ -30,8 +30,8 @@ from poirot_eval.cases import EvalCase
 from poirot_eval.results import CaseResult, TokenUsage
 from poirotd.protocol.ensemble import MemberRun, combined
 from poirotd.protocol.errors import ProtocolError
-from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.method import Case, MethodResult, argmax_attribution
+from poirotd.protocol.poirot.hazard_space import pinned_hazard_space
 from poirotd.protocol.spotlight import Spotlight
 
 # A failed member line whose error says the daemon itself broke, not the method.

@@ -30,7 +30,7 @@ RUN_FILE = "run.json"
 Key = tuple[str, str, str]
 
 
-class RunMismatch(ValueError):
+class RunMismatchError(ValueError):
     """The directory holds results of another LLM setup."""
 
 
@@ -57,8 +57,8 @@ class RunJournal:
     def begin(
         self, *, dataset: str, method: str, llm: dict[str, Any], settings: dict[str, Any]
     ) -> None:
-        """Records this invocation in run.json; raises RunMismatch when earlier invocations used
-        another LLM setup."""
+        """Records this invocation in run.json; raises RunMismatchError when earlier invocations
+        used another LLM setup."""
         with locked(self.folder):
             self._begin(dataset, method, llm, settings)
 
@@ -69,7 +69,7 @@ class RunJournal:
         if self.run_path.exists():
             run = json.loads(self.run_path.read_text())
             if run["llm"] != llm:
-                raise RunMismatch(
+                raise RunMismatchError(
                     f"{self.run_path} records another LLM setup ({run['llm']}); "
                     "use a new run directory"
                 )

@@ -17,8 +17,8 @@ from rich.console import Console
 from poirot_eval.cases import EvalCase
 from poirot_eval.session import session_items
 from poirotd.api import convert
-from poirotd.api.client import DaemonTls, PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import DaemonTls, PoirotClient
 from poirotd.demo.main import attribution_table, describe_event
 from poirotd.model import AgentMessage, IngestItem, Session, SessionEnd
 

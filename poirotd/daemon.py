@@ -65,7 +65,7 @@ from poirotd.transports.security.tls import ServerTls
 log = structlog.get_logger(__name__)
 
 # How long open RPCs (Watch streams, ingest streams) get to finish once investigations are drained.
-_RPC_GRACE_SECONDS = 5.0
+RPC_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ class Daemon:
             # Last: telemetry flows only once everything that handles it and its metrics is up.
             for door in doors:
                 await door.start()
-                started.push_async_callback(door.stop, _RPC_GRACE_SECONDS)
+                started.push_async_callback(door.stop, RPC_GRACE_SECONDS)
                 self._transports.append(door)
             self._started = started.pop_all()
         assert self._backend is not None, "started above"
@@ -257,7 +257,7 @@ class Daemon:
         exporter = self._exporter
         if exporter is not None:  # stopped once the drain's attributions are offered too
             await exporter.start(store)
-            started.push_async_callback(exporter.stop, _RPC_GRACE_SECONDS)
+            started.push_async_callback(exporter.stop, RPC_GRACE_SECONDS)
         core = self._core = build_core(
             self.spec,
             store,

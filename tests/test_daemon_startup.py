@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hwbridge.broker import free_port
 from poirotd.config import Settings
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.errors import DoorBindError, StartupError
 from poirotd.llm.scripted import ScriptedBackend
 from tests.support.answers import schema_answer

@@ -16,8 +16,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.demo.main import demo_file, session_requests
 from poirotd.demo.process import DaemonProcess
 

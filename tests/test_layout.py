@@ -15,15 +15,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# hwbridge is a client of poirotd: the domain types, the wire API and its client, the errors.
-HWBRIDGE_MAY_IMPORT = ("poirotd.model", "poirotd.api", "poirotd.errors")
+# hwbridge is a client of poirotd: the domain types, the wire API, the client (its TLS and
+# secrets included), the errors.
+HWBRIDGE_MAY_IMPORT = ("poirotd.model", "poirotd.api", "poirotd.client", "poirotd.errors")
 # Inside poirotd only these use hwbridge: the MQTT transport, and the demo that starts a broker.
 MAY_IMPORT_HWBRIDGE = ("poirotd.transports.mqtt", "poirotd.demo")
-# client: the SDK, where its users look for it (`poirotd.client`, issue 19).
-TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors", "client"}
-# poirot_eval (the `eval` extra) sits above poirotd: it may import poirotd, never the reverse,
-# except the CLI's one function that runs `poirotd eval` / `poirotd replay` from it on demand.
-LAZY_EVAL_IMPORT = ("poirotd.cli.main", "_run_evaluation_command")
+TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors"}
+# poirot_eval (the `eval` extra) sits above poirotd: it may import poirotd, never the reverse
+# (`poirotd eval` / `poirotd replay` find its commands through an entry point, pyproject.toml).
 EVAL_EXTRA = {"matplotlib", "pyarrow"}
 
 
@@ -97,18 +96,19 @@ def test_hwbridge_does_not_import_the_evaluation_harness() -> None:
     assert not wrong, sorted(wrong)
 
 
-def test_poirotd_imports_poirot_eval_only_in_the_clis_eval_command() -> None:
+def test_poirotd_never_imports_poirot_eval() -> None:
     found = {
         (module_name(path), function)
         for path in sources("poirotd")
         for function in importing_functions(path, "poirot_eval")
     }
-    assert found == {LAZY_EVAL_IMPORT}
+    assert not found, sorted(found, key=str)
 
 
-def test_the_import_rules_see_an_import_inside_a_function() -> None:
-    source = ROOT / "poirotd" / "cli" / "main.py"
-    assert "_run_evaluation_command" in set(importing_functions(source, "poirot_eval"))
+def test_the_import_rules_see_an_import_inside_a_function(tmp_path: Path) -> None:
+    source = tmp_path / "lazy.py"
+    source.write_text("import typer\n\n\ndef later() -> None:\n    import poirot_eval.cli\n")
+    assert set(importing_functions(source, "poirot_eval")) == {"later"}
     assert set(importing_functions(source, "typer")) == {None}
 
 

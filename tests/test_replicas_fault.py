@@ -23,8 +23,8 @@ import yaml
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client.parser import text_string_to_metric_families
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.demo.process import DaemonProcess
 from poirotd.store.audit import verify
 from tests.support.ingest import message, start

@@ -25,8 +25,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.demo.process import DaemonProcess
 from tests.support.answers import gated
 from tests.support.daemon import client_of, in_process_daemon

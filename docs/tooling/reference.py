@@ -525,11 +525,17 @@ _COLOUR_VARIABLES = (
 
 
 def cli_page() -> str:
+    from importlib.metadata import entry_points
+
     from typer.main import get_command
     from typer.testing import CliRunner
 
-    from poirot_eval.cli import commands as evaluation_commands
     from poirotd.cli.main import app
+
+    # `poirotd eval`, `replay` and `campaign` are the harness's, found by the CLI as here.
+    evaluation_commands = {
+        entry.name: entry.load() for entry in entry_points(group="poirotd.commands")
+    }
 
     paths = list(_command_paths(get_command(app), []))
     # `poirotd eval` hands its arguments to the harness's own commands: walk those too.

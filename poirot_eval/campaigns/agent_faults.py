@@ -28,7 +28,7 @@ DEFAULT_MODES: dict[str, str | None] = {
 }
 
 
-class NotApplicable(ValueError):
+class NotApplicableError(ValueError):
     """The operator cannot strike this message (no number in it, no decision to reverse...);
     the variant is dropped with this reason."""
 
@@ -97,12 +97,12 @@ def change_number(
     target = _agent_at(messages, t)
     found = list(_NUMBER.finditer(target.content))
     if len(found) <= number:
-        raise NotApplicable(f"message {t} has {len(found)} numbers, not a number {number}")
+        raise NotApplicableError(f"message {t} has {len(found)} numbers, not a number {number}")
     match = found[number]
     old = float(match.group())
     new = value if value is not None else old * factor
     if new == old:
-        raise NotApplicable(f"number {match.group()} of message {t} would not change")
+        raise NotApplicableError(f"number {match.group()} of message {t} would not change")
     text = _format_like(new, match.group())
     content = target.content[: match.start()] + text + target.content[match.end() :]
     return _replaced(messages, t, content, before=match.group(), after=text)
@@ -114,7 +114,9 @@ def reverse_decision(messages: Sequence[AgentMessage], t: int) -> Injection:
     target = _agent_at(messages, t)
     match = _DECISION.search(target.content)
     if match is None:
-        raise NotApplicable(f"message {t} states no decision this operator knows how to reverse")
+        raise NotApplicableError(
+            f"message {t} states no decision this operator knows how to reverse"
+        )
     word = match.group()
     opposite = _REVERSE[word.lower()]
     if word[0].isupper():
@@ -138,7 +140,9 @@ def withhold_message(messages: Sequence[AgentMessage], t: int) -> Injection:
     message that came next, which now holds index t."""
     target = _agent_at(messages, t)
     if t + 1 >= len(messages):
-        raise NotApplicable(f"message {t} is the last: withholding it leaves nothing to show it")
+        raise NotApplicableError(
+            f"message {t} is the last: withholding it leaves nothing to show it"
+        )
     altered = renumbered([*messages[:t], *messages[t + 1 :]])
     return Injection(altered, t, target.sender, before=target.content, after="")
 
@@ -148,11 +152,13 @@ def drop_tool_result(messages: Sequence[AgentMessage], t: int) -> Injection:
     at index t) is where the failure shows, and that agent is at fault for going on without it."""
     target = messages[t]
     if target.kind is not MessageKind.TOOL:
-        raise NotApplicable(f"message {t} is a {target.kind.value} message, not a tool result")
+        raise NotApplicableError(f"message {t} is a {target.kind.value} message, not a tool result")
     caller = target.recipient
     following = [i for i in range(t + 1, len(messages)) if messages[i].sender == caller]
     if not caller or not following:
-        raise NotApplicable(f"no later message of the agent that called the tool of message {t}")
+        raise NotApplicableError(
+            f"no later message of the agent that called the tool of message {t}"
+        )
     altered = renumbered([*messages[:t], *messages[t + 1 :]])
     return Injection(altered, following[0] - 1, caller, before=target.content, after="")
 
@@ -161,7 +167,7 @@ def end_early(messages: Sequence[AgentMessage], t: int) -> Injection:
     """The session ends with agent message t: everything after it is gone."""
     target = _agent_at(messages, t)
     if t + 1 >= len(messages):
-        raise NotApplicable(f"message {t} is the last already")
+        raise NotApplicableError(f"message {t} is the last already")
     return Injection(
         tuple(messages[: t + 1]), t, target.sender, before="", after="", ends_session=True
     )
@@ -171,7 +177,7 @@ def replace_content(messages: Sequence[AgentMessage], t: int, content: str) -> I
     """Agent message t says `content` instead (what the LLM operators write)."""
     target = _agent_at(messages, t)
     if content.strip() == target.content.strip():
-        raise NotApplicable(f"the new text of message {t} is the old one")
+        raise NotApplicableError(f"the new text of message {t} is the old one")
     return _replaced(messages, t, content, before=target.content, after=content)
 
 
@@ -185,10 +191,10 @@ def _replaced(
 
 def _agent_at(messages: Sequence[AgentMessage], t: int) -> AgentMessage:
     if t >= len(messages):
-        raise NotApplicable(f"the session has {len(messages)} messages, no message {t}")
+        raise NotApplicableError(f"the session has {len(messages)} messages, no message {t}")
     target = messages[t]
     if target.kind is not MessageKind.AGENT:
-        raise NotApplicable(f"message {t} is a {target.kind.value} message, not an agent's")
+        raise NotApplicableError(f"message {t} is a {target.kind.value} message, not an agent's")
     return target
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from poirot_eval.campaigns import agent_faults, manipulator, signal_faults
-from poirot_eval.campaigns.agent_faults import DEFAULT_MODES, Injection, NotApplicable
+from poirot_eval.campaigns.agent_faults import DEFAULT_MODES, Injection, NotApplicableError
 from poirot_eval.campaigns.manipulator import ManipulatorError, Usage
 from poirot_eval.campaigns.plan import AgentFault, CampaignPlan, Fault
 from poirot_eval.campaigns.validation import CheckError, validate
@@ -66,7 +66,7 @@ async def run_campaign(
         for number, fault in enumerate(plan.faults):
             try:
                 variant = await _variant(plan, base, number, fault, backend, outcome.usage)
-            except NotApplicable as exc:
+            except NotApplicableError as exc:
                 outcome.dropped.append(_drop(source, number, fault, NOT_APPLICABLE, str(exc)))
             except ManipulatorError as exc:
                 outcome.dropped.append(_drop(source, number, fault, LLM_FAILED, str(exc)))
@@ -169,7 +169,7 @@ async def _agent_injection(
         raise ManipulatorError(f"{fault.operator} needs an LLM")
     assert fault.mode is not None  # the plan checks it
     if t >= len(messages) or messages[t].kind is not MessageKind.AGENT:
-        raise NotApplicable(f"message {t} is not an agent's")
+        raise NotApplicableError(f"message {t} is not an agent's")
     target = messages[t]
     if fault.operator == "llm_response":
         text = await manipulator.corrupted_response(
@@ -210,7 +210,7 @@ def _nth(messages: Sequence[AgentMessage], fault: AgentFault) -> int:
             if m.recipient == fault.sender and agent_faults.can_strike(fault.operator, m)
         ]
     if len(fits) <= fault.nth:
-        raise NotApplicable(
+        raise NotApplicableError(
             f"{fault.sender} has {len(fits)} messages {fault.operator} can strike, "
             f"not a message {fault.nth}"
         )

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from poirot_eval.campaigns.agent_faults import NotApplicable
+from poirot_eval.campaigns.agent_faults import NotApplicableError
 from poirot_eval.campaigns.plan import SignalFault
 from poirotd.model import AgentMessage, TelemetrySample
 
@@ -45,10 +45,10 @@ def window(
 def inject(
     fault: SignalFault, messages: Sequence[AgentMessage], telemetry: Sequence[TelemetrySample]
 ) -> SignalInjection:
-    """The session's telemetry with `fault` applied. Raises NotApplicable when the signal has no
-    sample in the window or the operator would leave every sample as it was."""
+    """The session's telemetry with `fault` applied. Raises NotApplicableError when the signal
+    has no sample in the window or the operator would leave every sample as it was."""
     if not telemetry:
-        raise NotApplicable("the session has no telemetry")
+        raise NotApplicableError("the session has no telemetry")
     onset, end = window(fault, messages, telemetry)
     names = _signals(fault)
     inside = [
@@ -57,13 +57,13 @@ def inject(
         if s.component == fault.component and s.signal in names and onset <= s.measured_at < end
     ]
     if not inside:
-        raise NotApplicable(
+        raise NotApplicableError(
             f"no sample of {fault.component}.{'/'.join(names)} between {onset:%H:%M:%S.%f} "
             f"and the window's end"
         )
     changed = _apply(fault, telemetry, inside, onset)
     if all(c == telemetry[i] for i, c in changed.items()):
-        raise NotApplicable(f"{fault.operator} leaves {fault.signal} as it was in the window")
+        raise NotApplicableError(f"{fault.operator} leaves {fault.signal} as it was in the window")
     out = tuple(
         changed.get(i, s) if i in changed else s
         for i, s in enumerate(telemetry)
@@ -172,5 +172,5 @@ def _same_time(telemetry: Sequence[TelemetrySample], i: int, signal: str) -> flo
     at = telemetry[i].measured_at
     matches = [x.value for x in _stream(telemetry, i, signal) if x.measured_at == at]
     if not matches:
-        raise NotApplicable(f"{signal} has no quote at {at:%H:%M:%S.%f} to cross with")
+        raise NotApplicableError(f"{signal} has no quote at {at:%H:%M:%S.%f} to cross with")
     return matches[0]

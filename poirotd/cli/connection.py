@@ -21,8 +21,9 @@ import typer
 if TYPE_CHECKING:
     import grpc
     from google.protobuf.message import Message
+    from rich.console import RenderableType
 
-    from poirotd.api.client import DaemonTls, PoirotClient
+    from poirotd.client.wire import DaemonTls, PoirotClient
 
 T = TypeVar("T")
 
@@ -85,7 +86,7 @@ class Connection:
     ) -> Connection:
         """TLS is on with --tls, --ca or a certificate; exits 2 naming a file that cannot be
         read."""
-        from poirotd.api.client import DaemonTls
+        from poirotd.client.wire import DaemonTls
 
         try:
             client_tls = DaemonTls.from_files(ca, cert, key) if tls or ca or cert or key else None
@@ -97,7 +98,7 @@ class Connection:
 
     def client(self) -> PoirotClient:
         """A new client (its own channel): open it in the event loop that uses it."""
-        from poirotd.api.client import PoirotClient
+        from poirotd.client.wire import PoirotClient
 
         return PoirotClient(self.target, tls=self.tls, token=self.token)
 
@@ -150,3 +151,18 @@ def print_json(message: Message) -> None:
     from google.protobuf import json_format
 
     typer.echo(json_format.MessageToJson(message, indent=2, ensure_ascii=False))
+
+
+def print_page(
+    page: Message, next_page_token: str, table: Callable[[], RenderableType], *, as_json: bool
+) -> None:
+    """One page of a listing: its JSON, or `table()` with the way to the next page on stderr,
+    said alike by every command that lists."""
+    if as_json:
+        print_json(page)
+        return
+    from poirotd.cli import render
+
+    render.console().print(table())
+    if next_page_token:
+        typer.echo(f"more: --page-token {next_page_token}", err=True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from poirotd.cli.connection import Connection, JsonOption, connects, print_json, refused
+from poirotd.cli.connection import Connection, JsonOption, connects, print_json, print_page, refused
 from poirotd.model import InvestigationMethod, InvestigationState
 
 if TYPE_CHECKING:
@@ -59,12 +59,12 @@ def list_command(
             canaries=canaries,
         )
     )
-    if as_json:
-        print_json(page)
-        return
-    render.console().print(render.investigations_table(page.investigations))
-    if page.next_page_token:
-        typer.echo(f"more: --page-token {page.next_page_token}", err=True)
+    print_page(
+        page,
+        page.next_page_token,
+        lambda: render.investigations_table(page.investigations),
+        as_json=as_json,
+    )
 
 
 @app.command("show")

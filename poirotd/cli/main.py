@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -104,8 +105,10 @@ def demo(
 
 
 # The evaluation harness is the optional package poirot_eval (the `eval` extra). Its commands are
-# looked up only when one of them runs, so the daemon's CLI needs nothing of it; every argument,
-# --help included, goes to the harness's own command unchanged.
+# found through the entry-point group `poirotd.commands` (pyproject.toml) when one of them runs,
+# so the daemon's CLI imports nothing of it; every argument, --help included, goes to the
+# harness's own command unchanged.
+_COMMANDS_GROUP = "poirotd.commands"
 _PASSED_ON = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -130,8 +133,16 @@ def campaign(ctx: typer.Context) -> None:
 def _run_evaluation_command(name: str, ctx: typer.Context) -> None:
     """Runs poirot_eval's command `name` on the arguments given, or exits 2 saying how to install
     the extra it comes with."""
+    found = entry_points(group=_COMMANDS_GROUP, name=name)
+    if not found:
+        typer.echo(
+            f"poirotd {name}: no command registered under {_COMMANDS_GROUP!r} "
+            "(reinstall poirotd: pip install 'poirotd[eval]')",
+            err=True,
+        )
+        raise typer.Exit(2)
     try:
-        from poirot_eval.cli import commands
+        harness_command = next(iter(found)).load()
     except ModuleNotFoundError as exc:
         typer.echo(
             f"poirotd {name} needs the eval extra (no module {exc.name!r}): "
@@ -139,7 +150,7 @@ def _run_evaluation_command(name: str, ctx: typer.Context) -> None:
             err=True,
         )
         raise typer.Exit(2) from None
-    command = typer.main.get_command(commands[name])
+    command = typer.main.get_command(harness_command)
     command.main(ctx.args, prog_name=ctx.command_path, standalone_mode=True)
 
 

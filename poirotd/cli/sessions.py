@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from poirotd.cli.connection import Connection, JsonOption, connects, print_json
+from poirotd.cli.connection import Connection, JsonOption, connects, print_json, print_page
 
 if TYPE_CHECKING:
-    from poirotd.api.client import PoirotClient
     from poirotd.api.poirot.v1 import poirot_pb2 as pb
+    from poirotd.client.wire import PoirotClient
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -34,12 +34,9 @@ def list_command(
     from poirotd.cli import render
 
     page = daemon.call(lambda client: client.list_sessions(page_size=limit, page_token=page_token))
-    if as_json:
-        print_json(page)
-        return
-    render.console().print(render.sessions_table(page.sessions))
-    if page.next_page_token:
-        typer.echo(f"more: --page-token {page.next_page_token}", err=True)
+    print_page(
+        page, page.next_page_token, lambda: render.sessions_table(page.sessions), as_json=as_json
+    )
 
 
 @app.command("show")

@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from poirotd.api.client_tls import ClientTLS
-from poirotd.api.secrets import read_secret_file
+from poirotd.client.secrets import read_secret_file
+from poirotd.client.tls import ClientTLS
 from poirotd.hazards.spec import RuleSet, RuleSpec, SignalName
 from poirotd.model import (
     EnsembleMember,

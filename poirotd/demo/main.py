@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 from hwbridge import exo
-from hwbridge.broker import mosquitto
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
+from poirotd.demo.broker import mosquitto
 from poirotd.demo.process import DaemonProcess
 
 # The session cortex.yaml's MQTT input files the exoskeleton's samples under.

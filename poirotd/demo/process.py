@@ -1,10 +1,12 @@
-"""Runs `poirotd run` as a child process on OS-chosen loopback ports (demo and end-to-end tests)."""
+"""Child processes of the demo, the benchmarks and the end-to-end tests: `poirotd run` on
+OS-chosen loopback ports, a free port for any other server, and a stop that cannot hang."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -131,3 +133,22 @@ class DaemonProcess:
         tb: TracebackType | None,
     ) -> None:
         self.kill()
+
+
+def free_port() -> int:
+    """A loopback port free right now (the caller binds it soon after; a race is possible)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout`; returns the exit code."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()

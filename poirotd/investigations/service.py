@@ -36,7 +36,7 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol.ensemble import confirmed_reliabilities, method_reliabilities
 from poirotd.protocol.errorprobe.memory import learn_from_confirmation
-from poirotd.protocol.hazard_space import pinned_hazard_space
+from poirotd.protocol.poirot.hazard_space import pinned_hazard_space
 from poirotd.protocol.reputation import reassess
 from poirotd.store import AlreadyConfirmedError, Store
 

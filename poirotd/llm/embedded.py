@@ -387,8 +387,8 @@ class _Engine:
                 ),
             )
             if abandoned.is_set():
-                raise _Abandoned
-        except _Abandoned as exc:
+                raise _AbandonedError
+        except _AbandonedError as exc:
             self._llm.reset()
             raise LLMError("generation abandoned by the caller", reason="cancelled") from exc
         except Exception as exc:
@@ -406,7 +406,7 @@ class _Engine:
         self._llm.close()
 
 
-class _Abandoned(Exception):
+class _AbandonedError(Exception):
     """The caller gave up on a generation (its task was cancelled) and it was stopped."""
 
 

@@ -40,8 +40,8 @@ import httpx
 import structlog
 from pydantic import BaseModel, Field, ValidationError
 
-from poirotd.api.client_tls import ClientTLSError
-from poirotd.api.secrets import SecretError
+from poirotd.client.secrets import SecretError
+from poirotd.client.tls import ClientTLSError
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.llm.base import MODEL_UNAVAILABLE, ChatMessage, Completion, LLMError, Tool, ToolCall
 from poirotd.llm.control_tokens import ControlTokens, family_spellings
@@ -156,7 +156,7 @@ class _ModelList(BaseModel):
 _Failure = Literal["dead", "busy", "faulty"]
 
 
-class _Retryable(Exception):
+class _RetryableError(Exception):
     """One attempt failed in a way another attempt (or another server) may not."""
 
     def __init__(
@@ -390,12 +390,12 @@ class OpenAIBackend:
         One pass over the servers, no backoff, each bounded by the connect timeout: a health check
         must answer quickly. Raises LLMError when no server answers.
         """
-        failure: _Retryable | None = None
+        failure: _RetryableError | None = None
         for index in self._order():
             server = self._servers[index]
             try:
                 models = await self._models(server)
-            except _Retryable as exc:
+            except _RetryableError as exc:
                 failure = exc
             else:
                 server.succeeded()
@@ -406,22 +406,23 @@ class OpenAIBackend:
         raise LLMError(f"no LLM server answered: {failure.detail}", reason=failure.reason)
 
     async def _models(self, server: Server) -> _ModelList:
-        """The server's ``GET /v1/models``, bounded by the connect timeout; _Retryable if none."""
+        """The server's ``GET /v1/models``, bounded by the connect timeout; _RetryableError if
+        none."""
         try:
             async with asyncio.timeout(self._spec.connect_timeout_seconds):
                 response = await self._send("GET", f"{server.root}/v1/models")
             return _ModelList.model_validate_json(response.content)
         except TimeoutError:
-            raise _Retryable("timeout", "no model list within the connect timeout") from None
+            raise _RetryableError("timeout", "no model list within the connect timeout") from None
         except ValidationError as exc:
             detail = f"malformed model list ({_first_error(exc)})"
-            raise _Retryable("bad_response", detail) from None
+            raise _RetryableError("bad_response", detail) from None
 
     async def _probe_server(self, server: Server) -> bool:
         """The circuit breaker's probe of a server seen dead: does it list its models again?"""
         try:
             await self._models(server)
-        except (_Retryable, LLMError) as exc:
+        except (_RetryableError, LLMError) as exc:
             log.debug("llm_server_probe_failed", base_url=server.display, detail=str(exc))
             return False
         return True
@@ -443,8 +444,8 @@ class OpenAIBackend:
             except LLMError as exc:  # the server has no such endpoint: ask no more
                 log.info("llm_control_tokens_not_served", base_url=_display(root), detail=str(exc))
                 learned = ControlTokens.unlearned(configured)
-            except (TimeoutError, _Retryable) as exc:
-                reason = exc.reason if isinstance(exc, _Retryable) else "timeout"
+            except (TimeoutError, _RetryableError) as exc:
+                reason = exc.reason if isinstance(exc, _RetryableError) else "timeout"
                 log.warning(
                     "llm_control_tokens_unavailable", base_url=_display(root), reason=reason
                 )
@@ -542,7 +543,7 @@ class OpenAIBackend:
 
         Each round tries every server its circuit and Retry-After let through, without waiting
         (a dead server is skipped at once); between rounds, a backoff sleep without holding a
-        concurrency slot. Outage failures (`_Retryable.outage`) are waited out: when no server
+        concurrency slot. Outage failures (`_RetryableError.outage`) are waited out: when no server
         can be called, the call waits for a circuit to close (a probe found its server back) or
         a Retry-After to pass, for up to the outage budget from its first such failure, then
         fails as MODEL_UNAVAILABLE. Other failures end the call after 1 + max_retries.
@@ -550,7 +551,7 @@ class OpenAIBackend:
         spec = self._spec
         outage_since: float | None = None
         faults, round_ = 0, 0
-        failure: _Retryable | None = None
+        failure: _RetryableError | None = None
         tried: set[int] = set()
         while True:
             index = self._next_server(tried)
@@ -572,8 +573,8 @@ class OpenAIBackend:
                 async with self._slots:
                     result = await attempt(server.root)
             except TimeoutError:
-                failure = _Retryable("timeout", f"no answer within {spec.timeout_seconds}s")
-            except _Retryable as exc:
+                failure = _RetryableError("timeout", f"no answer within {spec.timeout_seconds}s")
+            except _RetryableError as exc:
                 failure = exc
             else:
                 server.succeeded()
@@ -620,7 +621,7 @@ class OpenAIBackend:
             async with asyncio.timeout(min([left, *held])):
                 await self.pool.wait_for_change()
 
-    def _outage_error(self, failure: _Retryable | None) -> LLMError:
+    def _outage_error(self, failure: _RetryableError | None) -> LLMError:
         last = f"; last: {failure.detail}" if failure is not None else ""
         return LLMError(
             f"no LLM server could serve for {self._spec.outage_budget_seconds:g}s "
@@ -631,28 +632,28 @@ class OpenAIBackend:
     async def _send(
         self, method: str, url: str, *, json: dict[str, Any] | None = None
     ) -> httpx.Response:
-        """One exchange. Worth retrying: _Retryable. The request's own fault: LLMError."""
+        """One exchange. Worth retrying: _RetryableError. The request's own fault: LLMError."""
         try:
             response = await self._client.request(method, url, json=json)
         except httpx.ConnectTimeout as exc:
             detail = f"connect timeout ({type(exc).__name__})"
-            raise _Retryable("connect_timeout", detail, "dead") from exc
+            raise _RetryableError("connect_timeout", detail, "dead") from exc
         except httpx.ReadTimeout as exc:
-            raise _Retryable("read_timeout", f"read timeout ({type(exc).__name__})") from exc
+            raise _RetryableError("read_timeout", f"read timeout ({type(exc).__name__})") from exc
         except httpx.TimeoutException as exc:
-            raise _Retryable("timeout", f"timed out ({type(exc).__name__})") from exc
+            raise _RetryableError("timeout", f"timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             tls = _tls_failure(exc)
             if tls is not None:
-                raise _Retryable("tls", tls) from exc
-            raise _Retryable("unavailable", _transport_detail(exc), "dead") from exc
+                raise _RetryableError("tls", tls) from exc
+            raise _RetryableError("unavailable", _transport_detail(exc), "dead") from exc
         status = response.status_code
         if status == 429 or status >= 500:
             detail = f"HTTP {status}: {_server_message(response)}"
             failure: _Failure = (
                 "busy" if status == 429 else "dead" if status in _DEAD_STATUSES else "faulty"
             )
-            raise _Retryable("unavailable", detail, failure, _retry_after(response))
+            raise _RetryableError("unavailable", detail, failure, _retry_after(response))
         if status >= 300:
             message = _server_message(response)
             context = _CONTEXT_EXCEEDED.search(message) or _CONTEXT_EXCEEDED.search(response.text)
@@ -666,7 +667,7 @@ class OpenAIBackend:
             parsed = _ChatResponse.model_validate_json(response.content)
         except ValidationError as exc:
             detail = f"malformed completion ({_first_error(exc)})"
-            raise _Retryable("bad_response", detail) from None
+            raise _RetryableError("bad_response", detail) from None
         choice = parsed.choices[0]
         calls = choice.message.tool_calls or ()
         usage = parsed.usage or _Usage()

@@ -18,7 +18,7 @@ from poirotd.config.spec import SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import AgentMessage, Attribution, HazardSpace, Phase, Vote
 from poirotd.protocol import prompts
-from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.events import VoteCast
 from poirotd.protocol.method import Case, MethodResult, argmax_attribution, require_a_vote
 from poirotd.protocol.prompts import Incident
@@ -53,7 +53,7 @@ async def baseline_vote(
             max_tokens=limits.turn_max_tokens,
             retries=limits.invalid_json_retries,
         )
-    except AnswerFailed as exc:
+    except AnswerFailedError as exc:
         vote = Vote(agent_id=EVALUATOR, abstention_reason=f"vote: {exc}")
     else:
         vote = answer.as_vote(EVALUATOR, weight=1.0)

@@ -33,13 +33,13 @@ from poirotd.protocol.aggregation import aggregate
 from poirotd.protocol.errorprobe.memory import DiagnosisMemory
 from poirotd.protocol.errors import ModelUnavailableError, ProtocolError
 from poirotd.protocol.events import AttributionReady, InjectionFound, ProtocolEvent
-from poirotd.protocol.hazard_space import HazardSpaceCache, resolve_hazard_space
-from poirotd.protocol.interrogation import closing_request, interrogate, one_more_round
 from poirotd.protocol.method import Case, Method, MethodResult, require_a_vote
-from poirotd.protocol.peer_tools import tools_text
+from poirotd.protocol.poirot.hazard_space import HazardSpaceCache, resolve_hazard_space
+from poirotd.protocol.poirot.interrogation import closing_request, interrogate, one_more_round
+from poirotd.protocol.poirot.peer_tools import tools_text
+from poirotd.protocol.poirot.self_assessment import self_assess
 from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import RunContext
-from poirotd.protocol.self_assessment import self_assess
 from poirotd.protocol.spotlight import Spotlight
 
 

@@ -14,7 +14,7 @@ class ProtocolError(Exception):
     usage: LLMUsage = LLMUsage()
 
 
-class AnswerFailed(Exception):
+class AnswerFailedError(Exception):
     """An agent gave no acceptable answer within the retry bound; the message is the reason."""
 
 

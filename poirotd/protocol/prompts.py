@@ -22,7 +22,7 @@ from typing import Literal, NamedTuple
 from poirotd.config.spec import AgentSpec, SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import AgentMessage, HazardEvent, HazardSpace, MessageKind
-from poirotd.protocol.peer_tools import VOTE_TOOL, uses_tools
+from poirotd.protocol.poirot.peer_tools import VOTE_TOOL, uses_tools
 from poirotd.protocol.schemas import SelfReport, peer_tool
 from poirotd.protocol.spotlight import VERBATIM, Spotlight
 

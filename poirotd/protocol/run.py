@@ -32,7 +32,7 @@ from poirotd.llm.control_tokens import BUILT_IN, ControlTokens
 from poirotd.model import AgentMessage, LLMExchange, LLMUsage, Phase, PhaseTiming
 from poirotd.protocol import prompts
 from poirotd.protocol.context_budget import fit_view
-from poirotd.protocol.errors import AnswerFailed, ModelUnavailableError
+from poirotd.protocol.errors import AnswerFailedError, ModelUnavailableError
 from poirotd.protocol.events import (
     ContextCutsMade,
     ExchangeDone,
@@ -41,8 +41,8 @@ from poirotd.protocol.events import (
     ProtocolEvent,
     TokenBudgetSpent,
 )
-from poirotd.protocol.peer_tools import ToolFormat
-from poirotd.protocol.schemas import AnswerFormat, InvalidAnswer
+from poirotd.protocol.poirot.peer_tools import ToolFormat
+from poirotd.protocol.schemas import AnswerFormat, InvalidAnswerError
 
 log = structlog.get_logger(__name__)
 
@@ -223,7 +223,7 @@ class RunContext:
         repair turns replace the previous ones, so prompts stay bounded and keep `messages` as
         their prefix. An LLMError is a failed attempt too (same request again), except one the
         same request would meet again (context exceeded, bad request), which ends the attempts
-        at once. Raises AnswerFailed with the last reason.
+        at once. Raises AnswerFailedError with the last reason.
         """
         request, attempt, reason = list(messages), site, ""
         schema, tools = (
@@ -246,14 +246,14 @@ class RunContext:
                 continue
             try:
                 return answer.read(completion)
-            except InvalidAnswer as exc:
+            except InvalidAnswerError as exc:
                 reason = str(exc)
                 attempt = CallSite(site.phase, site.agent_id, "repair")
                 rejected = self.replayed(completion.turn())
                 # The reason may cite the answer (an unknown tool's name, a peer id).
                 repaired = repair(self._controls.defuse(reason))
                 request = [*messages, rejected, *replies_to(rejected, repaired)]
-        raise AnswerFailed(f"no valid answer in {retries + 1} attempt(s); last: {reason}")
+        raise AnswerFailedError(f"no valid answer in {retries + 1} attempt(s); last: {reason}")
 
     async def _check_budget(self) -> None:
         """No call starts once the run's finished calls have used the budget. Calls already

@@ -4,9 +4,9 @@ The schemas stay inside the subset llama.cpp's grammar converter handles (type, 
 required, additionalProperties false, items, prefixItems, minItems/maxItems, enum, const, anyOf,
 string minLength/maxLength/pattern), which vLLM's engines handle too (docs/vllm-grammars.md).
 Every free string is bounded: a small model otherwise writes until its token limit and the JSON
-never closes. Parsers re-check everything after decoding, because not
-every backend enforces the schema, and raise `InvalidAnswer` with a message short enough to hand
-back to the model in a repair prompt.
+never closes. Parsers re-check everything after decoding, because not every backend enforces
+the schema, and raise `InvalidAnswerError` with a message short enough to hand back to the model
+in a repair prompt.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ PEER_TOOL_PREFIX = "talk_to_"
 _SHOWN_ERRORS = 3
 
 
-class InvalidAnswer(ValueError):
+class InvalidAnswerError(ValueError):
     """The answer does not satisfy its format; the message says what is wrong."""
 
 
@@ -225,7 +225,7 @@ def report_format(agent_ids: Sequence[str]) -> AnswerFormat[SelfReport]:
         named = [o.agent_name for o in report.peer_observations] + list(report.suspected_agents)
         unknown = sorted(set(named) - set(agent_ids))
         if unknown:
-            raise InvalidAnswer(f"unknown agent ids {unknown}; valid ids: {list(agent_ids)}")
+            raise InvalidAnswerError(f"unknown agent ids {unknown}; valid ids: {list(agent_ids)}")
         return report.model_copy(
             update={"suspected_agents": tuple(dict.fromkeys(report.suspected_agents))}
         )
@@ -248,12 +248,12 @@ def turn_format(
         try:
             action = _TURN.validate_json(_json_object(text))
         except ValidationError as exc:
-            raise InvalidAnswer(_describe(exc)) from exc
+            raise InvalidAnswerError(_describe(exc)) from exc
         if isinstance(action, VoteAction):
             _check_location(action.location, size)
             return _seen_step(action, steps)
         if action.peer not in tools:
-            raise InvalidAnswer(f"peer must be one of {tools}, got {action.peer!r}")
+            raise InvalidAnswerError(f"peer must be one of {tools}, got {action.peer!r}")
         return action
 
     return AnswerFormat({"anyOf": [ask, vote]}, parse)
@@ -273,7 +273,7 @@ def vote_format(size: int, steps: Collection[int]) -> AnswerFormat[VoteAnswer]:
 
 def _non_empty(text: str) -> str:
     if not text.strip():
-        raise InvalidAnswer("the answer was empty")
+        raise InvalidAnswerError("the answer was empty")
     return text.strip()
 
 
@@ -320,11 +320,11 @@ def _vote_properties(size: int, steps: Collection[int]) -> dict[str, dict[str, A
 
 def _check_location(location: Sequence[int], size: int) -> None:
     if len(location) != size:
-        raise InvalidAnswer(
+        raise InvalidAnswerError(
             f"location must have exactly {size} entries (one per region), got {len(location)}"
         )
     if any(x not in (0, 1) for x in location):
-        raise InvalidAnswer("location entries must be 0 or 1")
+        raise InvalidAnswerError("location entries must be 0 or 1")
 
 
 VoteT = TypeVar("VoteT", bound=VoteAnswer)
@@ -346,14 +346,14 @@ def _validate(model: type[ModelT], text: str) -> ModelT:
     try:
         return model.model_validate_json(_json_object(text))
     except ValidationError as exc:
-        raise InvalidAnswer(_describe(exc)) from exc
+        raise InvalidAnswerError(_describe(exc)) from exc
 
 
 def _json_object(text: str) -> str:
     """The outermost {...} of the answer: tolerates prose or code fences around the JSON."""
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end < start:
-        raise InvalidAnswer("the answer contains no JSON object")
+        raise InvalidAnswerError("the answer contains no JSON object")
     return text[start : end + 1]
 
 

@@ -419,7 +419,7 @@ class PostgresStore(StoreReads):
         wanted = idempotency.wanted(items, keys)
         try:
             return await self._commit(items, keys, wanted, optimistic=bool(wanted))
-        except (_CopiesFound, pg_errors.UniqueViolation):
+        except (_CopiesFoundError, pg_errors.UniqueViolation):
             if not wanted:
                 raise
             return await self._commit(items, keys, wanted, optimistic=False)
@@ -432,7 +432,7 @@ class PostgresStore(StoreReads):
         *,
         optimistic: bool,
     ) -> LeftOut:
-        """`commit_ingest`'s transaction; `optimistic`: raises _CopiesFound (rolled back) when
+        """`commit_ingest`'s transaction; `optimistic`: raises _CopiesFoundError (rolled back) when
         the batch holds a stored key, instead of looking the keys up before writing."""
         unknown = unknown_sessions(items, self._sessions.__contains__)
         async with self._head_transaction() as (conn, head):
@@ -448,7 +448,7 @@ class PostgresStore(StoreReads):
                 if missing := [s for s in unknown if s not in stored_ids]:
                     raise UnknownSessionError(missing[0])
             if held is not None and idempotency.seen_in(await held.fetchall(), wanted):
-                raise _CopiesFound
+                raise _CopiesFoundError
             stored = [
                 (SESSIONS, row)
                 for change, answer in sent
@@ -870,7 +870,7 @@ def _first_of_each(kept: idempotency.Kept) -> tuple[list[_Positioned], list[_Pos
     return first, later
 
 
-class _CopiesFound(Exception):
+class _CopiesFoundError(Exception):
     """An optimistic commit met keys the store holds: it is rolled back and written again."""
 
 

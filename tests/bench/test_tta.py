@@ -165,11 +165,11 @@ def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
 def test_the_cases_come_from_the_data_folder_the_user_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    class Read(Exception):
+    class ReadError(Exception):
         """Stops the bench at its first case, carrying the file it would read."""
 
     def load_case(path: Path) -> None:
-        raise Read(path)
+        raise ReadError(path)
 
     monkeypatch.setattr(tta, "ensure_library_venv", lambda: None)
     monkeypatch.setattr(tta, "load_case", load_case)
@@ -178,7 +178,7 @@ def test_the_cases_come_from_the_data_folder_the_user_names(
         tta.main(["--cases", "7", "--no-write"])
     assert "--data (or POIROTD_EVAL_DATA)" in capsys.readouterr().err
     monkeypatch.setenv("POIROTD_EVAL_DATA", str(tmp_path))
-    with pytest.raises(Read) as read:
+    with pytest.raises(ReadError) as read:
         tta.main(["--cases", "7", "--no-write"])
     assert read.value.args == (tmp_path / "whowhen" / "Algorithm-Generated" / "7.json",)
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from tests.support.canary import labelled, write_case

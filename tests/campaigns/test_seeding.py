@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from poirotd.api.client import PoirotClient
 from poirotd.campaigns.seeding import seed_from
 from poirotd.cli.seeding import campaign_outcomes
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.model import AgentReputation, CampaignOutcome, CampaignValue, Vote

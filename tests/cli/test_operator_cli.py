@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
 from tests.support.answers import gated
 from tests.support.cli import poirotd as run

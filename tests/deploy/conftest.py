@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from hwbridge.broker import free_port
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from tests.support.canary import labelled, write_case
 from tests.support.deploy import (
     EDGE,

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from hwbridge.broker import free_port
 from poirotd.config import Settings
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import OpenAILLMSpec
-from poirotd.daemon import Daemon
+from poirotd.daemon import RPC_GRACE_SECONDS, Daemon
+from poirotd.demo.process import free_port
 from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,
@@ -29,7 +29,6 @@ from tests.support.deploy import (
     require_tool,
 )
 
-RPC_GRACE_SECONDS = 5
 COMPOSE_FILE = EDGE / "compose.yaml"
 UNIT_FILE = EDGE / "poirotd.service"
 

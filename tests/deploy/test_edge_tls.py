@@ -21,10 +21,11 @@ import structlog
 import yaml
 from cryptography import x509
 
-from hwbridge.broker import free_port, stop_process, wait_listening
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config.loader import load_spec
+from poirotd.demo.broker import wait_listening
+from poirotd.demo.process import free_port, stop_process
 from tests.support.deploy import EDGE, require_tool
 
 ROLES = {"ingest", "reader", "operator", "auditor", "metrics"}

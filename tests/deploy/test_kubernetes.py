@@ -19,6 +19,7 @@ from kubernetes_validate import utils as kv
 from poirotd.config import Settings
 from poirotd.config.loader import load_spec_text
 from poirotd.config.spec import OpenAILLMSpec
+from poirotd.daemon import RPC_GRACE_SECONDS
 from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,
@@ -48,8 +49,6 @@ CRD_KINDS = {
 }
 # Native sidecars (restartPolicy: Always in initContainers) are on by default from 1.29.
 KUBERNETES_VERSIONS = ("1.29.0", kv.latest_version())
-# The daemon's grace for open RPCs after the drain (poirotd/daemon.py _RPC_GRACE_SECONDS).
-RPC_GRACE_SECONDS = 5
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

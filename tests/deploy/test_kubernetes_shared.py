@@ -15,6 +15,7 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from poirotd.config import Settings
+from poirotd.daemon import RPC_GRACE_SECONDS
 from tests.support.deploy import K8S, load_yaml_documents, require_tool
 from tests.support.kubernetes import (
     PROBES,
@@ -32,7 +33,6 @@ CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
 }
 KUBERNETES_VERSIONS = ("1.29.0", kv.latest_version())
-RPC_GRACE_SECONDS = 5  # poirotd/daemon.py _RPC_GRACE_SECONDS
 
 
 def _resources() -> list[dict[str, Any]]:

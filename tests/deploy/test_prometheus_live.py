@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from hwbridge.broker import free_port, stop_process
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port, stop_process
 from tests.support.deploy import (
     DASHBOARD_FILE,
     RULES_FILE,

@@ -16,10 +16,11 @@ import yaml
 from typer.testing import CliRunner
 
 from examples.campaigns import build_sources
+from poirot_eval.campaigns.cli import app as campaign_app
 from poirot_eval.campaigns.generate import CampaignOutcome, run_campaign
 from poirot_eval.campaigns.plan import CampaignPlan, read_plan
 from poirot_eval.cases import EvalCase
-from poirot_eval.cli import commands
+from poirot_eval.cli import app as eval_app
 from poirot_eval.loaders import load_cases
 from poirot_eval.runner import without_triggers
 from poirot_eval.selection import read_case_file, read_case_folder
@@ -261,7 +262,7 @@ def test_variants_are_cases_that_eval_and_export_read(tmp_path: Path) -> None:
     )
     out = tmp_path / "campaign"
     result = CliRunner().invoke(
-        commands["campaign"],
+        campaign_app,
         ["run", str(plan_file), "--case", str(EXAMPLES / "trading_desk.json"), "--out", str(out)],
     )
     assert result.exit_code == 0, result.output
@@ -273,7 +274,7 @@ def test_variants_are_cases_that_eval_and_export_read(tmp_path: Path) -> None:
     assert len(variants) == manifest["kept"] == 15
     exported = tmp_path / "export.json"
     first = out / "variants" / f"{variants[0].case_id}.json"
-    result = CliRunner().invoke(commands["eval"], ["export", str(first), "-o", str(exported)])
+    result = CliRunner().invoke(eval_app, ["export", str(first), "-o", str(exported)])
     assert result.exit_code == 0, result.output
     assert read_case_file(exported) == variants[0]
 
@@ -291,18 +292,18 @@ def test_session_items_interleave_telemetry_by_time() -> None:
 def test_commands_refuse_ambiguous_sources(tmp_path: Path) -> None:
     runner = CliRunner()
     both = runner.invoke(
-        commands["campaign"],
+        campaign_app,
         ["run", str(EXAMPLES / "trading_plan.yaml"), "--out", str(tmp_path), "--store",
          "--case", str(EXAMPLES / "trading_desk.json")],
     )  # fmt: skip
     assert both.exit_code == 2 and "--case (one or more) or --store" in both.output
-    neither = runner.invoke(commands["eval"], ["run", "--out", str(tmp_path)])
+    neither = runner.invoke(eval_app, ["run", "--out", str(tmp_path)])
     assert neither.exit_code == 2 and "--dataset or --cases" in neither.output
     bad_plan = tmp_path / "plan.yaml"
     bad_plan.write_text("faults: [{operator: llm_response, sender: trader}]\n")
     source = str(EXAMPLES / "trading_desk.json")
     refused = runner.invoke(
-        commands["campaign"], ["run", str(bad_plan), "--out", str(tmp_path), "--case", source]
+        campaign_app, ["run", str(bad_plan), "--out", str(tmp_path), "--case", source]
     )
     assert refused.exit_code == 2 and "needs the MAST mode" in refused.output
 

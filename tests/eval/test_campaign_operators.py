@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poirot_eval.campaigns import agent_faults, signal_faults
-from poirot_eval.campaigns.agent_faults import NotApplicable
+from poirot_eval.campaigns.agent_faults import NotApplicableError
 from poirot_eval.campaigns.plan import SignalFault
 from poirotd.model import AgentMessage, MessageKind, TelemetrySample
 
@@ -58,7 +58,7 @@ def test_change_number_changes_one_number_of_one_message(
     t = data.draw(st.integers(0, len(messages) - 1))
     try:
         hit = agent_faults.change_number(messages, t, number=0, factor=10.0, value=None)
-    except NotApplicable:
+    except NotApplicableError:
         assert messages[t].kind is not MessageKind.AGENT or not any(
             c.isdigit() for c in messages[t].content
         )
@@ -85,7 +85,7 @@ def test_reverse_decision_swaps_one_word(
     t = data.draw(st.integers(0, len(messages) - 1))
     try:
         hit = agent_faults.reverse_decision(messages, t)
-    except NotApplicable:
+    except NotApplicableError:
         return
     assert {hit.before.lower(), hit.after.lower()} in ({"approve", "reject"}, {"buy", "sell"},
                                                        {"safe", "unsafe"})  # fmt: skip
@@ -102,7 +102,7 @@ def test_repeat_step_inserts_one_copy(
     t = data.draw(st.integers(0, len(messages) - 1))
     try:
         hit = agent_faults.repeat_step(messages, t)
-    except NotApplicable:
+    except NotApplicableError:
         assert messages[t].kind is not MessageKind.AGENT
         return
     _assert_contiguous(hit.messages)
@@ -122,7 +122,7 @@ def test_withhold_and_drop_remove_exactly_one_message(
     for operator in (agent_faults.withhold_message, agent_faults.drop_tool_result):
         try:
             hit = operator(messages, t)
-        except NotApplicable:
+        except NotApplicableError:
             continue
         _assert_contiguous(hit.messages)
         kept = messages[:t] + messages[t + 1 :]
@@ -143,7 +143,7 @@ def test_end_early_cuts_after_the_step(
     t = data.draw(st.integers(0, len(messages) - 1))
     try:
         hit = agent_faults.end_early(messages, t)
-    except NotApplicable:
+    except NotApplicableError:
         return
     assert hit.messages == messages[: t + 1] and hit.ends_session
 
@@ -163,7 +163,7 @@ def test_change_number_keeps_the_written_form() -> None:
     assert hit.messages[0].content == "proprioception (4/8), VO2max 47.0"
     set_to = agent_faults.change_number(messages, 0, number=0, factor=1.0, value=2)
     assert set_to.messages[0].content == "proprioception (2/8), VO2max 23.5"
-    with pytest.raises(NotApplicable, match="3 numbers"):
+    with pytest.raises(NotApplicableError, match="3 numbers"):
         agent_faults.change_number(messages, 0, number=3, factor=2.0, value=None)
 
 
@@ -214,7 +214,7 @@ def test_signal_operators_touch_only_their_signal_in_the_window(
     )
     try:
         hit = signal_faults.inject(fault, (), telemetry)
-    except NotApplicable:
+    except NotApplicableError:
         return
     onset, end = signal_faults.window(fault, (), telemetry)
     assert hit.onset == onset
@@ -305,9 +305,9 @@ def test_a_fault_that_changes_nothing_is_not_applicable() -> None:
         SignalFault(operator="stuck", component="exo", signal="a"),
         SignalFault(operator="delay", component="exo", signal="a", magnitude=2),
     ):
-        with pytest.raises(NotApplicable, match="as it was"):
+        with pytest.raises(NotApplicableError, match="as it was"):
             signal_faults.inject(fault, (), constant)
-    with pytest.raises(NotApplicable, match="no sample"):
+    with pytest.raises(NotApplicableError, match="no sample"):
         signal_faults.inject(
             SignalFault(operator="stuck", component="exo", signal="zz"), (), constant
         )

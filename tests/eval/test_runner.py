@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from poirot_eval.cases import GroundTruth
-from poirot_eval.journal import RunJournal, RunMismatch
+from poirot_eval.journal import RunJournal, RunMismatchError
 from poirot_eval.provenance import source_commit
 from poirot_eval.results import CaseResult
 from poirot_eval.runner import run_cases
@@ -136,7 +136,7 @@ def test_run_json_refuses_a_directory_of_another_model(tmp_path: Path) -> None:
     assert run_json["llm"]["context_tokens"] == 4096
 
     other = EmbeddedLLMSpec(context_tokens=8192).model_dump(mode="json")
-    with pytest.raises(RunMismatch):
+    with pytest.raises(RunMismatchError):
         journal.begin(dataset="whowhen", method="poirot", llm=other, settings={})
 
 

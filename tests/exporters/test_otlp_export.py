@@ -22,7 +22,7 @@ import pytest
 import trustme
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from hwbridge.broker import free_port
+from poirotd.demo.process import free_port
 from poirotd.exporters.evaluations import EVALUATION_EVENT, SPAN_NAME
 from poirotd.exporters.exporter import AttributionExporter
 from poirotd.exporters.otlp_client import (

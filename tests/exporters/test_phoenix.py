@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hwbridge.broker import free_port
+from poirotd.demo.process import free_port
 from poirotd.exporters.evaluations import EVALUATION_EVENT, SPAN_NAME
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import InvestigationState

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hwbridge.__main__ import app
-from hwbridge.broker import free_port
+from poirotd.demo.process import free_port
 from tests.support.bridge import bridge_config, hwbridge, stop, stored
 from tests.support.daemon import in_process_daemon
 from tests.support.mosquitto import Mosquitto

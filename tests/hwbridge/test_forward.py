@@ -13,13 +13,12 @@ import grpc
 import pytest
 import yaml
 
-from hwbridge.broker import free_port
 from hwbridge.config import DeadLetterConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.forward import ForwardError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
-from poirotd.demo.process import DaemonProcess
+from poirotd.demo.process import DaemonProcess, free_port
 from poirotd.model import ItemKey, TelemetryBatch
 from tests.support.bridge import forwarder, samples, stored_values
 from tests.support.daemon import in_process_daemon

@@ -15,7 +15,7 @@ from hwbridge.bridge import Bridge
 from hwbridge.codecs import DecodeError
 from hwbridge.config import BridgeConfig, DeadLetterConfig, MessageTopic
 from hwbridge.deadletter import DeadLetterStore
-from hwbridge.messages import ReceivedMessage, RouteRefusal
+from hwbridge.messages import ReceivedMessage, RouteRefusedError
 from hwbridge.mqtt import MqttPublisher
 from poirotd.daemon import Daemon
 from poirotd.model import ItemKey, MessageKind
@@ -86,7 +86,7 @@ def test_a_pinned_route_decides_session_kind_and_index() -> None:
         ({"index": 20}, "index"),
         ({"sender": "chief"}, "sender"),
     ]:
-        with pytest.raises(RouteRefusal) as refused:
+        with pytest.raises(RouteRefusedError) as refused:
             icu_decode(body)
         assert refused.value.field == field, body
     console = MessageTopic(topic="ward/console", sender="nurse", pin={"kind": "human"}).route()

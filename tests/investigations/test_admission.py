@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 import pytest
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
 from tests.support.answers import gated
 from tests.support.daemon import client_of, in_process_daemon, limit_rejections

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.cli.main import app
+from poirotd.client.wire import PoirotClient
 from poirotd.config.spec import EchoSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.protocol.echo.consensus import Consensus
 from poirotd.protocol.echo.schemas import Analysis

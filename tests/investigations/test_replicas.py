@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from tests.support.ingest import OVERHEAT, T0, motor_temp, session

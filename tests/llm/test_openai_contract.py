@@ -30,7 +30,7 @@ from poirotd.llm.openai_http import OpenAIBackend
 from poirotd.model import Phase
 from poirotd.protocol import prompts
 from poirotd.protocol.events import ProtocolEvent
-from poirotd.protocol.peer_tools import turn_tools
+from poirotd.protocol.poirot.peer_tools import turn_tools
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.schemas import AskAction, VoteAction
 from tests.support.llama_server import serve_llama

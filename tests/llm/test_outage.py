@@ -20,11 +20,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hwbridge.broker import free_port
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.observability.metrics import Metrics
 from tests.support.answers import chat_body, fill
 from tests.support.ingest import session

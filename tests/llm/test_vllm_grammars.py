@@ -20,14 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from poirotd.protocol.schemas import InvalidAnswer, vote_format
+from poirotd.protocol.schemas import InvalidAnswerError, vote_format
 from tests.support.data import DATA, RUNS
 from tests.support.json_answers import answers, near_misses, plain, texts
 from tests.support.request_formats import RequestFormat, all_formats, rejects
 from tests.support.vllm_grammars import (
     Engine,
     Grammar,
-    SchemaRefused,
+    SchemaRefusedError,
     engines,
     ignored_by_xgrammar,
 )
@@ -121,7 +121,7 @@ def test_several_tool_calls_pass_vllms_grammar_and_poirotd_asks_again() -> None:
     ask = {"name": "talk_to_agent_1", "parameters": {"question": "Why?"}}
     two = json.dumps([ask, ask | {"name": "talk_to_agent_2"}])
     assert valid(fmt.schema, json.loads(two)) and rejects(fmt, two)
-    with pytest.raises(InvalidAnswer, match="call exactly one tool"):
+    with pytest.raises(InvalidAnswerError, match="call exactly one tool"):
         fmt.parse(two)
     for engine in engines():
         assert grammar(engine, fmt).accepts(two)
@@ -191,7 +191,7 @@ def test_a_schema_feature_an_engine_cannot_serve_is_reported(
     for engine in engines():
         try:
             engine.compile(schema)
-        except SchemaRefused as exc:
+        except SchemaRefusedError as exc:
             assert str(exc)
             refused.add(engine.name)
     assert refused == refused_by

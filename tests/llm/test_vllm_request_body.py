@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from poirotd.protocol.peer_tools import turn_tools
+from poirotd.protocol.poirot.peer_tools import turn_tools
 from poirotd.protocol.schemas import vote_format
 from tests.support.answers import chat_body
 from tests.support.openai_server import Reply, ScriptedServer, complete, make_spec

@@ -21,9 +21,9 @@ from poirotd.protocol.echo.schemas import analysis_format
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ExchangeDone, ProtocolEvent, VoteCast
-from poirotd.protocol.hazard_space import pinned_hazard_space
+from poirotd.protocol.poirot.hazard_space import pinned_hazard_space
 from poirotd.protocol.prompts import Incident
-from poirotd.protocol.schemas import InvalidAnswer
+from poirotd.protocol.schemas import InvalidAnswerError
 from poirotd.protocol.spotlight import MARK, OPEN
 from tests.support.methods import analysis
 from tests.support.protocol import SESSION, MemoryCache, agent_message, make_spec
@@ -212,7 +212,7 @@ def test_the_format_checks_regions_kinds_levels_and_steps() -> None:
         (analysis(confidence=1.5), "less than or equal to 1"),
     ]
     for payload, message in bad:
-        with pytest.raises(InvalidAnswer, match=message):
+        with pytest.raises(InvalidAnswerError, match=message):
             answer.parse(json.dumps(payload))
 
 

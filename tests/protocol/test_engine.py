@@ -22,7 +22,7 @@ from poirotd.protocol.events import (
     ReportFiled,
     VoteCast,
 )
-from poirotd.protocol.interrogation import closing_request, one_more_round
+from poirotd.protocol.poirot.interrogation import closing_request, one_more_round
 from poirotd.protocol.prompts import Incident
 from poirotd.protocol.schemas import hazard_space_format, report_format, turn_format, vote_format
 from poirotd.protocol.spotlight import MARK

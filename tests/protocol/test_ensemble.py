@@ -18,8 +18,8 @@ from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.ensemble import combine, member_weight, method_reliabilities
 from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ProtocolEvent
-from poirotd.protocol.hazard_space import pinned_hazard_space
 from poirotd.protocol.method import Case
+from poirotd.protocol.poirot.hazard_space import pinned_hazard_space
 from poirotd.protocol.spotlight import VERBATIM
 from tests.support.methods import analysis
 from tests.support.protocol import SESSION, MemoryCache, make_spec, stepped_vote

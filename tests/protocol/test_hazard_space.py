@@ -21,7 +21,7 @@ from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.protocol import prompts
 from poirotd.protocol.events import ProtocolEvent
-from poirotd.protocol.hazard_space import resolve_hazard_space, space_from_answer
+from poirotd.protocol.poirot.hazard_space import resolve_hazard_space, space_from_answer
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.schemas import hazard_space_format
 from tests.support.answers import fill

@@ -38,7 +38,7 @@ from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import InvestigationMethod, Vote
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.events import ExchangeDone, InjectionFound, ProtocolEvent
-from poirotd.protocol.peer_tools import VOTE_TOOL
+from poirotd.protocol.poirot.peer_tools import VOTE_TOOL
 from poirotd.protocol.spotlight import CLOSE, OPEN, TOKEN_LETTERS, Spotlight
 from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon

@@ -13,9 +13,15 @@ from poirotd.llm.base import ChatMessage, Completion, Tool, ToolCall
 from poirotd.llm.scripted import ScriptedBackend, ToolReply
 from poirotd.protocol import prompts
 from poirotd.protocol.events import ExchangeDone
-from poirotd.protocol.interrogation import closing_request, one_more_round
-from poirotd.protocol.peer_tools import VOTE_TOOL, PeerCall, tools_text, turn_tools, uses_tools
-from poirotd.protocol.schemas import AskAction, InvalidAnswer, VoteAction, vote_format
+from poirotd.protocol.poirot.interrogation import closing_request, one_more_round
+from poirotd.protocol.poirot.peer_tools import (
+    VOTE_TOOL,
+    PeerCall,
+    tools_text,
+    turn_tools,
+    uses_tools,
+)
+from poirotd.protocol.schemas import AskAction, InvalidAnswerError, VoteAction, vote_format
 from tests.support.answers import fill
 from tests.support.protocol import (
     AGENTS,
@@ -128,7 +134,7 @@ def test_a_voter_that_saw_no_message_can_only_answer_a_null_step() -> None:
 def test_invalid_calls_are_invalid_answers(
     calls: tuple[ToolCall, ...], text: str, error: str
 ) -> None:
-    with pytest.raises(InvalidAnswer, match=error):
+    with pytest.raises(InvalidAnswerError, match=error):
         read(turn_tools(["chief", "physio"], 4, set()), *calls, text=text)
 
 

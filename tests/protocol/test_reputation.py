@@ -17,8 +17,8 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.config.spec import ReputationSpec
 from poirotd.daemon import Daemon

@@ -12,12 +12,11 @@ from typing import Any
 
 import yaml
 
-from hwbridge.broker import free_port
-from poirotd.api.client import PoirotClient
+from poirotd.client.wire import PoirotClient
 from poirotd.config.settings import Settings
 from poirotd.config.spec import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import DaemonProcess
+from poirotd.demo.process import DaemonProcess, free_port
 from poirotd.llm.base import LLMBackend
 from poirotd.model import Investigation
 from poirotd.store import Store

@@ -18,7 +18,7 @@ import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from poirotd.api.client import PoirotClient
+from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
 from poirotd.observability.metrics import Metrics
 from poirotd.transports.security.access import token_hash

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from poirotd.api.client import PoirotClient
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm.base import LLMBackend

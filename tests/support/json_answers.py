@@ -34,14 +34,14 @@ _WRITTEN = st.characters(exclude_categories=("Cc", "Cs", "Co", "Cn"), include_ch
 _ESCAPED = {'"', "\\", *map(chr, range(0x20))}
 
 
-class UnknownKeyword(ValueError):
+class UnknownKeywordError(ValueError):
     """The schema uses a keyword these generators do not know."""
 
 
 def _check(schema: dict[str, Any]) -> None:
     unknown = sorted(set(schema) - KNOWN)
     if unknown:
-        raise UnknownKeyword(
+        raise UnknownKeywordError(
             f"schema keywords {unknown} are not handled by tests/support/json_answers.py"
         )
 
@@ -88,7 +88,7 @@ def answers(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         return st.booleans()
     if kind == "null":
         return st.none()
-    raise UnknownKeyword(f"schema without a type these generators know: {schema}")
+    raise UnknownKeywordError(f"schema without a type these generators know: {schema}")
 
 
 def _arrays(schema: dict[str, Any]) -> st.SearchStrategy[list[Any]]:
@@ -99,7 +99,7 @@ def _arrays(schema: dict[str, Any]) -> st.SearchStrategy[list[Any]]:
     if items is False or most == len(prefix):
         return head
     if not isinstance(items, dict):
-        raise UnknownKeyword("arrays with items other than a schema or false")
+        raise UnknownKeywordError("arrays with items other than a schema or false")
     tail = st.lists(
         answers(items),
         min_size=max(least - len(prefix), 0),

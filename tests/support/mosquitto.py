@@ -6,11 +6,12 @@ import getpass
 import subprocess
 from pathlib import Path
 
-from hwbridge.broker import free_port, stop_process, wait_listening
 from hwbridge.config import (
     BackoffConfig,
     BrokerConfig,
 )
+from poirotd.demo.broker import wait_listening
+from poirotd.demo.process import free_port, stop_process
 
 
 class Mosquitto:

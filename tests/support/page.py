@@ -17,11 +17,11 @@ import pytest
 import yaml
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from hwbridge.broker import free_port
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.base import LLMBackend
 from poirotd.transports.security.access import token_hash
 from tests.support.daemon import in_process_daemon

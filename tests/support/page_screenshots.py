@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.demo.main import demo_file
 from poirotd.llm.base import ChatMessage

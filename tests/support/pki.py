@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from poirotd.api.client import DaemonTls, PoirotClient
+from poirotd.client.wire import DaemonTls, PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.llm import ChatMessage

@@ -25,10 +25,10 @@ from poirotd.protocol.errorprobe.schemas import (
     tags_format,
     verdict_format,
 )
-from poirotd.protocol.peer_tools import turn_tools
+from poirotd.protocol.poirot.peer_tools import turn_tools
 from poirotd.protocol.schemas import (
     AnswerFormat,
-    InvalidAnswer,
+    InvalidAnswerError,
     hazard_space_format,
     report_format,
     turn_format,
@@ -40,7 +40,7 @@ from tests.support.vllm_grammars import required_tool_schema
 @dataclass(frozen=True)
 class RequestFormat:
     """One schema poirotd sends, named "method/phase/variation", and its parser (raises
-    InvalidAnswer, or ValueError, on an answer poirotd does not take)."""
+    InvalidAnswerError, or ValueError, on an answer poirotd does not take)."""
 
     name: str
     schema: dict[str, Any]
@@ -209,6 +209,6 @@ def rejects(fmt: RequestFormat, text: str) -> bool:
     """Whether poirotd refuses `text` as an answer to `fmt`."""
     try:
         fmt.parse(text)
-    except (InvalidAnswer, ValueError):
+    except (InvalidAnswerError, ValueError):
         return True
     return False

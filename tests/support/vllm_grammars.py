@@ -57,7 +57,7 @@ XGRAMMAR_IGNORED: dict[str, frozenset[str]] = {
 _RAW_VOCAB = 0
 
 
-class SchemaRefused(Exception):
+class SchemaRefusedError(Exception):
     """The engine cannot serve this schema: vLLM would answer the request with an error (or,
     under "auto", move it to the other engine). The message says what the engine said."""
 
@@ -75,7 +75,7 @@ class Engine(Protocol):
     floats: str
 
     def compile(self, schema: dict[str, Any]) -> Grammar:
-        """The grammar of `schema`, as vLLM would build it; raises SchemaRefused."""
+        """The grammar of `schema`, as vLLM would build it; raises SchemaRefusedError."""
         ...
 
 
@@ -155,13 +155,13 @@ class XGrammar:
         text = json.dumps(schema)
         ignored = list(ignored_by_xgrammar(schema))
         if ignored:
-            raise SchemaRefused(f"keywords xgrammar does not enforce: {', '.join(ignored)}")
+            raise SchemaRefusedError(f"keywords xgrammar does not enforce: {', '.join(ignored)}")
         try:
             # vLLM's request check, then its compile: any whitespace, strict mode.
             self._core.Grammar.from_json_schema(text, True, None, None, True, False)
             compiled = self._compiler.compile_json_schema(text, True, None, None, True)
         except RuntimeError as exc:
-            raise SchemaRefused(str(exc).strip()) from None
+            raise SchemaRefusedError(str(exc).strip()) from None
         return _XGrammarGrammar(self._core, compiled, self._eos)
 
 
@@ -199,10 +199,10 @@ class LLGuidance:
         )
         error = llguidance.LLMatcher.validate_grammar(grammar, None)
         if error:
-            raise SchemaRefused(error)
+            raise SchemaRefusedError(error)
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise SchemaRefused(matcher.get_error())
+            raise SchemaRefusedError(matcher.get_error())
         return _LLGuidanceGrammar(self._tokenizer, matcher)
 
 

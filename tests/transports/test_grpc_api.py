@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from poirotd.api import convert
-from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient, batched
 from poirotd.daemon import Daemon
 from poirotd.ingest.pipeline import Admission
 from poirotd.investigations.service import MAX_TEXT_CHARS, InvestigationService

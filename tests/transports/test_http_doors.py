@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from hwbridge.broker import free_port
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon, rejected

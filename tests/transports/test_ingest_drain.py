@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.config.settings import Settings
 from poirotd.daemon import Daemon
 from poirotd.errors import DRAINING

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
-from poirotd.api.client import PoirotClient, batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient, batched
 from poirotd.daemon import Daemon
 from poirotd.store.audit import review_conflicts
 from tests.support.daemon import stored_messages

@@ -20,8 +20,8 @@ from typing import Any
 import grpc
 import pytest
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
 from poirotd.errors import ResourceExhausted
 from poirotd.llm.scripted import ScriptedBackend

@@ -22,11 +22,11 @@ import trustme
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hwbridge.broker import free_port
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt_failures import REASONS
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from tests.support.answers import schema_answer
 from tests.support.bridge import bridge_config, hwbridge, stop, stored

@@ -15,9 +15,9 @@ from typing import Any
 import grpc
 import pytest
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.limits import MAX_REQUEST_BYTES, TEXT_REQUEST_BYTES
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
 from poirotd.ingest.validation import MAX_NAME_CHARS
 from poirotd.investigations.service import MAX_TEXT_CHARS

@@ -7,8 +7,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
 from poirotd.transports.grpc import sessions as sessions_servicer
 from tests.support.daemon import rejected

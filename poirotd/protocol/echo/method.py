@@ -27,7 +27,7 @@ from poirotd.protocol.echo.consensus import Ballot, Consensus, consensus
 from poirotd.protocol.echo.context import LAYERS, LayeredContext, hierarchical_context
 from poirotd.protocol.echo.prompts import analysis_request
 from poirotd.protocol.echo.schemas import Analysis, analysis_format
-from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.events import VoteCast
 from poirotd.protocol.method import Case, MethodResult, require_a_vote
 from poirotd.protocol.run import CallSite, RunContext, concurrently
@@ -74,7 +74,7 @@ async def attribute(case: Case, run: RunContext) -> MethodResult:
                     retries=spec.protocol.invalid_json_retries,
                     temperature=analyst.temperature,
                 )
-            except AnswerFailed as exc:
+            except AnswerFailedError as exc:
                 vote = Vote(agent_id=analyst.voter, abstention_reason=f"analysis: {exc}")
                 await run.emit(VoteCast(vote=vote))
                 return None, vote

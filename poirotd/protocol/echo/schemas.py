@@ -17,7 +17,7 @@ from poirotd.model import Frozen, HazardSpace
 from poirotd.protocol.analyst import Probability, level_schema
 from poirotd.protocol.schemas import (
     AnswerFormat,
-    InvalidAnswer,
+    InvalidAnswerError,
     bounded_text,
     json_object,
     validate_answer,
@@ -94,9 +94,9 @@ def analysis_format(space: HazardSpace, steps: Collection[int]) -> AnswerFormat[
         }
         unknown = sorted(named - set(ids))
         if unknown:
-            raise InvalidAnswer(f"unknown region ids {unknown}; valid ids: {ids}")
+            raise InvalidAnswerError(f"unknown region ids {unknown}; valid ids: {ids}")
         if len(analysis.alternatives) > MAX_ALTERNATIVES:
-            raise InvalidAnswer(f"at most {MAX_ALTERNATIVES} alternatives")
+            raise InvalidAnswerError(f"at most {MAX_ALTERNATIVES} alternatives")
         return analysis.model_copy(
             update={
                 "evaluations": _first_per_region(analysis.evaluations),
@@ -119,11 +119,11 @@ def _checked(conclusion: Conclusion, steps: Collection[int], where: str) -> Conc
     grammars have no uniqueItems), and a small model fills the second with the first."""
     regions = tuple(dict.fromkeys(conclusion.regions))
     if not regions:
-        raise InvalidAnswer(f"{where}.regions names no region")
+        raise InvalidAnswerError(f"{where}.regions names no region")
     if conclusion.kind == "single" and len(regions) != 1:
-        raise InvalidAnswer(f"{where}: kind 'single' names exactly one region")
+        raise InvalidAnswerError(f"{where}: kind 'single' names exactly one region")
     if conclusion.kind == "multiple" and len(conclusion.regions) < 2:
-        raise InvalidAnswer(f"{where}: kind 'multiple' names at least two regions")
+        raise InvalidAnswerError(f"{where}: kind 'multiple' names at least two regions")
     kind = "single" if len(regions) == 1 else conclusion.kind
     step = conclusion.step if conclusion.step in steps else None
     return conclusion.model_copy(update={"kind": kind, "regions": regions, "step": step})

@@ -53,7 +53,7 @@ from poirotd.protocol.errorprobe.schemas import (
 from poirotd.protocol.errorprobe.tags import detect
 from poirotd.protocol.errorprobe.tools import CheckedClaim, check
 from poirotd.protocol.errorprobe.trace import CausalChain, backward_trace
-from poirotd.protocol.errors import AnswerFailed, ProtocolError
+from poirotd.protocol.errors import AnswerFailedError, ProtocolError
 from poirotd.protocol.events import VoteCast
 from poirotd.protocol.method import Case, MethodResult, argmax_attribution, require_a_vote
 from poirotd.protocol.run import CallSite, RunContext, concurrently
@@ -197,7 +197,7 @@ async def _strategise(
             max_tokens=settings.role_max_tokens,
             retries=spec.protocol.invalid_json_retries,
         )
-    except AnswerFailed as exc:
+    except AnswerFailedError as exc:
         raise ProtocolError(f"errorprobe: the Strategist gave no valid hypotheses: {exc}") from exc
     return answer.hypotheses, view
 
@@ -237,7 +237,7 @@ async def _investigate(
             max_tokens=settings.role_max_tokens,
             retries=spec.protocol.invalid_json_retries,
         )
-    except AnswerFailed as exc:
+    except AnswerFailedError as exc:
         return _Investigated(hypothesis, None, (), f"no valid evidence: {exc}")
     checked = tuple(check(c, case.messages, case.readings) for c in evidence.claims)
     return _Investigated(hypothesis, evidence, checked, "")
@@ -265,7 +265,7 @@ async def _arbitrate(
             max_tokens=settings.role_max_tokens,
             retries=spec.protocol.invalid_json_retries,
         )
-    except AnswerFailed as exc:
+    except AnswerFailedError as exc:
         vote = Vote(agent_id=ARBITER, abstention_reason=f"verdict: {exc}")
         await run.emit(VoteCast(vote=vote))
         return None, vote

@@ -15,7 +15,7 @@ from poirotd.protocol.errorprobe.mast import mode_ids
 from poirotd.protocol.errorprobe.tools import Claim, claim_schemas
 from poirotd.protocol.schemas import (
     AnswerFormat,
-    InvalidAnswer,
+    InvalidAnswerError,
     bounded_text,
     json_object,
     validate_answer,
@@ -106,7 +106,7 @@ def hypotheses_format(
     def parse(text: str) -> Hypotheses:
         answer = validate_answer(Hypotheses, text)
         if not 1 <= len(answer.hypotheses) <= max_hypotheses:
-            raise InvalidAnswer(f"give between 1 and {max_hypotheses} hypotheses")
+            raise InvalidAnswerError(f"give between 1 and {max_hypotheses} hypotheses")
         for h in answer.hypotheses:
             _known(h.region, regions, "region")
             _known(h.step, steps, "step")
@@ -137,7 +137,7 @@ def evidence_format(
     def parse(text: str) -> Evidence:
         answer = validate_answer(Evidence, text)
         if not 1 <= len(answer.claims) <= max_evidence:
-            raise InvalidAnswer(f"give between 1 and {max_evidence} claims")
+            raise InvalidAnswerError(f"give between 1 and {max_evidence} claims")
         offered = {t["properties"]["tool"]["const"] for t in tools}
         for claim in answer.claims:
             _known(claim.tool, offered, "tool")
@@ -170,4 +170,4 @@ def _one_of(steps: Collection[int]) -> dict[str, Any]:
 def _known(value: object, allowed: Collection[Any], field: str) -> None:
     if value not in allowed:
         shown = sorted(allowed)[:20]
-        raise InvalidAnswer(f"{field} {value!r} is not one of {shown}")
+        raise InvalidAnswerError(f"{field} {value!r} is not one of {shown}")

@@ -14,7 +14,7 @@ from poirotd.config.spec import SystemSpec
 from poirotd.model import AgentMessage, MessageKind, Phase
 from poirotd.protocol.errorprobe.prompts import detector_request
 from poirotd.protocol.errorprobe.schemas import Tag, tags_format
-from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.spotlight import Spotlight
@@ -69,7 +69,7 @@ async def detect(
                 retries=spec.protocol.invalid_json_retries,
             )
             found = list(answer.tags)
-        except AnswerFailed as exc:
+        except AnswerFailedError as exc:
             failed = f"the MAST detector gave no valid tags ({exc})"
     merged: dict[tuple[int, str], Tag] = {}
     for tag in [*found, *repetitions(messages)]:

@@ -22,9 +22,9 @@ import grpc
 from poirotd.transports.grpc.guard import release, rpc_name
 from poirotd.transports.security.access import (
     AccessControl,
+    AccessDeniedError,
     ClientCertificate,
     DenialReason,
-    Denied,
     Identity,
 )
 from poirotd.transports.security.denials import DenialRecorder
@@ -119,14 +119,14 @@ class _Admission:
             )
             requirement = REQUIRED.get(self._method)
             if requirement is None:
-                raise Denied(
+                raise AccessDeniedError(
                     DenialReason.CLOSED,
                     f"no role may call {self._rpc}",
                     identity=identity.name,
                 )
             identity.require(requirement.role_for(request), self._rpc)
             _caller.set(identity)
-        except Denied as denied:
+        except AccessDeniedError as denied:
             self._denials.record(denied, door="grpc", call=self._rpc, peer=context.peer())
             code = (
                 grpc.StatusCode.PERMISSION_DENIED

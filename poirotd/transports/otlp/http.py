@@ -55,7 +55,7 @@ class UnsupportedMediaType(InvalidArgument):
     """A Content-Type or Content-Encoding this receiver does not read (HTTP 415)."""
 
 
-class _Abandoned(Exception):
+class _AbandonedError(Exception):
     """The connection ended before the body was in: the client left, or the request deadline
     aborted it (counted there). No one is left to answer."""
 
@@ -142,7 +142,7 @@ class OtlpHttp:
             result = await call(export, "http", exporter)
         except ServiceError as error:
             return self._refuse(error, answer_as)
-        except _Abandoned:
+        except _AbandonedError:
             log.info("request abandoned before its body was in", rpc=_RPC, peer=request.remote)
             return web.Response(status=400)
         except Exception:  # a fault of ours: answered and logged like the gRPC guard's INTERNAL
@@ -186,7 +186,7 @@ async def _body(request: web.Request, limit: int) -> bytes:
     try:
         return await request.read()
     except ConnectionError:
-        raise _Abandoned from None
+        raise _AbandonedError from None
     except web.HTTPRequestEntityTooLarge:
         raise ResourceExhausted(
             f"the body is over {limit} bytes; export smaller batches", reason="oversized"

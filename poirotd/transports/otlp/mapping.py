@@ -164,7 +164,7 @@ class MappedExport:
     spans: int
 
 
-class _Malformed(ValueError):
+class _MalformedError(ValueError):
     pass
 
 
@@ -235,7 +235,7 @@ def map_spans(
     for span in calls + tools:
         try:
             messages += _place(span, trace, agents, callers)
-        except _Rejected as rejected:
+        except _RejectedError as rejected:
             rejections.append(
                 Rejection(span.trace_id, span.span_id, rejected.reason, str(rejected))
             )
@@ -260,7 +260,7 @@ class _Callers:
         return self.by_id.get(call_id, "") or self.by_tool.get((span.trace_id, name), "")
 
 
-class _Rejected(Exception):
+class _RejectedError(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
@@ -272,24 +272,26 @@ def _place(
     agents: Mapping[str, str],
     callers: _Callers,
 ) -> list[MappedMessage]:
-    """The span's messages, or raises _Rejected."""
+    """The span's messages, or raises _RejectedError."""
     span.session_id = _session(span, trace)
     try:
         if span.role == "tool":
             call_id, name, result = _tool_result(span)
             agent = callers.caller(span, call_id, name) or _agent(span, trace, agents)
             if result is None:
-                raise _Rejected(
+                raise _RejectedError(
                     "no_content", f"tool {quote(name)} has no result (content capture off?)"
                 )
             return [_tool_message(span, agent, (call_id, name, result), span.end_ns, 0)]
         inputs, outputs = _turns(span)
-    except _Malformed as exc:
-        raise _Rejected("malformed", str(exc)) from None
+    except _MalformedError as exc:
+        raise _RejectedError("malformed", str(exc)) from None
     if not inputs and not outputs:
         if span.role == "agent":
             return []  # an invocation without messages: its model calls speak
-        raise _Rejected("no_content", "the model call carries no messages (content capture off?)")
+        raise _RejectedError(
+            "no_content", "the model call carries no messages (content capture off?)"
+        )
     span.agent = _agent(span, trace, agents)
     for turn in outputs:
         for call in turn.calls:
@@ -472,7 +474,7 @@ def map_logged(
             speaking.events.append((event.name, event.body))
     try:
         messages = _place(speaking, tree, agents, _Callers())
-    except _Rejected as rejected:
+    except _RejectedError as rejected:
         return [], Rejection(span.trace_id, span.span_id, rejected.reason, str(rejected))
     return [m._replace(logged_seq=_logged_seq(m)) for m in messages], None
 
@@ -564,8 +566,8 @@ def _agent(span: ReadSpan, trace: SpanTree, agents: Mapping[str, str]) -> str:
             named.append(name)
     if named:
         detail = f"names {', '.join(quote(n) for n in named[:3])}, no agent of the spec"
-        raise _Rejected("unknown_agent", f"{detail} (add it to an agent's aliases)")
-    raise _Rejected("unknown_agent", "neither the span nor its ancestors name an agent")
+        raise _RejectedError("unknown_agent", f"{detail} (add it to an agent's aliases)")
+    raise _RejectedError("unknown_agent", "neither the span nor its ancestors name an agent")
 
 
 def _agent_names(attrs: Mapping[str, Any]) -> Iterator[str]:
@@ -589,12 +591,12 @@ def _session(span: ReadSpan, trace: SpanTree) -> str:
     if not trace.by_conversation:
         return span.trace_id
     if span.bad_conversation:  # most spans that speak name theirs, or none above them does
-        raise _Rejected("malformed", span.bad_conversation)
+        raise _RejectedError("malformed", span.bad_conversation)
     if span.conversation:
         return span.conversation
     for node in trace.lineage(span):
         if node.bad_conversation:
-            raise _Rejected("malformed", node.bad_conversation)
+            raise _RejectedError("malformed", node.bad_conversation)
         if node.conversation:
             return node.conversation
     return trace.conversation(span.trace_id)
@@ -671,7 +673,7 @@ def _json(value: Any, name: str) -> Any:
     try:
         return orjson.loads(value)
     except orjson.JSONDecodeError as exc:
-        raise _Malformed(f"{name} is not JSON: {exc}") from None
+        raise _MalformedError(f"{name} is not JSON: {exc}") from None
 
 
 def _genai_turns(value: Any, name: str) -> list[_Turn]:
@@ -680,20 +682,20 @@ def _genai_turns(value: Any, name: str) -> list[_Turn]:
         return []
     messages = _json(value, name) if isinstance(value, str) else value
     if not isinstance(messages, list):
-        raise _Malformed(f"{name} is not a list of messages")
+        raise _MalformedError(f"{name} is not a list of messages")
     turns = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise _Malformed(f"{name} is not a list of messages")
+            raise _MalformedError(f"{name} is not a list of messages")
         parts = message.get("parts", [])
         if not isinstance(parts, list):
-            raise _Malformed(f"{name}[{i}].parts is not a list of parts")
+            raise _MalformedError(f"{name}[{i}].parts is not a list of parts")
         texts: list[str] = []
         calls: list[_Call] = []
         results: list[tuple[str, str, str]] = []
         for part in parts:
             if not isinstance(part, dict):
-                raise _Malformed(f"{name}[{i}].parts is not a list of parts")
+                raise _MalformedError(f"{name}[{i}].parts is not a list of parts")
             kind = part.get("type")
             if kind == "text":
                 content = part.get("content")
@@ -725,7 +727,7 @@ def _genai_parts_text(value: Any) -> str:
     if isinstance(parts, str):
         return parts
     if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
-        raise _Malformed("gen_ai.system_instructions is not a list of parts")
+        raise _MalformedError("gen_ai.system_instructions is not a list of parts")
     return "\n".join(_text(p.get("content")) for p in parts if p.get("type") == "text")
 
 
@@ -763,7 +765,7 @@ def _indices(attrs: Mapping[str, Any], prefix: str) -> list[int]:
         if key.startswith(prefix):
             index = key[len(prefix) :].partition(".")[0]
             if not index.isdigit() or len(index) > 6:
-                raise _Malformed(f"{quote(key)}: {quote(index)} is not a list index")
+                raise _MalformedError(f"{quote(key)}: {quote(index)} is not a list index")
             found.add(int(index))
     return sorted(found)
 
@@ -780,11 +782,11 @@ def _event_turns(events: Sequence[tuple[str, dict[str, Any]]]) -> tuple[list[_Tu
             _json(attrs["gen_ai.event.content"], name) if "gen_ai.event.content" in attrs else attrs
         )
         if not isinstance(body, dict):
-            raise _Malformed(f"event {name}: the body is not an object")
+            raise _MalformedError(f"event {name}: the body is not an object")
         if name == _CHOICE_EVENT:
             message = body.get("message", body)
             if not isinstance(message, dict):
-                raise _Malformed("event gen_ai.choice: message is not an object")
+                raise _MalformedError("event gen_ai.choice: message is not an object")
             outputs.append(_event_turn("assistant", message))
         else:
             inputs.append(_event_turn(_INPUT_EVENTS[name], body))
@@ -797,14 +799,14 @@ def _event_turn(role: str, body: Mapping[str, Any]) -> _Turn:
         return _Turn(role, results=((_text(body.get("id")), _text(body.get("name")), text),))
     calls = body.get("tool_calls") or []
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
-        raise _Malformed("tool_calls is not a list of calls")
+        raise _MalformedError("tool_calls is not a list of calls")
     return _Turn(role, text, tuple(_event_call(c) for c in calls))
 
 
 def _event_call(call: Mapping[str, Any]) -> _Call:
     function = call.get("function") or {}
     if not isinstance(function, dict):
-        raise _Malformed("a tool call's function is not an object")
+        raise _MalformedError("a tool call's function is not an object")
     arguments = _compact(function.get("arguments"))
     return _Call(_text(call.get("id")), _text(function.get("name")), arguments)
 
@@ -865,7 +867,7 @@ def _compact(value: Any) -> str:
     try:
         return orjson.dumps(value, default=_base64, option=orjson.OPT_SORT_KEYS).decode()
     except orjson.JSONEncodeError as exc:
-        raise _Malformed(f"a value cannot be written as JSON: {exc}") from None
+        raise _MalformedError(f"a value cannot be written as JSON: {exc}") from None
 
 
 def _base64(value: Any) -> str:

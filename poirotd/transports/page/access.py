@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from poirotd.transports.page.views import Viewer
-from poirotd.transports.security.access import AccessControl, Denied, Identity
+from poirotd.transports.security.access import AccessControl, AccessDeniedError, Identity
 from poirotd.transports.security.denials import DenialRecorder
 from poirotd.transports.security.http import CHALLENGE, client_certificate
 from poirotd.transports.security.roles import REQUIRED, Role
@@ -32,7 +32,7 @@ COOKIE = "poirotd_page"
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
-class Refused(Exception):
+class PageRefusedError(Exception):
     """A request the page does not serve: the answer to give."""
 
     def __init__(self, response: web.Response) -> None:
@@ -65,8 +65,8 @@ class PageAccess:
         )
 
     def identity(self, request: web.Request) -> Identity:
-        """Who the request's credentials name; raises Denied when it carries none or the access
-        file does not know them."""
+        """Who the request's credentials name; raises AccessDeniedError when it carries none or
+        the access file does not know them."""
         if self.access is None:
             return Identity("anyone (no access policy)", frozenset(Role), "token")
         authorization = request.headers.get("Authorization")
@@ -76,17 +76,19 @@ class PageAccess:
         return self.access.policy().identify(authorization, client_certificate(_peercert(request)))
 
     def viewer(self, request: web.Request, call: str = "GET /page") -> Viewer:
-        """The viewer a data request is made for, once it holds `call`'s role; raises Refused
-        (401 or 403, recorded like every door's refusals) otherwise."""
+        """The viewer a data request is made for, once it holds `call`'s role; raises
+        PageRefusedError (401 or 403, recorded like every door's refusals) otherwise."""
         try:
             identity = self.identity(request)
             identity.require(_role(call), call)
-        except Denied as denied:
+        except AccessDeniedError as denied:
             if self.denials is not None:
                 self.denials.record(denied, door="page", call=call, peer=request.remote or "")
             if denied.reason.authenticated:
-                raise Refused(web.Response(status=403, text=f"{denied}\n")) from None
-            raise Refused(web.Response(status=401, text=f"{denied}\n", headers=CHALLENGE)) from None
+                raise PageRefusedError(web.Response(status=403, text=f"{denied}\n")) from None
+            raise PageRefusedError(
+                web.Response(status=401, text=f"{denied}\n", headers=CHALLENGE)
+            ) from None
         return Viewer(
             name=identity.name,
             exchanges=_role("GET /page/exchanges") in identity.roles,
@@ -103,7 +105,7 @@ class PageAccess:
         try:
             identity = self.access.policy().identify(f"Bearer {token}", None)
             identity.require(_role("GET /page"), "GET /page")
-        except Denied as denied:
+        except AccessDeniedError as denied:
             if self.denials is not None:
                 self.denials.record(denied, door="page", call="GET /page", peer=peer)
             return None

@@ -44,7 +44,7 @@ from poirotd.model import InvestigationEvent, InvestigationState
 from poirotd.observability.metrics import Metrics
 from poirotd.transports.http_server import HttpLimits, HttpServer
 from poirotd.transports.page import views
-from poirotd.transports.page.access import COOKIE, PageAccess, Refused
+from poirotd.transports.page.access import COOKIE, PageAccess, PageRefusedError
 from poirotd.transports.security.tls import ServerTls
 
 log = structlog.get_logger(__name__)
@@ -153,7 +153,7 @@ class PageHttp:
         else:
             try:
                 response = await handler(request)
-            except Refused as refused:
+            except PageRefusedError as refused:
                 response = refused.response
             except web.HTTPException as exc:  # redirects, 404: aiohttp answers them
                 _secure(exc)
@@ -169,7 +169,7 @@ class PageHttp:
 
     def _post_from_page(self, request: web.Request) -> None:
         if not self._access.same_origin(request):
-            raise Refused(
+            raise PageRefusedError(
                 self._refuse(
                     "cross_site", 403, "refused: this post does not come from the page itself"
                 )
@@ -258,7 +258,9 @@ class PageHttp:
         q = request.query
         state = q.get("state") or None
         if state is not None and state not in InvestigationState.__members__.values():
-            raise Refused(self._refuse("bad_request", 400, f"unknown state {state[:40]!r}"))
+            raise PageRefusedError(
+                self._refuse("bad_request", 400, f"unknown state {state[:40]!r}")
+            )
         component = q.get("component", "")
         try:
             found, token = await self._service.list(
@@ -269,7 +271,7 @@ class PageHttp:
                 method=q.get("method") or None,
             )
         except ServiceError as error:
-            raise Refused(self._error("page.list", error)) from None
+            raise PageRefusedError(self._error("page.list", error)) from None
         if component:
             found = [i for i in found if views.blames(i, component)][:limit]
         return [views.summary(i) for i in found], token
@@ -284,7 +286,7 @@ class PageHttp:
                 await self._service.exchanges(investigation_id) if viewer.exchanges else None
             )
         except ServiceError as error:
-            raise Refused(self._error("page.get", error)) from None
+            raise PageRefusedError(self._error("page.get", error)) from None
         messages = None
         if viewer.exchanges:
             messages, _ = await self._sessions.messages(
@@ -307,7 +309,7 @@ class PageHttp:
         self._post_from_page(request)
         self._access.viewer(request, "POST /page/confirm")
         if not self._access.confirm:
-            raise Refused(
+            raise PageRefusedError(
                 self._refuse(
                     "read_only", 403, "this page is read-only (POIROTD_PAGE_CONFIRM is off)"
                 )
@@ -317,7 +319,7 @@ class PageHttp:
             regions = [str(r) for r in body["region_ids"]]
             note, supersede = str(body.get("note", "")), bool(body.get("supersede", False))
         except (ValueError, KeyError, TypeError):
-            raise Refused(
+            raise PageRefusedError(
                 self._refuse(
                     "bad_request", 400, "expected JSON {region_ids: [...], note, supersede}"
                 )
@@ -327,7 +329,7 @@ class PageHttp:
                 request.match_info["id"], regions, note, supersede=supersede
             )
         except ServiceError as error:
-            raise Refused(self._error("page.confirm", error)) from None
+            raise PageRefusedError(self._error("page.confirm", error)) from None
         assert record.confirmed is not None, "confirm_outcome returns the confirmed record"
         return _json(
             {"confirmed": record.confirmed.model_dump(mode="json"), "newly_confirmed": changed}
@@ -348,12 +350,14 @@ class PageHttp:
         try:
             after = int(request.headers.get("Last-Event-ID") or request.query.get("after") or 0)
         except ValueError:
-            raise Refused(self._refuse("bad_request", 400, "after must be an event id")) from None
+            raise PageRefusedError(
+                self._refuse("bad_request", 400, "after must be an event id")
+            ) from None
         try:
             if investigation_id is not None:
                 await self._service.get(investigation_id)
         except ServiceError as error:
-            raise Refused(self._error("page.events", error)) from None
+            raise PageRefusedError(self._error("page.events", error)) from None
         response = web.StreamResponse(
             headers={
                 **SECURITY_HEADERS,

@@ -92,7 +92,7 @@ class DenialReason(enum.StrEnum):
         return self in (DenialReason.MISSING_ROLE, DenialReason.CLOSED)
 
 
-class Denied(Exception):
+class AccessDeniedError(Exception):
     """A refused call; the message names what is missing, never a credential."""
 
     def __init__(
@@ -306,7 +306,7 @@ class Identity:
 
     def require(self, role: Role, call: str) -> None:
         if role not in self.roles:
-            raise Denied(
+            raise AccessDeniedError(
                 DenialReason.MISSING_ROLE,
                 f"{self.name!r} may not call {call}: it needs the role {role.value!r}",
                 identity=self.name,
@@ -339,29 +339,29 @@ class AccessPolicy:
         if grants is None:
             if certificate is not None:
                 return Identity(certificate.display, frozenset(Role), "certificate")
-            raise Denied(DenialReason.NO_CREDENTIALS, "a client certificate is required")
+            raise AccessDeniedError(DenialReason.NO_CREDENTIALS, "a client certificate is required")
         if authorization is not None:
             scheme, token = authorization[: len(_BEARER)], authorization[len(_BEARER) :].strip()
             if scheme.lower() != _BEARER or not token:
-                raise Denied(
+                raise AccessDeniedError(
                     DenialReason.MALFORMED_TOKEN,
                     "the authorization metadata must be 'Bearer <token>'",
                 )
             grant = grants.tokens.get(token_hash(token))
             if grant is None:
-                raise Denied(DenialReason.UNKNOWN_TOKEN, "the bearer token is not known")
+                raise AccessDeniedError(DenialReason.UNKNOWN_TOKEN, "the bearer token is not known")
             return _identity(grant, "token")
         if certificate is not None:
             for name in certificate.names:
                 if (grant := self._certificates.get(name)) is not None:
                     return _identity(grant, "certificate")
-            raise Denied(
+            raise AccessDeniedError(
                 DenialReason.UNKNOWN_CERTIFICATE,
                 "the client certificate's names are not in the access file (only its URI and "
                 "DNS subject alternative names are read)",
                 identity=certificate.display,
             )
-        raise Denied(
+        raise AccessDeniedError(
             DenialReason.NO_CREDENTIALS,
             "no credentials: send 'authorization: Bearer <token>' or a client certificate",
         )
@@ -377,7 +377,7 @@ class _Closed(AccessPolicy):
     def identify(
         self, authorization: str | None, certificate: ClientCertificate | None
     ) -> Identity:
-        raise Denied(
+        raise AccessDeniedError(
             DenialReason.ACCESS_FILE_MISSING,
             "the daemon's access file is missing: no client is admitted until it is back",
         )

@@ -27,7 +27,7 @@ from poirotd.model import AccessDenial, Door
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
 from poirotd.transports.peers import peer_host
-from poirotd.transports.security.access import Denied
+from poirotd.transports.security.access import AccessDeniedError
 
 log = structlog.get_logger(__name__)
 
@@ -75,7 +75,7 @@ class DenialRecorder:
         self._windows: dict[_Alike, _Window] = {}
         self._pending: set[asyncio.Task[None]] = set()
 
-    def record(self, denied: Denied, *, door: Door, call: str, peer: str) -> None:
+    def record(self, denied: AccessDeniedError, *, door: Door, call: str, peer: str) -> None:
         self._metrics.auth_denials.labels(call, denied.reason.value).inc()
         denial = AccessDenial(
             at=datetime.now(UTC),

@@ -12,8 +12,8 @@ from aiohttp import web
 from poirotd.model import Door
 from poirotd.transports.security.access import (
     AccessControl,
+    AccessDeniedError,
     ClientCertificate,
-    Denied,
     Identity,
 )
 from poirotd.transports.security.denials import DenialRecorder
@@ -43,7 +43,7 @@ class HttpAccess:
                 request.headers.get("Authorization"), client_certificate(peercert)
             )
             identity.require(requirement.role, self.call)
-        except Denied as denied:
+        except AccessDeniedError as denied:
             self.denials.record(denied, door=self.door, call=self.call, peer=request.remote or "")
             if denied.reason.authenticated:
                 return web.Response(status=403, text=f"{denied}\n")

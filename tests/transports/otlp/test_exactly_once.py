@@ -18,8 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from hwbridge.broker import free_port
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import ItemKey, MessageKind
 from poirotd.transports.otlp.mapping import MappedMessage

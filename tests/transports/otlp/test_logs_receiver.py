@@ -20,8 +20,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from hwbridge.broker import free_port
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import MessageKind
 from tests.support.answers import schema_answer

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from examples import openai_v2_logs as example
-from hwbridge.broker import free_port
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import MessageKind
 from poirotd.transports.otlp.log_records import LOG_REJECT_REASONS

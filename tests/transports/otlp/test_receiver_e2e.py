@@ -22,8 +22,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 )
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from hwbridge.broker import free_port
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import Investigation, InvestigationState, MessageKind
 from poirotd.transports.otlp.mapping import REJECT_REASONS

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from hwbridge.broker import free_port
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from tests.support.answers import fill, schema_answer

@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hwbridge.broker import free_port
 from poirotd.config.settings import Settings
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.page.server import CSP
 from poirotd.transports.security.exposure import InsecureBindError, check_exposure

@@ -11,12 +11,12 @@ import structlog
 
 from poirotd.transports.security.access import (
     AccessControl,
+    AccessDeniedError,
     AccessFileError,
     AccessPolicy,
     CertificateName,
     ClientCertificate,
     DenialReason,
-    Denied,
     certificate_entry,
     load_access_file,
 )
@@ -78,11 +78,11 @@ def test_a_name_matches_only_an_entry_of_its_type(tmp_path: Path) -> None:
         ClientCertificate.of([], [CONTROL_ID]),
         ClientCertificate.of(["laptop.example"], []),
     ):
-        with pytest.raises(Denied) as denied:
+        with pytest.raises(AccessDeniedError) as denied:
             policy.identify(None, wrong)
         assert denied.value.reason is DenialReason.UNKNOWN_CERTIFICATE
     # A certificate with no URI or DNS SAN at all is a certificate, not missing credentials.
-    with pytest.raises(Denied) as denied:
+    with pytest.raises(AccessDeniedError) as denied:
         policy.identify(None, ClientCertificate(()))
     assert denied.value.reason is DenialReason.UNKNOWN_CERTIFICATE
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import grpc
 
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
 from poirotd.transports.grpc.auth import AuthInterceptor, caller

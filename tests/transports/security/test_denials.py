@@ -15,12 +15,12 @@ from poirotd.model import AccessDenial
 from poirotd.observability.metrics import Metrics
 from poirotd.store.audit import verify
 from poirotd.store.chain import encode_record
-from poirotd.transports.security.access import DenialReason, Denied
+from poirotd.transports.security.access import AccessDeniedError, DenialReason
 from poirotd.transports.security.denials import OTHER_PEERS, DenialRecorder
 from tests.support.pki import Pki, client, locked_daemon
 from tests.support.stores import StoreDb
 
-UNKNOWN_TOKEN = Denied(DenialReason.UNKNOWN_TOKEN, "the bearer token is not known")
+UNKNOWN_TOKEN = AccessDeniedError(DenialReason.UNKNOWN_TOKEN, "the bearer token is not known")
 
 
 def chained(db: StoreDb) -> list[dict[str, object]]:

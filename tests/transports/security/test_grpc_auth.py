@@ -16,8 +16,8 @@ from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from poirotd.api.client import DaemonTls, open_channel
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import DaemonTls, open_channel
 from poirotd.daemon import Daemon
 from poirotd.store.audit import verify
 from poirotd.transports.grpc.server import SERVICES

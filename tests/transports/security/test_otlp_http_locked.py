@@ -11,9 +11,9 @@ import httpx
 import pytest
 import trustme
 
-from hwbridge.broker import free_port
 from poirotd.config import Settings
 from poirotd.daemon import Daemon
+from poirotd.demo.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.security.exposure import InsecureBindError, check_exposure
 from tests.support.answers import schema_answer

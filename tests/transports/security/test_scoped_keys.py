@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from poirotd.api.client import batched
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import batched
 from poirotd.daemon import Daemon
 from tests.support.daemon import stored_messages
 from tests.support.pki import Pki, client, locked_daemon

@@ -12,7 +12,7 @@ from poirotd.config.spec import SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import Phase
 from poirotd.protocol import prompts
-from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.events import ReportFiled
 from poirotd.protocol.run import CallSite, RunContext, concurrently
 from poirotd.protocol.schemas import SelfReport, report_format
@@ -34,7 +34,7 @@ async def self_assess(
                 max_tokens=spec.protocol.report_max_tokens,
                 retries=spec.protocol.invalid_json_retries,
             )
-        except AnswerFailed as exc:
+        except AnswerFailedError as exc:
             await run.emit(ReportFiled(agent_id=agent_id, report=None, error=str(exc)))
             return None
         await run.emit(ReportFiled(agent_id=agent_id, report=filed.model_dump(mode="json")))

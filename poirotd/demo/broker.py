@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from poirotd.demo.process import free_port, stop_process
+
 # Un-acked deliveries per subscriber; hwbridge's client buffer (BrokerConfig.queue_size, 10000)
 # must stay above it or the client would drop messages.
 MAX_INFLIGHT = 1000
@@ -62,22 +64,3 @@ def wait_listening(process: subprocess.Popen[bytes], port: int) -> None:
         except OSError:
             time.sleep(0.02)
     raise RuntimeError(f"mosquitto did not listen on {port}")
-
-
-def free_port() -> int:
-    """A loopback port free right now (the caller binds it soon after; a race is possible)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
-    """SIGTERM, then SIGKILL if it has not exited within `timeout`; returns the exit code."""
-    if process.poll() is None:
-        process.terminate()
-    try:
-        return process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()

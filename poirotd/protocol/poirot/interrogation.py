@@ -30,9 +30,9 @@ from poirotd.llm.base import ChatMessage, replies_to
 from poirotd.model import ForcedBy, HazardSpace, Phase, Vote
 from poirotd.protocol import prompts
 from poirotd.protocol.aggregation import weigh
-from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.events import VoteCast
-from poirotd.protocol.peer_tools import tools_text, turn_tools, uses_tools
+from poirotd.protocol.poirot.peer_tools import tools_text, turn_tools, uses_tools
 from poirotd.protocol.run import CallSite, RunContext, concurrently
 from poirotd.protocol.schemas import (
     FREE_TEXT,
@@ -130,7 +130,7 @@ class _Interrogation:
                 return _Pending(closing_request(self._space, transcript), "context_full")
             try:
                 action, asked = await self._turn(agent_id, peers, transcript)
-            except AnswerFailed as exc:
+            except AnswerFailedError as exc:
                 return Vote(agent_id=agent_id, abstention_reason=f"turn {n}: {exc}")
             if isinstance(action, VoteAction):
                 return action.as_vote(agent_id)
@@ -188,7 +188,7 @@ class _Interrogation:
                 retries=self._limits.empty_answer_retries,
                 repair=lambda _reason: prompts.EMPTY_ANSWER_RETRY,
             )
-        except AnswerFailed as exc:
+        except AnswerFailedError as exc:
             return prompts.no_answer(peer, str(exc))
         return prompts.peer_answer(peer, answer, self._spotlight)
 
@@ -201,7 +201,7 @@ class _Interrogation:
                 max_tokens=self._limits.turn_max_tokens,
                 retries=self._limits.invalid_json_retries,
             )
-        except AnswerFailed as exc:
+        except AnswerFailedError as exc:
             return Vote(
                 agent_id=agent_id, abstention_reason=f"vote: {exc}", forced_by=pending.forced_by
             )

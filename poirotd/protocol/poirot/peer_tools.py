@@ -18,7 +18,7 @@ from poirotd.llm.base import Completion, Tool, ToolCall
 from poirotd.protocol.schemas import (
     QUESTION_MAX,
     AskAction,
-    InvalidAnswer,
+    InvalidAnswerError,
     VoteAction,
     peer_tool,
     turn_format,
@@ -53,7 +53,9 @@ class ToolFormat(Generic[T]):
         calls = completion.tool_calls
         if len(calls) != 1:
             names = ", ".join(t.name for t in self.tools)
-            raise InvalidAnswer(f"call exactly one tool ({names}); the reply called {len(calls)}")
+            raise InvalidAnswerError(
+                f"call exactly one tool ({names}); the reply called {len(calls)}"
+            )
         return self.parse(calls[0])
 
 
@@ -97,13 +99,15 @@ def turn_tools(peer_ids: Sequence[str], size: int, steps: Collection[int]) -> To
         elif call.name in asks:
             fixed = {"action": "ask", "peer": call.name}
         else:
-            raise InvalidAnswer(f"unknown tool {call.name!r}; call one of {[*asks, VOTE_TOOL]}")
+            raise InvalidAnswerError(
+                f"unknown tool {call.name!r}; call one of {[*asks, VOTE_TOOL]}"
+            )
         try:
             arguments = json.loads(call.arguments)
         except ValueError:
-            raise InvalidAnswer(f"the arguments of {call.name} are not valid JSON") from None
+            raise InvalidAnswerError(f"the arguments of {call.name} are not valid JSON") from None
         if not isinstance(arguments, dict):
-            raise InvalidAnswer(f"the arguments of {call.name} must be a JSON object")
+            raise InvalidAnswerError(f"the arguments of {call.name} must be a JSON object")
         return PeerCall(call, parse_turn(json.dumps(arguments | fixed)))
 
     return ToolFormat(tools, parse)

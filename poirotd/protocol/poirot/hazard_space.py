@@ -23,7 +23,7 @@ import structlog
 from poirotd.config.spec import SystemSpec, is_slug
 from poirotd.model import DroppedRegion, DropReason, HazardRegion, HazardSpace, Phase
 from poirotd.protocol import prompts
-from poirotd.protocol.errors import AnswerFailed
+from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.events import HazardSpaceBuilt
 from poirotd.protocol.run import CallSite, RunContext
 from poirotd.protocol.schemas import HazardSpaceAnswer, hazard_space_format
@@ -65,7 +65,7 @@ async def resolve_hazard_space(
             max_tokens=spec.protocol.hazard_space_max_tokens,
             retries=spec.protocol.invalid_json_retries,
         )
-    except AnswerFailed as exc:
+    except AnswerFailedError as exc:
         log.warning(
             "hazard space from the LLM invalid; using the spec's declared regions",
             system=spec.system.name,

@@ -1,7 +1,7 @@
 """The client SDK: record what a multi-agent system says and measures, ask for investigations and
 follow them, confirm their outcome. `AsyncClient` for asyncio code, `Client` (blocking) for the
 rest; both speak the daemon's gRPC API (proto/poirot/v1/poirot.proto) through the wire-level
-`poirotd.api.client.PoirotClient` (whose `trigger`, `get`, `watch` and `confirm` they offer),
+`poirotd.client.wire.PoirotClient` (whose `trigger`, `get`, `watch` and `confirm` they offer),
 and answer with its protobuf messages.
 
     with Client("127.0.0.1:50051", system="clinic") as poirot:
@@ -14,6 +14,10 @@ and answer with its protobuf messages.
 `record` returns once the daemon has the items durably. A message without an `index` is
 numbered by the daemon after its session's last; a refused item raises grpc.aio.AioRpcError
 naming it (what came before it is stored).
+
+The package is every connection a user of poirotd opens: this SDK, the wire-level client
+(`wire`), and the TLS (`tls`) and secrets (`secrets`) of the connections poirotd and hwbridge
+open to a broker or an LLM server.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from poirotd.api import convert
-from poirotd.api.client import PoirotClient
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.client.wire import PoirotClient
 from poirotd.model import AgentMessage, MessageKind, Session, SessionEnd, TelemetrySample
 
 T = TypeVar("T")
