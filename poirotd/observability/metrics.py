@@ -12,6 +12,8 @@ from poirotd.protocol.injection import FINDING_KINDS
 
 _PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# Wall time over the model-time floor: 1 is the ideal, the target is at most 1.1.
+_FLOOR_RATIO_BUCKETS = (1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10, 30)
 HTTP_DOORS = ("metrics", "otlp_http")
 # Why an HTTP door refused a connection (poirotd.transports.http_server).
 HTTP_REFUSALS = ("too_many_connections", "too_many_peer_connections", "request_deadline")
@@ -109,6 +111,14 @@ class Metrics:
             "Time from start to attribution (or failure)",
             ["system", "outcome"],
             buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.wall_floor_ratio = Histogram(
+            "poirot_investigation_wall_floor_ratio",
+            "A successful investigation's wall time over its model-time floor (the critical "
+            "path of dependent LLM calls at the speeds its calls showed)",
+            ["system"],
+            buckets=_FLOOR_RATIO_BUCKETS,
             registry=r,
         )
         self.votes = Counter(
