@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMPS := .stamps
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint proto bench-tta clean
+.PHONY: demo test test-fast lint proto bench-tta bench-gpu clean
 
 demo: $(STAMPS)/python-deps $(STAMPS)/system-deps
 	$(BIN)/poirotd demo
@@ -53,6 +53,13 @@ $(STAMPS)/system-deps:
 # The cases come from POIROTD_EVAL_DATA, the data folder holding whowhen/ (README.md: Evaluation).
 bench-tta: $(STAMPS)/python-deps
 	$(BIN)/python -m bench.tta
+
+# Every method over every benchmark against a vLLM server (docs/bench-gpu.md); run it again to
+# resume. E.g. make bench-gpu VLLM_URL=http://gpu-host:8000/v1 MODEL=Qwen/Qwen2.5-7B-Instruct
+BENCH_GPU_ARGS ?=
+bench-gpu: $(STAMPS)/python-deps
+	@test -n "$(VLLM_URL)" -a -n "$(MODEL)" || { echo "usage: make bench-gpu VLLM_URL=... MODEL=..."; exit 2; }
+	$(BIN)/python -m bench.gpu --base-url "$(VLLM_URL)" --model "$(MODEL)" $(BENCH_GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache
