@@ -87,14 +87,16 @@ def _cost(call: CallTiming, prefill: float, decode: float) -> float:
 
 
 def _critical_path(calls: Sequence[CallTiming], cost: dict[int, float]) -> list[CallTiming]:
-    """The costliest chain of dependent calls (the graph is acyclic: a call waits only for
-    calls made before it, so seq order is a topological order)."""
+    """The costliest chain of dependent calls, the longer one where costs tie (calls too fast
+    to measure). A call waits only for calls made before it, so seq order is a topological
+    order of the graph."""
     by_seq = {c.seq: c for c in calls}
-    best: dict[int, tuple[float, int | None]] = {}
+    # Per call: (cost of the best chain ending with it, its length), and the call before it.
+    best: dict[int, tuple[tuple[float, int], int | None]] = {}
     for call in sorted(calls, key=lambda c: c.seq):
         before = [(best[s][0], s) for s in call.after if s in best]
-        total, parent = max(before, default=(0.0, None))
-        best[call.seq] = (total + cost[call.seq], parent)
+        (total, length), parent = max(before, default=((0.0, 0), None))
+        best[call.seq] = ((total + cost[call.seq], length + 1), parent)
     seq: int | None = max(best, key=lambda s: best[s][0])
     path = []
     while seq is not None:
