@@ -68,10 +68,17 @@ def server_facts(base_url: str, model: str, gpu: str) -> dict[str, Any]:
     }
 
 
+# The run directory of a fault campaign's cases (--cases-folder), beside the datasets'.
+CAMPAIGN = "campaign"
+
+
 def eval_command(dataset: str, method: str, out: Path, args: argparse.Namespace) -> list[str]:
+    """`dataset`: a DATASETS key, or CAMPAIGN for the one-case files of --cases-folder (read by
+    `poirotd eval run --cases`, which `poirotd campaign` writes its cases for)."""
+    selected = ("--cases", str(args.cases_folder)) if dataset == CAMPAIGN else DATASETS[dataset]
     command = [
         sys.executable, "-m", "poirotd", "eval", "run",
-        *DATASETS[dataset],
+        *selected,
         "--method", method,
         "--out", str(out),
         "--data-dir", str(args.data),
@@ -94,7 +101,7 @@ def run_all(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     facts = server_facts(args.base_url, args.model, args.gpu)
     (args.out / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
     ran = []
-    for dataset in args.datasets:
+    for dataset in [*args.datasets, *([CAMPAIGN] if args.cases_folder else [])]:
         for method in args.methods:
             out = args.out / dataset / method
             print(f"== {dataset} / {method} -> {out}", flush=True)
@@ -147,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("json_schema", "json_object"),
         default="json_schema",
         help="json_schema for vLLM, json_object for llama.cpp's server",
+    )
+    parser.add_argument(
+        "--cases-folder",
+        type=Path,
+        help="also run a fault campaign's cases (one-case JSON files, `poirotd campaign`)",
     )
     parser.add_argument("--gpu", default="", help="the GPU, as nvidia-smi names it")
     args = parser.parse_args(argv)
