@@ -6,7 +6,7 @@ STAMPS := .stamps
 PHOENIX_VENV := .venv-phoenix
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint docs docs-reference proto bench-tta clean
+.PHONY: demo test test-fast lint docs docs-reference proto bench-tta bench-gpu clean
 
 demo: $(STAMPS)/python-deps $(STAMPS)/system-deps
 	$(BIN)/poirotd demo
@@ -80,6 +80,13 @@ $(STAMPS)/phoenix-venv: tests/support/phoenix-requirements.txt
 # The cases come from POIROTD_EVAL_DATA, the data folder holding whowhen/ (README.md: Evaluation).
 bench-tta: $(STAMPS)/python-deps
 	$(BIN)/python -m bench.tta
+
+# Every method over every benchmark against a vLLM server (docs/bench-gpu.md); run it again to
+# resume. E.g. make bench-gpu VLLM_URL=http://gpu-host:8000/v1 MODEL=Qwen/Qwen2.5-7B-Instruct
+BENCH_GPU_ARGS ?=
+bench-gpu: $(STAMPS)/python-deps
+	@test -n "$(VLLM_URL)" -a -n "$(MODEL)" || { echo "usage: make bench-gpu VLLM_URL=... MODEL=..."; exit 2; }
+	$(BIN)/python -m bench.gpu --base-url "$(VLLM_URL)" --model "$(MODEL)" $(BENCH_GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) $(PHOENIX_VENV) $(STAMPS) .pytest_cache .mypy_cache .ruff_cache site

@@ -458,6 +458,10 @@ class Run:
     truth: str = ""
     error: str = ""
     calls: list[Call] = field(default_factory=list)
+    # poirotd's model-time floor (the critical path of dependent calls at the speeds its calls
+    # showed, ModelTime) and that path's length; 0 for the library and for a failed run.
+    floor_seconds: float = 0.0
+    critical_path_calls: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -505,6 +509,8 @@ async def run_poirotd(case: Case, base_url: str, max_tokens: int, run: Run) -> N
         await backend.aclose()
     run.valid_votes = sum(not v.abstained for v in outcome.votes)
     run.attributed = [outcome.hazard_space.regions[i].id for i in outcome.attribution.top]
+    run.floor_seconds = outcome.model_time.floor_seconds
+    run.critical_path_calls = outcome.model_time.critical_path_calls
 
 
 def run_library(case: Case, base_url: str, max_tokens: int, run: Run, logs: Path) -> None:
@@ -692,6 +698,16 @@ class Sitting:
         return f"{self.started:%Y-%m-%d %H:%M} UTC, commit {self.commit}: {ran}{note}."
 
 
+def floor_text(run: Run) -> str:
+    """poirotd's wall time against its model-time floor, when it has one."""
+    if not run.floor_seconds:
+        return ""
+    return (
+        f" (floor {run.floor_seconds:.0f} s over {run.critical_path_calls} calls, "
+        f"{run.seconds / run.floor_seconds:.2f}x)"
+    )
+
+
 def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) -> str:
     """The BENCHMARKS.md section: the figures, per case, then how they were measured.
     `sittings`: when each invocation that added runs started (a resumed run has several)."""
@@ -735,7 +751,7 @@ def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) ->
         attributed = f"none: {r.error[:60]}" if r.error else ", ".join(r.attributed)
         per_case.append(
             f"| {r.case_id} | {r.agents} / {r.regions} | {r.side} "
-            f"| {'≥ ' if r.error else ''}{r.seconds:.0f} s "
+            f"| {'≥ ' if r.error else ''}{r.seconds:.0f} s{floor_text(r)} "
             f"| {len(r.calls)} | {r.prompt_tokens:,} / {_count(r.evaluated)} "
             f"| {r.completion_tokens:,} | {r.valid_votes}/{r.agents} | {attributed} ({r.truth}) |"
         )
@@ -789,6 +805,10 @@ Sittings (a resumed run has several; each case's two sides ran back to back in o
 - **Time to attribution.** poirotd: `InvestigationEngine.run` in this process, from its start to
   the attribution (the daemon's store and gRPC around it are not included). Library: its
   `run_poirot_from_agents` call, timed inside its driver process (not its imports).
+- **Model-time floor.** Beside poirotd's TTA: the critical path of its LLM calls (the longest
+  chain of calls each waiting for the one before) at the prefill and decode speeds its own calls
+  showed (the record's `model_time`), and the TTA over it; the server runs one call at a time,
+  so concurrent agents queue and the TTA stays above the floor by their queueing.
 - **Calls and tokens.** A recording reverse proxy sits between each client and the server and
   takes prompt and completion tokens from each response's `usage`. The server does not report
   cached tokens (`prompt_tokens_details` is absent), so "evaluated" is what llama.cpp's own

@@ -394,6 +394,27 @@ class LLMUsage(Frozen):
     completion_tokens: int = 0
 
 
+class ModelTime(Frozen):
+    """How long the model kept an investigation waiting, against the least it could have.
+
+    `busy_seconds` is the union of the calls' intervals; the critical path is the longest chain
+    of calls each waiting for the one before (phases in order, each agent's calls in turn);
+    `floor_seconds` is what that chain costs at the speeds measured on this run's own calls
+    (uncached prompt tokens at the prefill speed, generated tokens at the decode speed): no
+    scheduling of the same calls on the same backend finishes sooner. Zero speeds: too few
+    calls to measure them.
+    """
+
+    wall_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    critical_path_calls: int = 0
+    critical_path_prompt_tokens: int = 0
+    critical_path_completion_tokens: int = 0
+    prefill_tokens_per_second: float = 0.0
+    decode_tokens_per_second: float = 0.0
+    floor_seconds: float = 0.0
+
+
 class ConfirmedOutcome(Frozen):
     """What control software confirmed truly caused an investigated incident (ground truth)."""
 
@@ -545,6 +566,8 @@ class Investigation(Frozen):
     phases: tuple[PhaseTiming, ...] = ()
     error: str = ""
     usage: LLMUsage = LLMUsage()
+    # The model's busy time, critical path and the floor it implies (None until a run ends).
+    model_time: ModelTime | None = None
     # What the context-budget policy cut so the prompts fit (empty: nothing was cut).
     context_cuts: tuple[ContextCut, ...] = ()
     # Signs of a prompt-injection attempt in what the prompts quote ("message #3: role_forgery"):

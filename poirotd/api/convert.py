@@ -344,6 +344,8 @@ def investigation(inv: Investigation, exchanges: Sequence[LLMExchange] = ()) -> 
         message.attribution.CopyFrom(attribution(inv.attribution))
     if inv.waiting_for_model_since is not None:
         message.waiting_for_model_since.CopyFrom(timestamp(inv.waiting_for_model_since))
+    if inv.model_time is not None:
+        message.model_time.CopyFrom(pb.ModelTime(**inv.model_time.model_dump()))
     return message
 
 

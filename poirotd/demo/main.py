@@ -101,6 +101,19 @@ def describe_event(event: pb.InvestigationEvent) -> str:
     return f"[red]interrupted[/]: {event.interrupted.reason}"
 
 
+def model_time_line(timed: pb.ModelTime) -> str:
+    """Wall time against the model-time floor (the critical path of dependent calls)."""
+    ratio = timed.wall_seconds / timed.floor_seconds if timed.floor_seconds else float("nan")
+    return (
+        f"wall {timed.wall_seconds:.1f} s, model busy {timed.busy_seconds:.1f} s, "
+        f"floor {timed.floor_seconds:.1f} s (wall/floor {ratio:.2f}): critical path of "
+        f"{timed.critical_path_calls} calls, {timed.critical_path_prompt_tokens} prompt tokens "
+        f"at {timed.prefill_tokens_per_second:.0f} tok/s, "
+        f"{timed.critical_path_completion_tokens} generated at "
+        f"{timed.decode_tokens_per_second:.1f} tok/s"
+    )
+
+
 def attribution_table(investigation: pb.Investigation) -> Table:
     a = investigation.attribution
     table = Table(title=f"Attribution ({a.rule}, beta={a.beta})")
@@ -202,6 +215,8 @@ def run_demo(workdir: Path | None) -> int:
                 f"prompt tokens {investigation.prompt_tokens}, "
                 f"completion tokens {investigation.completion_tokens}"
             )
+            if investigation.HasField("model_time"):
+                console.print(model_time_line(investigation.model_time))
             console.print("[bold]poirot_ metrics:[/]")
             for line in _poirot_metric_lines(daemon.metrics_url):
                 console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -156,6 +156,11 @@ class InvestigationRecorder:
         if self.record.degraded_reason:
             self._metrics.investigations_degraded.labels(self._system).inc()
         self._count_vote_components(outcome.hazard_space, outcome.votes)
+        timed = outcome.model_time
+        if timed.floor_seconds > 0:
+            self._metrics.wall_floor_ratio.labels(self._system).observe(
+                timed.wall_seconds / timed.floor_seconds
+            )
         self._metrics.record_attribution(
             region_ids, outcome.attribution.scores, outcome.attribution.top
         )
@@ -323,6 +328,7 @@ def succeeded_record(record: Investigation, outcome: ProtocolOutcome) -> Investi
             "attribution": outcome.attribution,
             "phases": tuple(outcome.phases),
             "usage": outcome.usage,
+            "model_time": outcome.model_time,
             "degraded_reason": degraded_reason(outcome),
             "findings": outcome.findings,
         }

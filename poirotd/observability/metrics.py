@@ -16,6 +16,8 @@ HTTP_DOORS = ("metrics", "otlp_http", "page")
 # Why the page refused a request it could read (poirotd.transports.page): a post from another
 # site, a Host that is not its own, a request it cannot use, a confirmation it is not set to take.
 PAGE_REFUSALS = ("cross_site", "unknown_host", "bad_request", "read_only")
+# Wall time over the model-time floor: 1 is the ideal, the target is at most 1.1.
+_FLOOR_RATIO_BUCKETS = (1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10, 30)
 # Why an HTTP door refused a connection (poirotd.transports.http_server).
 HTTP_REFUSALS = ("too_many_connections", "too_many_peer_connections", "request_deadline")
 # What became of an attribution offered to the OTLP exporter (poirotd.exporters.exporter), and
@@ -116,6 +118,14 @@ class Metrics:
             "Time from start to attribution (or failure)",
             ["system", "outcome"],
             buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.wall_floor_ratio = Histogram(
+            "poirot_investigation_wall_floor_ratio",
+            "A successful investigation's wall time over its model-time floor (the critical "
+            "path of dependent LLM calls at the speeds its calls showed)",
+            ["system"],
+            buckets=_FLOOR_RATIO_BUCKETS,
             registry=r,
         )
         self.votes = Counter(

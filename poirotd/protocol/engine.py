@@ -23,6 +23,7 @@ from poirotd.model import (
     HazardSpace,
     InvestigationMethod,
     LLMUsage,
+    ModelTime,
     Phase,
     PhaseTiming,
     Reading,
@@ -51,6 +52,8 @@ class ProtocolOutcome(Frozen):
     attribution: Attribution
     phases: tuple[PhaseTiming, ...]
     usage: LLMUsage
+    # The model's busy time and critical path against the run's wall time (model_time.py).
+    model_time: ModelTime = ModelTime()
     # True when the LLM-token budget ran out: later calls were not made (missing answers are
     # abstentions and absent reports saying so).
     budget_spent: bool = False
@@ -151,6 +154,7 @@ class InvestigationEngine:
             attribution=result.attribution,
             phases=run.timings(),
             usage=run.usage,
+            model_time=run.model_time(),
             budget_spent=run.budget_spent,
             findings=result.findings,
             lacks=result.lacks,

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from poirotd.llm.base import (
     replies_to,
 )
 from poirotd.llm.control_tokens import BUILT_IN, ControlTokens
-from poirotd.model import AgentMessage, LLMExchange, LLMUsage, Phase, PhaseTiming
+from poirotd.model import AgentMessage, LLMExchange, LLMUsage, ModelTime, Phase, PhaseTiming
 from poirotd.protocol import prompts
 from poirotd.protocol.context_budget import fit_view
 from poirotd.protocol.errors import AnswerFailedError, ModelUnavailableError
@@ -41,6 +42,7 @@ from poirotd.protocol.events import (
     ProtocolEvent,
     TokenBudgetSpent,
 )
+from poirotd.protocol.model_time import CallTiming, model_time
 from poirotd.protocol.poirot.peer_tools import ToolFormat
 from poirotd.protocol.schemas import AnswerFormat, InvalidAnswerError
 
@@ -53,6 +55,10 @@ EventSink = Callable[[ProtocolEvent], Awaitable[None]]
 BUDGET_SPENT = "token_budget"
 # Failures the same request would meet again: retrying only spends time.
 _NOT_RETRIED = frozenset({"context_exceeded", "bad_request", BUDGET_SPENT})
+# The calls the code path running now last made (their RunContext seq): what its next call waits
+# for. asyncio gives each task a copy, so concurrent branches extend their own; `concurrently`
+# joins them. It is how the record learns which calls depend on which (model_time.py).
+_last_calls: ContextVar[tuple[int, ...]] = ContextVar("poirotd_last_calls", default=())
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,9 @@ class RunContext:
         self.budget_spent = False
         self._started: dict[Phase, float] = {}
         self._seconds: dict[Phase, float] = {}
+        self._begun = time.monotonic()
+        self._calls: list[CallTiming] = []
+        _last_calls.set(())
 
     # -------------------------------------------------------------- phases
 
@@ -111,6 +120,10 @@ class RunContext:
     @property
     def usage(self) -> LLMUsage:
         return self._usage
+
+    def model_time(self) -> ModelTime:
+        """The model's busy time and critical path so far, against the run's wall time."""
+        return model_time(self._calls, time.monotonic() - self._begun)
 
     # -------------------------------------------------------------- context budget
 
@@ -283,6 +296,19 @@ class RunContext:
     ) -> None:
         prompt = completion.prompt_tokens if completion else 0
         generated = completion.completion_tokens if completion else 0
+        cached = completion.cached_tokens if completion else None
+        seq = len(self._calls)
+        self._calls.append(
+            CallTiming(
+                seq=seq,
+                after=_last_calls.get(),
+                uncached_prompt_tokens=max(0, prompt - (cached or 0)),
+                completion_tokens=generated,
+                start=start,
+                end=time.monotonic(),
+            )
+        )
+        _last_calls.set((seq,))
         self._usage = LLMUsage(
             calls=self._usage.calls + 1,
             prompt_tokens=self._usage.prompt_tokens + prompt,
@@ -298,7 +324,7 @@ class RunContext:
             error_reason=error.reason if error else "",
             prompt_tokens=prompt,
             completion_tokens=generated,
-            cached_tokens=completion.cached_tokens if completion else None,
+            cached_tokens=cached,
             seconds=time.monotonic() - start,
             at=at,
         )
@@ -319,10 +345,18 @@ def _audited(message: ChatMessage) -> dict[str, str]:
 
 async def concurrently(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
     """Run coroutines at once, results in order. The first failure cancels the others (no LLM
-    calls left running) and is re-raised as itself rather than as an ExceptionGroup."""
+    calls left running) and is re-raised as itself rather than as an ExceptionGroup. The calls
+    made after it wait for the last calls of every branch (`_last_calls`)."""
+
+    async def branch(coro: Coroutine[Any, Any, T]) -> tuple[T, tuple[int, ...]]:
+        return await coro, _last_calls.get()
+
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(c) for c in coros]
+            tasks = [group.create_task(branch(c)) for c in coros]
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0] from failed
-    return [t.result() for t in tasks]
+    ended = [t.result() for t in tasks]
+    if ended:
+        _last_calls.set(tuple(sorted({seq for _, last in ended for seq in last})))
+    return [result for result, _ in ended]

@@ -526,6 +526,9 @@ async def test_trigger_chooses_the_method(daemon: Daemon, client: PoirotClient) 
     assert record.state == pb.INVESTIGATION_STATE_SUCCEEDED
     assert record.attribution.rule == "baseline"
     assert record.llm_calls == 2  # Phase I builds the hazard space, then the one baseline call
+    # The baseline call waits for the hazard space: a chain of both, all the model's time.
+    assert record.model_time.critical_path_calls == 2
+    assert record.model_time.wall_seconds >= record.model_time.busy_seconds > 0
     (vote,) = record.votes
     assert vote.agent_id == "" and vote.HasField("step") and record.attribution.step == vote.step
     assert not record.context_cuts

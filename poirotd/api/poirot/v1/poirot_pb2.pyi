@@ -1501,6 +1501,7 @@ class Investigation(_message.Message):
     WAITING_FOR_MODEL_SINCE_FIELD_NUMBER: _builtins.int
     CANARY_FIELD_NUMBER: _builtins.int
     CANARY_LABEL_FIELD_NUMBER: _builtins.int
+    MODEL_TIME_FIELD_NUMBER: _builtins.int
     investigation_id: _builtins.str
     system: _builtins.str
     session_id: _builtins.str
@@ -1591,6 +1592,10 @@ class Investigation(_message.Message):
 
     @_builtins.property
     def canary_label(self) -> Global___CanaryLabel: ...
+    @_builtins.property
+    def model_time(self) -> Global___ModelTime:
+        """The model's busy time and critical path against the wall time (unset until a run succeeds)."""
+
     def __init__(
         self,
         *,
@@ -1627,10 +1632,11 @@ class Investigation(_message.Message):
         waiting_for_model_since: _timestamp_pb2.Timestamp | None = ...,
         canary: _builtins.bool = ...,
         canary_label: Global___CanaryLabel | None = ...,
+        model_time: Global___ModelTime | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "canary_label", b"canary_label", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "trigger", b"trigger", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "canary_label", b"canary_label", "confirmed", b"confirmed", "created_at", b"created_at", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "model_time", b"model_time", "trigger", b"trigger", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "canary", b"canary", "canary_label", b"canary_label", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attribution", b"attribution", "betas", b"betas", "canary", b"canary", "canary_label", b"canary_label", "coalesced", b"coalesced", "coalesced_omitted", b"coalesced_omitted", "completion_tokens", b"completion_tokens", "confirmed", b"confirmed", "context_cuts", b"context_cuts", "created_at", b"created_at", "degraded_reason", b"degraded_reason", "error", b"error", "exchanges", b"exchanges", "findings_json", b"findings_json", "finished_at", b"finished_at", "hazard_space", b"hazard_space", "incident", b"incident", "injection_findings", b"injection_findings", "investigation_id", b"investigation_id", "llm_calls", b"llm_calls", "method", b"method", "model_time", b"model_time", "phases", b"phases", "prompt_tokens", b"prompt_tokens", "reason", b"reason", "reports", b"reports", "requested_by", b"requested_by", "session_id", b"session_id", "state", b"state", "superseded", b"superseded", "system", b"system", "trigger", b"trigger", "votes", b"votes", "waiting_for_model_since", b"waiting_for_model_since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1665,6 +1671,53 @@ class CanaryLabel(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CanaryLabel: _TypeAlias = CanaryLabel  # noqa: Y015
+
+@_typing.final
+class ModelTime(_message.Message):
+    """How long the model kept an investigation waiting, against the least it could have: the
+    critical path is the longest chain of LLM calls each waiting for the one before, and the floor
+    what that chain costs at the prefill and decode speeds the run's own calls showed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WALL_SECONDS_FIELD_NUMBER: _builtins.int
+    BUSY_SECONDS_FIELD_NUMBER: _builtins.int
+    CRITICAL_PATH_CALLS_FIELD_NUMBER: _builtins.int
+    CRITICAL_PATH_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CRITICAL_PATH_COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    PREFILL_TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    DECODE_TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    FLOOR_SECONDS_FIELD_NUMBER: _builtins.int
+    wall_seconds: _builtins.float
+    busy_seconds: _builtins.float
+    """The union of the calls' intervals."""
+    critical_path_calls: _builtins.int
+    critical_path_prompt_tokens: _builtins.int
+    """Prompt tokens the server evaluated (less those its prefix cache held) along the path."""
+    critical_path_completion_tokens: _builtins.int
+    prefill_tokens_per_second: _builtins.float
+    decode_tokens_per_second: _builtins.float
+    floor_seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        wall_seconds: _builtins.float = ...,
+        busy_seconds: _builtins.float = ...,
+        critical_path_calls: _builtins.int = ...,
+        critical_path_prompt_tokens: _builtins.int = ...,
+        critical_path_completion_tokens: _builtins.int = ...,
+        prefill_tokens_per_second: _builtins.float = ...,
+        decode_tokens_per_second: _builtins.float = ...,
+        floor_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_seconds", b"busy_seconds", "critical_path_calls", b"critical_path_calls", "critical_path_completion_tokens", b"critical_path_completion_tokens", "critical_path_prompt_tokens", b"critical_path_prompt_tokens", "decode_tokens_per_second", b"decode_tokens_per_second", "floor_seconds", b"floor_seconds", "prefill_tokens_per_second", b"prefill_tokens_per_second", "wall_seconds", b"wall_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelTime: _TypeAlias = ModelTime  # noqa: Y015
 
 @_typing.final
 class CoalescedTrigger(_message.Message):
