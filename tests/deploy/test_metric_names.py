@@ -100,7 +100,8 @@ async def test_the_exported_names_follow_the_prometheus_conventions(
             problems.append(f"{name}: not in a base unit (seconds, bytes, ratios)")
         if family.type in ("gauge", "histogram") and name.endswith(_FORMAT_SUFFIXES):
             problems.append(f"{name}: a {family.type} named with a suffix the format reserves")
-        if family.type == "histogram" and not name.endswith(("_seconds", "_bytes")):
+        # A ratio is unitless; Prometheus names it _ratio (the wall-time-over-floor histogram).
+        if family.type == "histogram" and not name.endswith(("_seconds", "_bytes", "_ratio")):
             problems.append(f"{name}: a histogram without its unit")
         if ("timestamp" in name or "duration" in name) and not name.endswith("_seconds"):
             problems.append(f"{name}: a time not in seconds")
