@@ -231,7 +231,7 @@ def recorded_votes() -> list[tuple[str, str]]:
 
 def test_recorded_votes_are_judged_alike_by_poirotd_and_both_engines() -> None:
     votes = recorded_votes()
-    assert len(votes) >= 5
+    assert len(votes) >= 4  # the four votes of CORTEX run 182
     taken = 0
     for where, text in votes:
         answer = json.loads(re.search(r"\{.*\}", text, re.DOTALL).group(0))  # type: ignore[union-attr]
@@ -241,18 +241,22 @@ def test_recorded_votes_are_judged_alike_by_poirotd_and_both_engines() -> None:
         fmt.parse(text)
         for engine in engines():
             assert not engine.compile(fmt.schema).accepts(text), where
-        # The JSON alone, with the step poirotd's schema asks for.
+        # The JSON alone, with the step poirotd's schema asks for; then with the justification
+        # cut to the schema's bound (Gemini's run past it), which both engines must let through.
         stepped = plain(answer | {"step": None})
-        allowed = valid(fmt.schema, stepped)
-        taken += allowed
-        for candidate in texts(stepped):
-            fmt.parse(candidate)
-            for engine in engines():
-                assert engine.compile(fmt.schema).accepts(candidate) == allowed, (
-                    where,
-                    engine.name,
-                )
-    assert taken > 0
+        bound = fmt.schema["properties"]["justification"]["maxLength"]
+        cut = stepped | {"justification": stepped["justification"][:bound]}
+        for value in (stepped, cut):
+            allowed = valid(fmt.schema, value)
+            taken += allowed
+            for candidate in texts(value):
+                fmt.parse(candidate)
+                for engine in engines():
+                    assert engine.compile(fmt.schema).accepts(candidate) == allowed, (
+                        where,
+                        engine.name,
+                    )
+    assert taken >= len(votes)
 
 
 def test_what_the_engines_make_a_model_write() -> None:

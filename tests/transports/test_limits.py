@@ -335,6 +335,7 @@ class Blackhole:
         self._port = port
         self._cut = False
         self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[int]:
@@ -346,12 +347,16 @@ class Blackhole:
             for pipe in self._pipes:
                 pipe.cancel()
             await asyncio.gather(*self._pipes, return_exceptions=True)
+            for writer in self._writers:  # both ends of every connection it held
+                writer.close()
+            await asyncio.gather(*(w.wait_closed() for w in self._writers), return_exceptions=True)
 
     def cut(self) -> None:
         self._cut = True
 
     async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._port)
+        self._writers += [writer, upstream_writer]
         for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
             pipe = asyncio.create_task(self._pipe(source, sink))
             self._pipes.add(pipe)
