@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 import yaml
-from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from poirot_eval.cases import Benchmark, Dataset, EvalCase
+from poirot_eval.llm_options import (
+    BaseUrlOption,
+    ContextTokensOption,
+    ModelOption,
+    ModelPathOption,
+    StructuredOutputOption,
+    ThreadsOption,
+    llm_spec,
+)
 from poirot_eval.poirot_runs import Reaggregation, ZeroPosition
 from poirot_eval.whowhen import SUBSETS, Subset
 from poirotd.cli.connection import DEFAULT_TARGET, TargetOption, refused
-from poirotd.config import LLMSpec, OpenAILLMSpec
-from poirotd.llm import LLMError
+from poirotd.config import OpenAILLMSpec
 from poirotd.model import InvestigationMethod
 
 app = typer.Typer(
@@ -93,24 +100,12 @@ def run_command(
     ] = None,
     offset: Annotated[int, typer.Option(min=0, help="skip this many selected cases")] = 0,
     limit: Annotated[int | None, typer.Option(min=1, help="at most this many cases")] = None,
-    model_path: Annotated[
-        Path | None, typer.Option(help="embedded: GGUF file (default: the shipped SmolLM2-135M)")
-    ] = None,
-    context_tokens: Annotated[
-        int | None, typer.Option(min=512, help="context window (default: the backend's)")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="embedded: CPU threads")] = None,
-    base_url: Annotated[
-        list[str] | None,
-        typer.Option(help="OpenAI-compatible server (vLLM); repeat to fail over; needs --model"),
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="the served model's name")] = None,
-    structured_output: Annotated[
-        Literal["json_schema", "json_object"],
-        typer.Option(
-            help="server: json_schema (vLLM, OpenAI) or json_object (llama.cpp's server)",
-        ),
-    ] = "json_schema",
+    model_path: ModelPathOption = None,
+    context_tokens: ContextTokensOption = None,
+    threads: ThreadsOption = None,
+    base_url: BaseUrlOption = None,
+    model: ModelOption = None,
+    structured_output: StructuredOutputOption = "json_schema",
     case_timeout: Annotated[
         float | None, typer.Option(min=1, help="seconds a case may take (default: no limit)")
     ] = None,
@@ -146,7 +141,7 @@ def run_command(
     from poirot_eval.selection import read_case_folder, select_cases
     from poirotd.observability import logs
 
-    llm = _llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
+    llm = llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
     if concurrency > 1 and not isinstance(llm, OpenAILLMSpec):
         typer.echo(
             "--concurrency needs a server backend (--base-url): the embedded model answers one "
@@ -378,41 +373,6 @@ def _with_subset(dataset: Benchmark, subset: Subset | None) -> Benchmark:
     if dataset != "whowhen":
         raise typer.BadParameter("only --dataset whowhen has subsets", param_hint="--subset")
     return SUBSETS[subset]
-
-
-def _llm_spec(
-    model_path: Path | None,
-    context_tokens: int | None,
-    threads: int | None,
-    base_urls: list[str] | None,
-    model: str | None,
-    structured_output: str,
-) -> LLMSpec:
-    """An OpenAI-compatible server when --base-url is given, else the embedded model."""
-    fields: dict[str, object] = {}
-    if context_tokens is not None:
-        fields["context_tokens"] = context_tokens
-    if base_urls:
-        if model is None:
-            raise typer.BadParameter("--base-url needs --model", param_hint="--model")
-        fields |= {
-            "backend": "openai",
-            "base_urls": base_urls,
-            "model": model,
-            "structured_output": structured_output,
-        }
-    else:
-        fields |= {"backend": "embedded", "model_path": model_path, "threads": threads}
-    try:
-        if fields["backend"] == "embedded" and model_path is None:
-            # Named in full, so run.json and every result line say which file answered.
-            from poirotd.llm.embedded import default_model_path
-
-            fields["model_path"] = default_model_path()
-        return TypeAdapter(LLMSpec).validate_python(fields)
-    except (LLMError, ValidationError) as exc:
-        typer.echo(f"invalid LLM options: {exc}", err=True)
-        raise typer.Exit(2) from exc
 
 
 @replay_app.command()

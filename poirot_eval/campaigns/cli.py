@@ -6,9 +6,19 @@ import asyncio
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from poirot_eval.llm_options import (
+    BaseUrlOption,
+    ContextTokensOption,
+    ModelOption,
+    ModelPathOption,
+    StructuredOutputOption,
+    ThreadsOption,
+    llm_spec,
+)
 
 if TYPE_CHECKING:
     # Imported where used: `poirotd eval ...` and `replay` load this module too.
@@ -79,29 +89,18 @@ def run_command(
         Path,
         typer.Option(envvar="POIROTD_EVAL_DATA", help="the data folder, for DATASET:CASE_ID"),
     ] = Path("data"),
-    model_path: Annotated[
-        Path | None, typer.Option(help="embedded: GGUF file (default: the shipped SmolLM2-135M)")
-    ] = None,
-    context_tokens: Annotated[
-        int | None, typer.Option(min=512, help="context window (default: the backend's)")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="embedded: CPU threads")] = None,
-    base_url: Annotated[
-        list[str] | None,
-        typer.Option(help="OpenAI-compatible server (vLLM); repeat to fail over; needs --model"),
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="the served model's name")] = None,
-    structured_output: Annotated[
-        Literal["json_schema", "json_object"],
-        typer.Option(help="server: json_schema (vLLM, OpenAI) or json_object (llama.cpp's)"),
-    ] = "json_schema",
+    model_path: ModelPathOption = None,
+    context_tokens: ContextTokensOption = None,
+    threads: ThreadsOption = None,
+    base_url: BaseUrlOption = None,
+    model: ModelOption = None,
+    structured_output: StructuredOutputOption = "json_schema",
 ) -> None:
     """Apply every fault of PLAN_FILE to every source session; keep the variants whose hazard
     fires (and not on the source), count the others by reason. The LLM (embedded by default)
     is loaded only when the plan has LLM faults or follow_up: reenact."""
     from poirot_eval.campaigns.plan import read_plan
     from poirot_eval.case_files import CaseFileError
-    from poirot_eval.cli import _llm_spec
 
     try:
         plan = read_plan(plan_file)
@@ -117,7 +116,7 @@ def run_command(
         raise typer.Exit(2)
     needs_llm = plan.follow_up == "reenact" or any(getattr(f, "is_llm", False) for f in plan.faults)
     llm = (
-        _llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
+        llm_spec(model_path, context_tokens, threads, base_url, model, structured_output)
         if needs_llm
         else None
     )
