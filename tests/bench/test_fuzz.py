@@ -13,7 +13,7 @@ import pytest
 from bench.fuzz import QUICK_INPUTS
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGETS = 10  # Ingest.Stream, the 7 RPCs of Investigations, the MQTT input, the spec loader
+TARGETS = 11  # Ingest.Stream, the 8 RPCs of Investigations, the MQTT input, the spec loader
 
 
 @pytest.mark.slow
