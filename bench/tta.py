@@ -291,7 +291,9 @@ class ServerLog:
         self._thread.start()
 
     def _read(self, stream: IO[str], path: Path) -> None:
-        with path.open("a", buffering=1) as out:
+        # The pipe is closed here, at the server's exit (its end of file), not left to the
+        # collector.
+        with stream, path.open("a", buffering=1) as out:
             for line in stream:
                 out.write(line)
                 found = _PROMPT_EVAL.search(line)
