@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from poirotd.protocol.schemas import InvalidAnswerError, vote_format
@@ -34,10 +34,15 @@ from tests.support.vllm_grammars import (
 
 FORMATS = all_formats()
 _GRAMMARS: dict[tuple[str, str], Grammar] = {}
+# The same examples on every run (derandomize), and no shrinking: each example compiles and
+# matches grammars, so hypothesis' shrinking of a failure outlasts any test timeout; the
+# failing example is reported as drawn.
 EXAMPLES = settings(
     max_examples=4,
     deadline=None,
     database=None,
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -91,9 +96,24 @@ def test_answers_the_schema_allows_are_taken_by_poirotd_and_both_engines(
             assert grammar(engine, fmt).accepts(text), f"{engine.name} refused {text}"
 
 
+# Near misses an engine takes although the schema refuses them, pinned (strict xfail) so that
+# an engine upgrade that closes the gap shows. xgrammar 0.1.21 ignores maxLength beside a
+# pattern: a sub-region's slug past SLUG_MAX (40) passes its grammar (the pattern allows 67);
+# poirotd's parser refuses it and asks again (docs/vllm-grammars.md).
+ENGINE_GAPS = {
+    "poirot/phase1-hazard-space/3a1c2s": "xgrammar ignores maxLength beside a pattern (slug)",
+}
+NEAR_MISS_FORMATS = [
+    pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=ENGINE_GAPS[f.name]))
+    if f.name in ENGINE_GAPS
+    else f
+    for f in FORMATS
+]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+@pytest.mark.parametrize("fmt", NEAR_MISS_FORMATS, ids=str)
 @EXAMPLES
 @given(data=st.data())
 def test_near_misses_are_judged_as_the_schema_says_and_what_poirotd_refuses_is_refused(
