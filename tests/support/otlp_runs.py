@@ -18,7 +18,7 @@ import base64
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from opentelemetry.trace import Span, Tracer
 
 from poirotd.config import SystemSpec
 from poirotd.model import MessageKind
+from poirotd.transports.otlp.mapping import MappedMessage
 
 DATA = Path(__file__).parents[1] / "data" / "otlp"
 MS = 1_000_000
@@ -86,6 +87,22 @@ CONVERSATION = [
     (MessageKind.HUMAN, "user", "chief", HANDOFF, (), "", 52),
     (MessageKind.AGENT, "chief", "", PLAN, (), "", 60),
 ]
+
+
+def conversation(messages: Iterable[MappedMessage]) -> list[tuple[Any, ...]]:
+    """`messages` as CONVERSATION writes them, ms counted from the recorded runs' start."""
+    return [
+        (
+            m.kind,
+            m.sender,
+            m.recipient,
+            m.content,
+            m.tool_calls,
+            m.tool_name,
+            (m.at_ns - RECORDED_AT_NS) // MS,
+        )
+        for m in messages
+    ]
 
 
 class CountingIds(IdGenerator):

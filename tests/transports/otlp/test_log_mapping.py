@@ -25,11 +25,10 @@ from tests.support.otlp_runs import (
     CONVERSATION,
     DATA,
     DIAGNOSIS,
-    MS,
     PLAN,
-    RECORDED_AT_NS,
     SPEC,
     TRACE,
+    conversation,
 )
 
 AGENTS = SPEC.agents_by_alias()
@@ -97,18 +96,8 @@ def _received(
 
 
 def _conversation(messages: list[MappedMessage]) -> list[tuple[Any, ...]]:
-    return [
-        (
-            m.kind,
-            m.sender,
-            m.recipient,
-            m.content,
-            m.tool_calls,
-            m.tool_name,
-            (m.at_ns - RECORDED_AT_NS) // MS,
-        )
-        for m in sorted(messages, key=lambda m: (m.at_ns, m.span_id, m.position))
-    ]
+    """In the order a session would number them: time, then span, then place in the span."""
+    return conversation(sorted(messages, key=lambda m: (m.at_ns, m.span_id, m.position)))
 
 
 @pytest.mark.parametrize("order", ["logs_first", "spans_first"])

@@ -13,16 +13,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
-from poirotd.transports.otlp.mapping import MappedExport, map_export
+from poirotd.transports.otlp.mapping import map_export
 from tests.support.otlp_runs import (
     CONVERSATION,
     DATA,
-    MS,
     RECORDED_AT_NS,
     RUNS,
     SPEC,
     TRACE,
     agent_framework_conversation,
+    conversation,
     recorded_export,
 )
 
@@ -50,27 +50,11 @@ def _read(name: str, encoding: str) -> ExportTraceServiceRequest:
     )
 
 
-def _conversation(mapped: MappedExport) -> list[tuple[Any, ...]]:
-    start = RECORDED_AT_NS
-    return [
-        (
-            m.kind,
-            m.sender,
-            m.recipient,
-            m.content,
-            m.tool_calls,
-            m.tool_name,
-            (m.at_ns - start) // MS,
-        )
-        for m in mapped.messages
-    ]
-
-
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_each_convention_maps_to_the_same_conversation(name: str, encoding: str) -> None:
     mapped = map_export(_read(name, encoding), AGENTS, session_by="conversation")
-    assert _conversation(mapped) == CONVERSATION
+    assert conversation(mapped.messages) == CONVERSATION
     spans, rejected = SPANS[name]
     assert [(m.trace_id, int(m.span_id, 16)) for m in mapped.messages] == [
         (TRACE, span) for span in spans
