@@ -187,6 +187,34 @@ def _poirot_metric_lines(url: str) -> list[str]:
     return [*shown, f"({len(names)} families; histogram buckets and _created series not shown)"]
 
 
+@contextlib.contextmanager
+def demo_daemon(folder: Path) -> Iterator[tuple[DaemonProcess, int]]:
+    """A local Mosquitto and a daemon process reading it with the CORTEX spec, both stopped on
+    the way out: the demo's set-up, which bench.demo times as well."""
+    with mosquitto() as broker_port:
+        console.print(f"local Mosquitto on port {broker_port}")
+        daemon = DaemonProcess(_spec_file(folder, broker_port), folder)
+        console.print("starting poirotd (embedded model)...")
+        daemon.start()
+        try:
+            console.print(f"daemon ready: gRPC {daemon.grpc_target}, metrics {daemon.metrics_url}")
+            yield daemon, broker_port
+        except BaseException:
+            console.print(daemon.log_tail())
+            daemon.kill()
+            raise
+        code = daemon.terminate()
+        console.print(f"daemon stopped (exit code {code})")
+        if code != 0:
+            raise RuntimeError(f"the daemon exited with code {code}")
+
+
+def investigate(daemon: DaemonProcess, broker_port: int) -> pb.Investigation:
+    """Streams the demo session, publishes the faulty gait and follows the investigation the
+    rule opens to its end."""
+    return asyncio.run(_investigate(daemon, "cortex", broker_port))
+
+
 def run_demo(workdir: Path | None) -> int:
     console.print(_NOTICE)
     if shutil.which("mosquitto") is None:
@@ -195,35 +223,33 @@ def run_demo(workdir: Path | None) -> int:
             "(Debian package `mosquitto`)"
         )
         return 1
-    with tempfile.TemporaryDirectory(prefix="poirotd-demo-") as tmp, mosquitto() as broker_port:
+    with tempfile.TemporaryDirectory(prefix="poirotd-demo-") as tmp:
         folder = workdir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        console.print(f"local Mosquitto on port {broker_port}")
-        daemon = DaemonProcess(_spec_file(folder, broker_port), folder)
-        console.print("starting poirotd (embedded model)...")
-        daemon.start()
         try:
-            console.print(f"daemon ready: gRPC {daemon.grpc_target}, metrics {daemon.metrics_url}")
-            investigation = asyncio.run(_investigate(daemon, "cortex", broker_port))
-            if investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED:
-                console.print(attribution_table(investigation))
-            else:
-                state = pb.InvestigationState.Name(investigation.state)
-                console.print(f"[red]investigation ended {state}:[/] {investigation.error}")
-            console.print(
-                f"LLM calls {investigation.llm_calls}, "
-                f"prompt tokens {investigation.prompt_tokens}, "
-                f"completion tokens {investigation.completion_tokens}"
-            )
-            if investigation.HasField("model_time"):
-                console.print(model_time_line(investigation.model_time))
-            console.print("[bold]poirot_ metrics:[/]")
-            for line in _poirot_metric_lines(daemon.metrics_url):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
-        except BaseException:
-            console.print(daemon.log_tail())
-            daemon.kill()
-            raise
-        code = daemon.terminate()
-        console.print(f"daemon stopped (exit code {code})")
-        return 0 if code == 0 and investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED else 1
+            with demo_daemon(folder) as (daemon, broker_port):
+                investigation = investigate(daemon, broker_port)
+                _show(investigation, daemon.metrics_url)
+        except RuntimeError as exc:
+            console.print(f"[red]{exc}[/]")
+            return 1
+        return 0 if investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED else 1
+
+
+def _show(investigation: pb.Investigation, metrics_url: str) -> None:
+    """The attribution (or why there is none), its cost and the exported metrics."""
+    if investigation.state == pb.INVESTIGATION_STATE_SUCCEEDED:
+        console.print(attribution_table(investigation))
+    else:
+        state = pb.InvestigationState.Name(investigation.state)
+        console.print(f"[red]investigation ended {state}:[/] {investigation.error}")
+    console.print(
+        f"LLM calls {investigation.llm_calls}, "
+        f"prompt tokens {investigation.prompt_tokens}, "
+        f"completion tokens {investigation.completion_tokens}"
+    )
+    if investigation.HasField("model_time"):
+        console.print(model_time_line(investigation.model_time))
+    console.print("[bold]poirot_ metrics:[/]")
+    for line in _poirot_metric_lines(metrics_url):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
