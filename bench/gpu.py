@@ -5,8 +5,11 @@ and ensemble over Who&When (both subsets), BLAME (both systems) and TracerTraj t
 `poirotd eval run`, one run directory per dataset and method under
 bench/eval-runs/<date>-<model>/, each scored by `poirotd eval report` (results.jsonl, report,
 figures), beside facts.json: what the server says of itself (/v1/models, /version) and the GPU
-when the caller names it. Invoked again with the same --out it resumes: `poirotd eval run`
-skips the cases its results.jsonl already holds, so only unfinished cases run.
+when the caller names it. Then bench.tta runs poirotd's engine and poirot-framework side by
+side on the same server and Who&When cases (time to attribution, calls, tokens, poirotd's
+critical path), into tta/. Invoked again with the same --out it resumes: `poirotd eval run`
+skips the cases its results.jsonl already holds and bench.tta the cases its runs.json holds, so
+only unfinished cases run.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ def server_facts(base_url: str, model: str, gpu: str) -> dict[str, Any]:
 
 # The run directory of a fault campaign's cases (--cases-folder), beside the datasets'.
 CAMPAIGN = "campaign"
+# The run directory of bench.tta's comparison with poirot-framework.
+TTA = "tta"
 
 
 def eval_command(dataset: str, method: str, out: Path, args: argparse.Namespace) -> list[str]:
@@ -94,9 +99,27 @@ def eval_command(dataset: str, method: str, out: Path, args: argparse.Namespace)
     return command
 
 
+def tta_command(out: Path, args: argparse.Namespace) -> list[str]:
+    """bench.tta against the same server, its runs and section kept in the run folder."""
+    command = [
+        sys.executable, "-m", "bench.tta",
+        "--data", str(args.data),
+        "--server", args.base_url,
+        "--model", args.model,
+        "--context-tokens", str(args.context_tokens),
+        "--runs", str(out / "runs.json"),
+        "--report", str(out / "report.md"),
+        "--sides", *args.tta_sides,
+    ]  # fmt: skip
+    if args.tta_cases:
+        command += ["--cases", *args.tta_cases]
+    return command
+
+
 def run_all(args: argparse.Namespace) -> list[tuple[str, str, int]]:
-    """Each dataset and method run (resumed where its results stop) and scored; returns
-    (dataset, method, exit code) per run. A run that fails does not stop the others."""
+    """Each dataset and method run (resumed where its results stop) and scored, then the time
+    to attribution beside poirot-framework; returns (dataset, method, exit code) per run. A run
+    that fails does not stop the others."""
     args.out.mkdir(parents=True, exist_ok=True)
     facts = server_facts(args.base_url, args.model, args.gpu)
     (args.out / "facts.json").write_text(json.dumps(facts, indent=1) + "\n")
@@ -110,6 +133,12 @@ def run_all(args: argparse.Namespace) -> list[tuple[str, str, int]]:
                 scored = [sys.executable, "-m", "poirotd", "eval", "report", str(out)]
                 code = subprocess.run(scored, check=False)
             ran.append((dataset, method, code.returncode))
+    if args.tta_sides:
+        out = args.out / TTA
+        out.mkdir(exist_ok=True)
+        print(f"== time to attribution ({', '.join(args.tta_sides)}) -> {out}", flush=True)
+        code = subprocess.run(tta_command(out, args), check=False)
+        ran.append((TTA, "/".join(args.tta_sides), code.returncode))
     (args.out / "index.md").write_text(index(args, ran))
     return ran
 
@@ -124,10 +153,9 @@ def index(args: argparse.Namespace, ran: Sequence[tuple[str, str, int]]) -> str:
         "| dataset | method | run | exit |",
         "| --- | --- | --- | ---: |",
     ]
-    lines += [
-        f"| {dataset} | {method} | [{dataset}/{method}]({dataset}/{method}) | {code} |"
-        for dataset, method, code in ran
-    ]
+    for dataset, method, code in ran:
+        where = f"{TTA}/report.md" if dataset == TTA else f"{dataset}/{method}"
+        lines.append(f"| {dataset} | {method} | [{where}]({where}) | {code} |")
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +189,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run a fault campaign's cases (one-case JSON files, `poirotd campaign`)",
     )
     parser.add_argument("--gpu", default="", help="the GPU, as nvidia-smi names it")
+    parser.add_argument(
+        "--tta-sides",
+        nargs="*",
+        choices=("poirotd", "library"),
+        default=["poirotd", "library"],
+        help="bench.tta's sides (poirot-framework is the library); none: skip it",
+    )
+    parser.add_argument("--tta-cases", nargs="+", help="bench.tta's Who&When cases")
+    parser.add_argument(
+        "--context-tokens", type=int, default=32768, help="the served model's context (tta)"
+    )
     args = parser.parse_args(argv)
     if args.data is None:
         parser.error("--data (or POIROTD_EVAL_DATA): the data folder")

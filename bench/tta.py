@@ -37,6 +37,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,7 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from bench.report import begin_marker, commit_text, end_marker, write_section
+from bench.report import REPORT, begin_marker, commit_text, end_marker, write_section
 from poirotd.config.spec import OpenAILLMSpec, SystemSpec
 from poirotd.llm.embedded import default_model_path
 from poirotd.llm.openai_http import OpenAIBackend
@@ -203,7 +204,30 @@ def hazard_regions(case: Case) -> tuple[HazardRegion, ...]:
     return tuple(regions)
 
 
-def poirotd_spec(case: Case, base_url: str, max_tokens: int) -> SystemSpec:
+@dataclass(frozen=True)
+class Server:
+    """Where both sides' calls go: the embedded model in a fresh llama.cpp server per run (no
+    `url`), or an OpenAI-compatible server already running (`make bench-gpu`'s vLLM)."""
+
+    url: str | None = None
+    model: str = MODEL
+    context_tokens: int = CONTEXT_TOKENS
+
+    def describe(self) -> str:
+        if self.url is None:
+            return (
+                "llama-cpp-python's server with SmolLM2-135M-Instruct (Q4_1), 8k context, "
+                "1 thread, one slot"
+            )
+        return f"the server at {self.url} serving {self.model}, {self.context_tokens} context"
+
+
+EMBEDDED = Server()
+
+
+def poirotd_spec(
+    case: Case, base_url: str, max_tokens: int, server: Server = EMBEDDED
+) -> SystemSpec:
     limits = ("report", "turn", "answer", "hazard_space")
     return SystemSpec.model_validate(
         {
@@ -216,8 +240,8 @@ def poirotd_spec(case: Case, base_url: str, max_tokens: int) -> SystemSpec:
             "llm": {
                 "backend": "openai",
                 "base_urls": [base_url],
-                "model": MODEL,
-                "context_tokens": CONTEXT_TOKENS,
+                "model": server.model,
+                "context_tokens": server.context_tokens,
                 "structured_output": "json_object",
                 "timeout_seconds": RUN_TIMEOUT_S,
             },
@@ -227,14 +251,16 @@ def poirotd_spec(case: Case, base_url: str, max_tokens: int) -> SystemSpec:
     )
 
 
-def library_job(case: Case, base_url: str, max_tokens: int) -> dict[str, Any]:
+def library_job(
+    case: Case, base_url: str, max_tokens: int, server: Server = EMBEDDED
+) -> dict[str, Any]:
     """What bench/tta_library.py needs, as JSON: the agents, their histories, the error space."""
     regions = hazard_regions(case)
     return {
         "system_name": case.system_name,
         "system_description": case.description,
         "base_url": base_url,
-        "model": MODEL,
+        "model": server.model,
         "max_tokens": max_tokens,
         "error_space": {
             "system_name": case.system_name,
@@ -270,8 +296,9 @@ class Call:
     max_tokens: int | None
     prompt_tokens: int
     completion_tokens: int
-    # Prompt tokens the server evaluated (the rest came from its cache); None when its log said
-    # nothing for this call.
+    # Prompt tokens the server evaluated (the rest came from its cache): llama.cpp's log line
+    # for the call, or prompt tokens less usage's cached_tokens (vLLM with
+    # --enable-prompt-tokens-details); None when neither said.
     evaluated: int | None
     finish_reason: str
     status: int
@@ -313,17 +340,41 @@ class ServerLog:
             return self._evaluated[index] if len(self._evaluated) > index else None
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """The server behind the proxy: host, port and the path its /v1 sits under."""
+
+    host: str
+    port: int
+    prefix: str = ""
+
+    @classmethod
+    def of(cls, base_url: str) -> Upstream:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme != "http" or parts.hostname is None:
+            raise ValueError(f"an http:// server URL ending in /v1, not {base_url!r}")
+        prefix = parts.path.rstrip("/").removesuffix("/v1")
+        return cls(parts.hostname, parts.port or 80, prefix)
+
+
 class _Proxy(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, upstream: int, log: ServerLog) -> None:
+    def __init__(self, upstream: Upstream, log: ServerLog | None) -> None:
         super().__init__(("127.0.0.1", 0), _Forward)
         self.upstream = upstream
         self.log = log
-        # The server completes one request at a time; holding the slot here keeps its log lines
-        # in step with the calls (nothing is lost: requests would queue at the server anyway).
-        self.slot = threading.Lock()
+        # llama.cpp's server completes one request at a time; holding the slot here keeps its
+        # log lines in step with the calls (nothing is lost: requests would queue at the server
+        # anyway). A server that batches (no log read) gets its calls as they come.
+        self.slot: contextlib.AbstractContextManager[Any] = (
+            threading.Lock() if log is not None else contextlib.nullcontext()
+        )
         self.calls: list[Call] = []
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
 
 
 class _Forward(BaseHTTPRequestHandler):
@@ -340,13 +391,13 @@ class _Forward(BaseHTTPRequestHandler):
         proxy = self.server
         completion = self.path.rstrip("/").endswith("/chat/completions")
         with proxy.slot if completion else contextlib.nullcontext():
-            seen, started = proxy.log.seen(), time.monotonic()
-            upstream = http.client.HTTPConnection(
-                "127.0.0.1", proxy.upstream, timeout=RUN_TIMEOUT_S
-            )
+            seen, started = proxy.log.seen() if proxy.log else 0, time.monotonic()
+            to = proxy.upstream
+            upstream = http.client.HTTPConnection(to.host, to.port, timeout=RUN_TIMEOUT_S)
             try:
                 headers = {"Content-Type": "application/json"}
-                upstream.request(self.command, self.path, body=body or None, headers=headers)
+                path = to.prefix + self.path
+                upstream.request(self.command, path, body=body or None, headers=headers)
                 response = upstream.getresponse()
                 data, status = response.read(), response.status
             finally:
@@ -373,11 +424,18 @@ def _call(body: bytes, data: bytes, status: int, seconds: float, proxy: _Proxy, 
         answer = json.loads(data)
         usage = answer.get("usage") or {}
         finish = answer["choices"][0].get("finish_reason") or ""
+    prompt_tokens = usage.get("prompt_tokens", 0)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    evaluated = None
+    if status == 200:
+        evaluated = proxy.log.evaluated(seen) if proxy.log else None
+        if evaluated is None and cached is not None:
+            evaluated = prompt_tokens - cached
     return Call(
         max_tokens=request.get("max_tokens"),
-        prompt_tokens=usage.get("prompt_tokens", 0),
+        prompt_tokens=prompt_tokens,
         completion_tokens=usage.get("completion_tokens", 0),
-        evaluated=proxy.log.evaluated(seen) if status == 200 else None,
+        evaluated=evaluated,
         finish_reason=finish,
         status=status,
         seconds=seconds,
@@ -416,21 +474,43 @@ def llm_server(logs: Path) -> Iterator[_Proxy]:
     )
     assert server.stderr is not None
     log = ServerLog(server.stderr, logs / "server.log")
-    proxy = _Proxy(port, log)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
     try:
-        _wait_ready(port, server)
-        yield proxy
+        with _proxy(Upstream("127.0.0.1", port), log) as proxy:
+            _wait_ready(port, server)
+            yield proxy
     finally:
-        proxy.shutdown()
-        proxy.server_close()
         server.terminate()
         try:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+@contextlib.contextmanager
+def _proxy(upstream: Upstream, log: ServerLog | None) -> Iterator[_Proxy]:
+    """The recording proxy in front of `upstream`, serving until the block ends."""
+    proxy = _Proxy(upstream, log)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+@contextlib.contextmanager
+def serving(server: Server, logs: Path) -> Iterator[_Proxy]:
+    """The recording proxy before the server runs go to: a fresh llama.cpp server, or the
+    external one (whose prefix cache then lasts across runs: the sides alternate, so it serves
+    both alike)."""
+    if server.url is None:
+        with llm_server(logs) as proxy:
+            yield proxy
+    else:
+        with _proxy(Upstream.of(server.url), None) as proxy:
+            yield proxy
 
 
 def _wait_ready(port: int, server: subprocess.Popen[str]) -> None:
@@ -493,9 +573,11 @@ async def _ignore(_event: ProtocolEvent) -> None:
     return None
 
 
-async def run_poirotd(case: Case, base_url: str, max_tokens: int, run: Run) -> None:
+async def run_poirotd(
+    case: Case, base_url: str, max_tokens: int, run: Run, server: Server = EMBEDDED
+) -> None:
     """The daemon's engine over its OpenAI backend; TTA = the whole `InvestigationEngine.run`."""
-    spec = poirotd_spec(case, base_url, max_tokens)
+    spec = poirotd_spec(case, base_url, max_tokens, server)
     assert isinstance(spec.llm, OpenAILLMSpec)
     backend = await OpenAIBackend.open(spec.llm)
     engine = InvestigationEngine(spec, backend, _NoCache())
@@ -515,9 +597,11 @@ async def run_poirotd(case: Case, base_url: str, max_tokens: int, run: Run) -> N
     run.critical_path_calls = outcome.model_time.critical_path_calls
 
 
-def run_library(case: Case, base_url: str, max_tokens: int, run: Run, logs: Path) -> None:
+def run_library(
+    case: Case, base_url: str, max_tokens: int, run: Run, logs: Path, server: Server = EMBEDDED
+) -> None:
     """The library in its own venv; TTA = its `run_poirot_from_agents` call, timed inside."""
-    job = json.dumps(library_job(case, base_url, max_tokens))
+    job = json.dumps(library_job(case, base_url, max_tokens, server))
     regions = hazard_regions(case)
     with (logs / f"library-{case.case_id}.log").open("w") as progress:
         started = time.monotonic()
@@ -560,14 +644,15 @@ def ensure_library_venv() -> None:
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", LIBRARY], check=True)
 
 
-def investigate(side: Side, case: Case, max_tokens: int, logs: Path) -> Run:
+def investigate(
+    side: Side, case: Case, max_tokens: int, logs: Path, server: Server = EMBEDDED
+) -> Run:
     run = Run(side, case.case_id, len(case.agents), len(hazard_regions(case)), truth=case.truth)
-    with llm_server(logs) as proxy:
-        base_url = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
+    with serving(server, logs) as proxy:
         if side == "poirotd":
-            asyncio.run(run_poirotd(case, base_url, max_tokens, run))
+            asyncio.run(run_poirotd(case, proxy.base_url, max_tokens, run, server))
         else:
-            run_library(case, base_url, max_tokens, run, logs)
+            run_library(case, proxy.base_url, max_tokens, run, logs, server)
         run.calls = list(proxy.calls)
     return run
 
@@ -710,7 +795,9 @@ def floor_text(run: Run) -> str:
     )
 
 
-def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) -> str:
+def render(
+    runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting], server: Server = EMBEDDED
+) -> str:
     """The BENCHMARKS.md section: the figures, per case, then how they were measured.
     `sittings`: when each invocation that added runs started (a resumed run has several)."""
     by_side = {s: [r for r in runs if r.side == s] for s in SIDES}
@@ -759,11 +846,17 @@ def render(runs: Sequence[Run], max_tokens: int, sittings: Sequence[Sitting]) ->
         )
     header = (
         f"{platform.machine()}, "
-        f"Python {platform.python_version()}, llama-cpp-python's server with SmolLM2-135M-Instruct "
-        f"(Q4_1), 8k context, 1 thread, one slot; Who&When Algorithm-Generated cases {cases}; "
+        f"Python {platform.python_version()}, {server.describe()}; "
+        f"Who&When Algorithm-Generated cases {cases}; "
         f"per-call token limit **{max_tokens}** on both sides (limits seen in requests: "
         f"{', '.join(limits)}); runs without an attribution end at {RUN_TIMEOUT_S:.0f} s."
     )
+    if server.url is not None:
+        header += (
+            " Against this server (not the embedded set-up the notes below describe): the proxy"
+            " forwards calls as they come, evaluated = prompt tokens less usage's cached_tokens,"
+            " and the server's prefix cache lasts across runs."
+        )
     header = textwrap.fill(header, 100, break_on_hyphens=False)
     sitting_lines = "\n".join(
         textwrap.fill(f"- {s.describe()}", 100, subsequent_indent="  ", break_on_hyphens=False)
@@ -834,12 +927,17 @@ Sittings (a resumed run has several; each case's two sides ran back to back in o
 
 
 def save_runs(
-    path: Path, sittings: Sequence[Sitting], max_tokens: int, runs: Sequence[Run]
+    path: Path,
+    sittings: Sequence[Sitting],
+    max_tokens: int,
+    runs: Sequence[Run],
+    server: Server = EMBEDDED,
 ) -> None:
     record = {
         "started": sittings[0].started.isoformat(),
         "sittings": [asdict(t) | {"started": t.started.isoformat()} for t in sittings],
         "max_tokens": max_tokens,
+        "server": asdict(server),
         "runs": [asdict(r) for r in runs],
     }
     tmp = path.with_suffix(".tmp")
@@ -847,14 +945,15 @@ def save_runs(
     tmp.replace(path)
 
 
-def load_runs(path: Path) -> tuple[list[Sitting], int, list[Run]]:
+def load_runs(path: Path) -> tuple[list[Sitting], int, list[Run], Server]:
     """What `save_runs` wrote, to re-render a report or resume a run without repeating a case.
-    Files from before sittings were saved give one, its commit not recorded."""
+    Files from before sittings were saved give one, its commit not recorded; files from before
+    the server was saved were all run on the embedded one."""
     record = json.loads(path.read_text())
     runs = [Run(**(r | {"calls": [Call(**c) for c in r["calls"]]})) for r in record["runs"]]
     saved = record.get("sittings") or [{"started": record["started"], "commit": "not recorded"}]
     sittings = [Sitting(**(t | {"started": datetime.fromisoformat(t["started"])})) for t in saved]
-    return sittings, record["max_tokens"], runs
+    return sittings, record["max_tokens"], runs, Server(**record.get("server", {}))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -869,6 +968,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the data folder holding whowhen/ (default: POIROTD_EVAL_DATA)",
     )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument(
+        "--server",
+        help="an OpenAI-compatible server's /v1 URL to run both sides against (default: a fresh "
+        "llama.cpp server with the embedded model per run)",
+    )
+    parser.add_argument("--model", default=MODEL, help="the model name --server serves")
+    parser.add_argument("--context-tokens", type=int, default=CONTEXT_TOKENS)
+    parser.add_argument(
+        "--report", type=Path, help="write the section to this file instead of BENCHMARKS.md"
+    )
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     parser.add_argument("--render", type=Path, help="only re-render a saved runs.json")
@@ -882,13 +991,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "resume: its runs are kept and their cases not run again",
     )
     args = parser.parse_args(argv)
+    report = None if args.no_write else args.report or REPORT
     if args.render:
-        sittings, max_tokens, runs = load_runs(args.render)
-        _report(sittings, max_tokens, runs, write=not args.no_write)
+        sittings, max_tokens, runs, server = load_runs(args.render)
+        _report(sittings, max_tokens, runs, server, report)
         return
     if args.data is None:
         parser.error("--data (or POIROTD_EVAL_DATA): the data folder holding whowhen/")
-    ensure_library_venv()
+    server = Server(args.server, args.model, args.context_tokens)
+    if "library" in args.sides:
+        ensure_library_venv()
     logs = Path(tempfile.mkdtemp(prefix="bench-tta-"))
     print(f"logs: {logs}", flush=True)
     saved = args.runs or logs / "runs.json"
@@ -896,9 +1008,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     sitting = Sitting(datetime.now(UTC), commit_text(), args.note, ran_cases)
     sittings, runs = [sitting], []
     if saved.exists():
-        earlier, max_tokens, runs = load_runs(saved)
+        earlier, max_tokens, runs, was = load_runs(saved)
         if max_tokens != args.max_tokens:
             parser.error(f"{saved} was run with --max-tokens {max_tokens}")
+        if was != server:
+            parser.error(f"{saved} was run against {was.describe()}")
         sittings = [*earlier, sitting]
     done = {(r.case_id, r.side) for r in runs}
     # The section is rewritten after every case: an interrupted run still leaves its figures.
@@ -907,22 +1021,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         for side in args.sides:
             if (case_id, side) in done:
                 continue
-            run = investigate(side, case, args.max_tokens, logs)
+            run = investigate(side, case, args.max_tokens, logs, server)
             runs.append(run)
             if case_id not in ran_cases:
                 ran_cases.append(case_id)
             print(json.dumps(asdict(run)), flush=True)
-        save_runs(saved, sittings, args.max_tokens, runs)
-        _report(sittings, args.max_tokens, runs, write=not args.no_write)
+        save_runs(saved, sittings, args.max_tokens, runs, server)
+        _report(sittings, args.max_tokens, runs, server, report)
 
 
 def _report(
-    sittings: Sequence[Sitting], max_tokens: int, runs: Sequence[Run], *, write: bool
+    sittings: Sequence[Sitting],
+    max_tokens: int,
+    runs: Sequence[Run],
+    server: Server,
+    report: Path | None,
 ) -> None:
-    section = render(runs, max_tokens, sittings)
+    section = render(runs, max_tokens, sittings, server)
     print(section, flush=True)
-    if write:
-        write_section(SECTION, section)
+    if report is not None:
+        write_section(SECTION, section, report)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`make bench-gpu` end to end against a real OpenAI-compatible server: llama.cpp's, serving the
-embedded model (bench.tta starts it behind its recording proxy), on two cases."""
+embedded model (bench.tta starts it behind its recording proxy), on two Who&When cases and one
+fault campaign variant, then bench.tta's poirotd side on one case against the same server."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from bench import gpu
 from bench.tta import llm_server
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "eval"
+CAMPAIGN = DATA.parent / "campaign"
 
 
 @pytest.mark.slow
@@ -32,6 +34,10 @@ def test_a_run_writes_results_report_and_facts_and_resumes(tmp_path: Path) -> No
             "--concurrency", "2",
             "--structured-output", "json_object",
             "--gpu", "none (CPU)",
+            "--cases-folder", str(CAMPAIGN),
+            "--tta-sides", "poirotd",
+            "--tta-cases", "2",
+            "--context-tokens", "8192",
         ]  # fmt: skip
         assert gpu.main(argv) == 0
         calls = len(proxy.calls)
@@ -44,6 +50,14 @@ def test_a_run_writes_results_report_and_facts_and_resumes(tmp_path: Path) -> No
         assert facts["models"]["data"], "the server's /v1/models"
         assert facts["gpu"] == "none (CPU)"
         assert "whowhen-algorithm-generated/baseline" in (out / "index.md").read_text()
+        campaign = out / "campaign" / "baseline" / "results.jsonl"
+        [variant] = [json.loads(line) for line in campaign.read_text().splitlines()]
+        assert variant["case_id"] == "trading-desk-f03-price_spike"
+        tta_runs = json.loads((out / "tta" / "runs.json").read_text())
+        assert [(r["side"], r["case_id"]) for r in tta_runs["runs"]] == [("poirotd", "2")]
+        assert tta_runs["runs"][0]["calls"], "poirotd's calls went through the same server"
+        assert tta_runs["server"]["url"] == base_url
+        assert "serving smollm2" in (out / "tta" / "report.md").read_text()
 
         assert gpu.main(argv) == 0
         assert len(proxy.calls) == calls, "the finished cases are not run again"

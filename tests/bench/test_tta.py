@@ -126,7 +126,7 @@ def test_saved_runs_render_again(tmp_path: Path) -> None:
     runs = [Run("library", "7", 2, 3, 40.0, 1, ["check_expert"], "excel_expert", calls=[call])]
     sittings = [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`", "machine idle", ["7"])]
     save_runs(tmp_path / "runs.json", sittings, 512, runs)
-    assert load_runs(tmp_path / "runs.json") == (sittings, 512, runs)
+    assert load_runs(tmp_path / "runs.json") == (sittings, 512, runs, tta.EMBEDDED)
     section = " ".join(render(runs, 512, sittings).split())
     assert "limits seen in requests: None" in section
     assert "- 2026-01-01 00:00 UTC, commit `abc1234`: cases 7; machine idle." in section
@@ -141,7 +141,7 @@ def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
     save_runs(saved, [first], 512, kept)
     ran: list[tuple[str, str]] = []
 
-    def investigate(side: Side, case: Any, max_tokens: int, logs: Path) -> Run:
+    def investigate(side: Side, case: Any, max_tokens: int, logs: Path, _: Any) -> Run:
         ran.append((case.case_id, side))
         return Run(side, case.case_id, 2, 3, 10.0, 1, ["x"], "x")
 
@@ -152,7 +152,7 @@ def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
     tta.main([*data, "--cases", "7", "8", "--runs", str(saved), "--no-write", "--note", "idle"])
 
     assert ran == [("8", "poirotd"), ("8", "library")]
-    sittings, _, runs = load_runs(saved)
+    sittings, _, runs, _ = load_runs(saved)
     assert sittings[0] == first and len(sittings) == 2
     assert (sittings[1].note, sittings[1].cases) == ("idle", ["8"])
     assert [(r.case_id, r.side) for r in runs] == [("7", s) for s in SIDES] + ran
@@ -202,3 +202,22 @@ def test_the_library_paragraph_says_how_its_runs_ended() -> None:
     section = " ".join(render(runs, 512, sittings).split())
     assert "1 of 2 runs ended at the time limit" in section
     assert "The 1 that finished had 0/2 valid votes" in section and "named Unknown." in section
+
+
+def test_an_external_servers_url_keeps_its_path_and_refuses_other_schemes() -> None:
+    assert tta.Upstream.of("http://gpu-host:8000/v1") == tta.Upstream("gpu-host", 8000, "")
+    assert tta.Upstream.of("http://gw/vllm/v1/") == tta.Upstream("gw", 80, "/vllm")
+    with pytest.raises(ValueError, match="http://"):
+        tta.Upstream.of("https://gpu-host/v1")
+
+
+def test_without_a_server_log_evaluated_is_prompt_less_cached(tmp_path: Path) -> None:
+    proxy = SimpleNamespace(log=None)
+    body = json.dumps({"max_tokens": 64}).encode()
+    usage = {"prompt_tokens": 900, "completion_tokens": 12}
+    answer = {"usage": usage, "choices": [{"finish_reason": "stop"}]}
+    plain = tta._call(body, json.dumps(answer).encode(), 200, 1.0, proxy, 0)  # type: ignore[arg-type]
+    usage["prompt_tokens_details"] = {"cached_tokens": 640}  # type: ignore[assignment]
+    cached = tta._call(body, json.dumps(answer).encode(), 200, 1.0, proxy, 0)  # type: ignore[arg-type]
+    assert (plain.evaluated, cached.evaluated) == (None, 260)
+    assert (cached.prompt_tokens, cached.completion_tokens, cached.max_tokens) == (900, 12, 64)
