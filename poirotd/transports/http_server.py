@@ -15,7 +15,7 @@ The bounds are kept by a protocol wrapped around each of aiohttp's (`_Connection
 place that sees a connection open, receive and close: no thread, no timer per read. It does the
 TLS handshake itself (`start_tls`), as asyncio's server would hide the connection from it until
 the handshake is over. Each refusal is counted in
-`poirot_http_connections_refused_total{door,reason}` and logged.
+`poirot_http_connections_refused_total{transport,reason}` and logged.
 """
 
 from __future__ import annotations

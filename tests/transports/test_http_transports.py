@@ -47,13 +47,13 @@ class HttpTransports:
 
     def refused(self, transport: str, reason: str) -> float:
         value = self.daemon.metrics.registry.get_sample_value(
-            "poirot_http_connections_refused_total", {"door": transport, "reason": reason}
+            "poirot_http_connections_refused_total", {"transport": transport, "reason": reason}
         )
         return value or 0.0
 
     def open_connections(self, transport: str) -> float:
         value = self.daemon.metrics.registry.get_sample_value(
-            "poirot_http_connections", {"door": transport}
+            "poirot_http_connections", {"transport": transport}
         )
         return value or 0.0
 
