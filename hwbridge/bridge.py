@@ -63,9 +63,9 @@ class Bridge:
         self.messages: MessageInput | None = None
         self.feeds: list[TcpLineFeed] = []
 
-        def pipeline(router: Router[Route], door: str) -> TelemetryInput:
+        def pipeline(router: Router[Route], transport: str) -> TelemetryInput:
             return TelemetryInput(
-                router, config.session_id, sink, dead_letters, config.pipeline, door
+                router, config.session_id, sink, dead_letters, config.pipeline, transport
             )
 
         mqtt = config.mqtt

@@ -224,8 +224,8 @@ def _row_keys(key: ItemKey, rows: int) -> list[ItemKey]:
 
 class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
     """A delivery on a keyed route (its codec reads a producer's key) gives each of its rows
-    a key (`_row_keys`), scoped by the topic (or feed) it came on, `door` saying which ("mqtt",
-    "tcp"); the batch holds them, row by row, while any delivery in it had one."""
+    a key (`_row_keys`), scoped by the topic (or feed) it came on, `transport` saying which
+    ("mqtt", "tcp"); the batch holds them, row by row, while any delivery in it had one."""
 
     def __init__(
         self,
@@ -234,10 +234,10 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
         sink: Sink,
         dead_letters: DeadLetterStore,
         config: PipelineConfig,
-        door: str = "mqtt",
+        transport: str = "mqtt",
     ) -> None:
         super().__init__(router, session_id, sink, dead_letters, config)
-        self._door = door
+        self._transport = transport
         # The keys of the rows decoded since the last batch was made, once one is keyed.
         self._keys: list[ItemKey | None] | None = None
         self._rows = 0
@@ -251,7 +251,7 @@ class TelemetryInput(DeliveryInput[Route, SampleRow, TelemetryBatch]):
         codec, key = route.codec, None
         if isinstance(codec, DocumentCodec) and codec.keyed:
             readings, (producer, seq) = codec.decode_keyed(delivery.payload, delivery.received_at)
-            key = topic_key(source, producer, seq, self._door)
+            key = topic_key(source, producer, seq, self._transport)
         else:
             readings = codec.decode(delivery.payload, delivery.received_at)
         for field, value, measured_at in readings:

@@ -120,11 +120,11 @@ class Router(Generic[RouteT]):
         return None
 
 
-def topic_key(topic: str, producer: str, seq: int, door: str = "mqtt") -> ItemKey:
-    """A payload's key, scoped by the topic it came on (or the TCP feed's name, door "tcp"): its
-    `producer` ("": the topic's one) is one of that topic's. DecodeError when the name with its
-    topic is longer than a door takes."""
-    key = ItemKey(scoped_producer(f"{door}:{topic}", producer), seq)
+def topic_key(topic: str, producer: str, seq: int, transport: str = "mqtt") -> ItemKey:
+    """A payload's key, scoped by the topic it came on (or the TCP feed's name, transport
+    "tcp"): its `producer` ("": the topic's one) is one of that topic's. DecodeError when the
+    name with its topic is longer than a transport takes."""
+    key = ItemKey(scoped_producer(f"{transport}:{topic}", producer), seq)
     if problem := producer_problem(key.producer):
         raise DecodeError(f"the producer's name with its topic: {problem}")
     return key

@@ -33,7 +33,7 @@ from poirotd.llm import LLMBackend
 from poirotd.llm.base import LLMError
 from poirotd.llm.factory import open_backend
 from poirotd.llm.health import Server, ServerPool
-from poirotd.model import Door
+from poirotd.model import TransportName
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.observability.metrics import Metrics
 from poirotd.observability.outages import Availability
@@ -173,7 +173,7 @@ def load_system_spec(path: Path) -> SystemSpec:
 
 class Daemon:
     """Start-up opens the parts in order (store, model, investigations, background tasks,
-    doors), each registered on an exit stack as it starts, so that a start that fails part-way
+    transports), each registered on an exit stack as it starts, so that a start that fails part-way
     (a port taken) stops what had started, in reverse order, before its StartupError leaves.
     `stop` drains in the order its docstring gives, then closes the same stack."""
 
@@ -199,9 +199,10 @@ class Daemon:
 
     async def start(self) -> None:
         """Raises a StartupError: InsecureBindError, TlsError, AccessFileError or
-        ExportSetupError before opening anything when the doors' or the exporter's settings
+        ExportSetupError before opening anything when the transports' or the exporter's
+        settings
         cannot be used; StoreUnavailableError,
-        ModelStartError or DoorBindError once what had started is stopped again."""
+        ModelStartError or TransportBindError once what had started is stopped again."""
         s = self.settings
         self._publish_exposure(check_exposure(s))
         tls = (
@@ -217,12 +218,14 @@ class Daemon:
         self._exporter = exporter_from_settings(s, self.metrics, self.spec.system.name)
         async with AsyncExitStack() as started:
             core, otlp, denials = await self._start_parts(started, access)
-            grpc, metrics_http, page, doors = self._doors(core, otlp, tls, access, denials)
+            grpc, metrics_http, page, transports = self._build_transports(
+                core, otlp, tls, access, denials
+            )
             # Last: telemetry flows only once everything that handles it and its metrics is up.
-            for door in doors:
-                await door.start()
-                started.push_async_callback(door.stop, RPC_GRACE_SECONDS)
-                self._transports.append(door)
+            for transport in transports:
+                await transport.start()
+                started.push_async_callback(transport.stop, RPC_GRACE_SECONDS)
+                self._transports.append(transport)
             self._started = started.pop_all()
         assert self._backend is not None, "started above"
         self.grpc_port, self.metrics_port = grpc.port, metrics_http.port
@@ -245,7 +248,7 @@ class Daemon:
     async def _start_parts(
         self, started: AsyncExitStack, access: AccessControl | None
     ) -> tuple[Core, OtlpReceiver, DenialRecorder | None]:
-        """Everything behind the doors, each part registered on `started` as it starts so that
+        """Everything behind the transports, each part registered on `started` as it starts so that
         closing the stack stops them in the drain order (see `stop`)."""
         s = self.settings
         store = self._store = await open_store(s)
@@ -316,11 +319,11 @@ class Daemon:
                 window_seconds=s.audit_denial_window_seconds,
                 max_summaries=s.audit_denial_max_summaries,
             )
-            # refusals the doors saw are chained before the store closes
+            # refusals the transports saw are chained before the store closes
             started.push_async_callback(denials.flush)
         return core, otlp, denials
 
-    def _doors(
+    def _build_transports(
         self,
         core: Core,
         otlp: OtlpReceiver,
@@ -328,7 +331,7 @@ class Daemon:
         access: AccessControl | None,
         denials: DenialRecorder | None,
     ) -> tuple[GrpcServer, MetricsHttp, PageHttp | None, list[Transport]]:
-        """The doors, built (nothing bound yet), in the order they start: gRPC and metrics
+        """The transports, built (nothing bound yet), in the order they start: gRPC and metrics
         (also returned alone, for their ports, with the page), then OTLP/HTTP, the page and
         the MQTT input when configured."""
         s = self.settings
@@ -353,11 +356,11 @@ class Daemon:
             model=self._backend.availability,
         )
 
-        def http_access(door: Door, call: str) -> HttpAccess | None:
+        def http_access(transport: TransportName, call: str) -> HttpAccess | None:
             return (
                 None
                 if access is None or denials is None
-                else HttpAccess(access, denials, door, call)
+                else HttpAccess(access, denials, transport, call)
             )
 
         http_limits = HttpLimits.from_settings(s)
@@ -369,7 +372,7 @@ class Daemon:
             tls=tls,
             access=http_access("metrics", "GET /metrics"),
         )
-        doors: list[Transport] = [grpc, metrics_http]
+        transports: list[Transport] = [grpc, metrics_http]
         if s.otlp_http_port:
             otlp_http = OtlpHttp(
                 otlp,
@@ -382,7 +385,7 @@ class Daemon:
                 access=http_access("otlp_http", "POST /v1/traces"),
                 logs_access=http_access("otlp_http", "POST /v1/logs"),
             )
-            doors.append(otlp_http)
+            transports.append(otlp_http)
         page = None
         if s.page_port:
             page = PageHttp(
@@ -401,14 +404,14 @@ class Daemon:
                 port=s.page_port,
                 tls=tls,
             )
-            doors.append(page)
+            transports.append(page)
             if s.page_external_url:
                 self.metrics.page.info({"url": s.page_external_url.rstrip("/")})
         inputs = mqtt_input_spec(self.spec)
         if inputs is not None:
             mqtt = MqttInput(inputs, self.spec.system.name, core.pipeline, self.metrics.registry)
-            doors.append(mqtt)
-        return grpc, metrics_http, page, doors
+            transports.append(mqtt)
+        return grpc, metrics_http, page, transports
 
     def _publish_parts(self, store: Store, backend: LLMBackend) -> None:
         """Gauges read, at each scrape, whether each part the daemon depends on answers."""
@@ -444,15 +447,15 @@ class Daemon:
         if started is None:
             return
         log.info("daemon draining", drain_seconds=self.settings.drain_seconds)
-        for door in self._transports:
-            await door.drain()
+        for transport in self._transports:
+            await transport.drain()
         await self._end_background()
         await self._drain_investigations()
         await started.aclose()
         log.info("daemon stopped")
 
     async def _drain_investigations(self) -> None:
-        """Once: the drain runs before the doors close, and again from the stack."""
+        """Once: the drain runs before the transports close, and again from the stack."""
         if self._core is None or self._investigations_drained:
             return
         self._investigations_drained = True

@@ -22,8 +22,8 @@ class StartupError(Exception):
     started is stopped again."""
 
 
-class DoorBindError(StartupError):
-    """A door cannot listen on its address: the port is taken, or the host is not this
+class TransportBindError(StartupError):
+    """A transport cannot listen on its address: the port is taken, or the host is not this
     machine's."""
 
 

@@ -57,7 +57,7 @@ class AgentMessage(Frozen):
     span_id: str = ""
 
 
-# AgentMessage's validator, from a dict, for the doors that build one per message received:
+# AgentMessage's validator, from a dict, for the transports that build one per message received:
 # pydantic's keyword constructor costs a quarter more per message, and `model_validate`'s Python
 # wrapper a fifth more than calling it.
 validate_agent_message: Callable[[dict[str, Any]], AgentMessage] = (
@@ -96,10 +96,10 @@ SampleRow: TypeAlias = tuple[str, str, float, datetime]
 # The largest integer every store adapter keeps (SQLite's INTEGER, PostgreSQL's bigint): indexes,
 # event ids, producer seqs and the like are checked against it before they reach a store.
 MAX_INTEGER = 2**63 - 1
-# The longest producer name a door takes.
+# The longest producer name a transport takes.
 MAX_PRODUCER_CHARS = 256
-# The OTLP receiver's producers: this prefix, then a span's identity. No other door takes a name
-# with it, so nobody's keys can pass for a span's (and have its message dropped as a copy).
+# The OTLP receiver's producers: this prefix, then a span's identity. No other transport takes a
+# name with it, so nobody's keys can pass for a span's (and have its message dropped as a copy).
 OTLP_PRODUCER_PREFIX = "otlp:"
 # The magnitude a telemetry reading may reach when its component declares no range for its
 # signal (POIROTD_TELEMETRY_MAX_ABS_VALUE changes it); past it, or outside a declared range, the
@@ -122,7 +122,7 @@ ValueBound = Annotated[float, AfterValidator(_within_max_abs_value)]
 
 
 def producer_problem(producer: str) -> str:
-    """Why a door refuses `producer` as a client's idempotency scope ("" if it does not)."""
+    """Why a transport refuses `producer` as a client's idempotency scope ("" if it does not)."""
     if len(producer) > MAX_PRODUCER_CHARS:
         return f"producer is {len(producer)} characters, the limit is {MAX_PRODUCER_CHARS}"
     if producer.startswith(OTLP_PRODUCER_PREFIX):
@@ -135,11 +135,11 @@ def producer_problem(producer: str) -> str:
 
 
 def scoped_producer(scope: str, producer: str) -> str:
-    """`producer` as named within `scope`: the name the store keys on. A door scopes the name a
-    client gives by who the door knows the client to be ("mqtt:<topic>", "grpc:token:<name>"),
-    so no client can name a key of another and have that one's items dropped as copies. The
-    scope ends at the first "|" (one in the scope itself is escaped, with "%"), so no name given
-    in one scope is a name of another."""
+    """`producer` as named within `scope`: the name the store keys on. A transport scopes the name
+    a client gives by who the transport knows the client to be ("mqtt:<topic>",
+    "grpc:token:<name>"), so no client can name a key of another and have that one's items
+    dropped as copies. The scope ends at the first "|" (one in the scope itself is escaped, with
+    "%"), so no name given in one scope is a name of another."""
     return f"{scope_text(scope)}|{producer}"
 
 
@@ -616,7 +616,7 @@ class Investigation(Frozen):
 
 
 # The transports that check credentials.
-Door = Literal["grpc", "metrics", "otlp_http", "page"]
+TransportName = Literal["grpc", "metrics", "otlp_http", "page"]
 
 
 class AccessDenial(Frozen):
@@ -624,7 +624,7 @@ class AccessDenial(Frozen):
     Never the credential itself: the name it authenticated as, if any."""
 
     at: datetime
-    door: Door
+    transport: TransportName
     # The call: "Investigations.Trigger", "GET /metrics".
     call: str
     # poirotd.transports.security.access.DenialReason's value.
@@ -635,8 +635,7 @@ class AccessDenial(Frozen):
     # The client's address as the transport reports it; in a summary, its host.
     peer: str = ""
     # A summary of refused calls alike (poirotd.transports.security.denials): how many, `at` the
-    # first and `until` the last. Left out of a single refusal's record, so that the records
-    # chained before summaries existed encode, and verify, as they did.
+    # first and `until` the last. Left out of a single refusal's record (most records are one).
     count: int = Field(default=1, ge=1, exclude_if=lambda count: count == 1)
     until: datetime | None = Field(default=None, exclude_if=lambda until: until is None)
 

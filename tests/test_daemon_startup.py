@@ -1,6 +1,7 @@
-"""A start that fails part-way leaves nothing behind: when a door cannot bind (its port taken),
-what had started (the store, the model, the investigation workers, the background tasks, the
-doors before it) is stopped in reverse order, and the StartupError says which door and port.
+"""A start that fails part-way leaves nothing behind: when a transport cannot bind (its port
+taken), what had started (the store, the model, the investigation workers, the background tasks,
+the transports before it) is stopped in reverse order, and the StartupError says which transport
+and port.
 `poirotd run` then exits 2 with that one line, no traceback."""
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ import yaml
 from poirotd.config import Settings
 from poirotd.daemon import Daemon
 from poirotd.demo.process import free_port
-from poirotd.errors import DoorBindError, StartupError
+from poirotd.errors import StartupError, TransportBindError
 from poirotd.llm.scripted import ScriptedBackend
 from tests.support.answers import schema_answer
 from tests.support.cli import poirotd
 from tests.support.spec import CLINIC
 
-# Each door, in the order the daemon starts them, with the setting of its port.
-DOORS = {"grpc": "grpc_port", "metrics": "metrics_port", "otlp_http": "otlp_http_port"}
+# Each transport, in the order the daemon starts them, with the setting of its port.
+TRANSPORTS = {"grpc": "grpc_port", "metrics": "metrics_port", "otlp_http": "otlp_http_port"}
 MESSAGES = {
     "grpc": "cannot listen for gRPC on 127.0.0.1:{port} (POIROTD_GRPC_HOST, POIROTD_GRPC_PORT): "
     "the port is taken, or the host is not an address of this machine",
@@ -59,8 +60,8 @@ def bindable(port: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("taken", list(DOORS))
-def test_a_door_that_cannot_bind_stops_everything_that_had_started(
+@pytest.mark.parametrize("taken", list(TRANSPORTS))
+def test_a_transport_that_cannot_bind_stops_everything_that_had_started(
     tmp_path: Path, taken: str
 ) -> None:
     """Run in its own event loop (asyncio.run) so that the loop's tasks, and every thread
@@ -70,16 +71,16 @@ def test_a_door_that_cannot_bind_stops_everything_that_had_started(
     db = tmp_path / "poirotd.db"
     threads = set(threading.enumerate())
     with listening() as held:
-        ports = {door: held if door == taken else free_port() for door in DOORS}
+        ports = {name: held if name == taken else free_port() for name in TRANSPORTS}
 
         async def fail_to_start() -> str:
-            doors: dict[str, Any] = {DOORS[door]: port for door, port in ports.items()}
-            settings = Settings(db_path=db, drain_seconds=5, **doors)
+            listen: dict[str, Any] = {TRANSPORTS[name]: port for name, port in ports.items()}
+            settings = Settings(db_path=db, drain_seconds=5, **listen)
             daemon = Daemon(settings, CLINIC, backend=ScriptedBackend(schema_answer))
             try:
                 await daemon.start()
             except StartupError as exc:
-                assert isinstance(exc, DoorBindError)
+                assert isinstance(exc, TransportBindError)
                 refusal = str(exc)
             else:
                 raise AssertionError("the daemon started on a taken port")
@@ -93,9 +94,9 @@ def test_a_door_that_cannot_bind_stops_everything_that_had_started(
     assert db.exists() and not db.with_name(db.name + "-wal").exists()
     with sqlite3.connect(db) as check:
         assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    for door, port in ports.items():
-        if door != taken:
-            assert bindable(port), f"the {door} door still listens on {port}"
+    for transport, port in ports.items():
+        if transport != taken:
+            assert bindable(port), f"the {transport} transport still listens on {port}"
     gc.collect()
     deadline = time.monotonic() + 5  # a closed store's worker threads end on their own
     while set(threading.enumerate()) != threads and time.monotonic() < deadline:

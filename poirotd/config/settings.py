@@ -171,17 +171,18 @@ class Settings(BaseSettings):
     otlp_log_wait_seconds: float = Field(default=120.0, gt=0)
     otlp_log_wait_records: int = Field(default=20_000, ge=1)
     otlp_log_remembered_spans: int = Field(default=100_000, ge=1)
-    # The HTTP doors (/metrics, OTLP/HTTP), each on its own: how long a connection has to deliver
-    # each whole request, headers and body, from its opening or its previous answer (a TLS
-    # handshake has as long again; a connection idle that long after an answer is closed), and
-    # how many connections may be open at once, in all and per peer (IP address). Over a bound,
-    # the connection is aborted, or answered 503 with Retry-After.
+    # The HTTP transports (/metrics, OTLP/HTTP), each on its own: how long a connection has to
+    # deliver each whole request, headers and body, from its opening or its previous answer (a
+    # TLS handshake has as long again; a connection idle that long after an answer is closed),
+    # and how many connections may be open at once, in all and per peer (IP address). Over a
+    # bound, the connection is aborted, or answered 503 with Retry-After.
     http_request_seconds: float = Field(default=30.0, gt=0)
     http_max_connections: int = Field(default=256, ge=1)
     http_max_connections_per_peer: int = Field(default=32, ge=1)
     # The operator's page (poirotd.transports.page: investigations, votes, telemetry, live by
-    # server-sent events) on its own port, with the same TLS and access file as the other doors;
-    # 0 = off. Read-only unless page_confirm: then an operator may confirm or correct an outcome.
+    # server-sent events) on its own port, with the same TLS and access file as the other
+    # transports; 0 = off. Read-only unless page_confirm: then an operator may confirm or correct
+    # an outcome.
     page_host: str = "127.0.0.1"
     page_port: int = Field(default=0, ge=0, le=65535)
     page_confirm: bool = False

@@ -1,7 +1,7 @@
 """Numbers the messages whose producers leave their index to the daemon: OTLP spans, agent
 messages over MQTT, native messages sent with `assign_index`.
 
-One count per daemon (the pipeline's), so two doors writing one session never collide. A
+One count per daemon (the pipeline's), so two transports writing one session never collide. A
 session's count starts after the highest index the store has for it (read once, then kept: as
 many entries as the store has sessions, for the daemon's life) and moves past every index a
 producer chose that the pipeline admitted (`observe`), so the daemon never hands out an index a

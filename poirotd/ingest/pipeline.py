@@ -142,7 +142,7 @@ class IngestPipeline:
         self._rules = RuleEngine(spec.rules)
         self._signals = SignalNames(signals_per_component)
         self._ranges = ValueRanges(spec, max_abs_value)
-        # For the doors whose producers leave numbering to the daemon: one count for them all.
+        # For the transports whose producers leave numbering to the daemon: one count for them all.
         self.indexes = SessionIndexes(store)
         self._rounds: deque[_Round] = deque()
         self._committer: asyncio.Task[None] | None = None
@@ -157,7 +157,8 @@ class IngestPipeline:
                 metrics.conflicts.labels(kind, reason)
 
     def implicit_sessions(self, input_name: str) -> ImplicitSessions:
-        """For a door whose producers do not start their sessions (OTLP, MQTT agent messages)."""
+        """For a transport whose producers do not start their sessions (OTLP, MQTT agent
+        messages)."""
         return ImplicitSessions(self._store, self._spec.system.name, input_name)
 
     def scope(self) -> IngestScope:

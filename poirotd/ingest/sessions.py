@@ -1,4 +1,4 @@
-"""Sessions the doors start implicitly: OTLP spans and agent messages over MQTT name sessions
+"""Sessions the transports start implicitly: OTLP spans and agent messages over MQTT name sessions
 that no producer started. A message of a session the store does not have is preceded by the
 session's start (at the message's time, labelled with the input) in the same batch.
 """

@@ -1,4 +1,4 @@
-"""Checks what is ingested against the system spec: the domain rules, the same at every door.
+"""Checks what is ingested against the system spec: the domain rules, the same on every transport.
 
 Stream rules (a seq that increases, an item's size on the wire) belong to the transports that
 have streams. A scope is one producer's view (a gRPC stream, a run of the MQTT input): the

@@ -12,13 +12,13 @@ from poirotd.protocol.injection import FINDING_KINDS
 
 _PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-HTTP_DOORS = ("metrics", "otlp_http", "page")
+HTTP_TRANSPORTS = ("metrics", "otlp_http", "page")
 # Why the page refused a request it could read (poirotd.transports.page): a post from another
 # site, a Host that is not its own, a request it cannot use, a confirmation it is not set to take.
 PAGE_REFUSALS = ("cross_site", "unknown_host", "bad_request", "read_only")
 # Wall time over the model-time floor: 1 is the ideal, the target is at most 1.1.
 _FLOOR_RATIO_BUCKETS = (1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10, 30)
-# Why an HTTP door refused a connection (poirotd.transports.http_server).
+# Why an HTTP transport refused a connection (poirotd.transports.http_server).
 HTTP_REFUSALS = ("too_many_connections", "too_many_peer_connections", "request_deadline")
 # What became of an attribution offered to the OTLP exporter (poirotd.exporters.exporter), and
 # why an export was sent again (poirotd.exporters.otlp_client).
@@ -245,8 +245,8 @@ class Metrics:
         )
         self.ingest_refused = Counter(
             "poirot_ingest_refused_total",
-            "Ingest items the daemon refused, whatever the door, by kind and reason (a value "
-            "outside its signal's range, a time out of range, an unknown session...); a "
+            "Ingest items the daemon refused, whatever the transport, by kind and reason (a "
+            "value outside its signal's range, a time out of range, an unknown session...); a "
             "telemetry delivery counts each refused sample",
             ["kind", "reason"],
             registry=r,
@@ -357,21 +357,23 @@ class Metrics:
         )
         self.http_connections = Gauge(
             "poirot_http_connections",
-            "Connections open on an HTTP door (metrics, otlp_http, page)",
-            ["door"],
+            "Connections open on an HTTP transport (metrics, otlp_http, page)",
+            ["transport"],
             registry=r,
         )
         self.http_connections_refused = Counter(
             "poirot_http_connections_refused_total",
-            "Connections an HTTP door refused (too_many_connections, too_many_peer_connections: "
-            "answered 503) or aborted (request_deadline: no whole request in time)",
-            ["door", "reason"],
+            "Connections an HTTP transport refused (too_many_connections, "
+            "too_many_peer_connections: answered 503) or aborted (request_deadline: no whole "
+            "request in time)",
+            ["transport", "reason"],
             registry=r,
         )
-        for door in HTTP_DOORS:  # at 0 from the start, so an increase sees the first
-            self.http_connections.labels(door)
+        # At 0 from the start, so an increase sees the first.
+        for transport in HTTP_TRANSPORTS:
+            self.http_connections.labels(transport)
             for refusal in HTTP_REFUSALS:
-                self.http_connections_refused.labels(door, refusal)
+                self.http_connections_refused.labels(transport, refusal)
         self.auth_denials = Counter(
             "poirot_auth_denials_total",
             "Calls refused for want of credentials or of a role, by call and reason",

@@ -1,5 +1,5 @@
-"""The server of the HTTP doors (/metrics, OTLP/HTTP): an aiohttp application on the daemon's
-event loop, held to the same bounds on both doors against clients that hold a connection
+"""The server of the HTTP transports (/metrics, OTLP/HTTP): an aiohttp application on the daemon's
+event loop, held to the same bounds on both transports against clients that hold a connection
 without finishing their requests.
 
 - A whole-request deadline: a connection has `request_seconds` to deliver each request (for the
@@ -15,7 +15,7 @@ The bounds are kept by a protocol wrapped around each of aiohttp's (`_Connection
 place that sees a connection open, receive and close: no thread, no timer per read. It does the
 TLS handshake itself (`start_tls`), as asyncio's server would hide the connection from it until
 the handshake is over. Each refusal is counted in
-`poirot_http_connections_refused_total{door,reason}` and logged.
+`poirot_http_connections_refused_total{transport,reason}` and logged.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from poirotd.config import Settings
-from poirotd.errors import DoorBindError
-from poirotd.model import Door
+from poirotd.errors import TransportBindError
+from poirotd.model import TransportName
 from poirotd.observability.metrics import HTTP_REFUSALS, Metrics
 from poirotd.transports.security.tls import ServerTls
 
@@ -45,7 +45,7 @@ _RETRY_AFTER_SECONDS = 1
 # when it opens (CPython issue 109534): 400 held connections cost 100 MiB. A socket read rarely
 # brings more than 64 KiB, and a TLS record is at most 16 KiB, so a smaller one costs nothing.
 # The attribute is asyncio's, so this holds for every asyncio TLS connection of the process
-# (only these doors: gRPC and the LLM client have their own TLS).
+# (only these transports: gRPC and the LLM client have their own TLS).
 sslproto.SSLProtocol.max_size = 32 * 1024
 
 
@@ -65,13 +65,13 @@ class HttpLimits:
 
 
 class HttpServer:
-    """`app` served on host:port (over TLS when `tls` is given) within `limits`; what one door
-    needs of a server: start, the bound port, stop."""
+    """`app` served on host:port (over TLS when `tls` is given) within `limits`; what one
+    transport needs of a server: start, the bound port, stop."""
 
     def __init__(
         self,
         app: web.Application,
-        door: Door,
+        transport: TransportName,
         metrics: Metrics,
         limits: HttpLimits,
         *,
@@ -80,8 +80,8 @@ class HttpServer:
         tls: ServerTls | None = None,
         auto_decompress: bool = True,
     ) -> None:
-        self._door = door
-        self._connections = _Connections(door, metrics, limits)
+        self._transport = transport
+        self._connections = _Connections(transport, metrics, limits)
         app.middlewares.append(self._connections.answering)
         self._app = app
         self._host = host
@@ -111,9 +111,9 @@ class HttpServer:
             )
         except OSError as exc:
             await runner.cleanup()
-            setting = f"POIROTD_{self._door.upper()}"
-            raise DoorBindError(
-                f"cannot listen for {self._door} on {self._host}:{self.port} "
+            setting = f"POIROTD_{self._transport.upper()}"
+            raise TransportBindError(
+                f"cannot listen for {self._transport} on {self._host}:{self.port} "
                 f"({setting}_HOST, {setting}_PORT): {os.strerror(exc.errno) if exc.errno else exc}"
             ) from None
         except BaseException:
@@ -136,16 +136,16 @@ class HttpServer:
 
 
 class _Connections:
-    """One door's open connections, per peer and in all, and its refusals."""
+    """One transport's open connections, per peer and in all, and its refusals."""
 
-    def __init__(self, door: Door, metrics: Metrics, limits: HttpLimits) -> None:
+    def __init__(self, transport: TransportName, metrics: Metrics, limits: HttpLimits) -> None:
         self.limits = limits
         self.handshakes: set[asyncio.Task[None]] = set()
-        self._door = door
+        self._transport = transport
         self._metrics = metrics
         self._by_handler: dict[web.RequestHandler, _Connection] = {}
         self._per_peer: dict[str, int] = {}
-        self._open = metrics.http_connections.labels(door)
+        self._open = metrics.http_connections.labels(transport)
 
     def admit(self, connection: _Connection, peer: str) -> str | None:
         """None when `peer` may open one more connection (then counted as open); else the
@@ -178,14 +178,16 @@ class _Connections:
             self._per_peer[peer] = left
 
     def refused(self, peer: str, reason: str, detail: str) -> str:
-        self._metrics.http_connections_refused.labels(self._door, reason).inc()
-        log.warning("connection refused", door=self._door, peer=peer, reason=reason, detail=detail)
+        self._metrics.http_connections_refused.labels(self._transport, reason).inc()
+        log.warning(
+            "connection refused", transport=self._transport, peer=peer, reason=reason, detail=detail
+        )
         return detail
 
     def handshake_failed(self, peer: str, error: BaseException) -> None:
         """No or a wrong client certificate, a client gone, or the deadline: logged quietly
         (the deadline's abort is counted where it happens)."""
-        log.info("TLS handshake failed", door=self._door, peer=peer, error=str(error))
+        log.info("TLS handshake failed", transport=self._transport, peer=peer, error=str(error))
 
     async def abort_handshakes(self) -> None:
         for connection in list(self._by_handler.values()):

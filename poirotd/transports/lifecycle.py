@@ -6,11 +6,12 @@ from typing import Protocol
 
 
 class Transport(Protocol):
-    """A door of the daemon. Started in order once the core is up (telemetry inputs last);
+    """A transport of the daemon. Started in order once the core is up (telemetry inputs last);
     on SIGTERM all are drained before investigations are, then stopped in reverse order."""
 
     async def start(self) -> None:
-        """Binds and starts serving; raises DoorBindError if it cannot listen (a port taken)."""
+        """Binds and starts serving; raises TransportBindError if it cannot listen (a port
+        taken)."""
 
     async def drain(self) -> None:
         """Stops taking new work; what was received is still committed and acknowledged."""

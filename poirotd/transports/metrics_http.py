@@ -22,7 +22,7 @@ PATH = "/metrics"
 
 
 class MetricsHttp:
-    """The metrics door; its lifecycle is the daemon's (transports.lifecycle)."""
+    """The metrics transport; its lifecycle is the daemon's (transports.lifecycle)."""
 
     def __init__(
         self,

@@ -29,8 +29,8 @@ async def test_a_smoke_run_sees_every_slow_client_ended_at_the_deadline(tmp_path
         assert held.open_connections == 12 and past.open_connections == 0
         assert held.threads == before.threads
         assert side.refusals == {
-            "door=metrics,reason=request_deadline": 6,
-            "door=otlp_http,reason=request_deadline": 6,
+            "reason=request_deadline,transport=metrics": 6,
+            "reason=request_deadline,transport=otlp_http": 6,
         }
     text = http_doors.section(p, sides)
     assert text.startswith(begin_marker("bench.http_doors smoke"))

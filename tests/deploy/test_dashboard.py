@@ -17,6 +17,11 @@ DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 SYSTEM_MATCHER = 'system=~"$system"'
 SYSTEM_JOIN = 'on (job, instance) group_left () poirot_build_info{system=~"$system"}'
 _SELECTOR = re.compile(r"\b(poirot_[a-z0-9_]+)(\{[^}]*\})?")
+# The labels a query groups or joins by, and those its legend names.
+_GROUPING = re.compile(r"\b(?:by|on) \(([^)]*)\)")
+_LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+# Labels every series has without metrics.py naming them: the scrape's, and a bucket's bound.
+_SCRAPE_LABELS = {"job", "instance", "le"}
 
 
 def _dashboard() -> dict[str, Any]:
@@ -111,6 +116,40 @@ def test_every_query_is_filtered_by_the_system_variable() -> None:
             else:
                 # No system label of its own: joined to the daemon's build info instead.
                 assert SYSTEM_JOIN in expr, f"{name} unfiltered in {expr}"
+
+
+def _labels_by_family() -> dict[str, set[str]]:
+    """The label names of each metrics.py family, the build information's values included."""
+    metrics = Metrics("probe")
+    labels = {
+        wrapper._name: set(wrapper._labelnames)
+        for wrapper in vars(metrics).values()
+        if isinstance(wrapper, MetricWrapperBase)
+    }
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            labels.setdefault(family.name, set()).update(sample.labels)
+    return labels
+
+
+def test_every_label_a_panel_groups_by_or_names_is_one_of_its_metrics() -> None:
+    """A label renamed in metrics.py and not here would leave its panel with one nameless
+    series (Prometheus groups by a label no series has without a word)."""
+    by_family = _labels_by_family()
+    for panel in _panels():
+        for target in panel["targets"]:
+            expr = target["expr"]
+            known = set(_SCRAPE_LABELS)
+            for name, _ in _SELECTOR.findall(expr):
+                family = max(
+                    (f for f in by_family if name == f or name.startswith(f + "_")), key=len
+                )
+                known |= by_family[family]
+            used = {
+                label for group in _GROUPING.findall(expr) for label in re.findall(r"\w+", group)
+            }
+            used |= set(_LEGEND_LABEL.findall(target.get("legendFormat", "")))
+            assert used <= known, f"{panel['title']}: {sorted(used - known)}"
 
 
 def test_the_attribution_panels_link_to_the_investigation_page() -> None:

@@ -41,7 +41,7 @@ def test_without_a_step_the_last_message_is_evaluated() -> None:
     assert placement.links == ()
 
 
-def test_a_session_from_another_door_gets_its_own_trace_linked_to_its_spans() -> None:
+def test_a_session_from_another_transport_gets_its_own_trace_linked_to_its_spans() -> None:
     messages = [traced(0, TRACE_A, "01" * 8), traced(1, TRACE_B, "02" * 8)]
     placement = place({"input": "grpc"}, messages, step=0)
     assert placement.trace_id.hex() not in (TRACE_A, TRACE_B)

@@ -1,5 +1,5 @@
 """Messages whose producers leave the index to the daemon: numbered in arrival order, after what
-the session has, with one count for every door (the native stream's assign_index and OTLP)."""
+the session has, with one count for every transport (the native stream's assign_index and OTLP)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _message(content: str, index: int = 0) -> pb.IngestRequest:
     return request
 
 
-async def test_the_daemon_numbers_on_from_the_session_across_streams_and_doors(
+async def test_the_daemon_numbers_on_from_the_session_across_streams_and_transports(
     tmp_path: Path,
 ) -> None:
     start = convert.ingest_request(

@@ -168,7 +168,7 @@ def test_a_keyed_payload_needs_an_integer_seq() -> None:
             codec.decode_keyed(bad, now)
 
 
-def test_a_payloads_producer_is_a_name_other_doors_do_not_own() -> None:
+def test_a_payloads_producer_is_a_name_other_transports_do_not_own() -> None:
     codec = DocumentCodec(
         "json", timestamp_field=None, timestamp_unit="s", key_field="seq", producer_field="by"
     )

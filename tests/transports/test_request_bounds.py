@@ -99,7 +99,7 @@ async def test_a_request_at_its_bound_is_read(daemon: Daemon, client: PoirotClie
 def _refusals(
     client: PoirotClient, channel: grpc.aio.Channel
 ) -> Iterator[tuple[str, Callable[[], Awaitable[Any]]]]:
-    """A refusal of each kind the door and the service give."""
+    """A refusal of each kind the transport and the service give."""
     stub, long_id = client.investigations, "x" * 2000
     yield "not found", lambda: stub.Get(pb.GetInvestigationRequest(investigation_id=long_id))
     yield "unknown session", lambda: stub.Trigger(pb.TriggerRequest(session_id=long_id))

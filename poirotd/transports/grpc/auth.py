@@ -127,7 +127,7 @@ class _Admission:
             identity.require(requirement.role_for(request), self._rpc)
             _caller.set(identity)
         except AccessDeniedError as denied:
-            self._denials.record(denied, door="grpc", call=self._rpc, peer=context.peer())
+            self._denials.record(denied, transport="grpc", call=self._rpc, peer=context.peer())
             code = (
                 grpc.StatusCode.PERMISSION_DENIED
                 if denied.reason.authenticated

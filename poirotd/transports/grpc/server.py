@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection as grpc_reflection
 from poirotd.api.limits import BATCH_BYTES, MAX_REPLY_BYTES
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.api.poirot.v1 import poirot_pb2_grpc as pb_grpc
-from poirotd.errors import DoorBindError
+from poirotd.errors import TransportBindError
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.ingest.session_reads import SessionReads
 from poirotd.investigations.service import InvestigationService
@@ -142,7 +142,7 @@ class GrpcServer:
         except RuntimeError:  # grpc's "Failed to bind", in the versions that raise it
             port = 0
         if port == 0:
-            raise DoorBindError(
+            raise TransportBindError(
                 f"cannot listen for gRPC on {address} (POIROTD_GRPC_HOST, POIROTD_GRPC_PORT): "
                 "the port is taken, or the host is not an address of this machine"
             )

@@ -3,9 +3,9 @@ protobuf or JSON bodies, gzip or not, answered in the request's encoding as the 
 specification says.
 
 Served by aiohttp in the daemon's event loop, so a request calls the ingest pipeline directly
-(uvicorn installs its own signal handlers), within the HTTP doors' request deadline and
+(uvicorn installs its own signal handlers), within the HTTP transports' request deadline and
 connection caps (`transports.http_server`). Bodies are decompressed here, not by aiohttp, to
-bound what a small gzip body may expand to. Locked like the other doors: TLS from the daemon's
+bound what a small gzip body may expand to. Locked like the other transports: TLS from the daemon's
 certificate (followed on rotation), and with an access policy the `ingest` role.
 """
 
@@ -61,7 +61,7 @@ class _AbandonedError(Exception):
 
 
 class OtlpHttp:
-    """The OTLP/HTTP door; its lifecycle is the daemon's (transports.lifecycle)."""
+    """The OTLP/HTTP transport; its lifecycle is the daemon's (transports.lifecycle)."""
 
     def __init__(
         self,

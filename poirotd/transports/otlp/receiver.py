@@ -1,4 +1,4 @@
-"""What both OTLP doors (gRPC TraceService and LogsService, HTTP /v1/traces and /v1/logs) do
+"""What both OTLP transports (gRPC TraceService and LogsService, HTTP /v1/traces and /v1/logs) do
 with an export: map its spans, or its GenAI log events joined to their spans (log_join), to
 agent messages, number them in their sessions, start the sessions that are new, hand them to the
 ingest pipeline and answer once they are durable, with the spans or log records that could not

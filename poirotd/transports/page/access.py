@@ -77,13 +77,13 @@ class PageAccess:
 
     def viewer(self, request: web.Request, call: str = "GET /page") -> Viewer:
         """The viewer a data request is made for, once it holds `call`'s role; raises
-        PageRefusedError (401 or 403, recorded like every door's refusals) otherwise."""
+        PageRefusedError (401 or 403, recorded like every transport's refusals) otherwise."""
         try:
             identity = self.identity(request)
             identity.require(_role(call), call)
         except AccessDeniedError as denied:
             if self.denials is not None:
-                self.denials.record(denied, door="page", call=call, peer=request.remote or "")
+                self.denials.record(denied, transport="page", call=call, peer=request.remote or "")
             if denied.reason.authenticated:
                 raise PageRefusedError(web.Response(status=403, text=f"{denied}\n")) from None
             raise PageRefusedError(
@@ -107,7 +107,7 @@ class PageAccess:
             identity.require(_role("GET /page"), "GET /page")
         except AccessDeniedError as denied:
             if self.denials is not None:
-                self.denials.record(denied, door="page", call="GET /page", peer=peer)
+                self.denials.record(denied, transport="page", call="GET /page", peer=peer)
             return None
         return identity
 

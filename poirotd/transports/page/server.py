@@ -1,7 +1,7 @@
 """The operator's page: the investigations list and each investigation (timeline, hazard window,
 attribution, radial projection, votes, interrogation threads, findings), live by server-sent
 events from the event bus. Served by the daemon on its own port (POIROTD_PAGE_PORT) through the
-HTTP doors' server (`transports.http_server`: deadlines, connection caps, TLS), every asset
+HTTP transports' server (`transports.http_server`: deadlines, connection caps, TLS), every asset
 included: no CDN, nothing fetched from elsewhere, so it works on an air-gapped site.
 
 The HTML is a fixed shell with no data in it; its script asks the JSON API below and puts every
@@ -86,7 +86,7 @@ _STATUS: dict[type[ServiceError], int] = {
 
 
 class PageHttp:
-    """The page's door; its lifecycle is the daemon's (transports.lifecycle)."""
+    """The page's transport; its lifecycle is the daemon's (transports.lifecycle)."""
 
     def __init__(
         self,

@@ -1,13 +1,13 @@
 """Every refused call counted, logged and kept in the audit chain, in rows that do not grow with
 an attacker's rate.
 
-Refusals alike (the same door, call, reason, identity, role and peer host) are summarised over a
-window: the first is written at once, opening the window; those after it are counted and
+Refusals alike (the same transport, call, reason, identity, role and peer host) are summarised
+over a window: the first is written at once, opening the window; those after it are counted and
 written as one summary row (`count`, `at` the first of them, `until` the last) when the window
 closes, or at stop (`flush`), so nothing counted is lost. A flood of bad tokens from one host
 then costs two rows a window, each chained like any other. At most `max_summaries` windows are
 open at once: refusals that would open another are summarised with every such peer's, as
-"other peers", per door, call and reason (counted in `poirot_auth_denials_folded_total`).
+"other peers", per transport, call and reason (counted in `poirot_auth_denials_folded_total`).
 `poirot_auth_denials_total` counts each refusal as it happens, and a refusal written at once is
 logged; a summary is logged when written.
 
@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 
 import structlog
 
-from poirotd.model import AccessDenial, Door
+from poirotd.model import AccessDenial, TransportName
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
 from poirotd.transports.peers import peer_host
@@ -38,7 +38,7 @@ OTHER_PEERS = "(other peers)"
 class _Alike:
     """What refusals summarised together share."""
 
-    door: Door
+    transport: TransportName
     call: str
     reason: str
     identity: str
@@ -46,7 +46,7 @@ class _Alike:
     peer: str  # a host
 
     def other_peers(self) -> _Alike:
-        return _Alike(self.door, self.call, self.reason, "", "", OTHER_PEERS)
+        return _Alike(self.transport, self.call, self.reason, "", "", OTHER_PEERS)
 
 
 @dataclass
@@ -75,11 +75,13 @@ class DenialRecorder:
         self._windows: dict[_Alike, _Window] = {}
         self._pending: set[asyncio.Task[None]] = set()
 
-    def record(self, denied: AccessDeniedError, *, door: Door, call: str, peer: str) -> None:
+    def record(
+        self, denied: AccessDeniedError, *, transport: TransportName, call: str, peer: str
+    ) -> None:
         self._metrics.auth_denials.labels(call, denied.reason.value).inc()
         denial = AccessDenial(
             at=datetime.now(UTC),
-            door=door,
+            transport=transport,
             call=call,
             reason=denied.reason.value,
             identity=denied.identity,
@@ -99,7 +101,7 @@ class DenialRecorder:
 
     def _admit(self, denial: AccessDenial) -> None:
         alike = _Alike(
-            denial.door,
+            denial.transport,
             denial.call,
             denial.reason,
             denial.identity,
@@ -129,7 +131,7 @@ class DenialRecorder:
             at=window.first,
             until=window.last,
             count=window.count,
-            door=alike.door,
+            transport=alike.transport,
             call=alike.call,
             reason=alike.reason,
             identity=alike.identity,

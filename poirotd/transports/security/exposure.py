@@ -44,17 +44,17 @@ class Exposure:
 def exposures(settings: Settings) -> tuple[Exposure, ...]:
     tls = settings.tls_cert_file is not None
     auth = settings.auth_file is not None or settings.tls_client_ca_file is not None
-    doors = [
+    transports = [
         Exposure("grpc", "POIROTD_GRPC_HOST", settings.grpc_host, tls, auth),
         Exposure("metrics", "POIROTD_METRICS_HOST", settings.metrics_host, tls, auth),
     ]
     if settings.otlp_http_port:
-        doors.append(
+        transports.append(
             Exposure("otlp_http", "POIROTD_OTLP_HTTP_HOST", settings.otlp_http_host, tls, auth)
         )
     if settings.page_port:
-        doors.append(Exposure("page", "POIROTD_PAGE_HOST", settings.page_host, tls, auth))
-    return tuple(doors)
+        transports.append(Exposure("page", "POIROTD_PAGE_HOST", settings.page_host, tls, auth))
+    return tuple(transports)
 
 
 def check_exposure(settings: Settings) -> tuple[Exposure, ...]:

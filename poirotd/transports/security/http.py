@@ -1,4 +1,4 @@
-"""The access check of the HTTP doors (/metrics, OTLP/HTTP), the same policy and answers as the
+"""The access check of the HTTP transports (/metrics, OTLP/HTTP), the same policy and answers as the
 gRPC interceptor's: 401 with a Bearer challenge for no or unknown credentials, 403 naming the
 missing role, each refusal counted, logged and chained by the `DenialRecorder`."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from poirotd.model import Door
+from poirotd.model import TransportName
 from poirotd.transports.security.access import (
     AccessControl,
     AccessDeniedError,
@@ -24,11 +24,11 @@ CHALLENGE = {"WWW-Authenticate": 'Bearer realm="poirotd"'}
 
 @dataclass(frozen=True)
 class HttpAccess:
-    """Who may call `call` (a key of `security.roles.REQUIRED`) on one HTTP door."""
+    """Who may call `call` (a key of `security.roles.REQUIRED`) on one HTTP transport."""
 
     access: AccessControl
     denials: DenialRecorder
-    door: Door
+    transport: TransportName
     call: str
 
     def admit(self, request: web.Request) -> Identity | web.Response:
@@ -44,7 +44,9 @@ class HttpAccess:
             )
             identity.require(requirement.role, self.call)
         except AccessDeniedError as denied:
-            self.denials.record(denied, door=self.door, call=self.call, peer=request.remote or "")
+            self.denials.record(
+                denied, transport=self.transport, call=self.call, peer=request.remote or ""
+            )
             if denied.reason.authenticated:
                 return web.Response(status=403, text=f"{denied}\n")
             return web.Response(status=401, text=f"{denied}\n", headers=CHALLENGE)

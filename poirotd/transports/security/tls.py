@@ -1,8 +1,8 @@
 """The server's TLS material from PEM files, re-read when the files are replaced.
 
-Every door uses it: gRPC takes the PEM bytes (grpc's certificate-config fetcher asks for them on
-every new connection), the metrics server an `ssl.SSLContext` it wraps each new connection with,
-OTLP/HTTP's asyncio server a context that does the same (`asyncio_context`).
+Every transport uses it: gRPC takes the PEM bytes (grpc's certificate-config fetcher asks for
+them on every new connection), the metrics server an `ssl.SSLContext` it wraps each new
+connection with, OTLP/HTTP's asyncio server a context that does the same (`asyncio_context`).
 A load is only taken when the certificate and key match and the files did not change while they
 were read, so a rotation caught half-written is simply tried again on the next connection.
 """

@@ -1,5 +1,5 @@
 """An exporter's retry of an export that was stored (its answer lost, a timeout: OTLP exporters
-retry by spec) is stored once, over both doors and encodings and on both store adapters: the
+retry by spec) is stored once, over both transports and encodings and on both store adapters: the
 copies are dropped by their spans' keys, counted, and the retry is answered as success."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The OTLP doors under random mutations of valid exports (bench/otlp_fuzz.py, quick): every
+"""The OTLP transports under random mutations of valid exports (bench/otlp_fuzz.py, quick): every
 input is answered without a crash, and nothing acknowledged is lost."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The OTLP logs doors of a real in-process daemon (gRPC LogsService, HTTP /v1/logs): the recorded
-runs whose content travels as GenAI log events (tests/support/otlp_log_runs.py) are stored as
-one session, in order, whichever of logs and spans comes first; a resent logs export is stored
-once; the log records that cannot be placed are reported in partial_success and counted; bad
-bodies are refused as on /v1/traces."""
+"""The OTLP logs transports of a real in-process daemon (gRPC LogsService, HTTP /v1/logs): the
+recorded runs whose content travels as GenAI log events (tests/support/otlp_log_runs.py) are
+stored as one session, in order, whichever of logs and spans comes first; a resent logs export is
+stored once; the log records that cannot be placed are reported in partial_success and counted;
+bad bodies are refused as on /v1/traces."""
 
 from __future__ import annotations
 

@@ -79,9 +79,11 @@ async def test_each_window_costs_at_most_two_rows_and_a_new_one_opens_with_a_wri
         store, metrics, asyncio.get_running_loop(), window_seconds=0.3, max_summaries=16
     )
 
-    def flood(calls: int) -> None:  # from another thread, as any door may call
+    def flood(calls: int) -> None:  # from another thread, as any transport may call
         for _ in range(calls):
-            recorder.record(UNKNOWN_TOKEN, door="metrics", call="GET /metrics", peer="10.0.0.9")
+            recorder.record(
+                UNKNOWN_TOKEN, transport="metrics", call="GET /metrics", peer="10.0.0.9"
+            )
 
     await asyncio.to_thread(flood, 200)
     await asyncio.sleep(0.6)  # the window closes: its summary is written
@@ -104,7 +106,7 @@ async def test_more_peers_than_summaries_are_folded_into_other_peers(store_db: S
     for _ in range(10):
         for host in range(5):
             peer = f"ipv4:10.0.0.{host}:{40000 + host}"
-            recorder.record(UNKNOWN_TOKEN, door="grpc", call="Ingest.Stream", peer=peer)
+            recorder.record(UNKNOWN_TOKEN, transport="grpc", call="Ingest.Stream", peer=peer)
     await recorder.flush()
     await store.close()
 
@@ -124,13 +126,12 @@ async def test_more_peers_than_summaries_are_folded_into_other_peers(store_db: S
     assert verify(store_db.target).ok
 
 
-def test_a_refusal_chained_by_an_older_poirotd_encodes_as_it_did() -> None:
-    """Its record re-encodes byte for byte (what verify checks): a single refusal's record
-    leaves the summary's fields out."""
-    older = (
-        '{"at":"2026-01-01T00:00:00Z","call":"GET /metrics","door":"metrics","identity":"",'
-        '"peer":"10.0.0.9","reason":"unknown_token","role":""}'
+def test_a_single_refusals_record_leaves_the_summarys_fields_out() -> None:
+    """It re-encodes byte for byte (what verify checks) without `count` and `until`."""
+    single = (
+        '{"at":"2026-01-01T00:00:00Z","call":"GET /metrics","identity":"","peer":"10.0.0.9",'
+        '"reason":"unknown_token","role":"","transport":"metrics"}'
     )
-    assert encode_record(AccessDenial.model_validate_json(older)) == older
-    summary = AccessDenial.model_validate_json(older).model_copy(update={"count": 2})
+    assert encode_record(AccessDenial.model_validate_json(single)) == single
+    summary = AccessDenial.model_validate_json(single).model_copy(update={"count": 2})
     assert '"count":2' in encode_record(summary)

@@ -159,7 +159,7 @@ async def test_each_denial_is_chained_without_the_secret(token_daemon: Daemon, p
 
     records = chained_denials(token_daemon)
     assert len(records) == 2
-    assert '"reason":"unknown_token"' in records[0] and '"door":"grpc"' in records[0]
+    assert '"reason":"unknown_token"' in records[0] and '"transport":"grpc"' in records[0]
     assert '"identity":"dashboard"' in records[1] and '"role":"operator"' in records[1]
     assert (
         '"call":"Investigations.Trigger"' in records[1] and '"peer":"ipv4:127.0.0.1' in records[1]

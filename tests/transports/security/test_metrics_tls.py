@@ -98,7 +98,8 @@ async def test_a_scrape_by_client_certificate_name(tmp_path: Path) -> None:
 
 
 async def test_a_scraper_is_known_by_its_uri_san_never_by_cn_or_email(tmp_path: Path) -> None:
-    """Issue 29, on an HTTP door: a CN or an email SAN spelling the mapped SPIFFE ID is refused."""
+    """Issue 29, on an HTTP transport: a CN or an email SAN spelling the mapped SPIFFE ID is
+    refused."""
     pki = Pki.create(tmp_path / "pki")
     scraper_id = "spiffe://poirotd.local/prometheus"
     pki.write_access({}, {scraper_id: ("prometheus", ["metrics"])})

@@ -1,4 +1,4 @@
-"""OTLP/HTTP locked like the other doors: TLS from the daemon's certificate (followed on
+"""OTLP/HTTP locked like the other transports: TLS from the daemon's certificate (followed on
 rotation), the `ingest` role under an access file, and no unlocked bind beyond loopback."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Slow clients and floods of connections on the HTTP doors (/metrics, OTLP/HTTP), over real
+"""Slow clients and floods of connections on the HTTP transports (/metrics, OTLP/HTTP), over real
 sockets, plain and TLS: a request must be whole within POIROTD_HTTP_REQUEST_SECONDS, connections
-are capped per peer and in all, each refusal is counted, and the doors go on serving."""
+are capped per peer and in all, each refusal is counted, and the transports go on serving."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from tests.support.daemon import in_process_daemon, rejected
 from tests.support.otlp_runs import SPEC
 from tests.support.pki import SERVER_NAME, Pki
 
-TOKEN = "doors-token"  # holds the ingest and metrics roles
+TOKEN = "transports-token"  # holds the ingest and metrics roles
 DEADLINE = 1.0
 # How much later than the deadline a connection may end on a shared, loaded machine.
 SLACK = 2.0
-DOORS = ("metrics", "otlp_http")
+TRANSPORTS = ("metrics", "otlp_http")
 REQUESTS = {
     "metrics": b"GET /metrics HTTP/1.1\r\nHost: poirotd\r\n",
     "otlp_http": b"POST /v1/traces HTTP/1.1\r\nHost: poirotd\r\n"
@@ -36,45 +36,45 @@ AUTHORIZED = f"Authorization: Bearer {TOKEN}\r\n".encode()
 
 
 @dataclass(frozen=True)
-class Doors:
+class HttpTransports:
     daemon: Daemon
     tls: ssl.SSLContext | None
 
-    def port(self, door: str) -> int:
-        if door == "metrics":
+    def port(self, transport: str) -> int:
+        if transport == "metrics":
             return self.daemon.metrics_port
         return self.daemon.settings.otlp_http_port
 
-    def refused(self, door: str, reason: str) -> float:
+    def refused(self, transport: str, reason: str) -> float:
         value = self.daemon.metrics.registry.get_sample_value(
-            "poirot_http_connections_refused_total", {"door": door, "reason": reason}
+            "poirot_http_connections_refused_total", {"transport": transport, "reason": reason}
         )
         return value or 0.0
 
-    def open_connections(self, door: str) -> float:
+    def open_connections(self, transport: str) -> float:
         value = self.daemon.metrics.registry.get_sample_value(
-            "poirot_http_connections", {"door": door}
+            "poirot_http_connections", {"transport": transport}
         )
         return value or 0.0
 
     async def connect(
-        self, door: str, source: str = "127.0.0.1", *, handshake: bool = True
+        self, transport: str, source: str = "127.0.0.1", *, handshake: bool = True
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A connection from `source` (any 127.0.0.0/8 address is loopback), over TLS when the
-        doors serve it, unless `handshake` is False (a client that never starts it)."""
+        transports serve it, unless `handshake` is False (a client that never starts it)."""
         tls = self.tls if handshake else None
         return await asyncio.open_connection(
             "127.0.0.1",
-            self.port(door),
+            self.port(transport),
             ssl=tls,
             server_hostname=SERVER_NAME if tls else None,
             local_addr=(source, 0),
         )
 
-    async def ask(self, door: str, source: str = "127.0.0.1") -> int:
+    async def ask(self, transport: str, source: str = "127.0.0.1") -> int:
         """A whole authorized request on a new connection; the answer's status."""
-        reader, writer = await self.connect(door, source)
-        writer.write(REQUESTS[door] + AUTHORIZED + b"Content-Length: 0\r\n\r\n")
+        reader, writer = await self.connect(transport, source)
+        writer.write(REQUESTS[transport] + AUTHORIZED + b"Content-Length: 0\r\n\r\n")
         try:
             return status(await asyncio.wait_for(reader.readline(), 5))
         finally:
@@ -82,7 +82,9 @@ class Doors:
 
 
 @asynccontextmanager
-async def open_doors(tmp_path: Path, tls: bool, **settings: Any) -> AsyncIterator[Doors]:
+async def open_transports(
+    tmp_path: Path, tls: bool, **settings: Any
+) -> AsyncIterator[HttpTransports]:
     pki = Pki.create(tmp_path / "pki")
     pki.write_access({TOKEN: ("collector", ["ingest", "metrics"])}, {})
     locks: dict[str, Any] = {"auth_file": pki.auth_file}
@@ -99,7 +101,7 @@ async def open_doors(tmp_path: Path, tls: bool, **settings: Any) -> AsyncIterato
         **locks,
         **settings,
     ) as daemon:
-        yield Doors(daemon, context)
+        yield HttpTransports(daemon, context)
 
 
 async def lifetime(
@@ -146,39 +148,39 @@ async def read_answer(reader: asyncio.StreamReader) -> bytes:
 async def test_a_request_not_whole_within_the_deadline_loses_its_connection(
     tmp_path: Path, tls: bool
 ) -> None:
-    async with open_doors(tmp_path, tls, http_request_seconds=DEADLINE) as doors:
+    async with open_transports(tmp_path, tls, http_request_seconds=DEADLINE) as http:
         slow: dict[tuple[str, str], asyncio.Task[tuple[float, bytes]]] = {}
-        for door in DOORS:
+        for name in TRANSPORTS:
             cases = {
-                "silent": (await doors.connect(door), b""),
-                "trickled headers": (await doors.connect(door), REQUESTS[door] + b"X-Slow: "),
+                "silent": (await http.connect(name), b""),
+                "trickled headers": (await http.connect(name), REQUESTS[name] + b"X-Slow: "),
                 "stalled body": (
-                    await doors.connect(door),
-                    REQUESTS[door] + AUTHORIZED + b"Content-Length: 1000000000\r\n\r\n0123456789",
+                    await http.connect(name),
+                    REQUESTS[name] + AUTHORIZED + b"Content-Length: 1000000000\r\n\r\n0123456789",
                 ),
             }
             if tls:
-                cases["no handshake"] = (await doors.connect(door, handshake=False), b"")
+                cases["no handshake"] = (await http.connect(name, handshake=False), b"")
             for case, ((reader, writer), first) in cases.items():
                 writer.write(first)
                 trickle = b"a" if case == "trickled headers" else b""
-                slow[door, case] = asyncio.create_task(lifetime(reader, writer, trickle))
+                slow[name, case] = asyncio.create_task(lifetime(reader, writer, trickle))
         # Meanwhile whole requests are answered.
-        assert await doors.ask("metrics") == await doors.ask("otlp_http") == 200
+        assert await http.ask("metrics") == await http.ask("otlp_http") == 200
 
         ended = {key: await task for key, task in slow.items()}
-        for (door, case), (seconds, answer) in ended.items():
-            assert seconds < DEADLINE + SLACK, f"{door}, {case}: held {seconds:.1f} s"
-            if case == "stalled body" and door == "metrics":  # answered before the body is in
+        for (name, case), (seconds, answer) in ended.items():
+            assert seconds < DEADLINE + SLACK, f"{name}, {case}: held {seconds:.1f} s"
+            if case == "stalled body" and name == "metrics":  # answered before the body is in
                 assert status(answer) == 200
             else:
-                assert answer == b"", f"{door}, {case}"
-        for door in DOORS:
-            assert doors.refused(door, "request_deadline") == len(ended) / len(DOORS)
+                assert answer == b"", f"{name}, {case}"
+        for name in TRANSPORTS:
+            assert http.refused(name, "request_deadline") == len(ended) / len(TRANSPORTS)
         # The export whose body never came is no fault of the daemon's.
-        assert rejected(doors.daemon, "otlp_http", "internal") == 0
-        # A close reaches the door a loop turn or two after the abort.
-        await _until(lambda: all(doors.open_connections(door) == 0 for door in DOORS))
+        assert rejected(http.daemon, "otlp_http", "internal") == 0
+        # A close reaches the transport a loop turn or two after the abort.
+        await _until(lambda: all(http.open_connections(name) == 0 for name in TRANSPORTS))
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
@@ -186,8 +188,8 @@ async def test_a_slow_but_timely_request_is_served_and_keep_alive_ends_quietly(
     tmp_path: Path, tls: bool
 ) -> None:
     deadline = 2 * DEADLINE  # room for a loaded machine: the client takes 60% of it
-    async with open_doors(tmp_path, tls, http_request_seconds=deadline) as doors:
-        reader, writer = await doors.connect("metrics")
+    async with open_transports(tmp_path, tls, http_request_seconds=deadline) as http:
+        reader, writer = await http.connect("metrics")
         head = REQUESTS["metrics"] + AUTHORIZED + b"\r\n"
         for part in (head[:10], head[10:30], head[30:]):
             writer.write(part)
@@ -199,30 +201,30 @@ async def test_a_slow_but_timely_request_is_served_and_keep_alive_ends_quietly(
         # Idle after an answer: the connection ends at the deadline, not counted as a refusal.
         seconds, rest = await lifetime(reader, writer)
         assert seconds < deadline + SLACK and rest == b""
-        assert doors.refused("metrics", "request_deadline") == 0
+        assert http.refused("metrics", "request_deadline") == 0
 
 
-@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
-async def test_connections_over_a_cap_are_refused_counted_and_the_door_recovers(
-    tmp_path: Path, tls: bool, door: str
+async def test_connections_over_a_cap_are_refused_counted_and_the_transport_recovers(
+    tmp_path: Path, tls: bool, transport: str
 ) -> None:
     caps = {"http_max_connections": 3, "http_max_connections_per_peer": 2}
-    async with open_doors(tmp_path, tls, **caps) as doors:
+    async with open_transports(tmp_path, tls, **caps) as http:
 
         async def held(source: str) -> asyncio.StreamWriter:
-            _, writer = await doors.connect(door, source)
+            _, writer = await http.connect(transport, source)
             return writer
 
         async def refused(source: str) -> bytes:
-            reader, writer = await doors.connect(door, source, handshake=False)
+            reader, writer = await http.connect(transport, source, handshake=False)
             return (await lifetime(reader, writer))[1]
 
         holders = [await held("127.0.0.1"), await held("127.0.0.1")]
-        await _until(lambda: doors.open_connections(door) == 2)
+        await _until(lambda: http.open_connections(transport) == 2)
         answer = await refused("127.0.0.1")
         holders.append(await held("127.0.0.2"))  # another peer is still let in
-        await _until(lambda: doors.open_connections(door) == 3)
+        await _until(lambda: http.open_connections(transport) == 3)
         answer_in_all = await refused("127.0.0.3")
 
         if tls:  # refused before the handshake: the connection is closed
@@ -231,13 +233,13 @@ async def test_connections_over_a_cap_are_refused_counted_and_the_door_recovers(
             assert status(answer) == 503 and b"Retry-After: 1" in answer
             assert b"POIROTD_HTTP_MAX_CONNECTIONS_PER_PEER=2" in answer
             assert b"POIROTD_HTTP_MAX_CONNECTIONS=3" in answer_in_all
-        assert doors.refused(door, "too_many_peer_connections") == 1
-        assert doors.refused(door, "too_many_connections") == 1
+        assert http.refused(transport, "too_many_peer_connections") == 1
+        assert http.refused(transport, "too_many_connections") == 1
 
         for writer in holders:
             writer.close()
-        await _until(lambda: doors.open_connections(door) == 0)
-        assert await doors.ask(door) == await doors.ask(door, "127.0.0.3") == 200
+        await _until(lambda: http.open_connections(transport) == 0)
+        assert await http.ask(transport) == await http.ask(transport, "127.0.0.3") == 200
 
 
 async def _until(condition: Any, seconds: float = 5.0) -> None:
