@@ -36,7 +36,7 @@ def test_a_run_writes_results_report_and_facts_and_resumes(tmp_path: Path) -> No
             "--gpu", "none (CPU)",
             "--cases-folder", str(CAMPAIGN),
             "--tta-sides", "poirotd",
-            "--tta-cases", "2",
+            "--tta-cases", "10",
             "--context-tokens", "8192",
         ]  # fmt: skip
         assert gpu.main(argv) == 0
@@ -54,7 +54,7 @@ def test_a_run_writes_results_report_and_facts_and_resumes(tmp_path: Path) -> No
         [variant] = [json.loads(line) for line in campaign.read_text().splitlines()]
         assert variant["case_id"] == "trading-desk-f03-price_spike"
         tta_runs = json.loads((out / "tta" / "runs.json").read_text())
-        assert [(r["side"], r["case_id"]) for r in tta_runs["runs"]] == [("poirotd", "2")]
+        assert [(r["side"], r["case_id"]) for r in tta_runs["runs"]] == [("poirotd", "10")]
         assert tta_runs["runs"][0]["calls"], "poirotd's calls went through the same server"
         assert tta_runs["server"]["url"] == base_url
         assert "serving smollm2" in (out / "tta" / "report.md").read_text()
