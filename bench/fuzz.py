@@ -5,7 +5,7 @@
 
 A real daemon runs in this process on its own event-loop thread (the tests' clinic spec, a
 scripted LLM, its SQLite store in a temporary folder, on tmpfs when there is one) with a real
-Mosquitto (`poirotd.demo.broker`) for its MQTT input. Hypothesis generates the inputs
+Mosquitto (`poirotd.devtools.broker`) for its MQTT input. Hypothesis generates the inputs
 (`bench.fuzz_inputs`) on the main thread, one at a time: every RPC of poirot.v1 over loopback
 gRPC, structured mutations of valid requests and raw bytes through a generic channel method;
 MQTT messages through the broker to the daemon's input; spec YAML through the loader the daemon
@@ -50,13 +50,13 @@ from poirotd.client.wire import PoirotClient
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
-from poirotd.demo.broker import mosquitto
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.broker import mosquitto
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.ingest_requests import session
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.transports.mqtt import mqtt_input_spec
-from tests.support.answers import schema_answer
-from tests.support.ingest import session
-from tests.support.spec import CLINIC
 
 FULL_INPUTS = 10_000
 QUICK_INPUTS = 500

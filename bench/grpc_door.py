@@ -42,9 +42,9 @@ from bench.daemon_process import Child
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import Settings
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import session, start
 from poirotd.investigations.service import MAX_TEXT_CHARS
-from tests.support.ingest import session, start
-from tests.support.spec import CLINIC_REGIONS, clinic
 
 METHODS = ("Get", "Trigger", "List", "ConfirmOutcome")
 REFUSED_BYTES = 3 << 20

@@ -58,9 +58,9 @@ from hwbridge.mqtt import MqttPublisher
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
-from poirotd.demo.broker import mosquitto
-from tests.support.ingest import OVERHEAT, session, start
-from tests.support.spec import CLINIC_REGIONS, clinic
+from poirotd.devtools.broker import mosquitto
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, session, start
 
 _NAME = "bench.hostile"
 EXTREMES = (1.7976931348623157e308, -1.7976931348623157e308, 1e300, math.nan, math.inf, -math.inf)

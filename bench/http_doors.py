@@ -39,9 +39,9 @@ import trustme
 
 from bench import report
 from bench.ingest import proc_status, reap, reflow, spawn, until
-from poirotd.demo.process import free_port
+from poirotd.devtools.otlp_runs import SPEC
+from poirotd.devtools.process import free_port
 from poirotd.transports.security.access import new_token, token_hash
-from tests.support.otlp_runs import SPEC
 
 KINDS = ("silent", "trickled headers", "stalled body")
 DOORS = ("metrics", "otlp_http")

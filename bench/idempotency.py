@@ -26,9 +26,9 @@ from pathlib import Path
 from statistics import median
 
 from bench import report
+from poirotd.devtools.postgres import PostgresServer, server_binaries
 from poirotd.model import ItemKey, Session, TelemetryBatch
 from poirotd.store import PostgresStore, SqliteStore, Store
-from tests.support.postgres import PostgresServer, server_binaries
 
 BATCH = 512
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

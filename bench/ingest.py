@@ -46,7 +46,9 @@ from hwbridge.mqtt import MqttSubscriber
 from poirotd.api.limits import BATCH_BYTES
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.broker import MAX_INFLIGHT, mosquitto
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.broker import MAX_INFLIGHT, mosquitto
+from poirotd.devtools.clinic import CLINIC
 from poirotd.hazards import RuleEngine
 from poirotd.investigations.triggers import HazardTriggers
 from poirotd.llm.scripted import ScriptedBackend
@@ -65,8 +67,6 @@ from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.store import SqliteStore
 from poirotd.store.idempotency import LeftOut
-from tests.support.answers import schema_answer
-from tests.support.spec import CLINIC
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")

@@ -24,9 +24,9 @@ from typing import Any
 from bench import ingest, report
 from bench.ingest import Plan, Rate, median
 from bench.ingest_tls import alternating, plan
+from poirotd.devtools.postgres import PostgresServer, server_binaries
 from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
-from tests.support.postgres import PostgresServer, server_binaries
 
 # Until the backends of a closed connection have exited and been reaped, whose CPU time then
 # moves to the postmaster's children's.

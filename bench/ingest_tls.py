@@ -31,7 +31,7 @@ import trustme
 
 from bench import ingest, report
 from bench.ingest import MqttCredentials, Plan, Rate, median
-from poirotd.demo.broker import mosquitto
+from poirotd.devtools.broker import mosquitto
 from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.transports.security.access import new_token, token_hash

@@ -34,9 +34,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from bench import report
 from examples import langgraph_openinference as example
-from poirotd.demo.process import DaemonProcess, free_port
+from poirotd.devtools.otlp_runs import SPEC
+from poirotd.devtools.process import DaemonProcess, free_port
 from poirotd.store import SqliteStore
-from tests.support.otlp_runs import SPEC
 
 SECTION = "bench.langgraph_overhead"
 WAYS = {

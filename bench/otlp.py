@@ -56,14 +56,14 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient, batched
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC, provider
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, ItemKey, MessageKind, Session
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.store.sqlite import SqliteStore
 from poirotd.transports.otlp.mapping import map_export
-from tests.support.answers import schema_answer
-from tests.support.otlp_runs import SPEC, provider
 
 SECTION = "bench.otlp"
 SPANS_PER_EXPORT = 512

@@ -60,15 +60,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from bench import report
 from bench.otlp import started_daemon
 from poirotd.config import Settings
+from poirotd.devtools.otlp_runs import RUNS, SPEC, otlp_json, recorded_export
 from poirotd.errors import ServiceError
 from poirotd.model import AgentMessage, ItemKey
 from poirotd.observability import logs
 from poirotd.store import Store
 from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
 from poirotd.transports.otlp.mapping import MappedExport, MappedMessage, map_export
-from tests.support.otlp_runs import DATA, RUNS, SPEC, otlp_json
 
 SECTION = "bench.otlp_fuzz"
+# Microsoft Agent Framework's run as the framework itself traced it (tests/data/otlp, recorded by
+# tests/support/otlp_runs.py): read as data, since rebuilding it needs the framework's example.
+AGENT_FRAMEWORK_EXPORT = Path(__file__).parents[1] / "tests/data/otlp/agent_framework.pb"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 OUTCOMES = ("accepted", "partial_success", "clear_error", "throttled", "crash")
 # Requests in flight at once: enough to overlap the commits, few enough not to be throttled.
@@ -82,9 +85,9 @@ _CRASH_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCo
 
 
 def seeds() -> list[ExportTraceServiceRequest]:
-    return [
-        ExportTraceServiceRequest.FromString((DATA / f"{name}.pb").read_bytes())
-        for name in [*sorted(RUNS), "agent_framework"]
+    recorded = AGENT_FRAMEWORK_EXPORT.read_bytes()
+    return [recorded_export(RUNS[name]) for name in sorted(RUNS)] + [
+        ExportTraceServiceRequest.FromString(recorded)
     ]
 
 

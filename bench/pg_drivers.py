@@ -26,7 +26,7 @@ import psycopg
 
 from bench import report
 from bench.ingest import listed, reflow
-from tests.support.postgres import PostgresServer, server_binaries
+from poirotd.devtools.postgres import PostgresServer, server_binaries
 
 _SECTION = "bench.pg_drivers"
 

@@ -32,8 +32,8 @@ import yaml
 
 from bench import ingest, report
 from bench.ingest import MESSAGE_RULE, Worker, bench_spec, median
-from poirotd.demo.process import DaemonProcess
-from tests.support.postgres import PostgresServer, server_binaries
+from poirotd.devtools.postgres import PostgresServer, server_binaries
+from poirotd.devtools.process import DaemonProcess
 
 _STREAMS = 4  # client streams per side, split evenly over its replicas
 _MODES = {"full": (5, 25_000), "quick": (3, 8_000)}  # rounds, messages per stream

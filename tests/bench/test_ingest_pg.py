@@ -8,7 +8,7 @@ import pytest
 
 from bench import ingest, ingest_pg, ingest_tls
 from bench.report import begin_marker, end_marker
-from tests.support.postgres import PostgresServer
+from poirotd.devtools.postgres import PostgresServer
 
 
 async def test_the_smoke_run_measures_both_stores_and_renders_its_section(

@@ -11,9 +11,9 @@ import pytest
 
 from bench import otlp
 from poirotd.api import convert
+from poirotd.devtools.otlp_runs import SPEC
 from poirotd.model import AgentMessage
 from poirotd.transports.otlp.mapping import map_export
-from tests.support.otlp_runs import SPEC
 
 
 def test_both_ways_carry_the_same_messages_in_either_shape() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from bench import ingest, replicas
 from bench.report import begin_marker, end_marker
-from tests.support.postgres import PostgresServer
+from poirotd.devtools.postgres import PostgresServer
 
 pytestmark = pytest.mark.slow
 

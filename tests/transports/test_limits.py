@@ -23,17 +23,17 @@ import pytest
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.ingest_requests import session, start
 from poirotd.errors import ResourceExhausted
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.grpc.clients import Bound, ClientRates
 from poirotd.transports.token_bucket import TokenBucket
-from tests.support.answers import schema_answer
 from tests.support.core_errors import client_core_error
 from tests.support.daemon import in_process_daemon, limit_rejections, rejected, stored_messages
-from tests.support.ingest import session, start
 from tests.support.pki import Pki, locked_daemon
 from tests.support.pki import client as pki_client
-from tests.support.spec import CLINIC
 
 V4, V6 = "127.0.0.1", "[::1]"
 
