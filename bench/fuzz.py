@@ -1,4 +1,4 @@
-"""Fuzzing benchmark for issue 20: every door of the daemon against malformed input.
+"""Fuzzing benchmark for issue 20: every transport of the daemon against malformed input.
 
     .venv/bin/python -m bench.fuzz            # 10,000 inputs per target (about 15 minutes)
     .venv/bin/python -m bench.fuzz --quick    # 500 per target: the smoke test of tests/

@@ -26,7 +26,7 @@ victim sessions whose hazards have no investigation:
    No rule watches agent messages: the row counts refusals by field, conflicts set aside,
    copies dropped and the chief's acknowledged messages the store lacks.
 
-Refused requests of 3 MB and silent Ingest streams are bench.grpc_door's (its own section).
+Refused requests of 3 MB and silent Ingest streams are bench.grpc_transport's (its own section).
 The results replace this bench's section of BENCHMARKS.md (`--no-write`: print only).
 """
 
@@ -409,7 +409,7 @@ def messages_stored(child: Child, session_id: str, sender: str) -> int:
     return int(count)
 
 
-def doorkeys(child: Child) -> Counter[str]:
+def route_outcomes(child: Child) -> Counter[str]:
     """What the daemon did with agent messages that chose what they may not: refusals by field,
     conflicts set aside, copies dropped."""
     refused = "poirot_mqtt_agent_messages_route_refused_total"
@@ -452,7 +452,7 @@ async def spoofed_keys(child: Child, p: Plan, broker_port: int) -> Row:
     row = Row("spoofed keys: another topic's producer, a pinned route's fields", len(hostile))
     row.rss_before = child.rss_mib()
     acked = "poirot_mqtt_agent_messages_acked_total"
-    acked_before, got_before = child.metric(acked), doorkeys(child)
+    acked_before, got_before = child.metric(acked), route_outcomes(child)
     own_before = messages_stored(child, DOCTOR_SESSION, "doctor")
     victim_before = messages_stored(child, CHIEF_SESSION, "chief")
     await publish_messages(broker_port, "hostile-doctor", DOCTOR_TOPIC, hostile)
@@ -462,7 +462,7 @@ async def spoofed_keys(child: Child, p: Plan, broker_port: int) -> Row:
     row.victim_acked = len(victim)  # PUBACK at QoS 1: the broker has it
     total = len(hostile) + len(victim)
     await until(lambda: child.metric(acked) - acked_before >= total, 60)
-    row.got = doorkeys(child) - got_before
+    row.got = route_outcomes(child) - got_before
     row.got["stored as its own"] = messages_stored(child, DOCTOR_SESSION, "doctor") - own_before
     row.victim_lost = row.victim_acked - (
         messages_stored(child, CHIEF_SESSION, "chief") - victim_before
@@ -558,7 +558,7 @@ the broker's PUBACK) and its store lacks. "Hazards lost" counts victim sessions 
 fired and that have no investigation. The Trigger flood's queue holds {QUEUE["capacity"]}
 ({QUEUE["reserved_for_rules"]} kept for rules, {QUEUE["per_client"]} per client); its
 {p.victims} victim sessions each get one reading of 85 °C (the threshold rule). Refused
-requests of 3 MB and silent Ingest streams: see the section of `bench.grpc_door`.
+requests of 3 MB and silent Ingest streams: see the section of `bench.grpc_transport`.
 
 {report.end_marker(name)}"""
 

@@ -120,7 +120,7 @@ a publisher's messages (a row per sample, the worst case). What it costs: the lo
 batch's seq range and the key rows' inserts, each row into two B-trees (the primary key and the
 age index pruning uses); on PostgreSQL no round trip of its own (the lookup rides with the
 commit's first answers; a batch holding a copy, none here, is written twice), but the server's
-work, on the same two cores as this process. Store commits alone: through a door, decoding and
+work, on the same two cores as this process. Store commits alone: through a transport, decoding and
 the transport add to both sides alike, so a daemon's ratio is nearer 1.
 
 {report.end_marker(name)}"""

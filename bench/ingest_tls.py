@@ -1,4 +1,4 @@
-"""What locking the doors costs ingest (issue #21): bench.ingest's durable gRPC ingest and the
+"""What locking the transports costs ingest (issue #21): bench.ingest's durable gRPC ingest and the
 MQTT input's one-reading rate, each with TLS and credentials against the same without them.
 
     .venv/bin/python -m bench.ingest_tls            # about 3 minutes

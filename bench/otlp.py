@@ -15,7 +15,7 @@ BatchSpanProcessor makes them. Every way's requests are built before its clock s
 
 Like with like: the native stream keeps two requests in flight (the daemon admits the next while
 the one before commits), an SDK exporter one export (it waits for the answer). So each OTLP
-door runs twice: one exporter (a single instrumented process), and `--exporters` of them
+transport runs twice: one exporter (a single instrumented process), and `--exporters` of them
 concurrently (default 2: two requests in flight, as the native stream; several instrumented
 processes, or a Collector, whose exporter sends from 10 consumers by default). A rate is
 messages durable per second from the first request to the last answer; the figures are the
@@ -174,7 +174,7 @@ def _ways(exporters: int) -> dict[str, str]:
 
 
 async def started_daemon(folder: Path, spec: SystemSpec) -> Daemon:
-    """An in-process daemon with its OTLP/HTTP door open and the tests' scripted LLM; the
+    """An in-process daemon with its OTLP/HTTP transport open and the tests' scripted LLM; the
     caller stops it."""
     settings = Settings(
         db_path=folder / "poirotd.db",

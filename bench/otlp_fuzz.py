@@ -1,5 +1,5 @@
-"""A bounded fuzz of the OTLP doors (issue 19): random mutations of valid exports against a real
-in-process daemon, over gRPC and HTTP, and what became of each.
+"""A bounded fuzz of the OTLP transports (issue 19): random mutations of valid exports against a
+real in-process daemon, over gRPC and HTTP, and what became of each.
 
     .venv/bin/python -m bench.otlp_fuzz                        # 10,000 inputs, a few minutes
     .venv/bin/python -m bench.otlp_fuzz --inputs 300 --no-report
@@ -445,7 +445,7 @@ _JSON_MUTATIONS: tuple[tuple[str, Callable[[random.Random, Any], None]], ...] = 
 
 @dataclass(frozen=True)
 class Input:
-    door: str  # "grpc" or "http"
+    transport: str  # "grpc" or "http"
     body: bytes
     content_type: str = PROTOBUF
     encoding: str = "identity"
@@ -501,7 +501,7 @@ async def send(
     item: Input, channel: grpc.aio.Channel, http: httpx.AsyncClient, url: str
 ) -> tuple[str, ExportTraceServiceResponse | None, str]:
     """(outcome, the answer if acknowledged, what went wrong if it crashed)."""
-    if item.door == "grpc":
+    if item.transport == "grpc":
         export = channel.unary_unary(
             EXPORT,
             request_serializer=None,
@@ -560,7 +560,7 @@ def mapped(item: Input, settings: Settings) -> MappedExport | None:
     """The daemon's own mapping of the input (pure, so run again here), or None: it does not
     decode, and the daemon refuses it."""
     try:
-        if item.door == "grpc":
+        if item.transport == "grpc":
             request = ExportTraceServiceRequest.FromString(item.body)
         else:
             request = _decode(
@@ -673,7 +673,7 @@ async def run(
                         if export is not None:
                             claims.add(export)
                         outcome, answer, problem = await send(item, channel, http, url)
-                        tally.count(f"{item.door} {kind}", outcome)
+                        tally.count(f"{item.transport} {kind}", outcome)
                         if problem and len(tally.crash_examples) < 5:
                             tally.crash_examples.append(f"input {n} ({kind}): {problem}")
                         if answer is not None:
@@ -715,11 +715,11 @@ def section(tally: Tally, seed: int, seconds: float) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     examples = "".join(f"\n- {e}" for e in tally.crash_examples + tally.lost_examples)
     return f"""{report.begin_marker(SECTION)}
-## OTLP doors under {tally.inputs:,} random mutations (`python -m bench.otlp_fuzz`)
+## OTLP transports under {tally.inputs:,} random mutations (`python -m bench.otlp_fuzz`)
 
 {when}, commit {report.commit_text()}; seed {seed}, {tally.inputs:,} inputs in {seconds:.0f} s.
 
-| door and input | accepted | partial_success | clear error | throttled | crash (goal 0) |
+| transport and input | accepted | partial_success | clear error | throttled | crash (goal 0) |
 | --- | ---: | ---: | ---: | ---: | ---: |
 {rows}
 | all | {totals} |

@@ -1,10 +1,10 @@
-"""Slow clients against the HTTP doors (issue 29.3): what 400 held connections cost a daemon.
+"""Slow clients against the HTTP transports (issue 29.3): what 400 held connections cost a daemon.
 
-    .venv/bin/python -m bench.http_doors             # about 2 minutes
-    .venv/bin/python -m bench.http_doors --quick     # under a minute (a 10 s request deadline)
+    .venv/bin/python -m bench.http_transports             # about 2 minutes
+    .venv/bin/python -m bench.http_transports --quick     # under a minute (a 10 s request deadline)
 
 A real daemon process (`bench/daemon_child.py`: `poirotd run`'s wiring, the tests' scripted
-LLM) with OTLP/HTTP on and an access file, on loopback; once plain, once with TLS (the doors'
+LLM) with OTLP/HTTP on and an access file, on loopback; once plain, once with TLS (the transports'
 certificate, as beyond loopback they must have). 400 connections are opened against it,
 half on /metrics and half on OTLP/HTTP, from 100 loopback addresses (127.0.1.x; the per-peer cap
 lets them all in; `--peers 1` shows it refusing), each one of three slow clients in turn: one
@@ -44,13 +44,13 @@ from poirotd.devtools.process import free_port
 from poirotd.transports.security.access import new_token, token_hash
 
 KINDS = ("silent", "trickled headers", "stalled body")
-DOORS = ("metrics", "otlp_http")
+TRANSPORTS = ("metrics", "otlp_http")
 HEADS = {
     "metrics": b"GET /metrics HTTP/1.1\r\nHost: poirotd\r\n",
     "otlp_http": b"POST /v1/traces HTTP/1.1\r\nHost: poirotd\r\n"
     b"Content-Type: application/x-protobuf\r\n",
 }
-_NAME = "bench.http_doors"
+_NAME = "bench.http_transports"
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Tls:
 
 @dataclass
 class Client:
-    door: str
+    transport: str
     kind: str
     source: str
     opened: bool = False
@@ -121,7 +121,7 @@ class Results:
 
 def clients(p: Plan) -> Iterator[Client]:
     for n in range(p.connections):
-        yield Client(DOORS[n % 2], KINDS[n // 2 % 3], f"127.0.1.{1 + n % p.peers}")
+        yield Client(TRANSPORTS[n % 2], KINDS[n // 2 % 3], f"127.0.1.{1 + n % p.peers}")
 
 
 async def hold(
@@ -138,10 +138,10 @@ async def hold(
         client.refused, client.ended_after = True, loop.time() - began
         return
     if client.kind == "trickled headers":
-        writer.write(HEADS[client.door] + b"X-Slow: ")
+        writer.write(HEADS[client.transport] + b"X-Slow: ")
     elif client.kind == "stalled body":
         authorized = f"Authorization: Bearer {token}\r\nContent-Length: 1000000000\r\n\r\n"
-        writer.write(HEADS[client.door] + authorized.encode() + b"0123456789")
+        writer.write(HEADS[client.transport] + authorized.encode() + b"0123456789")
     client.opened = True
     try:
         while not hang_up.is_set():
@@ -227,7 +227,7 @@ async def run(p: Plan, folder: Path, tls: Tls | None) -> Results:
         results.clients = list(clients(p))
         began = time.monotonic()
         holders = [
-            asyncio.create_task(hold(c, ports[c.door], token, context, hang_up))
+            asyncio.create_task(hold(c, ports[c.transport], token, context, hang_up))
             for c in results.clients
         ]
         with contextlib.suppress(TimeoutError):  # a server that accepts slowly: read it anyway
@@ -253,9 +253,9 @@ async def run(p: Plan, folder: Path, tls: Tls | None) -> Results:
 
 def _kinds(r: Results) -> str:
     lines = []
-    for door in DOORS:
+    for transport in TRANSPORTS:
         for kind in KINDS:
-            mine = [c for c in r.clients if c.door == door and c.kind == kind]
+            mine = [c for c in r.clients if c.transport == transport and c.kind == kind]
             ended = sorted(c.ended_after for c in mine if c.ended_after is not None)
             refused, held = sum(c.refused for c in mine), sum(c.hung_up for c in mine)
             fates = [
@@ -267,7 +267,7 @@ def _kinds(r: Results) -> str:
                 else "",
                 f"{held} still open when the clients hung up" if held else "",
             ]
-            lines.append(f"| {door} | {kind} | {'; '.join(f for f in fates if f)} |")
+            lines.append(f"| {transport} | {kind} | {'; '.join(f for f in fates if f)} |")
     return "\n".join(lines)
 
 
@@ -288,7 +288,7 @@ Holding them cost the daemon {held.rss_mib - first.rss_mib:+.0f} MiB and
 {held.threads - first.threads:+d} threads. A scrape from another address while they were held:
 {scrape_ms}. Refusals the daemon counted (door, reason): {refused}.
 
-| door | client | what became of it |
+| transport | client | what became of it |
 | --- | --- | --- |
 {_kinds(r)}
 """
@@ -296,11 +296,11 @@ Holding them cost the daemon {held.rss_mib - first.rss_mib:+.0f} MiB and
 
 def section(p: Plan, sides: list[Results]) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python -m bench.http_doors" + ("" if p.mode == "full" else f" --{p.mode}")
+    command = "python -m bench.http_transports" + ("" if p.mode == "full" else f" --{p.mode}")
     name = f"{_NAME} {p.mode}"
     body = "\n".join(_side(p, r) for r in sides)
     return f"""{report.begin_marker(name)}
-## Slow clients on the HTTP doors ({p.mode}, `{command}`)
+## Slow clients on the HTTP transports ({p.mode}, `{command}`)
 
 Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
 {platform.python_version()}, a shared 2-core machine. {p.connections} connections from {p.peers}
@@ -328,7 +328,7 @@ def main() -> None:
     args = parser.parse_args()
     deadline, mode = (10.0, "quick") if args.quick else (30.0, "full")
     p = Plan(mode, args.connections, args.peers, deadline, settle=2.0)
-    with tempfile.TemporaryDirectory(prefix="bench-http-doors-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-http-transports-") as tmp:
         sides = asyncio.run(run_both(p, Path(tmp)))
     text = reflow(section(p, sides))
     if not args.no_write:

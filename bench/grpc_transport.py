@@ -1,7 +1,7 @@
 """What refused gRPC requests and silent Ingest streams cost the daemon (issue 28, items 3, 4).
 
-    .venv/bin/python -m bench.grpc_door            # about 2 minutes (the default idle deadline)
-    .venv/bin/python -m bench.grpc_door --quick    # about 40 s: 100 requests each, a 5 s deadline
+    .venv/bin/python -m bench.grpc_transport          # about 2 minutes (the default idle deadline)
+    .venv/bin/python -m bench.grpc_transport --quick  # about 40 s: 100 requests each, 5 s deadline
 
 The daemon runs as a process of its own (`bench.daemon_child`: the tests' clinic with a pinned
 hazard space, a scripted LLM, `poirotd run`'s collector settings), so that the resident memory
@@ -48,9 +48,9 @@ from poirotd.investigations.service import MAX_TEXT_CHARS
 
 METHODS = ("Get", "Trigger", "List", "ConfirmOutcome")
 REFUSED_BYTES = 3 << 20
-SESSION = "door-1"
+SESSION = "transport-1"
 CONFIRMED = ["exo"]
-_NAME = "bench.grpc_door"
+_NAME = "bench.grpc_transport"
 
 Call = Callable[[PoirotClient], Awaitable[object]]
 
@@ -172,7 +172,7 @@ async def seed(child: Child) -> str:
     """A session and one investigation of it, run to the end and its outcome confirmed."""
     async with PoirotClient(child.target) as client:
         await client.send(session(8, SESSION))
-        queued = await client.trigger(SESSION, "seeded by bench.grpc_door")
+        queued = await client.trigger(SESSION, "seeded by bench.grpc_transport")
         async for _ in client.watch(queued.investigation_id):
             pass
         await client.confirm(queued.investigation_id, CONFIRMED, note="seeded")
@@ -303,12 +303,12 @@ def _rss(f: Flood) -> str:
 
 def section(p: Plan, r: Results) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python -m bench.grpc_door" + ("" if p.mode == "full" else f" --{p.mode}")
+    command = "python -m bench.grpc_transport" + ("" if p.mode == "full" else f" --{p.mode}")
     s = r.streams
     rows = "\n".join(_row(method, r) for method in METHODS)
     name = f"{_NAME} {p.mode}"
     return f"""{report.begin_marker(name)}
-## Refused requests and silent streams at the gRPC door ({p.mode}, `{command}`)
+## Refused requests and silent streams at the gRPC transport ({p.mode}, `{command}`)
 
 Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
 {platform.python_version()}, a shared 2-core machine. The daemon is a process of its own
@@ -344,7 +344,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     args = parser.parse_args()
     p = plan("quick" if args.quick else "full")
-    with tempfile.TemporaryDirectory(prefix="bench-grpc-door-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-grpc-transport-") as tmp:
         results = asyncio.run(run(p, Path(tmp)))
     text = ingest.reflow(section(p, results))
     if not args.no_write:
