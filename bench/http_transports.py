@@ -25,20 +25,19 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import ssl
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import trustme
 
 from bench import report
-from bench.ingest import proc_status, reap, reflow, spawn, until
+from bench.ingest import proc_status, reap, spawn, until
+from bench.sections.http_transports import NAME, section
 from poirotd.devtools.otlp_runs import SPEC
 from poirotd.devtools.process import free_port
 from poirotd.transports.security.access import new_token, token_hash
@@ -50,7 +49,6 @@ HEADS = {
     "otlp_http": b"POST /v1/traces HTTP/1.1\r\nHost: poirotd\r\n"
     b"Content-Type: application/x-protobuf\r\n",
 }
-_NAME = "bench.http_transports"
 
 
 @dataclass(frozen=True)
@@ -251,67 +249,6 @@ async def run(p: Plan, folder: Path, tls: Tls | None) -> Results:
     return results
 
 
-def _kinds(r: Results) -> str:
-    lines = []
-    for transport in TRANSPORTS:
-        for kind in KINDS:
-            mine = [c for c in r.clients if c.transport == transport and c.kind == kind]
-            ended = sorted(c.ended_after for c in mine if c.ended_after is not None)
-            refused, held = sum(c.refused for c in mine), sum(c.hung_up for c in mine)
-            fates = [
-                f"{len(ended)} ended by the daemon after {ended[0]:.1f}-{ended[-1]:.1f} s"
-                if ended
-                else "",
-                f"{refused} of them refused at once ({'closed' if r.tls else '503'})"
-                if refused
-                else "",
-                f"{held} still open when the clients hung up" if held else "",
-            ]
-            lines.append(f"| {transport} | {kind} | {'; '.join(f for f in fates if f)} |")
-    return "\n".join(lines)
-
-
-def _side(p: Plan, r: Results) -> str:
-    rows = "\n".join(
-        f"| {x.when} | {x.rss_mib:.0f} | {x.threads} | {x.open_connections} |" for x in r.readings
-    )
-    first, held = r.readings[0], r.readings[1]
-    refused = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r.refusals.items())) or "none counted"
-    scrape_ms = "not answered" if r.scrape_ms is None else f"answered in {r.scrape_ms:.0f} ms"
-    return f"""### {"TLS" if r.tls else "Plain HTTP"}
-
-| The daemon | VmRSS (MiB) | threads | connections open |
-| --- | ---: | ---: | ---: |
-{rows}
-
-Holding them cost the daemon {held.rss_mib - first.rss_mib:+.0f} MiB and
-{held.threads - first.threads:+d} threads. A scrape from another address while they were held:
-{scrape_ms}. Refusals the daemon counted (door, reason): {refused}.
-
-| transport | client | what became of it |
-| --- | --- | --- |
-{_kinds(r)}
-"""
-
-
-def section(p: Plan, sides: list[Results]) -> str:
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python -m bench.http_transports" + ("" if p.mode == "full" else f" --{p.mode}")
-    name = f"{_NAME} {p.mode}"
-    body = "\n".join(_side(p, r) for r in sides)
-    return f"""{report.begin_marker(name)}
-## Slow clients on the HTTP transports ({p.mode}, `{command}`)
-
-Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
-{platform.python_version()}, a shared 2-core machine. {p.connections} connections from {p.peers}
-loopback addresses, half on /metrics and half on OTLP/HTTP, against a daemon process whose
-request deadline is {p.deadline:g} s; "connections open" counts the clients' connections the
-daemon had not ended.
-
-{body}
-{report.end_marker(name)}"""
-
-
 async def run_both(p: Plan, folder: Path) -> list[Results]:
     (folder / "plain").mkdir()
     (folder / "tls").mkdir()
@@ -320,7 +257,9 @@ async def run_both(p: Plan, folder: Path) -> list[Results]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a 10 s request deadline")
     parser.add_argument("--connections", type=int, default=400)
     parser.add_argument("--peers", type=int, default=100, help="loopback source addresses")
@@ -330,10 +269,7 @@ def main() -> None:
     p = Plan(mode, args.connections, args.peers, deadline, settle=2.0)
     with tempfile.TemporaryDirectory(prefix="bench-http-transports-") as tmp:
         sides = asyncio.run(run_both(p, Path(tmp)))
-    text = reflow(section(p, sides))
-    if not args.no_write:
-        report.write_section(f"{_NAME} {p.mode}", text)
-    print(text)
+    report.publish(f"{NAME} {p.mode}", section(p, sides), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import gc
 import json
 import os
 import platform
-import re
 import resource
 import signal
 import sqlite3
@@ -26,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -1130,29 +1128,6 @@ def _section(mode: str) -> str:
     return f"bench.ingest {mode}"
 
 
-def reflow(text: str, width: int = 100) -> str:
-    """Re-wraps the prose paragraphs and bullets (figures made their lines ragged); tables,
-    headings and markers stay as they are."""
-    blocks = []
-    for block in text.split("\n\n"):
-        if block.startswith(("|", "#", "<!--")):
-            blocks.append(block)
-            continue
-        items = re.split(r"\n(?=- )", block)
-        blocks.append(
-            "\n".join(
-                textwrap.fill(
-                    " ".join(item.split()),
-                    width,
-                    subsequent_indent="  " if item.startswith("- ") else "",
-                    break_on_hyphens=False,
-                )
-                for item in items
-            )
-        )
-    return "\n\n".join(blocks)
-
-
 async def run(p: Plan) -> Results:
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         folder = Path(tmp)
@@ -1189,7 +1164,7 @@ def main() -> None:
     # in-process runs here mirror it, the baselines alike.
     tune_for_daemon()
     p = plan(args.quick, args.minutes)
-    text = reflow(section(p, asyncio.run(until_signalled(run(p)))))
+    text = report.reflow(section(p, asyncio.run(until_signalled(run(p)))))
     report.write_section(_section(p.mode), text)
     print(text)
 

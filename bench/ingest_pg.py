@@ -142,7 +142,7 @@ def main() -> None:
             results = asyncio.run(ingest.until_signalled(run(p, Path(tmp), server)))
     finally:
         server.stop()
-    text = ingest.reflow(section(p, results))
+    text = report.reflow(section(p, results))
     report.write_section(_section(p.mode), text)
     print(text)
 

@@ -276,7 +276,7 @@ def main() -> None:
     p = plan("quick" if args.quick else "full")
     with tempfile.TemporaryDirectory(prefix="bench-ingest-tls-") as tmp:
         results = asyncio.run(ingest.until_signalled(run(p, Path(tmp))))
-    text = ingest.reflow(section(p, results))
+    text = report.reflow(section(p, results))
     report.write_section(_section(p.mode), text)
     print(text)
 

@@ -25,7 +25,7 @@ import asyncpg
 import psycopg
 
 from bench import report
-from bench.ingest import listed, reflow
+from bench.ingest import listed
 from poirotd.devtools.postgres import PostgresServer, server_binaries
 
 _SECTION = "bench.pg_drivers"
@@ -167,7 +167,7 @@ def main() -> None:
     server.start()
     try:
         rates = asyncio.run(_measure(server, args))
-        text = reflow(section(args, rates, server.version()))
+        text = report.reflow(section(args, rates, server.version()))
     finally:
         server.stop()
     report.write_section(_SECTION, text)

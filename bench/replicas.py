@@ -317,7 +317,7 @@ def main() -> None:
             results = asyncio.run(run(server, Path(tmp), rounds, messages))
     finally:
         server.stop()
-    text = ingest.reflow(section(mode, rounds, messages, results))
+    text = report.reflow(section(mode, rounds, messages, results))
     report.write_section(_section(mode), text)
     print(text)
 

@@ -9,6 +9,7 @@ import pytest
 
 from bench import grpc_transport
 from bench.report import begin_marker, end_marker
+from bench.sections import grpc_transport as grpc_transport_section
 
 # 300 requests of 3 MB held 1.8 GB before the fix; answered or refused, the daemon now grows by
 # a few tens of MiB (grpc's and the allocator's buffers for 3 MB messages), whatever the count.
@@ -48,7 +49,7 @@ async def test_the_smoke_run_refuses_answers_frees_silent_slots_and_renders(
     assert streams.endings == {"DEADLINE_EXCEEDED": 16} and streams.detail.startswith("idle:")
     assert streams.never_sent == "DEADLINE_EXCEEDED"
     assert streams.counted_idle == 17
-    text = grpc_transport.section(p, results)
+    text = grpc_transport_section.section(p, results)
     assert text.startswith(begin_marker("bench.grpc_transport smoke"))
     assert text.endswith(end_marker("bench.grpc_transport smoke"))
     assert "| ConfirmOutcome | 5 RESOURCE_EXHAUSTED |" in text

@@ -11,6 +11,7 @@ import pytest
 from bench import http_transports
 from bench.http_transports import KINDS, Plan
 from bench.report import begin_marker, end_marker
+from bench.sections import http_transports as http_transports_section
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -32,7 +33,7 @@ async def test_a_smoke_run_sees_every_slow_client_ended_at_the_deadline(tmp_path
             "door=metrics,reason=request_deadline": 6,
             "door=otlp_http,reason=request_deadline": 6,
         }
-    text = http_transports.section(p, sides)
+    text = http_transports_section.section(p, sides)
     assert text.startswith(begin_marker("bench.http_transports smoke"))
     assert text.endswith(end_marker("bench.http_transports smoke"))
     assert "### Plain HTTP" in text and "### TLS" in text
