@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 
 from bench import daemon_process, report
 from bench.daemon_process import Child
@@ -91,39 +92,35 @@ async def child_daemon(folder: Path, p: Plan) -> AsyncIterator[Child]:
 def refused_call(method: str, size: int = REFUSED_BYTES) -> Call:
     """A call of `method` carrying a string of `size` characters where an id or token goes."""
     big = "x" * size
-
-    async def call(client: PoirotClient) -> object:
-        stub = client.investigations
-        if method == "Get":
-            return await stub.Get(pb.GetInvestigationRequest(investigation_id=big))
-        if method == "Trigger":
-            return await stub.Trigger(pb.TriggerRequest(session_id=big, reason="bench"))
-        if method == "List":
-            return await stub.List(pb.ListInvestigationsRequest(page_token=big))
-        return await stub.ConfirmOutcome(
-            pb.ConfirmOutcomeRequest(investigation_id=big, region_ids=CONFIRMED)
-        )
-
-    return call
+    requests: dict[str, Message] = {
+        "Get": pb.GetInvestigationRequest(investigation_id=big),
+        "Trigger": pb.TriggerRequest(session_id=big, reason="bench"),
+        "List": pb.ListInvestigationsRequest(page_token=big),
+        "ConfirmOutcome": pb.ConfirmOutcomeRequest(investigation_id=big, region_ids=CONFIRMED),
+    }
+    return _call(method, requests[method])
 
 
 def answered_call(method: str, investigation_id: str) -> Call:
     """A call of `method` that the seeded daemon answers, as large as the method takes."""
     text = "n" * MAX_TEXT_CHARS
+    requests: dict[str, Message] = {
+        "Get": pb.GetInvestigationRequest(investigation_id=investigation_id),
+        "Trigger": pb.TriggerRequest(session_id=SESSION, reason=text),
+        "List": pb.ListInvestigationsRequest(session_id=SESSION, page_size=50),
+        "ConfirmOutcome": pb.ConfirmOutcomeRequest(
+            investigation_id=investigation_id, region_ids=CONFIRMED, note=text
+        ),
+    }
+    return _call(method, requests[method])
+
+
+def _call(method: str, request: Message) -> Call:
+    """`request` sent to the Investigations method of that name."""
 
     async def call(client: PoirotClient) -> object:
-        stub = client.investigations
-        if method == "Get":
-            return await stub.Get(pb.GetInvestigationRequest(investigation_id=investigation_id))
-        if method == "Trigger":
-            return await stub.Trigger(pb.TriggerRequest(session_id=SESSION, reason=text))
-        if method == "List":
-            return await stub.List(pb.ListInvestigationsRequest(session_id=SESSION, page_size=50))
-        return await stub.ConfirmOutcome(
-            pb.ConfirmOutcomeRequest(
-                investigation_id=investigation_id, region_ids=CONFIRMED, note=text
-            )
-        )
+        rpc: Callable[[Message], Awaitable[object]] = getattr(client.investigations, method)
+        return await rpc(request)
 
     return call
 

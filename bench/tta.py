@@ -29,7 +29,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from typing import IO, Any, Literal
 
 from bench.report import begin_marker, commit_text, end_marker, write_section
 from poirotd.config.spec import OpenAILLMSpec, SystemSpec
+from poirotd.devtools.process import free_port
 from poirotd.llm.embedded import default_model_path
 from poirotd.llm.openai_http import OpenAIBackend
 from poirotd.model import AgentMessage, HazardRegion, HazardSpace, MessageKind
@@ -384,17 +384,10 @@ def _call(body: bytes, data: bytes, status: int, seconds: float, proxy: _Proxy, 
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def llm_server(logs: Path) -> Iterator[_Proxy]:
     """A fresh llama.cpp server (empty caches) behind a recording proxy; both stopped after."""
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable, "-m", "llama_cpp.server",
         "--model", str(default_model_path()),
