@@ -42,7 +42,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from bench import report
 from bench.otlp import started_daemon
+from bench.sections.otlp_fuzz import SECTION, section
 from poirotd.config import Settings
 from poirotd.devtools.otlp_runs import RUNS, SPEC, otlp_json, recorded_export
 from poirotd.errors import ServiceError
@@ -68,12 +68,10 @@ from poirotd.store import Store
 from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
 from poirotd.transports.otlp.mapping import MappedExport, MappedMessage, map_export
 
-SECTION = "bench.otlp_fuzz"
 # Microsoft Agent Framework's run as the framework itself traced it (tests/data/otlp, recorded by
 # tests/support/otlp_runs.py): read as data, since rebuilding it needs the framework's example.
 AGENT_FRAMEWORK_EXPORT = Path(__file__).parents[1] / "tests/data/otlp/agent_framework.pb"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-OUTCOMES = ("accepted", "partial_success", "clear_error", "throttled", "crash")
 # Requests in flight at once: enough to overlap the commits, few enough not to be throttled.
 CONCURRENCY = 8
 TIMEOUT_SECONDS = 30.0
@@ -702,43 +700,6 @@ async def run(
     return tally
 
 
-# ------------------------------------------------------------------ report
-
-
-def section(tally: Tally, seed: int, seconds: float) -> str:
-    kinds = sorted({kind for kind, _ in tally.outcomes})
-    rows = "\n".join(
-        f"| {kind} | " + " | ".join(f"{tally.outcomes[(kind, o)]:,}" for o in OUTCOMES) + " |"
-        for kind in kinds
-    )
-    totals = " | ".join(f"**{tally.total(o):,}**" for o in OUTCOMES)
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    examples = "".join(f"\n- {e}" for e in tally.crash_examples + tally.lost_examples)
-    return f"""{report.begin_marker(SECTION)}
-## OTLP transports under {tally.inputs:,} random mutations (`python -m bench.otlp_fuzz`)
-
-{when}, commit {report.commit_text()}; seed {seed}, {tally.inputs:,} inputs in {seconds:.0f} s.
-
-| transport and input | accepted | partial_success | clear error | throttled | crash (goal 0) |
-| --- | ---: | ---: | ---: | ---: | ---: |
-{rows}
-| all | {totals} |
-
-Acknowledged but lost (goal 0): **{tally.lost_spans}** spans; {tally.stored_messages:,} messages
-of acknowledged inputs were read back stored, and {tally.copies:,} were copies the store dropped
-(a message whose key, its span's start and ids and its place in the span, a stored message
-has).
-Inputs are mutations of the four recorded runs of `tests/data/otlp` (one of them Microsoft
-Agent Framework's own spans), each with its own trace and conversation: protobuf byte mutations
-over gRPC (raw bytes) and HTTP (some gzipped), OTLP/JSON structure mutations over HTTP and, when
-they still parse, over gRPC as protobuf. A crash is a 500, INTERNAL, UNKNOWN or UNAVAILABLE, no
-answer within {TIMEOUT_SECONDS:.0f} s, or an error without a message; lost is a span of an
-acknowledged input whose messages are not stored, are no copies and that the answer did not
-count rejected. `tests/transports/otlp/test_fuzz.py` runs 300 inputs and asserts both
-zeros.{examples}
-{report.end_marker(SECTION)}"""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=10_000)
@@ -750,10 +711,10 @@ def main() -> None:
     logs.configure("error", "console")  # a refused input is a warning: 10,000 of them
     started = time.perf_counter()
     tally = asyncio.run(run(args.inputs, args.seed))
-    text = section(tally, args.seed, time.perf_counter() - started)
-    print(text)
-    if not args.no_report:
-        report.write_section(SECTION, text)
+    seconds = time.perf_counter() - started
+    report.publish(
+        SECTION, section(tally, args.seed, seconds, TIMEOUT_SECONDS), write=not args.no_report
+    )
 
 
 if __name__ == "__main__":

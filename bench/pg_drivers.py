@@ -25,7 +25,6 @@ import asyncpg
 import psycopg
 
 from bench import report
-from bench.ingest import listed
 from poirotd.devtools.postgres import PostgresServer, server_binaries
 
 _SECTION = "bench.pg_drivers"
@@ -134,7 +133,7 @@ Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
 | psycopg {psycopg.__version__} (pipeline mode) | {psycopg_rate:,.0f} msg/s |
 | asyncpg {asyncpg.__version__} | {asyncpg_rate:,.0f} msg/s |
 
-asyncpg / psycopg: {statistics.median(ratios):.2f} (median; per round {listed(ratios)}).
+asyncpg / psycopg: {statistics.median(ratios):.2f} (median; per round {report.listed(ratios)}).
 
 Each transaction is the PostgreSQL store's commit: the chain's advisory lock, the chain head, the
 batch's message keys added in one statement over arrays (which are new), the block, its chain

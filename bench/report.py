@@ -14,7 +14,7 @@ import platform
 import re
 import tempfile
 import textwrap
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -75,6 +75,11 @@ def stamp() -> str:
 def command(module: str, mode: str) -> str:
     """The command that runs `module` (bench.NAME) again in `mode` (full is the default)."""
     return f"python -m {module}" + ("" if mode == "full" else f" --{mode}")
+
+
+def listed(values: Sequence[float]) -> str:
+    """Per-round figures (ratios) as a section lists them."""
+    return ", ".join(f"{v:.2f}" for v in values)
 
 
 def reflow(text: str, width: int = 100) -> str:
