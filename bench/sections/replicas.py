@@ -6,10 +6,10 @@ from __future__ import annotations
 import platform
 import statistics
 from datetime import UTC, datetime
+from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from bench import report
-from bench.ingest import median
 
 if TYPE_CHECKING:
     pass
