@@ -193,15 +193,14 @@ async def run(p: Plan, folder: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 shorter rounds")
+    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     args = parser.parse_args()
     logs.configure("warning", "json")
     tune_for_daemon()  # as bench.ingest: the daemon's collector setting, both sides alike
     p = plan("quick" if args.quick else "full")
     with tempfile.TemporaryDirectory(prefix="bench-ingest-tls-") as tmp:
         results = asyncio.run(ingest.until_signalled(run(p, Path(tmp))))
-    text = report.reflow(section(p, results))
-    report.write_section(f"{NAME} {p.mode}", text)
-    print(text)
+    report.publish(f"{NAME} {p.mode}", section(p, results), write=not args.no_write)
 
 
 if __name__ == "__main__":

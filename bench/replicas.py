@@ -11,7 +11,7 @@ messages on both sides, all to the one replica, or half to each of the two. The 
 messages acknowledged over the time from the first write to the last ack (the slowest client's).
 Rounds alternate the sides, the order reversed every other round; the ratio is taken within a
 round. The CPU of the replicas and of the server is read from /proc. The results replace this
-bench's section of BENCHMARKS.md.
+bench's section of BENCHMARKS.md (`--no-write`: print only).
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ async def run(server: PostgresServer, folder: Path, rounds: int, messages: int) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 shorter rounds")
+    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     args = parser.parse_args()
     bin_dir = server_binaries()
     if bin_dir is None:
@@ -198,9 +199,8 @@ def main() -> None:
             results = asyncio.run(run(server, Path(tmp), rounds, messages))
     finally:
         server.stop()
-    text = report.reflow(section(mode, rounds, messages, results))
-    report.write_section(f"{NAME} {mode}", text)
-    print(text)
+    text = section(mode, rounds, messages, results)
+    report.publish(f"{NAME} {mode}", text, write=not args.no_write)
 
 
 if __name__ == "__main__":
