@@ -263,7 +263,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a 10 s request deadline")
     parser.add_argument("--connections", type=int, default=400)
     parser.add_argument("--peers", type=int, default=100, help="loopback source addresses")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     deadline, mode = (10.0, "quick") if args.quick else (30.0, "full")
     p = Plan(mode, args.connections, args.peers, deadline, settle=2.0)

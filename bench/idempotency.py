@@ -101,7 +101,7 @@ async def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 rounds of fewer samples")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     p = Plan("quick", 3, 10_240) if args.quick else Plan("full", 7, 51_200)
     bin_dir = server_binaries()

@@ -889,7 +889,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="short rounds, 1-minute memory run")
     parser.add_argument("--minutes", type=float, default=10.0, help="memory run length (full)")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     logs.configure("warning", "json")
     # The daemon's process runs with this collector setting (Daemon.run_until_signalled); the

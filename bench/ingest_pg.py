@@ -69,7 +69,7 @@ async def run(p: Plan, folder: Path, server: PostgresServer) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 shorter rounds")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     bin_dir = server_binaries()
     if bin_dir is None:

@@ -193,7 +193,7 @@ async def run(p: Plan, folder: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 shorter rounds")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     logs.configure("warning", "json")
     tune_for_daemon()  # as bench.ingest: the daemon's collector setting, both sides alike

@@ -51,7 +51,7 @@ from bench.injection_cases import (
     injected,
     load_cases,
 )
-from bench.report import commit_text, write_section
+from bench.report import add_no_write, commit_text, write_section
 from bench.sections.injection import SECTION, render
 from poirotd.config.spec import EmbeddedLLMSpec, SpotlightMode, SystemSpec
 from poirotd.llm.base import ChatMessage
@@ -325,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="only redraw the section from saved runs (several are merged; with several, or "
         "with a --note, the runs are saved to --runs)",
     )
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    add_no_write(parser)
     args = parser.parse_args(argv)
     if args.render:
         bench = Bench.merged([Bench.load(path) for path in args.render])

@@ -2,7 +2,7 @@
 target (issue 19).
 
     .venv/bin/python -m bench.langgraph_overhead            # about a minute
-    .venv/bin/python -m bench.langgraph_overhead --runs 200 --rounds 5 --no-report
+    .venv/bin/python -m bench.langgraph_overhead --runs 200 --rounds 5 --no-write
 
 The graph is examples/langgraph_openinference.py's (a doctor with a tool node, a chief; fake
 chat models, so a run is the framework's own work and nothing else). Three ways, round by round,
@@ -122,14 +122,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument(
-        "--no-report", action="store_true", help="print, do not write BENCHMARKS.md"
-    )
+    report.add_no_write(parser)
     args = parser.parse_args()
     seconds, stored = run(args.runs, args.rounds)
     text = section(seconds, stored, args.runs, args.rounds)
     print(text)
-    if not args.no_report:
+    if not args.no_write:
         report.write_section(SECTION, text)
 
 

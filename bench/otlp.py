@@ -343,9 +343,7 @@ def main() -> None:
         default=1,
         help="1: each chat span its answer; 2: its new user input too",
     )
-    parser.add_argument(
-        "--no-report", action="store_true", help="print, do not write BENCHMARKS.md"
-    )
+    report.add_no_write(parser)
     args = parser.parse_args()
     # The daemon's process runs with this collector setting (Daemon.run_until_signalled), as
     # bench.ingest's in-process runs do.
@@ -365,7 +363,7 @@ def main() -> None:
         SPANS_PER_EXPORT,
     )
     print(text)
-    if not args.no_report:
+    if not args.no_write:
         report.write_section(section_name(per_span), text)
 
 

@@ -2,7 +2,7 @@
 real in-process daemon, over gRPC and HTTP, and what became of each.
 
     .venv/bin/python -m bench.otlp_fuzz                        # 10,000 inputs, a few minutes
-    .venv/bin/python -m bench.otlp_fuzz --inputs 300 --no-report
+    .venv/bin/python -m bench.otlp_fuzz --inputs 300 --no-write
 
 Seeds: the four recorded runs of tests/data/otlp (GenAI attributes, GenAI events, OpenInference,
 and Microsoft Agent Framework's own spans of examples/agent_framework_genai.py, with workflow spans
@@ -704,16 +704,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=19)
-    parser.add_argument(
-        "--no-report", action="store_true", help="print, do not write BENCHMARKS.md"
-    )
+    report.add_no_write(parser)
     args = parser.parse_args()
     logs.configure("error", "console")  # a refused input is a warning: 10,000 of them
     started = time.perf_counter()
     tally = asyncio.run(run(args.inputs, args.seed))
     seconds = time.perf_counter() - started
     report.publish(
-        SECTION, section(tally, args.seed, seconds, TIMEOUT_SECONDS), write=not args.no_report
+        SECTION, section(tally, args.seed, seconds, TIMEOUT_SECONDS), write=not args.no_write
     )
 
 

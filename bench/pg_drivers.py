@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     bin_dir = server_binaries()
     if bin_dir is None:

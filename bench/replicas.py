@@ -185,7 +185,7 @@ async def run(server: PostgresServer, folder: Path, rounds: int, messages: int) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 shorter rounds")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     bin_dir = server_binaries()
     if bin_dir is None:

@@ -105,6 +105,11 @@ def reflow(text: str, width: int = 100) -> str:
     return "\n\n".join(blocks)
 
 
+def add_no_write(parser: argparse.ArgumentParser) -> None:
+    """The option of every bench that writes a section: print it, leave BENCHMARKS.md."""
+    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+
+
 def publish(name: str, text: str, *, write: bool) -> None:
     """Prints the section `name` re-wrapped and, with `write`, puts it into BENCHMARKS.md."""
     text = reflow(text)
@@ -128,7 +133,7 @@ def main(
         description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help=quick)
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    add_no_write(parser)
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     p = plan(mode)

@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from bench.report import commit_text, write_section
+from bench.report import add_no_write, commit_text, write_section
 from bench.sections.tta import SECTION, render
 from poirotd.config.spec import OpenAILLMSpec, SystemSpec
 from poirotd.devtools.process import free_port
@@ -621,7 +621,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    add_no_write(parser)
     parser.add_argument("--render", type=Path, help="only re-render a saved runs.json")
     parser.add_argument(
         "--note", default="", help="what else the machine did meanwhile, shown with this sitting"
