@@ -14,9 +14,9 @@ from pathlib import Path
 
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import schema_answer
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.observability import logs
-from tests.support.answers import schema_answer
 
 
 def main() -> None:

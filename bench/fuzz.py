@@ -1,11 +1,11 @@
-"""Fuzzing benchmark for issue 20: every door of the daemon against malformed input.
+"""Fuzzing benchmark for issue 20: every transport of the daemon against malformed input.
 
     .venv/bin/python -m bench.fuzz            # 10,000 inputs per target (about 15 minutes)
     .venv/bin/python -m bench.fuzz --quick    # 500 per target: the smoke test of tests/
 
 A real daemon runs in this process on its own event-loop thread (the tests' clinic spec, a
 scripted LLM, its SQLite store in a temporary folder, on tmpfs when there is one) with a real
-Mosquitto (`poirotd.demo.broker`) for its MQTT input. Hypothesis generates the inputs
+Mosquitto (`poirotd.devtools.broker`) for its MQTT input. Hypothesis generates the inputs
 (`bench.fuzz_inputs`) on the main thread, one at a time: every RPC of poirot.v1 over loopback
 gRPC, structured mutations of valid requests and raw bytes through a generic channel method;
 MQTT messages through the broker to the daemon's input; spec YAML through the loader the daemon
@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 
 from bench import report
 from bench.fuzz_inputs import Hints, ingest_stream, mqtt_messages, request_bytes, spec_texts
+from bench.sections.fuzz import SECTION, findings, section, statuses, table
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
@@ -50,13 +51,13 @@ from poirotd.client.wire import PoirotClient
 from poirotd.config import Settings, SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
-from poirotd.demo.broker import mosquitto
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.broker import mosquitto
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.ingest_requests import session
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.transports.mqtt import mqtt_input_spec
-from tests.support.answers import schema_answer
-from tests.support.ingest import session
-from tests.support.spec import CLINIC
 
 FULL_INPUTS = 10_000
 QUICK_INPUTS = 500
@@ -67,7 +68,6 @@ GIVE_UP_SECONDS = 30.0
 CANARY_EVERY = 20
 # Findings kept per target and kind, for the report.
 FINDINGS_KEPT = 3
-SECTION = "bench.fuzz"
 
 _T = TypeVar("_T")
 
@@ -770,146 +770,18 @@ async def _settled(harness: Harness, settle: Callable[[], Awaitable[tuple[int, i
 
 # ------------------------------------------------------------------ report
 
-COLUMNS = (
-    "target",
-    "inputs (raw bytes)",
-    "crashes",
-    "UNKNOWN",
-    "INTERNAL",
-    "> 1 s",
-    "acked",
-    "acked lost",
-    "RSS before → after (trimmed)",
-    "time",
-)
 
+@dataclass(frozen=True)
+class Run:
+    """One run of the bench as its section states it: its size, seed and length, and the sizes
+    of the two modes."""
 
-def table(tallies: list[Tally]) -> str:
-    lines = [
-        "| " + " | ".join(COLUMNS) + " |",
-        "| --- |" + " ---: |" * (len(COLUMNS) - 1),
-    ]
-    for t in tallies:
-        inputs = f"{t.inputs:,}" + (f" ({t.raw:,})" if t.raw else "")
-        acked = "—" if t.acked is None else f"{t.acked:,}"
-        lost = "—" if t.acked is None else str(t.lost)
-        cells = [
-            t.target,
-            inputs,
-            str(t.crashes),
-            str(t.unknown),
-            str(t.internal),
-            f"{t.slow} (max {t.slowest:.2f} s)",
-            acked,
-            lost,
-            f"{t.rss_before_mib:.0f} → {t.rss_after_mib:.0f} ({t.rss_trimmed_mib:.0f}) MiB",
-            f"{t.seconds:.0f} s",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def statuses(tallies: list[Tally]) -> str:
-    lines = []
-    for t in tallies:
-        seen = ", ".join(f"{name} {n:,}" for name, n in sorted(t.statuses.items()))
-        lines.append(
-            f"- {t.target}: {seen}; the daemon's loop stalled at most "
-            f"{t.longest_loop_stall:.2f} s, the collector paused at most "
-            f"{t.longest_collection:.2f} s"
-        )
-    return "\n".join(lines)
-
-
-def findings(tallies: list[Tally]) -> str:
-    found = [f"- {t.target}: {f}" for t in tallies for f in t.findings]
-    return "\n".join(found) if found else "None: every count the goals name is 0."
-
-
-def section(tallies: list[Tally], n: int, seed: int, seconds: float) -> str:
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""{report.begin_marker(SECTION)}
-## Fuzzing (`python -m bench.fuzz`)
-
-{when}, commit {report.commit_text()}; {n:,} inputs per target, hypothesis seed {seed}, \
-{seconds / 60:.1f} minutes in all on the shared 2-core machine.
-
-```sh
-.venv/bin/python -m bench.fuzz            # this section: {FULL_INPUTS:,} inputs per target
-.venv/bin/python -m bench.fuzz --quick    # {QUICK_INPUTS} per target, prints only (the test)
-```
-
-A daemon runs in the bench's process on its own event loop (the tests' clinic spec with
-reputation on, a pinned hazard space, a threshold rule, a scripted LLM, its SQLite store on
-tmpfs) with a real Mosquitto for its MQTT input. Hypothesis generates one input at a time and
-the next waits for its answer. gRPC targets get structured requests (each field unset, valid or
-hostile: edge and huge integers, text over every limit, times outside 1970..now, unknown enum
-numbers) and, one in four, raw bytes (random, a valid request damaged, hand-made wire damage)
-through a generic channel method; Ingest.Stream gets 1-4 requests per stream. The MQTT input
-gets JSON, CBOR and binary frames on its topics (valid, bent, damaged, deeply nested), with
-templated names; the spec loader gets the spec's YAML with its tree or text mutated, alias
-bombs, deep nesting and cycles.
-
-{table(tallies)}
-
-Goals (issue 20): 0 crashes, 0 UNKNOWN, 0 INTERNAL (every bad input gets a specific status),
-0 answers slower than 1 s, 0 acknowledged items lost; RSS bounded.
-
-- **crashes**: the daemon stopped answering its health check, one of its long-lived tasks
-  ended, asyncio reported an exception nobody retrieved, the MQTT input failed and restarted,
-  or the spec loader raised anything but its SpecError.
-- **UNKNOWN / INTERNAL**: answers with that gRPC status.
-- **> 1 s**: answers that took longer, on the client's clock (Watch: until its first event or
-  its status when one is owed; an open Watch that may wait for future events is only checked
-  for an immediate error). The slowest answer is in brackets.
-- **acked / acked lost**: Ingest.Stream: items up to each stream's last acknowledged seq
-  (sessions, messages, samples), each looked up in the store at the end; Trigger: investigations
-  returned, each looked up; ConfirmOutcome: investigations confirmed, each holding the last
-  outcome acknowledged; MQTT: readings the input counted as committed (then acked to the
-  broker) against the rows stored, and a canary reading every {CANARY_EVERY} messages, each
-  looked up.
-- **RSS**: VmRSS of the process holding the daemon (and the fuzzer's client), after a
-  collection, before and after the target; in brackets after `malloc_trim`, once glibc has
-  handed back the free heap its arenas keep (each thread that parsed a large request keeps
-  megabytes of it): what is still in use. The next target starts from there.
-
-Statuses seen, with the longest stall of the daemon's event loop (a task that sleeps 50 ms
-at a time, woken late) and the longest pause of the cyclic collector during each target (the
-process runs with the daemon's collector settings, `tune_for_daemon`):
-
-{statuses(tallies)}
-
-{_memory(tallies)}
-
-Findings of this run:
-
-{findings(tallies)}
-
-Defects this benchmark found while it was built, each fixed with a regression test: the spec
-loader raised RecursionError on deep nesting (after about a second in PyYAML's pure-Python
-scanner), AttributeError, KeyError or ValueError on a value its explicit tag does not fit
-(`!!timestamp hello`), and built alias bombs whole (1.8 s and 159 MB for 4.8 million values);
-session ids and signal names had no length bound (a 300,000-character session id was stored
-and held in memory for good). Not the daemon's: grpc's asyncio client reports `INTERNAL:
-Internal error from Core` instead of the server's status when a write fails as the server ends
-the stream (grpc/grpc#36066), so Ingest streams go through grpc's blocking client.
-{report.end_marker(SECTION)}"""
-
-
-def _memory(tallies: list[Tally]) -> str:
-    """How the memory in use moved once the first targets had filled the store."""
-    if len(tallies) < 3:
-        return ""
-    later = tallies[2:]
-    inputs = sum(t.inputs for t in later)
-    moved = later[-1].rss_trimmed_mib - tallies[1].rss_trimmed_mib
-    return (
-        f"From the third target on ({inputs:,} inputs) the memory in use (RSS after "
-        f"`malloc_trim`) moved by {moved:+.0f} MiB. What it holds is not split between the "
-        "daemon and the fuzzer, which share the process; tracemalloc in a separate run saw "
-        "under 5 MB of Python objects kept after 4,000 streams, so the rest is native heap "
-        "(gRPC and protobuf buffers of requests up to megabytes, SQLite, glibc's arenas)."
-    )
+    inputs: int  # per target
+    seed: int
+    seconds: float
+    full_inputs: int = FULL_INPUTS
+    quick_inputs: int = QUICK_INPUTS
+    canary_every: int = CANARY_EVERY
 
 
 # ------------------------------------------------------------------ main
@@ -944,7 +816,9 @@ def run(n: int, seed: int, only: list[str]) -> list[Tally]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_INPUTS} inputs per target")
     parser.add_argument("--inputs", type=int, help="inputs per target (overrides the mode)")
     parser.add_argument("--seed", type=int, default=20, help="hypothesis seed (20: the issue)")
@@ -959,7 +833,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(t) for t in tallies], indent=1))
     if not args.quick and args.inputs is None and not args.target:
-        report.write_section(SECTION, section(tallies, n, args.seed, seconds))
+        report.write_section(SECTION, section(tallies, Run(n, args.seed, seconds)))
         print(f"\nwrote the {SECTION} section of {report.REPORT}")
 
 

@@ -26,19 +26,16 @@ victim sessions whose hazards have no investigation:
    No rule watches agent messages: the row counts refusals by field, conflicts set aside,
    copies dropped and the chief's acknowledged messages the store lacks.
 
-Refused requests of 3 MB and silent Ingest streams are bench.grpc_door's (its own section).
+Refused requests of 3 MB and silent Ingest streams are bench.grpc_transport's (its own section).
 The results replace this bench's section of BENCHMARKS.md (`--no-write`: print only).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import math
-import platform
 import sqlite3
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -51,18 +48,18 @@ import grpc
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from bench import ingest, report
+from bench import report
 from bench.daemon_process import Child, child_daemon
+from bench.sections.hostile import NAME, section
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
-from poirotd.demo.broker import mosquitto
-from tests.support.ingest import OVERHEAT, session, start
-from tests.support.spec import CLINIC_REGIONS, clinic
+from poirotd.devtools.broker import mosquitto
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, session, start
 
-_NAME = "bench.hostile"
 EXTREMES = (1.7976931348623157e308, -1.7976931348623157e308, 1e300, math.nan, math.inf, -math.inf)
 DECLARED = 1e150  # grip's declared range is [-DECLARED, DECLARED]
 MQTT_SESSION = "plant-1"
@@ -75,10 +72,6 @@ PINNED = {"session": True, "kind": "agent", "index": "daemon"}
 ROUTE_FIELDS = ("session", "kind", "index", "sender")
 # POIROTD_QUEUE_*: a queue the flood fills, so that hazards find it full.
 QUEUE = {"capacity": 6, "reserved_for_rules": 2, "per_client": 4}
-HEADER = (
-    "| Hostile peer | Inputs | What they got | Victim acked | Victim lost | Hazard events fired"
-    " | Hazards lost (sessions; newest investigation) | VmRSS |"
-)
 TRIGGER_REFUSALS = ("queue_full", "too_many_queued", "trigger_rate")
 
 
@@ -409,7 +402,7 @@ def messages_stored(child: Child, session_id: str, sender: str) -> int:
     return int(count)
 
 
-def doorkeys(child: Child) -> Counter[str]:
+def route_outcomes(child: Child) -> Counter[str]:
     """What the daemon did with agent messages that chose what they may not: refusals by field,
     conflicts set aside, copies dropped."""
     refused = "poirot_mqtt_agent_messages_route_refused_total"
@@ -452,7 +445,7 @@ async def spoofed_keys(child: Child, p: Plan, broker_port: int) -> Row:
     row = Row("spoofed keys: another topic's producer, a pinned route's fields", len(hostile))
     row.rss_before = child.rss_mib()
     acked = "poirot_mqtt_agent_messages_acked_total"
-    acked_before, got_before = child.metric(acked), doorkeys(child)
+    acked_before, got_before = child.metric(acked), route_outcomes(child)
     own_before = messages_stored(child, DOCTOR_SESSION, "doctor")
     victim_before = messages_stored(child, CHIEF_SESSION, "chief")
     await publish_messages(broker_port, "hostile-doctor", DOCTOR_TOPIC, hostile)
@@ -462,7 +455,7 @@ async def spoofed_keys(child: Child, p: Plan, broker_port: int) -> Row:
     row.victim_acked = len(victim)  # PUBACK at QoS 1: the broker has it
     total = len(hostile) + len(victim)
     await until(lambda: child.metric(acked) - acked_before >= total, 60)
-    row.got = doorkeys(child) - got_before
+    row.got = route_outcomes(child) - got_before
     row.got["stored as its own"] = messages_stored(child, DOCTOR_SESSION, "doctor") - own_before
     row.victim_lost = row.victim_acked - (
         messages_stored(child, CHIEF_SESSION, "chief") - victim_before
@@ -486,6 +479,7 @@ class Results:
     start_mib: float
     rows: list[Row]
     seconds: float
+    queue: dict[str, int]  # POIROTD_QUEUE_*, as QUEUE
 
 
 async def run(p: Plan, folder: Path) -> Results:
@@ -506,75 +500,11 @@ async def run(p: Plan, folder: Path) -> Results:
             rows.append(await trigger_flood(child, p, clock))
             print("[bench] spoofed keys", flush=True)
             rows.append(await spoofed_keys(child, p, broker_port))
-    return Results(start_mib, rows, time.monotonic() - started)
-
-
-def _counts(counts: Counter[str] | dict[str, int]) -> str:
-    return ", ".join(f"{name} {n}" for name, n in counts.items() if n) or "none"
-
-
-def _row(r: Row) -> str:
-    rss = f"{r.rss_before:.0f} → {r.rss_after:.0f} MiB"
-    states = _counts(r.states)
-    hazards = f"{r.hazards_lost} of {r.hazard_sessions} ({states})" if r.hazard_sessions else "—"
-    cells = (
-        r.peer,
-        str(r.sent),
-        _counts(r.got),
-        str(r.victim_acked),
-        str(r.victim_lost),
-        _counts(r.fired) if r.fired else "—",
-        hazards,
-        rss,
-    )
-    return "| " + " | ".join(cells) + " |"
-
-
-def section(p: Plan, r: Results) -> str:
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python -m bench.hostile" + ("" if p.mode == "full" else f" --{p.mode}")
-    rows = "\n".join(_row(row) for row in r.rows)
-    notes = "\n".join(f"- {row.peer}: {row.note}." for row in r.rows if row.note)
-    name = f"{_NAME} {p.mode}"
-    return f"""{report.begin_marker(name)}
-## Hostile peers: rules still firing, nothing acknowledged lost ({p.mode}, `{command}`)
-
-Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
-{platform.python_version()}, a shared 2-core machine, {r.seconds:.0f} s. One daemon, a process
-of its own (`bench.daemon_process`, scripted LLM), {r.start_mib:.0f} MiB resident once started,
-fed by a real Mosquitto; each row's VmRSS is read from /proc before and after it.
-
-{HEADER}
-| --- | ---: | --- | ---: | ---: | --- | --- | ---: |
-{rows}
-
-{notes}
-
-The extremes are ±1.797e308, 1e300, NaN and ±inf, each sent {p.repeats} times (over gRPC into
-the hostile's own session and into the victim's). The victim then sends 181 readings per
-session: noise, a 10-sigma spike (the zscore rule), an offset of 8 for 20 readings (the
-rolling_mean rule). "Victim lost" is what the daemon acknowledged (gRPC's durable seq; at QoS 1,
-the broker's PUBACK) and its store lacks. "Hazards lost" counts victim sessions on which a rule
-fired and that have no investigation. The Trigger flood's queue holds {QUEUE["capacity"]}
-({QUEUE["reserved_for_rules"]} kept for rules, {QUEUE["per_client"]} per client); its
-{p.victims} victim sessions each get one reading of 85 °C (the threshold rule). Refused
-requests of 3 MB and silent Ingest streams: see the section of `bench.grpc_door`.
-
-{report.end_marker(name)}"""
+    return Results(start_mib, rows, time.monotonic() - started, dict(QUEUE))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer extremes and sessions")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
-    args = parser.parse_args()
-    p = plan("quick" if args.quick else "full")
-    with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
-        results = asyncio.run(run(p, Path(tmp)))
-    text = ingest.reflow(section(p, results))
-    if not args.no_write:
-        report.write_section(f"{_NAME} {p.mode}", text)
-    print(text)
+    report.main(NAME, __doc__, "fewer extremes and sessions", plan, run, section)
 
 
 if __name__ == "__main__":

@@ -16,24 +16,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from statistics import median
 
 from bench import report
+from bench.sections.idempotency import NAME, section
+from poirotd.devtools.postgres import PostgresServer, server_binaries
 from poirotd.model import ItemKey, Session, TelemetryBatch
 from poirotd.store import PostgresStore, SqliteStore, Store
-from tests.support.postgres import PostgresServer, server_binaries
 
 BATCH = 512
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WAYS = ("none", "runs", "scattered")
-_NAME = "bench.idempotency"
 
 
 @dataclass(frozen=True)
@@ -41,6 +39,7 @@ class Plan:
     mode: str
     rounds: int
     samples: int
+    batch: int = BATCH  # samples per commit
 
 
 def batches(way: str, samples: int) -> list[TelemetryBatch]:
@@ -82,50 +81,6 @@ async def measure(p: Plan, open_store: Callable[[str], Awaitable[Store]]) -> dic
     return rates
 
 
-def ratios(rates: dict[str, list[float]], way: str) -> list[float]:
-    return [keyed / plain for keyed, plain in zip(rates[way], rates["none"], strict=True)]
-
-
-def table(name: str, rates: dict[str, list[float]]) -> str:
-    lines = [f"| {name} | {median(rates['none']):,.0f} samples/s | 1.00 |"]
-    for way, label in (("runs", "keys in runs"), ("scattered", "keys scattered")):
-        r = ratios(rates, way)
-        lines.append(
-            f"| {name}, {label} | {median(rates[way]):,.0f} samples/s | **{median(r):.2f}** "
-            f"({', '.join(f'{x:.2f}' for x in r)}) |"
-        )
-    return "\n".join(lines)
-
-
-def section(p: Plan, results: dict[str, dict[str, list[float]]], server: str) -> str:
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python -m bench.idempotency" + ("" if p.mode == "full" else f" --{p.mode}")
-    rows = "\n".join(table(name, rates) for name, rates in results.items())
-    name = f"{_NAME} {p.mode}"
-    return f"""{report.begin_marker(name)}
-## What idempotency keys cost at commit ({p.mode}, `{command}`)
-
-Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
-{platform.python_version()}, a shared 2-core machine{server}.
-
-| Store, keys | `commit_ingest` | keyed / unkeyed (median; per round) |
-| --- | ---: | ---: |
-{rows}
-
-{p.samples:,} samples per side in batches of {BATCH}, one sample per key, committed one batch
-after the other into a fresh store; {p.rounds} rounds, the three sides alternating (order turned
-each round). Keys in runs are a forwarder's (consecutive seqs: one `ingest_keys` row per
-commit); scattered keys are every other seq of one producer, as a share group of two splits
-a publisher's messages (a row per sample, the worst case). What it costs: the lookup of the
-batch's seq range and the key rows' inserts, each row into two B-trees (the primary key and the
-age index pruning uses); on PostgreSQL no round trip of its own (the lookup rides with the
-commit's first answers; a batch holding a copy, none here, is written twice), but the server's
-work, on the same two cores as this process. Store commits alone: through a door, decoding and
-the transport add to both sides alike, so a daemon's ratio is nearer 1.
-
-{report.end_marker(name)}"""
-
-
 async def run(
     p: Plan, folder: Path, server: PostgresServer | None
 ) -> dict[str, dict[str, list[float]]]:
@@ -146,7 +101,7 @@ async def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 rounds of fewer samples")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     p = Plan("quick", 3, 10_240) if args.quick else Plan("full", 7, 51_200)
     bin_dir = server_binaries()
@@ -160,10 +115,7 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
-    text = section(p, results, version)
-    if not args.no_write:
-        report.write_section(f"{_NAME} {p.mode}", text)
-    print(text)
+    report.publish(f"{NAME} {p.mode}", section(p, results, version), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What locking the doors costs ingest (issue #21): bench.ingest's durable gRPC ingest and the
+"""What locking the transports costs ingest (issue #21): bench.ingest's durable gRPC ingest and the
 MQTT input's one-reading rate, each with TLS and credentials against the same without them.
 
     .venv/bin/python -m bench.ingest_tls            # about 3 minutes
@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +29,12 @@ import trustme
 
 from bench import ingest, report
 from bench.ingest import MqttCredentials, Plan, Rate, median
-from poirotd.demo.broker import mosquitto
+from bench.sections.ingest_tls import NAME, section
+from poirotd.devtools.broker import mosquitto
 from poirotd.observability import logs
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.transports.security.access import new_token, token_hash
 
-GOAL = 0.8
 USER = "poirotd-input"
 
 
@@ -192,93 +190,17 @@ async def run(p: Plan, folder: Path) -> dict[str, Any]:
     return {"grpc": grpc.summary(), "mqtt": mqtt.summary()}
 
 
-def _section(mode: str) -> str:
-    return f"bench.ingest_tls {mode}"
-
-
-def _row(name: str, figures: dict[str, Any], unit: str) -> str:
-    ratio = median(figures["ratios"])
-    met = "yes" if ratio >= GOAL else "**no**"
-    return (
-        f"| {name} | {figures['plain']:,.0f} {unit} | {figures['locked']:,.0f} {unit} | "
-        f"{ratio:.2f} ({ingest.listed(figures['ratios'])}) | ≥ {GOAL} | {met} |"
-    )
-
-
-def _cost(path: str, figures: dict[str, Any]) -> str:
-    """What locking changed in the daemon's CPU per message, and what that leaves of the rate."""
-    extra = figures["locked_us"] - figures["plain_us"]
-    ratio = median(figures["ratios"])
-    head = (
-        f"{path}: the locked daemon spent {extra:+.1f} µs of CPU per message "
-        f"({figures['plain_us']:.1f} → {figures['locked_us']:.1f} µs)"
-    )
-    if ratio >= GOAL:
-        return head + f", and kept {ratio:.0%} of the plain rate."
-    return head + (
-        f" and kept {ratio:.0%} of the plain rate, under the goal: TLS record decryption and "
-        "the extra reads per message run on the event loop beside the pipeline, and the peer "
-        "(broker or client) encrypts on the same two cores."
-    )
-
-
-def section(p: Plan, results: dict[str, Any]) -> str:
-    grpc, mqtt = results["grpc"], results["mqtt"]
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python -m bench.ingest_tls" + ("" if p.mode == "full" else f" --{p.mode}")
-    return f"""{report.begin_marker(_section(p.mode))}
-## Ingest with TLS and authentication ({p.mode}, `{command}`)
-
-Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
-{platform.python_version()}, {platform.machine()}, a shared 2-core machine.
-
-| Path | Plain | TLS + credentials | Ratio, median (per round) | Goal | Met |
-| --- | ---: | ---: | --- | --- | --- |
-{_row("gRPC ingest, durable", grpc, "msg/s")}
-{_row("MQTT input, one reading per message", mqtt, "msg/s")}
-
-### How it is measured
-
-- **gRPC ingest**: bench.ingest's measurement ({p.agent_streams} `Ingest.Stream`s of
-  {p.agent_messages:,} agent messages each, batched requests, acked once committed, rate on the
-  client's clock). Locked: the daemon with `POIROTD_TLS_CERT_FILE`/`_KEY_FILE`,
-  `POIROTD_TLS_CLIENT_CA_FILE` (client certificates required) and `POIROTD_AUTH_FILE`; the client
-  presents a certificate the CA signed and a bearer token the access file grants `ingest`. The
-  daemon used {grpc["plain_cpu"]:.0%} of a core plain ({grpc["plain_us"]:.0f} µs per message),
-  {grpc["locked_cpu"]:.0%} locked ({grpc["locked_us"]:.0f} µs); the client process
-  {grpc["plain_client_cpu"]:.0%} and {grpc["locked_client_cpu"]:.0%}.
-- **MQTT input**: bench.ingest's one-reading measurement ({p.mqtt_messages:,} JSON messages at
-  QoS 1 from the raw-socket publisher; decode, checks, durable commit, 20 rules, PUBACK after the
-  commit; rate = messages / time to the last ack). Locked: Mosquitto's listener on TLS with
-  `require_certificate true`, `allow_anonymous false` and a password file; the daemon's input
-  (`tls:` with CA, client certificate and key; `password: {{file: ...}}`) and the publisher both
-  log in with a certificate and the password. The daemon used {mqtt["plain_cpu"]:.0%} of a core
-  plain ({mqtt["plain_us"]:.0f} µs per message), {mqtt["locked_cpu"]:.0%} locked
-  ({mqtt["locked_us"]:.0f} µs).
-- Ratio = locked / plain within a round. {p.rounds} rounds per path, plain and locked
-  alternating, the order reversed every other round; each side on a fresh daemon (and broker);
-  medians. Certificates are ECDSA P-256 from trustme, made for the run.
-
-### What locking costs
-
-{_cost("gRPC", grpc)} {_cost("MQTT", mqtt)} The per-round ratios spread more than the medians
-differ: one side of a round can lose a core to the machine's other tenants for a second.
-
-{report.end_marker(_section(p.mode))}"""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 shorter rounds")
+    report.add_no_write(parser)
     args = parser.parse_args()
     logs.configure("warning", "json")
     tune_for_daemon()  # as bench.ingest: the daemon's collector setting, both sides alike
     p = plan("quick" if args.quick else "full")
     with tempfile.TemporaryDirectory(prefix="bench-ingest-tls-") as tmp:
         results = asyncio.run(ingest.until_signalled(run(p, Path(tmp))))
-    text = ingest.reflow(section(p, results))
-    report.write_section(_section(p.mode), text)
-    print(text)
+    report.publish(f"{NAME} {p.mode}", section(p, results), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 target (issue 19).
 
     .venv/bin/python -m bench.langgraph_overhead            # about a minute
-    .venv/bin/python -m bench.langgraph_overhead --runs 200 --rounds 5 --no-report
+    .venv/bin/python -m bench.langgraph_overhead --runs 200 --rounds 5 --no-write
 
 The graph is examples/langgraph_openinference.py's (a doctor with a tool node, a chief; fake
 chat models, so a run is the framework's own work and nothing else). Three ways, round by round,
@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +31,14 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from bench import report
+from bench.sections.langgraph_overhead import SECTION, section
 from examples import langgraph_openinference as example
-from poirotd.demo.process import DaemonProcess, free_port
+from poirotd.devtools.otlp_runs import SPEC
+from poirotd.devtools.process import DaemonProcess, free_port
 from poirotd.store import SqliteStore
-from tests.support.otlp_runs import SPEC
 
-SECTION = "bench.langgraph_overhead"
-WAYS = {
-    "plain": "not instrumented",
-    "traced": "OpenInference, spans dropped",
-    "poirotd": "OpenInference, spans exported to poirotd (OTLP/HTTP)",
-}
+# Not instrumented; OpenInference with its spans dropped; the same exported to poirotd.
+WAYS = ("plain", "traced", "poirotd")
 
 
 class _Dropped(SpanExporter):
@@ -123,48 +118,16 @@ async def _stored_runs(db: Path, runs: int, rounds: int) -> int:
     return runs * rounds
 
 
-def section(seconds: dict[str, list[float]], stored: int, runs: int, rounds: int) -> str:
-    median = {way: statistics.median(s) * 1000 for way, s in seconds.items()}
-    plain = median["plain"]
-    rows = "\n".join(
-        f"| {label} | {median[way]:.2f} ms | {median[way] / plain - 1:+.0%} |"
-        for way, label in WAYS.items()
-    )
-    exporter = median["poirotd"] - median["traced"]
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""{report.begin_marker(SECTION)}
-## What tracing adds to a LangGraph run (`python -m bench.langgraph_overhead`)
-
-{when}, commit {report.commit_text()}; {runs} runs per way and round, {rounds} rounds, the ways
-alternating.
-
-| way | time per run (median of rounds) | over not instrumented |
-| --- | ---: | ---: |
-{rows}
-
-The exporter with poirotd as its target adds **{exporter:.2f} ms** per run over the
-instrumentation alone; all {stored:,} exported runs were read back from poirotd's store, eight
-messages each. The graph is examples/langgraph_openinference.py's: a doctor that calls a tool
-and reports, a chief that decides, on langchain-core's fake chat models, so a run is the
-framework's and the instrumentation's work alone (a real model's seconds would dwarf all of
-it). The spans go through the SDK's BatchSpanProcessor (a background thread exports them, 512 at
-a time) to `poirotd run` in its own process, on the same two shared cores: the exporter's share
-is that thread's encoding and sending, and poirotd's work competing for the CPU.
-{report.end_marker(SECTION)}"""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument(
-        "--no-report", action="store_true", help="print, do not write BENCHMARKS.md"
-    )
+    report.add_no_write(parser)
     args = parser.parse_args()
     seconds, stored = run(args.runs, args.rounds)
     text = section(seconds, stored, args.runs, args.rounds)
     print(text)
-    if not args.no_report:
+    if not args.no_write:
         report.write_section(SECTION, text)
 
 

@@ -15,7 +15,7 @@ BatchSpanProcessor makes them. Every way's requests are built before its clock s
 
 Like with like: the native stream keeps two requests in flight (the daemon admits the next while
 the one before commits), an SDK exporter one export (it waits for the answer). So each OTLP
-door runs twice: one exporter (a single instrumented process), and `--exporters` of them
+transport runs twice: one exporter (a single instrumented process), and `--exporters` of them
 concurrently (default 2: two requests in flight, as the native stream; several instrumented
 processes, or a Collector, whose exporter sends from 10 consumers by default). A rate is
 messages durable per second from the first request to the last answer; the figures are the
@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
-import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -51,21 +49,24 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bench import report
 from bench.agents import CONTENT
+from bench.sections.otlp import section, section_name
 from poirotd.api import convert
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient, batched
 from poirotd.config import Settings, SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC, provider
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, ItemKey, MessageKind, Session
 from poirotd.observability.gc_tuning import tune_for_daemon
 from poirotd.store.sqlite import SqliteStore
 from poirotd.transports.otlp.mapping import map_export
-from tests.support.answers import schema_answer
-from tests.support.otlp_runs import SPEC, provider
 
-SECTION = "bench.otlp"
+# The ways, each a row of the section: the native stream, then OTLP over gRPC and over HTTP,
+# each with one exporter and with `--exporters` of them (the `_n` ways).
+WAYS = ("native", "otlp_grpc", "otlp_grpc_n", "otlp_http", "otlp_http_n")
 SPANS_PER_EXPORT = 512
 AGENTS = ("doctor", "chief")
 T = TypeVar("T")
@@ -162,19 +163,8 @@ async def _concurrently(
             group.create_task(exporter(share))
 
 
-def _ways(exporters: int) -> dict[str, str]:
-    """Each way's key and its row in the report."""
-    return {
-        "native": "native `poirot.v1.Ingest` stream, batched",
-        "otlp_grpc": "OTLP/gRPC `TraceService/Export`, 1 exporter",
-        "otlp_grpc_n": f"OTLP/gRPC `TraceService/Export`, {exporters} exporters",
-        "otlp_http": "OTLP/HTTP `POST /v1/traces`, 1 exporter",
-        "otlp_http_n": f"OTLP/HTTP `POST /v1/traces`, {exporters} exporters",
-    }
-
-
 async def started_daemon(folder: Path, spec: SystemSpec) -> Daemon:
-    """An in-process daemon with its OTLP/HTTP door open and the tests' scripted LLM; the
+    """An in-process daemon with its OTLP/HTTP transport open and the tests' scripted LLM; the
     caller stops it."""
     settings = Settings(
         db_path=folder / "poirotd.db",
@@ -192,8 +182,7 @@ async def run(
     messages: int, rounds: int, exporters: int, per_span: int = 1
 ) -> dict[str, list[Rates]]:
     spec = SPEC.model_copy(update={"rules": ()})
-    ways = _ways(exporters)
-    rates: dict[str, list[Rates]] = {way: [] for way in ways}
+    rates: dict[str, list[Rates]] = {way: [] for way in WAYS}
     with tempfile.TemporaryDirectory() as folder:
         daemon = await started_daemon(Path(folder), spec)
         settings = daemon.settings
@@ -243,7 +232,7 @@ async def run(
                 store = daemon._store
                 assert store is not None
                 for r in range(rounds):
-                    for way in ways:
+                    for way in WAYS:
                         session = f"{way}-{r}"
                         stored = await store.session_messages(session)
                         assert len(stored) == messages, (session, len(stored))
@@ -340,102 +329,6 @@ async def _commit_cpu(
             await store.close()
 
 
-def section(
-    rates: dict[str, list[Rates]],
-    messages: int,
-    rounds: int,
-    exporters: int,
-    mapping_us: float,
-    keys: KeyCost,
-    per_span: int = 1,
-) -> str:
-    ways = _ways(exporters)
-    rows = []
-    for way, label in ways.items():
-        walls = [r.wall for r in rates[way]]
-        cpus = [r.cpu for r in rates[way]]
-        # Each round's ways ran back to back: a round's ratio sees the same load on both sides.
-        wall_ratio = _median_ratio(walls, [r.wall for r in rates["native"]])
-        cpu_ratio = _median_ratio(cpus, [r.cpu for r in rates["native"]])
-        goal = "≥ 0.5" if way.endswith("_n") else ""
-        rows.append(
-            f"| {label} | {statistics.median(walls):,.0f} msg/s | **{wall_ratio:.2f}** "
-            f"| {statistics.median(cpus):,.0f} | **{cpu_ratio:.2f}** | {goal} |"
-        )
-    table = "\n".join(rows)
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    name, shape = _shaped(per_span)
-    return f"""{report.begin_marker(name)}
-## OTLP trace ingest against the native stream (`python -m bench.otlp{shape.flag}`)
-
-{when}, commit {report.commit_text()}; {_cpus()} CPUs, Python {platform.python_version()};
-the garbage collector set as `poirotd run` sets it (`gc_tuning.tune_for_daemon`).
-{messages:,} agent messages per way and round, {rounds} rounds, the ways alternating;
-OTLP exports of {SPANS_PER_EXPORT} spans (protobuf).
-
-| way | median rate | ratio to native | messages per CPU second | ratio to native | goal |
-| --- | ---: | ---: | ---: | ---: | --- |
-{table}
-
-Every round's messages are checked stored (all {messages:,} of each way) before the figures
-are written. Ratios are the median of each round's ratio (the ways of a round ran back to back,
-under about the same load); the CPU columns count the whole process's CPU time (daemon and
-clients, every thread: grpc's clients, aiohttp's for OTLP/HTTP), which the machine's other
-tenants disturb less than the clock. {shape.text}
-built by the OpenTelemetry SDK and encoded by its exporter's
-encoder before the clock starts; the native requests are built and batched (64 KB requests,
-some 1,400 messages each) before it too. Like with like: the native stream has two requests in
-flight (the daemon admits the next while the one before commits); an exporter waits for each
-export's answer, so one exporter has one in flight and leaves the daemon idle while it commits,
-and {exporters} exporters (several instrumented processes, or a Collector's exporter, which
-sends from 10 consumers by default) have {exporters}. The goal applies to those rows. What OTLP
-adds per message is the span's decoding and mapping (attributes to a dict, the messages' JSON,
-placing the span in its trace) and a durable commit per export of {SPANS_PER_EXPORT} spans where
-the native stream commits some 1,400 messages at a time. The mapping alone took
-{mapping_us:.1f} µs of CPU a message in this run (best of 5 passes over the decoded spans),
-against {1e6 / statistics.median(r.cpu for r in rates["native"]):.1f} µs a message for all of the
-native way (daemon and client). The messages' idempotency keys (a producer per span, a seq per
-message in it: {shape.keys}) cost the commit {keys.keyed - keys.without:.1f} µs of CPU a
-message: the same {messages:,} messages committed to a new SQLite store an export at a time took
-{keys.without:.1f} µs a message without keys and {keys.keyed:.1f} µs with them (best of 5 each,
-alternating).
-{report.end_marker(name)}"""
-
-
-class _Shape(NamedTuple):
-    flag: str  # the option that gives it, as the section's title shows it
-    text: str  # what a span carries
-    keys: str  # what that means for the keys
-
-
-def _shaped(per_span: int) -> tuple[str, _Shape]:
-    """The report section of a run with `per_span` messages a span, and how it reads."""
-    if per_span == 1:
-        return SECTION, _Shape(
-            "",
-            "Each message is one GenAI chat span (agent name, conversation id, its output "
-            "message as `gen_ai.output.messages` JSON),",
-            "here a key a message, the most a message can cost",
-        )
-    return f"{SECTION}.{per_span}", _Shape(
-        f" --messages-per-span {per_span}",
-        "Each GenAI chat span (agent name, conversation id) carries two messages: the user's "
-        "request as `gen_ai.input.messages` and the agent's answer as "
-        "`gen_ai.output.messages`; the native way sends the same requests and answers,",
-        "here one key row for each span's two messages",
-    )
-
-
-def _median_ratio(rates: list[float], native: list[float]) -> float:
-    return statistics.median(r / n for r, n in zip(rates, native, strict=True))
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
@@ -450,9 +343,7 @@ def main() -> None:
         default=1,
         help="1: each chat span its answer; 2: its new user input too",
     )
-    parser.add_argument(
-        "--no-report", action="store_true", help="print, do not write BENCHMARKS.md"
-    )
+    report.add_no_write(parser)
     args = parser.parse_args()
     # The daemon's process runs with this collector setting (Daemon.run_until_signalled), as
     # bench.ingest's in-process runs do.
@@ -461,10 +352,19 @@ def main() -> None:
     rates = asyncio.run(run(args.messages, args.rounds, args.exporters, per_span))
     mapping_us = mapping_cpu_us(args.messages, per_span)
     keys = keys_cpu_us(args.messages, per_span)
-    text = section(rates, args.messages, args.rounds, args.exporters, mapping_us, keys, per_span)
+    text = section(
+        rates,
+        args.messages,
+        args.rounds,
+        args.exporters,
+        mapping_us,
+        keys,
+        per_span,
+        SPANS_PER_EXPORT,
+    )
     print(text)
-    if not args.no_report:
-        report.write_section(_shaped(per_span)[0], text)
+    if not args.no_write:
+        report.write_section(section_name(per_span), text)
 
 
 if __name__ == "__main__":

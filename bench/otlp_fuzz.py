@@ -1,8 +1,8 @@
-"""A bounded fuzz of the OTLP doors (issue 19): random mutations of valid exports against a real
-in-process daemon, over gRPC and HTTP, and what became of each.
+"""A bounded fuzz of the OTLP transports (issue 19): random mutations of valid exports against a
+real in-process daemon, over gRPC and HTTP, and what became of each.
 
     .venv/bin/python -m bench.otlp_fuzz                        # 10,000 inputs, a few minutes
-    .venv/bin/python -m bench.otlp_fuzz --inputs 300 --no-report
+    .venv/bin/python -m bench.otlp_fuzz --inputs 300 --no-write
 
 Seeds: the four recorded runs of tests/data/otlp (GenAI attributes, GenAI events, OpenInference,
 and Microsoft Agent Framework's own spans of examples/agent_framework_genai.py, with workflow spans
@@ -42,7 +42,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -59,18 +58,20 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from bench import report
 from bench.otlp import started_daemon
+from bench.sections.otlp_fuzz import SECTION, section
 from poirotd.config import Settings
+from poirotd.devtools.otlp_runs import RUNS, SPEC, otlp_json, recorded_export
 from poirotd.errors import ServiceError
 from poirotd.model import AgentMessage, ItemKey
 from poirotd.observability import logs
 from poirotd.store import Store
 from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
 from poirotd.transports.otlp.mapping import MappedExport, MappedMessage, map_export
-from tests.support.otlp_runs import DATA, RUNS, SPEC, otlp_json
 
-SECTION = "bench.otlp_fuzz"
+# Microsoft Agent Framework's run as the framework itself traced it (tests/data/otlp, recorded by
+# tests/support/otlp_runs.py): read as data, since rebuilding it needs the framework's example.
+AGENT_FRAMEWORK_EXPORT = Path(__file__).parents[1] / "tests/data/otlp/agent_framework.pb"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-OUTCOMES = ("accepted", "partial_success", "clear_error", "throttled", "crash")
 # Requests in flight at once: enough to overlap the commits, few enough not to be throttled.
 CONCURRENCY = 8
 TIMEOUT_SECONDS = 30.0
@@ -82,9 +83,9 @@ _CRASH_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCo
 
 
 def seeds() -> list[ExportTraceServiceRequest]:
-    return [
-        ExportTraceServiceRequest.FromString((DATA / f"{name}.pb").read_bytes())
-        for name in [*sorted(RUNS), "agent_framework"]
+    recorded = AGENT_FRAMEWORK_EXPORT.read_bytes()
+    return [recorded_export(RUNS[name]) for name in sorted(RUNS)] + [
+        ExportTraceServiceRequest.FromString(recorded)
     ]
 
 
@@ -442,7 +443,7 @@ _JSON_MUTATIONS: tuple[tuple[str, Callable[[random.Random, Any], None]], ...] = 
 
 @dataclass(frozen=True)
 class Input:
-    door: str  # "grpc" or "http"
+    transport: str  # "grpc" or "http"
     body: bytes
     content_type: str = PROTOBUF
     encoding: str = "identity"
@@ -498,7 +499,7 @@ async def send(
     item: Input, channel: grpc.aio.Channel, http: httpx.AsyncClient, url: str
 ) -> tuple[str, ExportTraceServiceResponse | None, str]:
     """(outcome, the answer if acknowledged, what went wrong if it crashed)."""
-    if item.door == "grpc":
+    if item.transport == "grpc":
         export = channel.unary_unary(
             EXPORT,
             request_serializer=None,
@@ -557,7 +558,7 @@ def mapped(item: Input, settings: Settings) -> MappedExport | None:
     """The daemon's own mapping of the input (pure, so run again here), or None: it does not
     decode, and the daemon refuses it."""
     try:
-        if item.door == "grpc":
+        if item.transport == "grpc":
             request = ExportTraceServiceRequest.FromString(item.body)
         else:
             request = _decode(
@@ -670,7 +671,7 @@ async def run(
                         if export is not None:
                             claims.add(export)
                         outcome, answer, problem = await send(item, channel, http, url)
-                        tally.count(f"{item.door} {kind}", outcome)
+                        tally.count(f"{item.transport} {kind}", outcome)
                         if problem and len(tally.crash_examples) < 5:
                             tally.crash_examples.append(f"input {n} ({kind}): {problem}")
                         if answer is not None:
@@ -699,58 +700,19 @@ async def run(
     return tally
 
 
-# ------------------------------------------------------------------ report
-
-
-def section(tally: Tally, seed: int, seconds: float) -> str:
-    kinds = sorted({kind for kind, _ in tally.outcomes})
-    rows = "\n".join(
-        f"| {kind} | " + " | ".join(f"{tally.outcomes[(kind, o)]:,}" for o in OUTCOMES) + " |"
-        for kind in kinds
-    )
-    totals = " | ".join(f"**{tally.total(o):,}**" for o in OUTCOMES)
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    examples = "".join(f"\n- {e}" for e in tally.crash_examples + tally.lost_examples)
-    return f"""{report.begin_marker(SECTION)}
-## OTLP doors under {tally.inputs:,} random mutations (`python -m bench.otlp_fuzz`)
-
-{when}, commit {report.commit_text()}; seed {seed}, {tally.inputs:,} inputs in {seconds:.0f} s.
-
-| door and input | accepted | partial_success | clear error | throttled | crash (goal 0) |
-| --- | ---: | ---: | ---: | ---: | ---: |
-{rows}
-| all | {totals} |
-
-Acknowledged but lost (goal 0): **{tally.lost_spans}** spans; {tally.stored_messages:,} messages
-of acknowledged inputs were read back stored, and {tally.copies:,} were copies the store dropped
-(a message whose key, its span's start and ids and its place in the span, a stored message
-has).
-Inputs are mutations of the four recorded runs of `tests/data/otlp` (one of them Microsoft
-Agent Framework's own spans), each with its own trace and conversation: protobuf byte mutations
-over gRPC (raw bytes) and HTTP (some gzipped), OTLP/JSON structure mutations over HTTP and, when
-they still parse, over gRPC as protobuf. A crash is a 500, INTERNAL, UNKNOWN or UNAVAILABLE, no
-answer within {TIMEOUT_SECONDS:.0f} s, or an error without a message; lost is a span of an
-acknowledged input whose messages are not stored, are no copies and that the answer did not
-count rejected. `tests/transports/otlp/test_fuzz.py` runs 300 inputs and asserts both
-zeros.{examples}
-{report.end_marker(SECTION)}"""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=19)
-    parser.add_argument(
-        "--no-report", action="store_true", help="print, do not write BENCHMARKS.md"
-    )
+    report.add_no_write(parser)
     args = parser.parse_args()
     logs.configure("error", "console")  # a refused input is a warning: 10,000 of them
     started = time.perf_counter()
     tally = asyncio.run(run(args.inputs, args.seed))
-    text = section(tally, args.seed, time.perf_counter() - started)
-    print(text)
-    if not args.no_report:
-        report.write_section(SECTION, text)
+    seconds = time.perf_counter() - started
+    report.publish(
+        SECTION, section(tally, args.seed, seconds, TIMEOUT_SECONDS), write=not args.no_write
+    )
 
 
 if __name__ == "__main__":

@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
-import statistics
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 
 import asyncpg
 import psycopg
 
 from bench import report
-from bench.ingest import listed, reflow
-from tests.support.postgres import PostgresServer, server_binaries
-
-_SECTION = "bench.pg_drivers"
+from bench.sections.pg_drivers import SECTION, section
+from poirotd.devtools.postgres import PostgresServer, server_binaries
 
 _TABLES = """
 CREATE TABLE keys (session_id text, idx bigint, PRIMARY KEY (session_id, idx));
@@ -119,46 +114,12 @@ async def _measure(server: PostgresServer, args: argparse.Namespace) -> dict[str
     return rates
 
 
-def section(args: argparse.Namespace, rates: dict[str, list[float]], version: str) -> str:
-    psycopg_rate, asyncpg_rate = (statistics.median(rates[n]) for n in ("psycopg", "asyncpg"))
-    ratios = [a / p for p, a in zip(rates["psycopg"], rates["asyncpg"], strict=True)]
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""{report.begin_marker(_SECTION)}
-## PostgreSQL driver: psycopg 3 or asyncpg (`python -m bench.pg_drivers`)
-
-Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
-{platform.python_version()}, a shared 2-core machine; {version} on loopback, fsync on.
-
-| Driver | Durable commits of {args.batch} messages |
-| --- | ---: |
-| psycopg {psycopg.__version__} (pipeline mode) | {psycopg_rate:,.0f} msg/s |
-| asyncpg {asyncpg.__version__} | {asyncpg_rate:,.0f} msg/s |
-
-asyncpg / psycopg: {statistics.median(ratios):.2f} (median; per round {listed(ratios)}).
-
-Each transaction is the PostgreSQL store's commit: the chain's advisory lock, the chain head, the
-batch's message keys added in one statement over arrays (which are new), the block, its chain
-entry, COMMIT. {args.rounds} rounds of {args.batches} transactions, the drivers alternating, a fresh
-database each. While the store was written, shorter runs of this bench (3 rounds of 100) had
-asyncpg ahead by 1.14 before psycopg used pipeline mode (each statement its own round trip), and
-by 1.40 when the keys still went one row each through executemany.
-
-**psycopg 3 is the store's driver.** At this commit alone the two are close on this shared
-machine (the per-round ratios above run from {min(ratios):.2f} to {max(ratios):.2f}), so the
-choice rests on the rest: psycopg gives `poirotd audit` synchronous connections over the same
-queries as the daemon's asynchronous ones (asyncpg is async only), and it is libpq, so PGPASSFILE
-and ~/.pgpass, service files, sslmode and client certificates, target_session_attrs for a
-primary/standby pair all work as PostgreSQL documents them. Should the driver be found to limit
-a deployment, the change stays inside `poirotd/store/postgres.py`.
-
-{report.end_marker(_SECTION)}"""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5)
+    report.add_no_write(parser)
     args = parser.parse_args()
     bin_dir = server_binaries()
     if bin_dir is None:
@@ -167,11 +128,10 @@ def main() -> None:
     server.start()
     try:
         rates = asyncio.run(_measure(server, args))
-        text = reflow(section(args, rates, server.version()))
+        version = server.version()
     finally:
         server.stop()
-    report.write_section(_SECTION, text)
-    print(text)
+    report.publish(SECTION, section(args, rates, version), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
+from poirotd.devtools.hazard_inputs import ANKLE, EXO, rule, series
 from poirotd.hazards import RuleEngine, parse_rules
 from poirotd.model import TelemetrySample
-from tests.support.hazards import ANKLE, EXO, rule, series
 
 KNEE = "knee_torque_nm"
 HIP = "hip_angle_deg"

@@ -19,12 +19,12 @@ from examples import langchain_callback, record_and_investigate, record_async
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client import AsyncClient, Client, Message, Sample
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import CLINIC
 from poirotd.integrations.langchain import PoirotCallbackHandler
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import MessageKind
-from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.spec import CLINIC
 
 # The examples' runs also speak with a parent (a component of the demo's CORTEX spec).
 PARENTED = CLINIC.model_copy(

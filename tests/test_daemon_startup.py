@@ -22,12 +22,12 @@ import yaml
 
 from poirotd.config import Settings
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.process import free_port
 from poirotd.errors import StartupError, TransportBindError
 from poirotd.llm.scripted import ScriptedBackend
-from tests.support.answers import schema_answer
 from tests.support.cli import poirotd
-from tests.support.spec import CLINIC
 
 # Each transport, in the order the daemon starts them, with the setting of its port.
 TRANSPORTS = {"grpc": "grpc_port", "metrics": "metrics_port", "otlp_http": "otlp_http_port"}

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.demo.main import demo_file, session_requests
-from poirotd.demo.process import DaemonProcess
+from poirotd.devtools.process import DaemonProcess
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """The package layout's rules, read from the source: which package may import which, no import
 cycle at module level, nothing loose at the top of poirotd/, the daemon's own dependencies free
-of the evaluation harness's, and tests that share only through
-tests/support."""
+of the evaluation harness's, tests that share only through tests/support, and benchmarks that
+share with the tests only through poirotd/devtools."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HWBRIDGE_MAY_IMPORT = ("poirotd.model", "poirotd.api", "poirotd.client", "poirotd.errors")
 # Inside poirotd only these use hwbridge: the MQTT transport, and the demo that starts a broker.
 MAY_IMPORT_HWBRIDGE = ("poirotd.transports.mqtt", "poirotd.demo")
+# Inside poirotd only these use the development helpers: the helpers themselves and the demo.
+MAY_IMPORT_DEVTOOLS = ("poirotd.devtools", "poirotd.demo")
 TOP_OF_POIROTD = {"__init__", "__main__", "daemon", "model", "errors"}
 # poirot_eval (the `eval` extra) sits above poirotd: it may import poirotd, never the reverse
 # (`poirotd eval` / `poirotd replay` find its commands through an entry point, pyproject.toml).
@@ -157,6 +159,31 @@ def test_only_the_mqtt_transport_and_the_demo_import_hwbridge() -> None:
     assert not wrong, sorted(wrong)
 
 
+def test_the_daemon_never_imports_the_development_helpers() -> None:
+    wrong = {
+        (module_name(path), name)
+        for package in ("poirotd", "hwbridge", "poirot_eval")
+        for path in sources(package)
+        for name in imports(path)
+        if within(name, ("poirotd.devtools",))
+        and not within(module_name(path), MAY_IMPORT_DEVTOOLS)
+    }
+    assert not wrong, sorted(wrong)
+
+
+@pytest.mark.parametrize("package", ["poirotd", "hwbridge", "poirot_eval", "bench"])
+def test_only_the_tests_import_the_tests(package: str) -> None:
+    """What the tests and the benchmarks both need lives in poirotd/devtools: a benchmark run
+    from an installed package has no tests/ to import."""
+    wrong = {
+        (module_name(path), name)
+        for path in sources(package)
+        for name in imports(path)
+        if within(name, ("tests",))
+    }
+    assert not wrong, sorted(wrong)
+
+
 def test_nothing_loose_at_the_top_of_poirotd() -> None:
     loose = {path.stem for path in (ROOT / "poirotd").glob("*.py")} - TOP_OF_POIROTD
     assert not loose, sorted(loose)
@@ -174,7 +201,9 @@ def test_no_module_imports_a_test_module_or_a_conftest() -> None:
     assert not wrong, sorted(wrong)
 
 
-@pytest.mark.parametrize("package", ["poirotd", "hwbridge", "poirot_eval"])
+# bench too: a bench's section module (bench/sections/NAME.py) imports its measuring module's
+# types for annotations only, so that bench/NAME.py may import its section.
+@pytest.mark.parametrize("package", ["poirotd", "hwbridge", "poirot_eval", "bench"])
 def test_no_import_cycle_at_module_level(package: str) -> None:
     graph: dict[str, set[str]] = {}
     for path in sources(package):

@@ -25,11 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
-from poirotd.demo.process import DaemonProcess
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import message, start
+from poirotd.devtools.process import DaemonProcess
 from poirotd.store.audit import verify
-from tests.support.ingest import message, start
 from tests.support.openai_server import ScriptedServer, schema_replies
-from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.stores import PostgresDb
 from tests.support.waiting import eventually
 

@@ -27,12 +27,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
-from poirotd.demo.process import DaemonProcess
+from poirotd.devtools.clinic import BRIDGE_CLINIC, CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, message, motor_temp, session, start
+from poirotd.devtools.postgres import PostgresServer, server_binaries
+from poirotd.devtools.process import DaemonProcess
 from tests.support.answers import gated
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.ingest import OVERHEAT, message, motor_temp, session, start
-from tests.support.postgres import PostgresServer, server_binaries
-from tests.support.spec import BRIDGE_CLINIC, CLINIC_REGIONS, clinic
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

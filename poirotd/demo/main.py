@@ -25,8 +25,8 @@ from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
-from poirotd.demo.broker import mosquitto
-from poirotd.demo.process import DaemonProcess
+from poirotd.devtools.broker import mosquitto
+from poirotd.devtools.process import DaemonProcess
 
 # The session cortex.yaml's MQTT input files the exoskeleton's samples under.
 SESSION_ID = "cortex-demo-1"

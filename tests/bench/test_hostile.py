@@ -9,6 +9,7 @@ import pytest
 
 from bench import hostile
 from bench.report import begin_marker, end_marker
+from bench.sections import hostile as hostile_section
 
 
 @pytest.mark.slow
@@ -47,6 +48,6 @@ async def test_the_quick_run_keeps_rules_firing_hazards_and_victims_whole(
         "stored as its own": n,
     }, spoofed
     assert spoofed.victim_acked == n
-    text = hostile.section(p, results)
+    text = hostile_section.section(p, results)
     assert text.startswith(begin_marker("bench.hostile quick"))
     assert text.endswith(end_marker("bench.hostile quick"))

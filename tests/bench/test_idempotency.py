@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bench import idempotency
 from bench.idempotency import Plan
+from bench.sections import idempotency as idempotency_section
 
 
 async def test_a_smoke_run_commits_every_way_and_renders(tmp_path: Path) -> None:
@@ -22,5 +23,5 @@ async def test_a_smoke_run_commits_every_way_and_renders(tmp_path: Path) -> None
             rows[way] = conn.execute("SELECT count(*) FROM ingest_keys").fetchone()[0]
         assert samples == plan.samples, way
     assert rows == {"none": 0, "runs": 2, "scattered": plan.samples}
-    text = idempotency.section(plan, results, "")
+    text = idempotency_section.section(plan, results, "")
     assert "| SQLite, keys scattered |" in text

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import ingest, ingest_pg, ingest_tls
-from bench.report import begin_marker, end_marker
-from tests.support.postgres import PostgresServer
+from bench import ingest_pg, ingest_tls
+from bench.report import begin_marker, end_marker, reflow
+from bench.sections import ingest_pg as ingest_pg_section
+from poirotd.devtools.postgres import PostgresServer
 
 
 async def test_the_smoke_run_measures_both_stores_and_renders_its_section(
@@ -20,7 +21,7 @@ async def test_the_smoke_run_measures_both_stores_and_renders_its_section(
     assert results["sqlite"] > 0 and results["postgres"] > 0 and results["server_us"] > 0
     assert len(results["ratios"]) == p.rounds
     assert results["ratios"][0] == pytest.approx(results["postgres"] / results["sqlite"])
-    text = ingest.reflow(ingest_pg.section(p, results))
+    text = reflow(ingest_pg_section.section(p, results))
     assert text.startswith(begin_marker("bench.ingest_pg smoke"))
     assert text.endswith(end_marker("bench.ingest_pg smoke"))
     assert "| PostgreSQL (fsync on, synchronous_commit on) |" in text

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import ingest, ingest_tls
-from bench.report import begin_marker, end_marker
+from bench import ingest_tls
+from bench.report import begin_marker, end_marker, reflow
+from bench.sections import ingest_tls as ingest_tls_section
 
 
 async def test_the_smoke_run_measures_plain_and_locked_ingest_and_renders_its_section(
@@ -25,7 +26,7 @@ async def test_the_smoke_run_measures_plain_and_locked_ingest_and_renders_its_se
         assert figures["plain"] > 0 and figures["locked"] > 0
         assert len(figures["ratios"]) == p.rounds
         assert figures["ratios"][0] == pytest.approx(figures["locked"] / figures["plain"])
-    text = ingest.reflow(ingest_tls.section(p, results))
+    text = reflow(ingest_tls_section.section(p, results))
     assert text.startswith(begin_marker("bench.ingest_tls smoke"))
     assert text.endswith(end_marker("bench.ingest_tls smoke"))
     assert "| gRPC ingest, durable |" in text and "| MQTT input, one reading per message |" in text

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from bench import injection
-from bench.injection import Bench, Result, measure_method, one_category_after_another, render
+from bench.injection import Bench, Result, measure_method, one_category_after_another
 from bench.injection_cases import InjectionCase, load_cases
 from bench.report import begin_marker
+from bench.sections.injection import SECTION, render
 from poirotd.config.spec import SpotlightMode
 
 TOKENS = {
@@ -90,7 +91,7 @@ def test_the_section_reports_each_method_and_its_figures(tmp_path: Path) -> None
     )
     path = tmp_path / "runs.json"
     bench.save(path)
-    section = render(Bench.load(path))
+    section = render(Bench.load(path), list(injection.METHODS))
     assert "Methods baseline, echo, errorprobe, each in a 20-minute slice" in section
     assert "| baseline | 1 | 0/1 = 0% | 1/1 = 100% | **0.00** |" in section
     assert "| echo | 1 | 0/1 = 0% | 0/1 = 0% | n/a" in section
@@ -98,7 +99,7 @@ def test_the_section_reports_each_method_and_its_figures(tmp_path: Path) -> None
     assert "control marks the parent" in section and "| 0/1 / 0/1 |" in section
     assert "errorprobe: `copy-this-vote` (off: [0, 0, 0, 0, 0, 1, 0])" in section
     assert "A note." in section
-    assert section.startswith(begin_marker(injection.SECTION))
+    assert section.startswith(begin_marker(SECTION))
 
 
 def test_runs_of_separate_processes_merge_into_one_bench() -> None:

@@ -10,10 +10,11 @@ from datetime import UTC, datetime
 import pytest
 
 from bench import otlp
+from bench.sections import otlp as otlp_section
 from poirotd.api import convert
+from poirotd.devtools.otlp_runs import SPEC
 from poirotd.model import AgentMessage
 from poirotd.transports.otlp.mapping import map_export
-from tests.support.otlp_runs import SPEC
 
 
 def test_both_ways_carry_the_same_messages_in_either_shape() -> None:
@@ -33,6 +34,6 @@ async def test_a_smoke_run_stores_every_message_and_renders(per_span: int) -> No
     rates = await otlp.run(messages=1024, rounds=1, exporters=2, per_span=per_span)
     assert all(len(rounds) == 1 and rounds[0].wall > 0 for rounds in rates.values())
     keys = await asyncio.to_thread(otlp.keys_cpu_us, 1024, per_span, 1)  # runs its own loop
-    text = otlp.section(rates, 1024, 1, 2, 1.0, keys, per_span)
+    text = otlp_section.section(rates, 1024, 1, 2, 1.0, keys, per_span, otlp.SPANS_PER_EXPORT)
     assert "| OTLP/HTTP `POST /v1/traces`, 2 exporters |" in text
     assert ("--messages-per-span 2" in text) == (per_span == 2)

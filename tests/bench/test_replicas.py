@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import ingest, replicas
-from bench.report import begin_marker, end_marker
-from tests.support.postgres import PostgresServer
+from bench import replicas
+from bench.report import begin_marker, end_marker, reflow
+from bench.sections import replicas as replicas_section
+from poirotd.devtools.postgres import PostgresServer
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ async def test_the_smoke_run_measures_both_sides_and_renders_its_section(
     (one,), (two,) = results["one"], results["two"]
     assert one.rate > 0 and two.rate > 0 and one.transactions > 0 and two.wal_syncs >= 0
     assert results["ratios"] == [pytest.approx(two.rate / one.rate)]
-    text = ingest.reflow(replicas.section("smoke", 1, 300, results))
+    text = reflow(replicas_section.section("smoke", 1, 300, results))
     assert text.startswith(begin_marker("bench.replicas smoke"))
     assert text.endswith(end_marker("bench.replicas smoke"))
     assert "| 2 replicas |" in text and "What limits it" in text

@@ -12,7 +12,9 @@ import pytest
 
 from bench import tta
 from bench.report import begin_marker, end_marker, replace_section
+from bench.sections.tta import render
 from bench.tta import (
+    RUN_TIMEOUT_S,
     SIDES,
     Call,
     Case,
@@ -25,7 +27,6 @@ from bench.tta import (
     load_runs,
     party_id,
     poirotd_spec,
-    render,
     save_runs,
 )
 from poirotd.model import MessageKind
@@ -110,7 +111,13 @@ def test_render_replaces_only_its_own_section() -> None:
         Run("poirotd", "7", 2, 3, 10.0, 2, ["excel_expert"], "excel_expert", calls=[call]),
         Run("library", "7", 2, 3, 40.0, 1, ["check_expert"], "excel_expert", calls=[call, call]),
     ]
-    section = render(runs, 768, [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")])
+    section = render(
+        runs,
+        768,
+        [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")],
+        RUN_TIMEOUT_S,
+        tta.EMBEDDED,
+    )
     assert section.startswith(begin_marker("bench.tta")) and section.endswith(
         end_marker("bench.tta")
     )
@@ -127,7 +134,7 @@ def test_saved_runs_render_again(tmp_path: Path) -> None:
     sittings = [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`", "machine idle", ["7"])]
     save_runs(tmp_path / "runs.json", sittings, 512, runs)
     assert load_runs(tmp_path / "runs.json") == (sittings, 512, runs, tta.EMBEDDED)
-    section = " ".join(render(runs, 512, sittings).split())
+    section = " ".join(render(runs, 512, sittings, RUN_TIMEOUT_S, tta.EMBEDDED).split())
     assert "limits seen in requests: None" in section
     assert "- 2026-01-01 00:00 UTC, commit `abc1234`: cases 7; machine idle." in section
 
@@ -156,7 +163,7 @@ def test_a_resumed_run_says_so_and_skips_the_cases_it_has(
     assert sittings[0] == first and len(sittings) == 2
     assert (sittings[1].note, sittings[1].cases) == ("idle", ["8"])
     assert [(r.case_id, r.side) for r in runs] == [("7", s) for s in SIDES] + ran
-    section = " ".join(render(runs, 512, sittings).split())
+    section = " ".join(render(runs, 512, sittings, RUN_TIMEOUT_S, tta.EMBEDDED).split())
     assert "commit `abc1234`: cases not recorded." in section and ": cases 8; idle." in section
     with pytest.raises(SystemExit):
         tta.main([*data, "--cases", "7", "--runs", str(saved), "--max-tokens", "256", "--no-write"])
@@ -188,7 +195,13 @@ def test_a_run_without_attribution_makes_its_side_a_lower_bound() -> None:
         Run("poirotd", "7", 2, 3, 10.0, 2, ["excel_expert"], "excel_expert"),
         Run("library", "7", 2, 3, 40.0, 0, [], "excel_expert", error="timed out"),
     ]
-    section = render(runs, 512, [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")])
+    section = render(
+        runs,
+        512,
+        [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`abc1234`")],
+        RUN_TIMEOUT_S,
+        tta.EMBEDDED,
+    )
     assert "≥ 40 s" in section and "≤ 0.25x" in section and "none: timed out" in section
 
 
@@ -199,7 +212,7 @@ def test_the_library_paragraph_says_how_its_runs_ended() -> None:
         Run("poirotd", "8", 2, 3, 300.0, 2, ["x"], "x"),
     ]
     sittings = [Sitting(datetime(2026, 1, 1, tzinfo=UTC), "`a`")]
-    section = " ".join(render(runs, 512, sittings).split())
+    section = " ".join(render(runs, 512, sittings, RUN_TIMEOUT_S, tta.EMBEDDED).split())
     assert "1 of 2 runs ended at the time limit" in section
     assert "The 1 that finished had 0/2 valid votes" in section and "named Unknown." in section
 

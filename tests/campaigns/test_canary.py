@@ -15,6 +15,8 @@ from poirotd.campaigns.canary import Canaries, load_cases
 from poirotd.campaigns.schedule import DailyBudget, QuietHours, seconds_until_due
 from poirotd.config import SystemSpec
 from poirotd.config.spec import CanarySpec
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import clinic
 from poirotd.investigations.admission import QueueShares
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
@@ -22,9 +24,7 @@ from poirotd.model import InvestigationState
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Admission, Store
 from poirotd.store.audit import verify
-from tests.support.answers import schema_answer
 from tests.support.canary import labelled, write_case
-from tests.support.spec import clinic
 from tests.support.store import investigation, queue, triggered
 from tests.support.stores import StoreDb
 

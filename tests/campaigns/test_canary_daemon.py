@@ -15,8 +15,8 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.clinic import clinic
 from tests.support.canary import labelled, write_case
-from tests.support.spec import clinic
 from tests.support.waiting import eventually
 
 

@@ -17,11 +17,11 @@ from poirotd.cli.seeding import campaign_outcomes
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
 from poirotd.model import AgentReputation, CampaignOutcome, CampaignValue, Vote
 from poirotd.protocol.reputation import betas_in_use, updated_beta
 from poirotd.store.audit import verify
 from tests.support.cli import poirotd
-from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.stores import StoreDb
 
 AT = datetime(2025, 1, 1, tzinfo=UTC)

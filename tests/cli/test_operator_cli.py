@@ -21,11 +21,11 @@ from google.protobuf import json_format
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, message, motor_temp, session
 from tests.support.answers import gated
 from tests.support.cli import poirotd as run
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.ingest import OVERHEAT, message, motor_temp, session
-from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import eventually
 

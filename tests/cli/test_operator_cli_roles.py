@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from poirotd.daemon import Daemon
+from poirotd.devtools.ingest_requests import session
 from tests.support.cli import poirotd
-from tests.support.ingest import session
 from tests.support.pki import Pki, client, locked_daemon
 
 # each command is a Python process of its own

@@ -12,7 +12,8 @@ import pytest
 
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.clinic import clinic
+from poirotd.devtools.process import free_port
 from tests.support.canary import labelled, write_case
 from tests.support.deploy import (
     EDGE,
@@ -24,7 +25,6 @@ from tests.support.deploy import (
     run_one_investigation,
 )
 from tests.support.openai_server import ScriptedServer, schema_replies
-from tests.support.spec import clinic
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from poirotd.config import Settings
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import OpenAILLMSpec
 from poirotd.daemon import RPC_GRACE_SECONDS, Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.process import free_port
 from tests.support.deploy import (
     DASHBOARD_FILE,
     DEPLOY,

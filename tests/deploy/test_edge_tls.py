@@ -24,8 +24,8 @@ from cryptography import x509
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config.loader import load_spec
-from poirotd.demo.broker import wait_listening
-from poirotd.demo.process import free_port, stop_process
+from poirotd.devtools.broker import wait_listening
+from poirotd.devtools.process import free_port, stop_process
 from tests.support.deploy import EDGE, require_tool
 
 ROLES = {"ingest", "reader", "operator", "auditor", "metrics"}

@@ -17,7 +17,7 @@ import pytest
 import trustme
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from poirotd.demo.process import free_port
+from poirotd.devtools.process import free_port
 
 
 def secret(folder: Path, ca: trustme.CA, cert: trustme.LeafCert) -> dict[str, str]:

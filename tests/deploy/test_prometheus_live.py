@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port, stop_process
+from poirotd.devtools.process import free_port, stop_process
 from tests.support.deploy import (
     DASHBOARD_FILE,
     RULES_FILE,

@@ -25,11 +25,11 @@ from poirot_eval.loaders import load_cases
 from poirot_eval.runner import without_triggers
 from poirot_eval.selection import read_case_file, read_case_folder
 from poirot_eval.session import session_items
+from poirotd.devtools.answers import schema_answer
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, MessageKind, TelemetrySample
 from tests.eval.helpers import run
-from tests.support.answers import schema_answer
 from tests.support.data import DATA
 
 EXAMPLES = Path(build_sources.__file__).parent

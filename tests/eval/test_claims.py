@@ -12,10 +12,10 @@ from typing import Any
 
 from poirot_eval.claims import CLAIMS_DIR, CaseClaims
 from poirot_eval.journal import RunJournal
+from poirotd.devtools.answers import schema_answer
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from tests.eval.helpers import case, lines, run
-from tests.support.answers import schema_answer
 
 KEY = ("whowhen", "2", "poirot")
 

@@ -15,11 +15,11 @@ from poirot_eval.journal import RunJournal
 from poirot_eval.report import render_report
 from poirot_eval.results import CaseResult
 from poirotd.config.spec import EchoSpec, EnsembleSpec
+from poirotd.devtools.answers import schema_answer
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import EnsembleMember
 from tests.eval.helpers import case, lines, run
-from tests.support.answers import schema_answer
 
 MEMBERS: tuple[EnsembleMember, ...] = ("baseline", "echo")
 

@@ -20,10 +20,10 @@ from poirot_eval.poirot_runs import (
     session_length,
 )
 from poirot_eval.selection import resolve_case
+from poirotd.devtools.answers import schema_answer
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import MessageKind
 from tests.eval.helpers import lines, run
-from tests.support.answers import schema_answer
 from tests.support.cli import poirotd
 from tests.support.data import DATA, RUNS
 

@@ -18,7 +18,7 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import SystemSpec
 from poirotd.config.loader import load_spec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import DaemonProcess
+from poirotd.devtools.process import DaemonProcess
 from tests.eval.helpers import case
 from tests.support.cli import poirotd
 from tests.support.data import DATA

@@ -19,11 +19,11 @@ from poirot_eval.provenance import source_commit
 from poirot_eval.results import CaseResult
 from poirot_eval.runner import run_cases
 from poirotd.config import EmbeddedLLMSpec
+from poirotd.devtools.answers import schema_answer
 from poirotd.llm import ChatMessage, LLMError
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import InvestigationMethod
 from tests.eval.helpers import LLM, Recorder, case, lines, run
-from tests.support.answers import schema_answer
 
 
 @pytest.mark.parametrize("method", ["poirot", "baseline"])

@@ -15,10 +15,10 @@ from poirot_eval.cases import EvalCase
 from poirot_eval.loaders import load_cases
 from poirot_eval.selection import resolve_case
 from poirot_eval.whowhen import MAGENTIC_ONE_AGENTS
+from poirotd.devtools.answers import schema_answer
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import MessageKind
 from tests.eval.helpers import lines, run
-from tests.support.answers import schema_answer
 from tests.support.cli import poirotd
 from tests.support.data import DATA
 

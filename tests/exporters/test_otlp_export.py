@@ -22,7 +22,9 @@ import pytest
 import trustme
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC, send_run
+from poirotd.devtools.process import free_port
 from poirotd.exporters.evaluations import EVALUATION_EVENT, SPAN_NAME
 from poirotd.exporters.exporter import AttributionExporter
 from poirotd.exporters.otlp_client import (
@@ -39,7 +41,6 @@ from poirotd.model import (
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore, Store
-from tests.support.answers import schema_answer
 from tests.support.daemon import finished_investigation, in_process_daemon
 from tests.support.otlp_receiver import (
     Received,
@@ -48,7 +49,6 @@ from tests.support.otlp_receiver import (
     grpc_receiver,
     http_receiver,
 )
-from tests.support.otlp_runs import SPEC, send_run
 from tests.support.store import T0, investigation, space
 
 Receiver = Callable[..., AbstractAsyncContextManager[Received]]

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC, send_run
+from poirotd.devtools.process import free_port
 from poirotd.exporters.evaluations import EVALUATION_EVENT, SPAN_NAME
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import InvestigationState
-from tests.support.answers import schema_answer
 from tests.support.daemon import finished_investigation, in_process_daemon
 from tests.support.otlp_receiver import counted
-from tests.support.otlp_runs import SPEC, send_run
 from tests.support.phoenix_server import phoenix_server
 
 PAGE = "https://poirot.example.org"

@@ -6,9 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from poirotd.devtools.hazard_inputs import (
+    ANKLE,
+    EXO,
+    at,
+    engine,
+    feed,
+    message,
+    rule,
+    sample,
+    series,
+)
 from poirotd.hazards.window import CHUNK
 from poirotd.model import HazardEvent, MessageKind, TelemetryBatch, row_of
-from tests.support.hazards import ANKLE, EXO, at, engine, feed, message, rule, sample, series
 
 # One sample at a time, a small odd batch, and batches larger than the engine's chunk.
 BATCHES = [1, 7, 3 * CHUNK + 5]

@@ -8,8 +8,8 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from poirotd.devtools.hazard_inputs import rule
 from poirotd.hazards import RuleEngine, RuleSet, ThresholdRule, parse_rules
-from tests.support.hazards import rule
 
 SPEC = """
 rules:

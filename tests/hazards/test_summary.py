@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from poirotd.devtools.hazard_inputs import EXO, readings, series
 from poirotd.hazards import summarise_window
-from tests.support.hazards import EXO, readings, series
 
 SIGNALS = [
     "ankle_angle_deg",

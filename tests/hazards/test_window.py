@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from poirotd.devtools.hazard_inputs import T0, rule, series
 from poirotd.hazards.spec import RollingMeanRule, WindowSpec
 from poirotd.hazards.window import CHUNK, RingBuffer, SignalWindow, View
 from poirotd.model import DEFAULT_MAX_ABS_VALUE, MAX_ABS_VALUE, SampleRow, row_of
-from tests.support.hazards import T0, rule, series
 
 EPS = sys.float_info.epsilon
 TINY = sys.float_info.min * EPS  # the gap between subnormals

@@ -1,4 +1,4 @@
-"""The bridge's tests forward to a daemon of the bridge's clinic (tests/support/spec.py)."""
+"""The bridge's tests forward to a daemon of the bridge's clinic (poirotd/devtools/clinic.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from poirotd.config import SystemSpec
-from tests.support.spec import BRIDGE_CLINIC
+from poirotd.devtools.clinic import BRIDGE_CLINIC
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from hwbridge.__main__ import app
-from poirotd.demo.process import free_port
+from poirotd.devtools.clinic import BRIDGE_CLINIC
+from poirotd.devtools.process import free_port
 from tests.support.bridge import bridge_config, hwbridge, stop, stored
 from tests.support.daemon import in_process_daemon
 from tests.support.mosquitto import Mosquitto
-from tests.support.spec import BRIDGE_CLINIC
 from tests.support.waiting import eventually
 
 EXAMPLE = Path(__file__).parents[2] / "hwbridge" / "bridge.example.yaml"

@@ -15,10 +15,10 @@ import pytest
 from hwbridge.config import BackoffConfig, DeadLetterConfig, PoirotdConfig
 from hwbridge.deadletter import DeadLetterStore
 from hwbridge.forward import Forwarder
-from poirotd.demo.process import DaemonProcess
+from poirotd.devtools.clinic import BRIDGE_CLINIC
+from poirotd.devtools.process import DaemonProcess
 from tests.support.bridge import samples, stored_values
 from tests.support.daemon import two_replicas
-from tests.support.spec import BRIDGE_CLINIC
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ from hwbridge.deadletter import DeadLetterStore
 from hwbridge.forward import ForwardError
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.daemon import Daemon
-from poirotd.demo.process import DaemonProcess, free_port
+from poirotd.devtools.clinic import BRIDGE_CLINIC
+from poirotd.devtools.process import DaemonProcess, free_port
 from poirotd.model import ItemKey, TelemetryBatch
 from tests.support.bridge import forwarder, samples, stored_values
 from tests.support.daemon import in_process_daemon
-from tests.support.spec import BRIDGE_CLINIC
 
 
 def joined(*batches: TelemetryBatch) -> TelemetryBatch:

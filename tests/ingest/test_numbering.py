@@ -15,11 +15,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from poirotd.api import convert
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC, provider
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, MessageKind, Session
-from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.otlp_runs import SPEC, provider
 
 SESSION = "numbered"
 

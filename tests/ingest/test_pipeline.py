@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from poirotd.config import SystemSpec
+from poirotd.devtools.clinic import CLINIC, clinic
 from poirotd.errors import InvalidArgument, NotFound
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.model import (
@@ -28,7 +29,6 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
 from poirotd.store.idempotency import LeftOut
-from tests.support.spec import CLINIC, clinic
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SPEC = clinic(

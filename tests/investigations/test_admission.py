@@ -20,10 +20,10 @@ import pytest
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, motor_temp, session
 from tests.support.answers import gated
 from tests.support.daemon import client_of, in_process_daemon, limit_rejections
-from tests.support.ingest import OVERHEAT, motor_temp, session
-from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.waiting import eventually
 
 SPEC = clinic(rules=[OVERHEAT], hazard_space={"regions": [r.model_dump() for r in CLINIC_REGIONS]})

@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 import pytest
 
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
+from poirotd.devtools.ingest_requests import message, start
 from poirotd.llm.base import ChatMessage
 from tests.support.daemon import client_of, in_process_daemon, limit_rejections
-from tests.support.ingest import message, start
 from tests.support.protocol import EXO, World, always_ask, make_spec, vote_json
 
 SPEC = make_spec()  # its hazard space is pinned: Phase II's reports are the first LLM calls

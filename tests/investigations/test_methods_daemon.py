@@ -19,12 +19,12 @@ from poirotd.cli.main import app
 from poirotd.client.wire import PoirotClient
 from poirotd.config.spec import EchoSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import fill
+from poirotd.devtools.clinic import CLINIC
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
-from tests.support.answers import fill
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.spec import CLINIC
 
 # test_grpc_api's clinic, with a panel of two analysts.
 SPEC = CLINIC.model_copy(

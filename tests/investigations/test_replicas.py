@@ -18,14 +18,15 @@ import psycopg
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, motor_temp, session, start
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
 from poirotd.store.pg_schema import CHAIN_LOCK
-from tests.support.answers import gated, schema_answer
+from tests.support.answers import gated
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.ingest import OVERHEAT, motor_temp, session, start
-from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.stores import PostgresDb
 from tests.support.waiting import eventually
 

@@ -11,8 +11,8 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from tests.support.ingest import OVERHEAT, T0, motor_temp, session
-from tests.support.spec import clinic
+from poirotd.devtools.clinic import clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, T0, motor_temp, session
 
 RULES = [
     OVERHEAT,

@@ -22,11 +22,11 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, motor_temp, session
+from poirotd.devtools.process import free_port
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.ingest import OVERHEAT, motor_temp, session
 from tests.support.model_process import ModelProcess
-from tests.support.spec import CLINIC_REGIONS, clinic
 from tests.support.waiting import eventually
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

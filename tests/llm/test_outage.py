@@ -24,11 +24,12 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import fill
+from poirotd.devtools.clinic import CLINIC, CLINIC_AGENTS, CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import session
+from poirotd.devtools.process import free_port
 from poirotd.observability.metrics import Metrics
-from tests.support.answers import chat_body, fill
-from tests.support.ingest import session
-from tests.support.spec import CLINIC, CLINIC_AGENTS, CLINIC_REGIONS, clinic
+from tests.support.answers import chat_body
 
 TIMEOUT_SECONDS = 0.3
 PHYSIO_PROMPT = CLINIC.agent("physio").system_prompt

@@ -20,7 +20,7 @@ SCRIPT = """
 import logging, warnings
 import numpy as np, structlog
 from poirotd.observability import logs
-from tests.support.hazards import engine, rule, series
+from poirotd.devtools.hazard_inputs import engine, rule, series
 
 logs.configure("info", "json")
 structlog.get_logger("poirotd.test").info("before")

@@ -28,6 +28,7 @@ import pytest
 
 from bench.injection_cases import REASON, SESSION_ID, cortex_spec, demo_session
 from poirotd.config.spec import EmbeddedLLMSpec, SpotlightMode, SystemSpec
+from poirotd.devtools.answers import fill
 from poirotd.hazards import summarise_window
 from poirotd.llm.base import ChatMessage, LLMBackend
 from poirotd.llm.control_tokens import FAMILIES, ControlTokens
@@ -38,7 +39,7 @@ from poirotd.model import AgentMessage, HazardEvent, InvestigationMethod, Messag
 from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.events import InjectionFound, ProtocolEvent
 from poirotd.protocol.prompts import Incident
-from tests.support.answers import chat_body, fill
+from tests.support.answers import chat_body
 from tests.support.openai_server import Reply, ScriptedServer, make_spec
 from tests.support.protocol import MemoryCache
 

@@ -17,6 +17,7 @@ import pytest
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config.loader import load_spec
 from poirotd.config.spec import EmbeddedLLMSpec, SystemSpec
+from poirotd.devtools.answers import fill
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.protocol import prompts
@@ -24,7 +25,6 @@ from poirotd.protocol.events import ProtocolEvent
 from poirotd.protocol.poirot.hazard_space import resolve_hazard_space, space_from_answer
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.schemas import hazard_space_format
-from tests.support.answers import fill
 from tests.support.daemon import client_of, in_process_daemon
 from tests.support.protocol import MemoryCache
 

@@ -33,6 +33,9 @@ from bench.injection_cases import (
 )
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config.spec import SystemSpec
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.ingest_requests import message, start
 from poirotd.llm.base import ChatMessage, Tool, ToolCall
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import InvestigationMethod, Vote
@@ -40,11 +43,8 @@ from poirotd.protocol.engine import InvestigationEngine
 from poirotd.protocol.events import ExchangeDone, InjectionFound, ProtocolEvent
 from poirotd.protocol.poirot.peer_tools import VOTE_TOOL
 from poirotd.protocol.spotlight import CLOSE, OPEN, TOKEN_LETTERS, Spotlight
-from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.ingest import message, start
 from tests.support.protocol import MemoryCache
-from tests.support.spec import CLINIC
 from tests.support.spotlight import split_quotes
 
 CASES = load_cases()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from poirotd.config.spec import OpenAILLMSpec, SystemSpec
+from poirotd.devtools.answers import fill
 from poirotd.llm.base import ChatMessage, Completion, Tool, ToolCall
 from poirotd.llm.scripted import ScriptedBackend, ToolReply
 from poirotd.protocol import prompts
@@ -22,7 +23,6 @@ from poirotd.protocol.poirot.peer_tools import (
     uses_tools,
 )
 from poirotd.protocol.schemas import AskAction, InvalidAnswerError, VoteAction, vote_format
-from tests.support.answers import fill
 from tests.support.protocol import (
     AGENTS,
     EXO,

@@ -22,6 +22,9 @@ from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.config.spec import ReputationSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import fill
+from poirotd.devtools.clinic import CLINIC, CLINIC_AGENTS, CLINIC_REGIONS, clinic
+from poirotd.devtools.ingest_requests import session
 from poirotd.investigations.service import MAX_CORRECTIONS
 from poirotd.llm import ChatMessage, LLMError
 from poirotd.llm.scripted import ScriptedBackend
@@ -45,11 +48,8 @@ from poirotd.store import AlreadyConfirmedError, SqliteStore, UnknownInvestigati
 from poirotd.store.audit import export_investigation, verify
 from poirotd.store.chain import encode_record
 from poirotd.store.schema import SCHEMA_VERSION
-from tests.support.answers import fill
 from tests.support.cli import poirotd
 from tests.support.daemon import rejected
-from tests.support.ingest import session
-from tests.support.spec import CLINIC, CLINIC_AGENTS, CLINIC_REGIONS, clinic
 
 AT = datetime(2025, 1, 1, tzinfo=UTC)
 RATE = ReputationSpec(enabled=True, initial=0.25, min=0.0, max=0.5, learning_rate=0.2)

@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from poirotd.cli.main import app
+from poirotd.devtools.postgres import PostgresServer
 from poirotd.model import (
     AgentReputation,
     Attribution,
@@ -38,7 +39,6 @@ from poirotd.store import SqliteStore, Store, canonical_json, entry_hash
 from poirotd.store.audit import AuditError, ChainHead, export_investigation, verify
 from poirotd.store.checkpoints import ChainCheckpoints
 from poirotd.store.schema import SCHEMA_VERSION
-from tests.support.postgres import PostgresServer
 from tests.support.store import T0, event, investigation, message, sample, session, space
 from tests.support.stores import PostgresDb, SqliteDb, StoreDb
 

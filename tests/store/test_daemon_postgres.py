@@ -12,13 +12,13 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.config import Settings
 from poirotd.daemon import StoreUnavailableError, open_store
 from poirotd.demo.main import demo_file
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import clinic
+from poirotd.devtools.ingest_requests import OVERHEAT, message, motor_temp, session, start
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.store.audit import verify
-from tests.support.answers import schema_answer
 from tests.support.cli import poirotd
 from tests.support.daemon import client_of, in_process_daemon
-from tests.support.ingest import OVERHEAT, message, motor_temp, session, start
-from tests.support.spec import clinic
 from tests.support.stores import PostgresDb
 
 

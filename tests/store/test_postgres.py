@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from poirotd.cli.main import app
+from poirotd.devtools.postgres import PostgresServer
 from poirotd.model import SessionEnd
 from poirotd.store import PostgresStore, UnknownSessionError
 from poirotd.store.audit import AuditError, verify
 from poirotd.store.faults import StoreUnreachable
 from poirotd.store.pg_schema import CHAIN_LOCK, MIGRATIONS, SCHEMA_VERSION, NewerSchemaError
-from tests.support.postgres import PostgresServer
 from tests.support.store import T0, investigation, message, queue, session
 from tests.support.stores import PostgresDb, write_as_a_daemon
 from tests.support.waiting import eventually

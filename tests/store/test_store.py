@@ -16,6 +16,7 @@ from typing import Any, get_args
 
 import pytest
 
+from poirotd.devtools.hazard_inputs import readings
 from poirotd.model import (
     AgentMessage,
     Attribution,
@@ -45,7 +46,6 @@ from poirotd.store import records as store_records
 from poirotd.store import schema as store_schema
 from poirotd.store import sqlite as store_sql
 from poirotd.store.audit import verify
-from tests.support.hazards import readings
 from tests.support.store import (
     T0,
     event,

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from poirotd.campaigns.labelled import GroundTruth, LabelledCase
+from poirotd.devtools.clinic import CLINIC, CLINIC_AGENTS
 from poirotd.model import AgentMessage, MessageKind
-from tests.support.spec import CLINIC, CLINIC_AGENTS
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -16,7 +16,7 @@ from poirotd.client.wire import PoirotClient
 from poirotd.config.settings import Settings
 from poirotd.config.spec import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import DaemonProcess, free_port
+from poirotd.devtools.process import DaemonProcess, free_port
 from poirotd.llm.base import LLMBackend
 from poirotd.model import Investigation
 from poirotd.store import Store

@@ -20,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.ingest_requests import session
 from poirotd.observability.metrics import Metrics
 from poirotd.transports.security.access import token_hash
-from tests.support.ingest import session
-from tests.support.spec import CLINIC
 from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]

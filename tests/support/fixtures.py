@@ -6,7 +6,7 @@ overrides the fixture it is built from, not `daemon` itself: `daemon_spec` (the 
 `daemon_settings` (Settings fields beyond the loopback ports and the store in tmp_path).
 
 `postgres` is one real PostgreSQL server for the whole test session (started on first use,
-tests/support/postgres.py; skipped where Debian's `postgresql` is not installed); `postgres_url`
+poirotd/devtools/postgres.py; skipped where Debian's `postgresql` is not installed); `postgres_url`
 a new empty database on it for one test. `store_db` is one store database per test, on SQLite
 and then on PostgreSQL (the test runs once for each): a test of the store port takes it, opens
 the store with `await store_db.open()` and looks inside with `store_db.query(...)`.
@@ -24,13 +24,13 @@ import pytest
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.postgres import PostgresServer, server_binaries
 from poirotd.llm.base import LLMBackend
 from poirotd.llm.scripted import ScriptedBackend
-from tests.support.answers import schema_answer
 from tests.support.daemon import client_of, in_process_daemon
 from tests.support.mosquitto import Mosquitto
-from tests.support.postgres import PostgresServer, server_binaries
-from tests.support.spec import CLINIC
 from tests.support.stores import PostgresDb, SqliteDb, StoreDb
 
 

@@ -17,15 +17,15 @@ from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import clinic
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import CommitItem, ItemKey
 from poirotd.store import SqliteStore
 from poirotd.store.idempotency import LeftOut
 from poirotd.transports.mqtt import mqtt_input_spec
-from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
 from tests.support.mosquitto import Mosquitto
-from tests.support.spec import clinic
 from tests.support.waiting import eventually
 
 # 1 s of gait at 1500 samples/s over the frame channels, one heart rate, two clinical scores.

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from poirotd.demo.process import free_port, stop_process
+from poirotd.devtools.process import free_port, stop_process
 
 # Loaded beside other model runs on 2 cores, the server once took over a minute to answer.
 START_TIMEOUT_SECONDS = 180.0

@@ -20,7 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.support.answers import chat_body, fill
+from poirotd.devtools.answers import fill
+from tests.support.answers import chat_body
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ from hwbridge.config import (
     BackoffConfig,
     BrokerConfig,
 )
-from poirotd.demo.broker import wait_listening
-from poirotd.demo.process import free_port, stop_process
+from poirotd.devtools.broker import wait_listening
+from poirotd.devtools.process import free_port, stop_process
 
 
 class Mosquitto:

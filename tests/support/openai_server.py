@@ -13,9 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from poirotd.config import OpenAILLMSpec
+from poirotd.devtools.answers import fill
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.openai_http import OpenAIBackend
-from tests.support.answers import chat_body, fill
+from tests.support.answers import chat_body
 
 MESSAGES = [
     ChatMessage(role="system", content="You are the controller agent."),

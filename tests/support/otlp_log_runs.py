@@ -29,8 +29,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, set_span_in_context
 
-from tests.support.otlp_runs import (
-    DATA,
+from poirotd.devtools.otlp_runs import (
     RECORDED_AT_NS,
     CountingIds,
     Run,
@@ -39,6 +38,7 @@ from tests.support.otlp_runs import (
     genai_run,
     provider,
 )
+from tests.support.otlp_runs import DATA
 
 DETAILS = "gen_ai.client.inference.operation.details"
 CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions")

@@ -21,12 +21,12 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.clinic import clinic
+from poirotd.devtools.ingest_requests import OVERHEAT
+from poirotd.devtools.process import free_port
 from poirotd.llm.base import LLMBackend
 from poirotd.transports.security.access import token_hash
 from tests.support.daemon import in_process_daemon
-from tests.support.ingest import OVERHEAT
-from tests.support.spec import clinic
 from tests.support.waiting import eventually
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -26,9 +26,9 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.demo.main import demo_file
+from poirotd.devtools.answers import fill
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from tests.support.answers import fill
 from tests.support.page import at, chromium, page_daemon
 from tests.support.waiting import eventually
 

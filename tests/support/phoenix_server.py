@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from poirotd.demo.process import free_port, stop_process
+from poirotd.devtools.process import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv-phoenix" / "bin" / "python"

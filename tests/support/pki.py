@@ -22,10 +22,10 @@ from cryptography.x509.oid import NameOID
 from poirotd.client.wire import DaemonTls, PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import fill
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.security.access import token_hash
-from tests.support.answers import fill
 from tests.support.daemon import in_process_daemon
 
 SPEC = SystemSpec.model_validate(

@@ -13,8 +13,8 @@ from typing import Any
 from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
+from poirotd.devtools.clinic import clinic
 from tests.support.mosquitto import FAST, Mosquitto
-from tests.support.spec import clinic
 
 SESSION = "plant-1"
 TOPIC = "plant/{device}/reading"

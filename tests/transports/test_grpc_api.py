@@ -24,13 +24,13 @@ from poirotd.api import convert
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient, batched
 from poirotd.daemon import Daemon
+from poirotd.devtools.ingest_requests import message, session, start
 from poirotd.ingest.pipeline import Admission
 from poirotd.investigations.service import MAX_TEXT_CHARS, InvestigationService
 from poirotd.model import IngestItem
 from poirotd.store.idempotency import LeftOut
 from poirotd.transports.grpc.ingest import _Pending, _Unacked
 from tests.support.daemon import rejected, stored_messages
-from tests.support.ingest import message, session, start
 
 MAX_ITEM_BYTES = 4096
 

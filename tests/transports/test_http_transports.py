@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
-from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon, rejected
-from tests.support.otlp_runs import SPEC
 from tests.support.pki import SERVER_NAME, Pki
 
 TOKEN = "transports-token"  # holds the ingest and metrics roles

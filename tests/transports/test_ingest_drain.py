@@ -15,14 +15,14 @@ from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config.settings import Settings
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.ingest_requests import message, start
 from poirotd.errors import DRAINING
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.grpc.server import INGEST_DRAIN_SECONDS
-from tests.support.answers import schema_answer
 from tests.support.core_errors import client_core_error
 from tests.support.daemon import rejected, stored_messages
-from tests.support.ingest import message, start
-from tests.support.spec import CLINIC
 
 
 def numbered(seq: int, request: pb.IngestRequest) -> pb.IngestRequest:

@@ -12,9 +12,9 @@ from structlog.testing import capture_logs
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient, batched
 from poirotd.daemon import Daemon
+from poirotd.devtools.ingest_requests import start
 from poirotd.store.audit import review_conflicts
 from tests.support.daemon import stored_messages
-from tests.support.ingest import start
 
 
 def keyed(request: pb.IngestRequest, producer: str, producer_seq: int) -> pb.IngestRequest:

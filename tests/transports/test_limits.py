@@ -23,17 +23,18 @@ import pytest
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import CLINIC
+from poirotd.devtools.held_stream import HeldStream
+from poirotd.devtools.ingest_requests import session
 from poirotd.errors import ResourceExhausted
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.grpc.clients import Bound, ClientRates
 from poirotd.transports.token_bucket import TokenBucket
-from tests.support.answers import schema_answer
 from tests.support.core_errors import client_core_error
 from tests.support.daemon import in_process_daemon, limit_rejections, rejected, stored_messages
-from tests.support.ingest import session, start
 from tests.support.pki import Pki, locked_daemon
 from tests.support.pki import client as pki_client
-from tests.support.spec import CLINIC
 
 V4, V6 = "127.0.0.1", "[::1]"
 
@@ -96,42 +97,6 @@ def loopback_daemon(tmp_path: Path, **settings: Any) -> AbstractAsyncContextMana
     """A daemon on both loopback addresses, with these settings."""
     backend = ScriptedBackend(schema_answer)
     return in_process_daemon(tmp_path, CLINIC, backend, grpc_host="localhost", **settings)
-
-
-class HeldStream:
-    """An Ingest stream that stays open, having opened a session (or having sent nothing at all:
-    `session_id` None), until `close`."""
-
-    def __init__(self, client: PoirotClient, session_id: str | None) -> None:
-        self._release = asyncio.Event()
-        self._call = client.ingest.Stream(self._requests(session_id))
-
-    async def _requests(self, session_id: str | None) -> AsyncIterator[pb.IngestRequest]:
-        if session_id is not None:
-            request = start(session_id)
-            request.seq = 1
-            yield request
-        await self._release.wait()
-
-    async def opened(self) -> int:
-        """The first ack: the daemon holds the stream."""
-        ack = await self._call.read()
-        assert isinstance(ack, pb.IngestAck)
-        return ack.durable_seq
-
-    async def ended(self) -> tuple[grpc.StatusCode, str]:
-        """The status the daemon ends the stream with, while the client still holds it open."""
-        with contextlib.suppress(grpc.aio.AioRpcError):  # read raises a status other than OK
-            while await self._call.read() is not grpc.aio.EOF:
-                pass
-        self._release.set()
-        return await self._call.code(), await self._call.details() or ""
-
-    async def close(self) -> None:
-        self._release.set()
-        while await self._call.read() is not grpc.aio.EOF:
-            pass
-        assert await self._call.code() == grpc.StatusCode.OK
 
 
 async def test_a_client_may_hold_only_so_many_ingest_streams(tmp_path: Path) -> None:

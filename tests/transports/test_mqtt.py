@@ -22,6 +22,7 @@ from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
 from poirotd.config.loader import SpecError, load_spec_text
 from poirotd.daemon import Daemon
+from poirotd.devtools.clinic import CLINIC
 from poirotd.ingest.pipeline import IngestPipeline
 from poirotd.model import DEFAULT_MAX_ABS_VALUE, HazardEvent, Session, TelemetryBatch
 from poirotd.observability.metrics import Metrics
@@ -38,7 +39,6 @@ from tests.support.gait import (
     stored_samples,
 )
 from tests.support.mosquitto import Mosquitto
-from tests.support.spec import CLINIC
 from tests.support.waiting import eventually
 
 DISTINCT_SAMPLES = (

@@ -27,7 +27,7 @@ import pytest
 
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
-from poirotd.demo.process import DaemonProcess
+from poirotd.devtools.process import DaemonProcess
 from tests.support.daemon import two_replicas
 from tests.support.mosquitto import Mosquitto, broker
 from tests.support.shared_mqtt import TOPIC, keyed_spec, reading, stored_values

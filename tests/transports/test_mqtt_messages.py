@@ -16,10 +16,10 @@ from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.clinic import CLINIC
 from poirotd.model import AgentMessage
 from tests.support.gait import connected_daemon, counter, fail_first_commit_of
 from tests.support.mosquitto import Mosquitto
-from tests.support.spec import CLINIC
 from tests.support.waiting import eventually
 
 SESSION = "mas-run"

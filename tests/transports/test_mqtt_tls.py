@@ -26,14 +26,14 @@ from hwbridge.config import BrokerConfig
 from hwbridge.mqtt_failures import REASONS
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.clinic import BRIDGE_CLINIC
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
-from tests.support.answers import schema_answer
 from tests.support.bridge import bridge_config, hwbridge, stop, stored
 from tests.support.daemon import in_process_daemon
 from tests.support.gait import SAMPLES, counter, publish_gait, spec, stored_samples
 from tests.support.mosquitto import Mosquitto
-from tests.support.spec import BRIDGE_CLINIC
 from tests.support.waiting import eventually
 
 USER, PASSWORD = "poirotd", "correct horse battery staple"

@@ -19,12 +19,12 @@ from hwbridge.config import BrokerConfig
 from hwbridge.mqtt import MqttPublisher
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
+from poirotd.devtools.clinic import clinic
 from poirotd.model import AgentMessage, MessageKind
 from poirotd.store.audit import review_conflicts
 from tests.support.gait import connected_daemon, counter
 from tests.support.mosquitto import FAST, Mosquitto
 from tests.support.shared_mqtt import keyed_spec, stored_values
-from tests.support.spec import clinic
 from tests.support.waiting import eventually
 
 SESSION = "icu-7"

@@ -2,7 +2,7 @@
 the request is decoded, and nothing of a refused call left in memory once it has ended (issue 28).
 
 Over real loopback gRPC against an in-process daemon; the memory of a daemon process under a
-flood of refused requests is tests/bench/test_grpc_door.py's.
+flood of refused requests is tests/bench/test_grpc_transport.py's.
 """
 
 from __future__ import annotations

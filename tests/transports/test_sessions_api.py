@@ -10,9 +10,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.daemon import Daemon
+from poirotd.devtools.ingest_requests import T0, message, motor_temp, session, start
 from poirotd.transports.grpc import sessions as sessions_servicer
 from tests.support.daemon import rejected
-from tests.support.ingest import T0, message, motor_temp, session, start
 
 
 async def refused(call: object) -> grpc.aio.AioRpcError:

@@ -21,11 +21,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import RUNS, SPEC, live_export
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
-from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
-from tests.support.otlp_runs import RUNS, SPEC, live_export
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 BODY_LIMIT = 64 * 1024
@@ -127,7 +127,7 @@ async def test_grpc_answers_a_truncated_export_invalid_argument(daemon: Daemon) 
 
 
 async def test_json_exports_are_read_and_answered_in_json(daemon: Daemon) -> None:
-    from tests.support.otlp_runs import otlp_json
+    from poirotd.devtools.otlp_runs import otlp_json
 
     async with httpx.AsyncClient() as client:
         answer = await client.post(

@@ -19,17 +19,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC, live_export, otlp_json
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import ItemKey, MessageKind
 from poirotd.transports.otlp.mapping import MappedMessage
-from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
-from tests.support.otlp_runs import SPEC, live_export, otlp_json
 from tests.support.stores import StoreDb
 
 Send = Callable[[Daemon, ExportTraceServiceRequest], Awaitable[ExportTraceServiceResponse]]
-# The GenAI run: 7 messages from 6 spans, 2 more spans rejected (tests/support/otlp_runs.py).
+# The GenAI run: 7 messages from 6 spans, 2 more spans rejected (poirotd/devtools/otlp_runs.py).
 MESSAGES = 7
 REJECTED = 2
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.otlp_fuzz import Input, run, seeds, unique
-from tests.support.otlp_runs import DIAGNOSIS
+from poirotd.devtools.otlp_runs import DIAGNOSIS
 
 
 async def test_300_mutated_exports_crash_nothing_and_lose_nothing() -> None:

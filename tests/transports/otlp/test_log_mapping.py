@@ -15,21 +15,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 
+from poirotd.devtools.otlp_runs import CONVERSATION, DIAGNOSIS, PLAN, SPEC, TRACE, conversation
 from poirotd.model import MessageKind
 from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
 from poirotd.transports.otlp.log_join import LogJoin
 from poirotd.transports.otlp.log_records import read_logs
 from poirotd.transports.otlp.mapping import MappedMessage, Rejection, map_spans, read_spans
 from tests.support.otlp_log_runs import LOG_RUNS, recorded_logs
-from tests.support.otlp_runs import (
-    CONVERSATION,
-    DATA,
-    DIAGNOSIS,
-    PLAN,
-    SPEC,
-    TRACE,
-    conversation,
-)
+from tests.support.otlp_runs import DATA
 
 AGENTS = SPEC.agents_by_alias()
 # The span each message of CONVERSATION comes from: the model calls' log events, and the tool's

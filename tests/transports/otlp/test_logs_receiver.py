@@ -21,13 +21,13 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import CONVERSATION, SPEC
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import MessageKind
-from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
 from tests.support.otlp_log_runs import LOG_RUNS, otlp_logs_json, recorded_logs
-from tests.support.otlp_runs import CONVERSATION, SPEC
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}

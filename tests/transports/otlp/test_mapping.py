@@ -12,19 +12,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
-from poirotd.transports.otlp.mapping import map_export
-from tests.support.otlp_runs import (
+from poirotd.devtools.otlp_runs import (
     CONVERSATION,
-    DATA,
     RECORDED_AT_NS,
     RUNS,
     SPEC,
     TRACE,
-    agent_framework_conversation,
     conversation,
     recorded_export,
 )
+from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
+from poirotd.transports.otlp.mapping import map_export
+from tests.support.otlp_runs import DATA, agent_framework_conversation
 
 AGENTS = SPEC.agents_by_alias()
 # Per convention: the span each message of CONVERSATION comes from, and the spans rejected

@@ -19,14 +19,14 @@ import pytest
 
 from examples import openai_v2_logs as example
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import MessageKind
 from poirotd.transports.otlp.log_records import LOG_REJECT_REASONS
-from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
 from tests.support.llama_server import serve_llama
-from tests.support.otlp_runs import SPEC
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python and the dev extra")

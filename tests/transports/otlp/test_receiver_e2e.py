@@ -23,23 +23,14 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import DIAGNOSIS, HANDOFF, PLAN, RESULT, RUNS, SPEC, TASK, provider
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import Investigation, InvestigationState, MessageKind
 from poirotd.transports.otlp.mapping import REJECT_REASONS
-from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
-from tests.support.otlp_runs import (
-    DIAGNOSIS,
-    HANDOFF,
-    PLAN,
-    RESULT,
-    RUNS,
-    SPEC,
-    TASK,
-    agent_framework_conversation,
-    provider,
-)
+from tests.support.otlp_runs import agent_framework_conversation
 
 Exporter = Callable[[Daemon], SpanExporter]
 ROOT = Path(__file__).parents[3]

@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import fill, schema_answer
+from poirotd.devtools.process import free_port
 from poirotd.llm.base import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from tests.support.answers import fill, schema_answer
 from tests.support.page import (
     AUDITOR,
     OPERATOR,

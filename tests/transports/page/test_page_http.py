@@ -18,11 +18,12 @@ import pytest
 
 from poirotd.config.settings import Settings
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.page.server import CSP
 from poirotd.transports.security.exposure import InsecureBindError, check_exposure
-from tests.support.answers import gated, schema_answer
+from tests.support.answers import gated
 from tests.support.page import (
     AUDITOR,
     OPERATOR,

@@ -13,12 +13,12 @@ import trustme
 
 from poirotd.config import Settings
 from poirotd.daemon import Daemon
-from poirotd.demo.process import free_port
+from poirotd.devtools.answers import schema_answer
+from poirotd.devtools.otlp_runs import SPEC, live_export
+from poirotd.devtools.process import free_port
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.transports.security.exposure import InsecureBindError, check_exposure
-from tests.support.answers import schema_answer
 from tests.support.daemon import in_process_daemon
-from tests.support.otlp_runs import SPEC, live_export
 from tests.support.pki import SERVER_NAME, Pki, issue, replace_file
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}

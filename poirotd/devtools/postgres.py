@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from poirotd.demo.process import free_port, stop_process
+from poirotd.devtools.process import free_port, stop_process
 
 _USER = "poirot"
 

@@ -1,7 +1,7 @@
 """What refused gRPC requests and silent Ingest streams cost the daemon (issue 28, items 3, 4).
 
-    .venv/bin/python -m bench.grpc_door            # about 2 minutes (the default idle deadline)
-    .venv/bin/python -m bench.grpc_door --quick    # about 40 s: 100 requests each, a 5 s deadline
+    .venv/bin/python -m bench.grpc_transport          # about 2 minutes (the default idle deadline)
+    .venv/bin/python -m bench.grpc_transport --quick  # about 40 s: 100 requests each, 5 s deadline
 
 The daemon runs as a process of its own (`bench.daemon_child`: the tests' clinic with a pinned
 hazard space, a scripted LLM, `poirotd run`'s collector settings), so that the resident memory
@@ -23,34 +23,32 @@ The results replace this bench's section of BENCHMARKS.md (`--no-write`: print o
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import platform
-import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 
-from bench import daemon_process, ingest, report
+from bench import daemon_process, report
 from bench.daemon_process import Child
+from bench.sections.grpc_transport import NAME, section
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.client.wire import PoirotClient
 from poirotd.config import Settings
+from poirotd.devtools.clinic import CLINIC_REGIONS, clinic
+from poirotd.devtools.held_stream import HeldStream
+from poirotd.devtools.ingest_requests import session
 from poirotd.investigations.service import MAX_TEXT_CHARS
-from tests.support.ingest import session, start
-from tests.support.spec import CLINIC_REGIONS, clinic
 
 METHODS = ("Get", "Trigger", "List", "ConfirmOutcome")
 REFUSED_BYTES = 3 << 20
-SESSION = "door-1"
+SESSION = "transport-1"
 CONFIRMED = ["exo"]
-_NAME = "bench.grpc_door"
 
 Call = Callable[[PoirotClient], Awaitable[object]]
 
@@ -60,6 +58,7 @@ class Plan:
     mode: str
     requests: int  # per method, refused and answered alike
     idle_seconds: float  # the daemon's POIROTD_INGEST_IDLE_SECONDS
+    refused_bytes: int = REFUSED_BYTES  # what each refused call carries
 
 
 def plan(mode: str) -> Plan:
@@ -93,39 +92,35 @@ async def child_daemon(folder: Path, p: Plan) -> AsyncIterator[Child]:
 def refused_call(method: str, size: int = REFUSED_BYTES) -> Call:
     """A call of `method` carrying a string of `size` characters where an id or token goes."""
     big = "x" * size
-
-    async def call(client: PoirotClient) -> object:
-        stub = client.investigations
-        if method == "Get":
-            return await stub.Get(pb.GetInvestigationRequest(investigation_id=big))
-        if method == "Trigger":
-            return await stub.Trigger(pb.TriggerRequest(session_id=big, reason="bench"))
-        if method == "List":
-            return await stub.List(pb.ListInvestigationsRequest(page_token=big))
-        return await stub.ConfirmOutcome(
-            pb.ConfirmOutcomeRequest(investigation_id=big, region_ids=CONFIRMED)
-        )
-
-    return call
+    requests: dict[str, Message] = {
+        "Get": pb.GetInvestigationRequest(investigation_id=big),
+        "Trigger": pb.TriggerRequest(session_id=big, reason="bench"),
+        "List": pb.ListInvestigationsRequest(page_token=big),
+        "ConfirmOutcome": pb.ConfirmOutcomeRequest(investigation_id=big, region_ids=CONFIRMED),
+    }
+    return _call(method, requests[method])
 
 
 def answered_call(method: str, investigation_id: str) -> Call:
     """A call of `method` that the seeded daemon answers, as large as the method takes."""
     text = "n" * MAX_TEXT_CHARS
+    requests: dict[str, Message] = {
+        "Get": pb.GetInvestigationRequest(investigation_id=investigation_id),
+        "Trigger": pb.TriggerRequest(session_id=SESSION, reason=text),
+        "List": pb.ListInvestigationsRequest(session_id=SESSION, page_size=50),
+        "ConfirmOutcome": pb.ConfirmOutcomeRequest(
+            investigation_id=investigation_id, region_ids=CONFIRMED, note=text
+        ),
+    }
+    return _call(method, requests[method])
+
+
+def _call(method: str, request: Message) -> Call:
+    """`request` sent to the Investigations method of that name."""
 
     async def call(client: PoirotClient) -> object:
-        stub = client.investigations
-        if method == "Get":
-            return await stub.Get(pb.GetInvestigationRequest(investigation_id=investigation_id))
-        if method == "Trigger":
-            return await stub.Trigger(pb.TriggerRequest(session_id=SESSION, reason=text))
-        if method == "List":
-            return await stub.List(pb.ListInvestigationsRequest(session_id=SESSION, page_size=50))
-        return await stub.ConfirmOutcome(
-            pb.ConfirmOutcomeRequest(
-                investigation_id=investigation_id, region_ids=CONFIRMED, note=text
-            )
-        )
+        rpc: Callable[[Message], Awaitable[object]] = getattr(client.investigations, method)
+        return await rpc(request)
 
     return call
 
@@ -172,7 +167,7 @@ async def seed(child: Child) -> str:
     """A session and one investigation of it, run to the end and its outcome confirmed."""
     async with PoirotClient(child.target) as client:
         await client.send(session(8, SESSION))
-        queued = await client.trigger(SESSION, "seeded by bench.grpc_door")
+        queued = await client.trigger(SESSION, f"seeded by {NAME}")
         async for _ in client.watch(queued.investigation_id):
             pass
         await client.confirm(queued.investigation_id, CONFIRMED, note="seeded")
@@ -180,36 +175,6 @@ async def seed(child: Child) -> str:
 
 
 # ------------------------------------------------------------------ silent streams
-
-
-class SilentStream:
-    """An Ingest stream that sends a session start (or nothing at all) and then nothing."""
-
-    def __init__(self, client: PoirotClient, session_id: str | None) -> None:
-        self._release = asyncio.Event()
-        self._call = client.ingest.Stream(self._requests(session_id))
-
-    async def _requests(self, session_id: str | None) -> AsyncIterator[pb.IngestRequest]:
-        if session_id is not None:
-            request = start(session_id)
-            request.seq = 1
-            yield request
-        await self._release.wait()
-
-    async def acked(self) -> None:
-        """Returns at the session start's ack: the daemon holds the stream."""
-        ack = await self._call.read()
-        if not isinstance(ack, pb.IngestAck):
-            raise RuntimeError(f"the stream ended before its ack: {await self._call.code()}")
-
-    async def ending(self) -> tuple[grpc.StatusCode, str]:
-        """The status the stream ends with (the daemon ends it)."""
-        with contextlib.suppress(grpc.aio.AioRpcError):  # read raises the status unless OK
-            while await self._call.read() is not grpc.aio.EOF:
-                pass
-        code, details = await self._call.code(), await self._call.details()
-        self._release.set()
-        return code, details or ""
 
 
 @dataclass
@@ -229,9 +194,9 @@ async def silent_streams(child: Child, bound: int) -> Streams:
     """`bound` silent streams of this host, and a late producer of the same host."""
     figures = Streams()
     async with PoirotClient(child.target) as quiet, PoirotClient(child.target) as late:
-        silent = [SilentStream(quiet, f"quiet-{i}") for i in range(bound)]
+        silent = [HeldStream(quiet, f"quiet-{i}") for i in range(bound)]
         for stream in silent:
-            await stream.acked()
+            await stream.opened()
         figures.held = len(silent)
         silenced = time.monotonic()
         while True:
@@ -244,11 +209,11 @@ async def silent_streams(child: Child, bound: int) -> Streams:
                 await asyncio.sleep(0.25)
         figures.admitted_s = time.monotonic() - silenced
         figures.first_try = figures.first_try or "OK"
-        for code, details in await asyncio.gather(*(s.ending() for s in silent)):
+        for code, details in await asyncio.gather(*(s.ended() for s in silent)):
             figures.endings[code.name] += 1
             figures.detail = details
         opened = time.monotonic()
-        code, _ = await SilentStream(quiet, None).ending()
+        code, _ = await HeldStream(quiet, None).ended()
         figures.never_sent_s, figures.never_sent = time.monotonic() - opened, code.name
     figures.counted_idle = child.rejected("Ingest.Stream", "idle")
     return figures
@@ -271,7 +236,7 @@ async def run(p: Plan, folder: Path) -> Results:
         refused = {}
         for method in METHODS:
             print(f"[bench] refused {method}", flush=True)
-            refused[method] = await flood(child, refused_call(method), p.requests)
+            refused[method] = await flood(child, refused_call(method, p.refused_bytes), p.requests)
         investigation_id = await seed(child)
         answered = {}
         for method in METHODS:
@@ -285,71 +250,8 @@ async def run(p: Plan, folder: Path) -> Results:
     return Results(start_mib, refused, answered, streams)
 
 
-def _codes(codes: Counter[str]) -> str:
-    return ", ".join(f"{n} {code}" for code, n in codes.most_common())
-
-
-def _row(method: str, r: Results) -> str:
-    refused, answered = r.refused[method], r.answered[method]
-    cells = (method, _codes(refused.codes), _rss(refused), _codes(answered.codes), _rss(answered))
-    return "| " + " | ".join(cells) + " |"
-
-
-def _rss(f: Flood) -> str:
-    return (
-        f"{f.before_mib:.0f} → {f.after_mib:.0f} MiB ({f.grown_mib:+.0f}; highest {f.peak_mib:.0f})"
-    )
-
-
-def section(p: Plan, r: Results) -> str:
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python -m bench.grpc_door" + ("" if p.mode == "full" else f" --{p.mode}")
-    s = r.streams
-    rows = "\n".join(_row(method, r) for method in METHODS)
-    name = f"{_NAME} {p.mode}"
-    return f"""{report.begin_marker(name)}
-## Refused requests and silent streams at the gRPC door ({p.mode}, `{command}`)
-
-Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
-{platform.python_version()}, a shared 2-core machine. The daemon is a process of its own
-(`bench.daemon_child`, scripted LLM), {r.start_mib:.0f} MiB resident once started; VmRSS is read
-from /proc before and after each run of {p.requests} calls, made one at a time.
-
-| Method | Refused, ~3 MB each | VmRSS | Answered | VmRSS |
-| --- | --- | ---: | --- | ---: |
-{rows}
-
-Refused calls carry a {REFUSED_BYTES >> 20} MiB string as the id, session id or page token;
-each method's request bound (`poirotd.api.limits.MAX_REQUEST_BYTES`) refuses them before they
-are decoded. Answered calls are Get and ConfirmOutcome (a {MAX_TEXT_CHARS:,}-character note) of
-a finished investigation, List of a session, and Trigger of a known session (a
-{MAX_TEXT_CHARS:,}-character reason): each Trigger queues an investigation that runs and is
-stored, so that row's growth is the investigations'.
-
-**Silent streams.** {s.held} Ingest streams of one host (the per-client bound) each sent a
-session start, got its ack and then sent nothing. A producer of the same host was refused at
-first ({s.first_try}) and let in {s.admitted_s:.1f} s after the last silent stream's ack, at its
-try {s.tries} (every 0.25 s), with the idle deadline (`POIROTD_INGEST_IDLE_SECONDS`) at
-{p.idle_seconds:g} s. The silent streams ended {_codes(s.endings)} ("{s.detail}"); a stream
-that sent nothing at all ended {s.never_sent} after {s.never_sent_s:.1f} s.
-`poirot_requests_rejected_total{{rpc="Ingest.Stream",reason="idle"}}` counted
-{s.counted_idle:.0f}.
-
-{report.end_marker(name)}"""
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="100 calls each, a 5 s deadline")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
-    args = parser.parse_args()
-    p = plan("quick" if args.quick else "full")
-    with tempfile.TemporaryDirectory(prefix="bench-grpc-door-") as tmp:
-        results = asyncio.run(run(p, Path(tmp)))
-    text = ingest.reflow(section(p, results))
-    if not args.no_write:
-        report.write_section(f"{_NAME} {p.mode}", text)
-    print(text)
+    report.main(NAME, __doc__, "100 calls each, a 5 s deadline", plan, run, section)
 
 
 if __name__ == "__main__":

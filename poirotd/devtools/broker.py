@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from poirotd.demo.process import free_port, stop_process
+from poirotd.devtools.process import free_port, stop_process
 
 # Un-acked deliveries per subscriber; hwbridge's client buffer (BrokerConfig.queue_size, 10000)
 # must stay above it or the client would drop messages.

@@ -1,10 +1,10 @@
-"""Slow clients against the HTTP doors (issue 29.3): what 400 held connections cost a daemon.
+"""Slow clients against the HTTP transports (issue 29.3): what 400 held connections cost a daemon.
 
-    .venv/bin/python -m bench.http_doors             # about 2 minutes
-    .venv/bin/python -m bench.http_doors --quick     # under a minute (a 10 s request deadline)
+    .venv/bin/python -m bench.http_transports             # about 2 minutes
+    .venv/bin/python -m bench.http_transports --quick     # under a minute (a 10 s request deadline)
 
 A real daemon process (`bench/daemon_child.py`: `poirotd run`'s wiring, the tests' scripted
-LLM) with OTLP/HTTP on and an access file, on loopback; once plain, once with TLS (the doors'
+LLM) with OTLP/HTTP on and an access file, on loopback; once plain, once with TLS (the transports'
 certificate, as beyond loopback they must have). 400 connections are opened against it,
 half on /metrics and half on OTLP/HTTP, from 100 loopback addresses (127.0.1.x; the per-peer cap
 lets them all in; `--peers 1` shows it refusing), each one of three slow clients in turn: one
@@ -25,32 +25,30 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import ssl
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import trustme
 
 from bench import report
-from bench.ingest import proc_status, reap, reflow, spawn, until
-from poirotd.demo.process import free_port
+from bench.ingest import proc_status, reap, spawn, until
+from bench.sections.http_transports import NAME, section
+from poirotd.devtools.otlp_runs import SPEC
+from poirotd.devtools.process import free_port
 from poirotd.transports.security.access import new_token, token_hash
-from tests.support.otlp_runs import SPEC
 
 KINDS = ("silent", "trickled headers", "stalled body")
-DOORS = ("metrics", "otlp_http")
+TRANSPORTS = ("metrics", "otlp_http")
 HEADS = {
     "metrics": b"GET /metrics HTTP/1.1\r\nHost: poirotd\r\n",
     "otlp_http": b"POST /v1/traces HTTP/1.1\r\nHost: poirotd\r\n"
     b"Content-Type: application/x-protobuf\r\n",
 }
-_NAME = "bench.http_doors"
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,7 @@ class Tls:
 
 @dataclass
 class Client:
-    door: str
+    transport: str
     kind: str
     source: str
     opened: bool = False
@@ -116,12 +114,12 @@ class Results:
     readings: list[Reading] = field(default_factory=list)
     clients: list[Client] = field(default_factory=list)
     scrape_ms: float | None = None  # a scrape from another address while they are held
-    refusals: dict[str, float] = field(default_factory=dict)  # the daemon's, by door and reason
+    refusals: dict[str, float] = field(default_factory=dict)  # the daemon's, by transport and reason
 
 
 def clients(p: Plan) -> Iterator[Client]:
     for n in range(p.connections):
-        yield Client(DOORS[n % 2], KINDS[n // 2 % 3], f"127.0.1.{1 + n % p.peers}")
+        yield Client(TRANSPORTS[n % 2], KINDS[n // 2 % 3], f"127.0.1.{1 + n % p.peers}")
 
 
 async def hold(
@@ -138,10 +136,10 @@ async def hold(
         client.refused, client.ended_after = True, loop.time() - began
         return
     if client.kind == "trickled headers":
-        writer.write(HEADS[client.door] + b"X-Slow: ")
+        writer.write(HEADS[client.transport] + b"X-Slow: ")
     elif client.kind == "stalled body":
         authorized = f"Authorization: Bearer {token}\r\nContent-Length: 1000000000\r\n\r\n"
-        writer.write(HEADS[client.door] + authorized.encode() + b"0123456789")
+        writer.write(HEADS[client.transport] + authorized.encode() + b"0123456789")
     client.opened = True
     try:
         while not hang_up.is_set():
@@ -186,7 +184,7 @@ async def scrape(port: int, token: str, tls: ssl.SSLContext | None) -> tuple[flo
 
 
 def refusals(page: str) -> dict[str, float]:
-    """poirot_http_connections_refused_total by door and reason (none before issue 29.3)."""
+    """poirot_http_connections_refused_total by transport and reason (none before issue 29.3)."""
     prefix = "poirot_http_connections_refused_total{"
     out = {}
     for line in page.splitlines():
@@ -227,7 +225,7 @@ async def run(p: Plan, folder: Path, tls: Tls | None) -> Results:
         results.clients = list(clients(p))
         began = time.monotonic()
         holders = [
-            asyncio.create_task(hold(c, ports[c.door], token, context, hang_up))
+            asyncio.create_task(hold(c, ports[c.transport], token, context, hang_up))
             for c in results.clients
         ]
         with contextlib.suppress(TimeoutError):  # a server that accepts slowly: read it anyway
@@ -251,67 +249,6 @@ async def run(p: Plan, folder: Path, tls: Tls | None) -> Results:
     return results
 
 
-def _kinds(r: Results) -> str:
-    lines = []
-    for door in DOORS:
-        for kind in KINDS:
-            mine = [c for c in r.clients if c.door == door and c.kind == kind]
-            ended = sorted(c.ended_after for c in mine if c.ended_after is not None)
-            refused, held = sum(c.refused for c in mine), sum(c.hung_up for c in mine)
-            fates = [
-                f"{len(ended)} ended by the daemon after {ended[0]:.1f}-{ended[-1]:.1f} s"
-                if ended
-                else "",
-                f"{refused} of them refused at once ({'closed' if r.tls else '503'})"
-                if refused
-                else "",
-                f"{held} still open when the clients hung up" if held else "",
-            ]
-            lines.append(f"| {door} | {kind} | {'; '.join(f for f in fates if f)} |")
-    return "\n".join(lines)
-
-
-def _side(p: Plan, r: Results) -> str:
-    rows = "\n".join(
-        f"| {x.when} | {x.rss_mib:.0f} | {x.threads} | {x.open_connections} |" for x in r.readings
-    )
-    first, held = r.readings[0], r.readings[1]
-    refused = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r.refusals.items())) or "none counted"
-    scrape_ms = "not answered" if r.scrape_ms is None else f"answered in {r.scrape_ms:.0f} ms"
-    return f"""### {"TLS" if r.tls else "Plain HTTP"}
-
-| The daemon | VmRSS (MiB) | threads | connections open |
-| --- | ---: | ---: | ---: |
-{rows}
-
-Holding them cost the daemon {held.rss_mib - first.rss_mib:+.0f} MiB and
-{held.threads - first.threads:+d} threads. A scrape from another address while they were held:
-{scrape_ms}. Refusals the daemon counted (door, reason): {refused}.
-
-| door | client | what became of it |
-| --- | --- | --- |
-{_kinds(r)}
-"""
-
-
-def section(p: Plan, sides: list[Results]) -> str:
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python -m bench.http_doors" + ("" if p.mode == "full" else f" --{p.mode}")
-    name = f"{_NAME} {p.mode}"
-    body = "\n".join(_side(p, r) for r in sides)
-    return f"""{report.begin_marker(name)}
-## Slow clients on the HTTP doors ({p.mode}, `{command}`)
-
-Run {when} on commit {report.commit_text()}, {platform.python_implementation()}
-{platform.python_version()}, a shared 2-core machine. {p.connections} connections from {p.peers}
-loopback addresses, half on /metrics and half on OTLP/HTTP, against a daemon process whose
-request deadline is {p.deadline:g} s; "connections open" counts the clients' connections the
-daemon had not ended.
-
-{body}
-{report.end_marker(name)}"""
-
-
 async def run_both(p: Plan, folder: Path) -> list[Results]:
     (folder / "plain").mkdir()
     (folder / "tls").mkdir()
@@ -320,20 +257,19 @@ async def run_both(p: Plan, folder: Path) -> list[Results]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a 10 s request deadline")
     parser.add_argument("--connections", type=int, default=400)
     parser.add_argument("--peers", type=int, default=100, help="loopback source addresses")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    report.add_no_write(parser)
     args = parser.parse_args()
     deadline, mode = (10.0, "quick") if args.quick else (30.0, "full")
     p = Plan(mode, args.connections, args.peers, deadline, settle=2.0)
-    with tempfile.TemporaryDirectory(prefix="bench-http-doors-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-http-transports-") as tmp:
         sides = asyncio.run(run_both(p, Path(tmp)))
-    text = reflow(section(p, sides))
-    if not args.no_write:
-        report.write_section(f"{_NAME} {p.mode}", text)
-    print(text)
+    report.publish(f"{NAME} {p.mode}", section(p, sides), write=not args.no_write)
 
 
 if __name__ == "__main__":
