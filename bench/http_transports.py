@@ -114,7 +114,9 @@ class Results:
     readings: list[Reading] = field(default_factory=list)
     clients: list[Client] = field(default_factory=list)
     scrape_ms: float | None = None  # a scrape from another address while they are held
-    refusals: dict[str, float] = field(default_factory=dict)  # the daemon's, by transport and reason
+    refusals: dict[str, float] = field(
+        default_factory=dict
+    )  # the daemon's, by transport and reason
 
 
 def clients(p: Plan) -> Iterator[Client]:
