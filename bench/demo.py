@@ -20,18 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.report import ROOT, begin_marker, commit_text, end_marker, write_section
+from bench.report import ROOT, add_no_write, commit_text, publish
+from bench.sections.demo import NAME, render
 from poirotd.api.poirot.v1 import poirot_pb2 as pb
 from poirotd.demo.main import demo_daemon, investigate
 
-NAME = "bench.demo"
 RUNS = ROOT / "bench" / "demo-runs.json"
 
 
@@ -83,63 +82,12 @@ def run_once() -> DemoRun:
     )
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "n/a"
-
-
-def _row(r: DemoRun) -> str:
-    cells = (
-        r.started[:16].replace("T", " "),
-        r.commit,
-        r.state.removeprefix("INVESTIGATION_STATE_").lower(),
-        str(r.llm_calls),
-        f"{r.wall_seconds:.0f} s",
-        f"{r.busy_seconds:.0f} s",
-        f"{r.floor_seconds:.0f} s ({r.critical_path_calls} calls, "
-        f"{r.critical_path_prompt_tokens} + {r.critical_path_completion_tokens} tokens)",
-        f"**{_ratio(r.wall_seconds, r.busy_seconds)}**",
-        f"**{_ratio(r.wall_seconds, r.floor_seconds)}**",
-        f"{r.prefill_tokens_per_second:.0f} / {r.decode_tokens_per_second:.1f}",
-        f"{r.load_average:.1f}",
-    )
-    return "| " + " | ".join(cells) + " |"
-
-
-def render(runs: Sequence[DemoRun]) -> str:
-    columns = (
-        "started (UTC)", "commit", "state", "calls", "wall", "model busy",
-        "floor (critical path)", "wall/busy", "wall/floor", "prefill / decode tok/s", "load",
-    )  # fmt: skip
-    head = "| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns)
-    rows = "\n".join(_row(r) for r in runs)
-    return f"""{begin_marker(NAME)}
-## The demo against its model-time floor (`python -m bench.demo`)
-
-{platform.machine()}, Python {platform.python_version()}, 2 shared CPUs, the embedded
-SmolLM2-135M-Instruct (llama.cpp) serving one call at a time. Each row is one run of `poirotd
-demo`'s path (a daemon process, Mosquitto, the CORTEX session over gRPC, the faulty gait over
-MQTT, the rule, the investigation) timed by the investigation's own record.
-
-{head}
-{rows}
-
-- **wall/busy** is what poirotd adds around the model's own time (scheduling, parsing, the
-  store, the gRPC events): the issue's goal of at most 1.1x, on a backend that serves one call
-  at a time.
-- **wall/floor** is the serial backend's cost: the floor is the longest chain of calls each
-  waiting for the one before; the agents' concurrent calls queue behind one another on the
-  embedded model, so wall/floor is close to the number of agents working at once. On a server
-  that batches (vLLM) the same chain bounds the time to attribution.
-- load: the 1-minute load average when the run ended (other tenants of the machine).
-{end_marker(NAME)}"""
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--times", type=int, default=1, help="demo runs, one after the other")
     parser.add_argument("--runs", type=Path, default=RUNS, help="saved runs; new ones added")
     parser.add_argument("--render", type=Path, help="only re-render these saved runs")
-    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    add_no_write(parser)
     args = parser.parse_args(argv)
     saved = args.render or args.runs
     runs = [DemoRun(**r) for r in json.loads(saved.read_text())] if saved.exists() else []
@@ -147,10 +95,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs.append(run_once())
         if not args.no_write:
             args.runs.write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")
-    text = render(runs)
-    print(text)
-    if not args.no_write:
-        write_section(NAME, text)
+    publish(NAME, render(runs), write=not args.no_write)
 
 
 if __name__ == "__main__":
