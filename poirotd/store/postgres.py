@@ -91,6 +91,7 @@ from poirotd.store.common import (
 from poirotd.store.faults import StoreFaults, postgres_fault
 from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
+from poirotd.store.parked_logs import NO_PARKING, PARK, RELEASE, Parking
 from poirotd.store.pg_changes import NOTIFY, ChangeListener
 from poirotd.store.pg_schema import CHAIN_LOCK, migrate
 from poirotd.store.port import (
@@ -399,11 +400,14 @@ class PostgresStore(StoreReads):
     # ------------------------------------------------------------ ingest
 
     async def commit_ingest(
-        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+        self,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None] = (),
+        parking: Parking = NO_PARKING,
     ) -> LeftOut:
-        """Stores the batch in one transaction and returns after COMMIT (the ack point), with
-        what it left out: copies of stored items, and conflicts it set aside. The sessions
-        this process does not know are looked up in the transaction.
+        """Stores the batch and the parking changes in one transaction and returns after COMMIT
+        (the ack point), with what it left out: copies of stored items, and conflicts it set
+        aside. The sessions this process does not know are looked up in the transaction.
 
         Three round trips and the commit's flush: the lock, the head, the sessions looked up,
         the session starts and the batch's message keys (which are new); then the session ends
@@ -418,16 +422,17 @@ class PostgresStore(StoreReads):
         session and index are stored costs a round trip more (their digests)."""
         wanted = idempotency.wanted(items, keys)
         try:
-            return await self._commit(items, keys, wanted, optimistic=bool(wanted))
+            return await self._commit(items, keys, parking, wanted, optimistic=bool(wanted))
         except (_CopiesFoundError, pg_errors.UniqueViolation):
             if not wanted:
                 raise
-            return await self._commit(items, keys, wanted, optimistic=False)
+            return await self._commit(items, keys, parking, wanted, optimistic=False)
 
     async def _commit(
         self,
         items: Sequence[CommitItem],
         keys: Sequence[ItemKey | None],
+        parking: Parking,
         wanted: dict[str, set[int]],
         *,
         optimistic: bool,
@@ -464,6 +469,12 @@ class PostgresStore(StoreReads):
             links = await head.links()
             for table, row in stored:
                 links.append(table.kind, table.ref(row), row[-1])
+            if parking:
+                async with conn.cursor() as cursor:
+                    if parking.park:
+                        await cursor.executemany(_placeholders(PARK), parking.park_rows())
+                    if parking.release:
+                        await cursor.executemany(_placeholders(RELEASE), parking.release)
         self._sessions.update(unknown, (c.session_id for c in changes))
         return LeftOut(kept.duplicates, conflicts)
 

@@ -73,6 +73,7 @@ from poirotd.store.common import (
 from poirotd.store.faults import StoreFaults, sqlite_fault
 from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
+from poirotd.store.parked_logs import NO_PARKING, PARK, RELEASE, Parking
 from poirotd.store.port import (
     DEFAULT_IDEMPOTENCY_WINDOW,
     Admission,
@@ -284,11 +285,15 @@ class SqliteStore(StoreReads):
     # ------------------------------------------------------------ ingest
 
     async def commit_ingest(
-        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+        self,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None] = (),
+        parking: Parking = NO_PARKING,
     ) -> LeftOut:
-        """Stores the batch in one transaction and returns after COMMIT (the ack point), with
-        what it left out: copies of items already stored, and conflicts it set aside."""
-        return await self._write(_commit_ingest, items, keys, self._sessions, self._keys)
+        """Stores the batch and the parking changes in one transaction and returns after COMMIT
+        (the ack point), with what it left out: copies of items already stored, and conflicts
+        it set aside."""
+        return await self._write(_commit_ingest, items, keys, parking, self._sessions, self._keys)
 
     def has_session(self, session_id: str) -> bool:
         self._check_open()
@@ -489,6 +494,7 @@ def _commit_ingest(
     conn: sqlite3.Connection,
     items: Sequence[CommitItem],
     keys: Sequence[ItemKey | None],
+    parking: Parking,
     sessions: set[str],
     window: KeyWindow,
 ) -> LeftOut:
@@ -530,6 +536,8 @@ def _commit_ingest(
         conflicts = _store_conflicts(conn, kept.conflicts, stored)
         for table, row in stored:
             chain.append(table.kind, table.ref(row), row[-1])
+        conn.executemany(PARK, parking.park_rows())
+        conn.executemany(RELEASE, parking.release)
     sessions.update(started)
     return LeftOut(kept.duplicates, conflicts)
 

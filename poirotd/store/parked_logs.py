@@ -1,0 +1,79 @@
+"""GenAI log events parked in the store while they wait for their span (the OTLP log join,
+`poirotd.transports.otlp.log_join`): a logs export is answered as accepted only once its waiting
+events are parked, so a daemon that stops or crashes while they wait finds them again when it
+starts. Operational state, like a lease: not chained (the messages they become are). An event's
+row is deleted in the transaction that stores the messages it became, or once it is rejected
+after its wait; both are `Parking` changes an ingest commit makes (`Store.commit_ingest`).
+
+Each row names its owner, the replica whose memory holds the event and which reloads it when it
+starts again (on SQLite, one daemon per file, every row is the one owner "").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from poirotd.store.chain import Row
+
+# The same statements on both adapters (`?` placeholders; PostgreSQL's adapter rewrites them).
+PARK = (
+    "INSERT INTO parked_log_events (owner, event_id, trace_id, span_id, arrived_us, record)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (owner, event_id) DO NOTHING"
+)
+RELEASE = "DELETE FROM parked_log_events WHERE owner = ? AND event_id = ?"
+OWNED = (
+    "SELECT owner, event_id, trace_id, span_id, arrived_us, record FROM parked_log_events"
+    " WHERE owner = ? ORDER BY arrived_us, event_id"
+)
+
+
+@dataclass(frozen=True)
+class ParkedLogEvent:
+    owner: str
+    # Where the event came from and what it says, digested: the event of an exporter's retry of
+    # the export is the same row (parked once).
+    event_id: str
+    trace_id: str
+    span_id: str
+    # When it arrived (wall clock, UTC microseconds): its wait is measured from it, restarts
+    # included.
+    arrived_us: int
+    # The event itself, as JSON (`poirotd.transports.otlp.log_parking`).
+    record: str
+
+    def row(self) -> tuple[str, str, str, str, int, str]:
+        return (
+            self.owner,
+            self.event_id,
+            self.trace_id,
+            self.span_id,
+            self.arrived_us,
+            self.record,
+        )
+
+
+@dataclass(frozen=True)
+class Parking:
+    """What an ingest commit changes among the parked events, in its transaction: `park` rows
+    are added (a row already there is kept), then `release` rows ((owner, event_id)) deleted."""
+
+    park: tuple[ParkedLogEvent, ...] = ()
+    release: tuple[tuple[str, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.park or self.release)
+
+    def __add__(self, other: Parking) -> Parking:
+        return Parking((*self.park, *other.park), (*self.release, *other.release))
+
+    def park_rows(self) -> list[tuple[str, str, str, str, int, str]]:
+        return [event.row() for event in self.park]
+
+
+NO_PARKING = Parking()
+
+
+def parked_from_rows(rows: Iterable[Row]) -> list[ParkedLogEvent]:
+    """`OWNED`'s answer."""
+    return [ParkedLogEvent(*row) for row in rows]
