@@ -53,6 +53,7 @@ from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
 from poirotd.transports.otlp.grpc_services import LogsService, TraceService
 from poirotd.transports.otlp.http import OtlpHttp
 from poirotd.transports.otlp.log_join import LogJoin
+from poirotd.transports.otlp.log_parking import LogParking
 from poirotd.transports.otlp.receiver import OtlpReceiver
 from poirotd.transports.page.access import PageAccess
 from poirotd.transports.page.server import PageHttp
@@ -306,7 +307,11 @@ class Daemon:
                 max_waiting=s.otlp_log_wait_records,
                 wait_seconds=s.otlp_log_wait_seconds,
             ),
+            # Alone on its store, a daemon's parked log events are all its own, whatever
+            # replica id it had when it parked them.
+            parking=LogParking(core.runner.replica.replica_id if store.shared else ""),
         )
+        await otlp.reload(store)
         denials = None
         if access is not None:
             denials = self._denials = DenialRecorder(

@@ -1,0 +1,102 @@
+"""GenAI log events that wait for their span, as the store parks them (`poirotd.store.
+parked_logs`): a logs export is answered only once its waiting events are parked, in the commit
+of what it placed, and an event's row is released in the commit of the messages it became (or of
+its rejection). A daemon that starts again reloads its own rows into the log join, each waiting
+what is left of its wait, measured from its arrival on the wall clock.
+
+Whose rows: each daemon parks under its owner name and reloads only those. Alone on a SQLite file
+that is always "" (so a restart with another replica id finds them); over a shared PostgreSQL it
+is the replica id (`POIROTD_REPLICA_ID`, which must then stay the same across restarts: a replica
+that never starts again under its id leaves its rows parked, docs/otlp-logs.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from poirotd.store.parked_logs import ParkedLogEvent, Parking
+from poirotd.transports.otlp.log_records import SpanKey
+from poirotd.transports.otlp.mapping import LoggedEvent
+
+
+@dataclass(frozen=True)
+class WaitingEvent:
+    """A log event waiting for its span, with what parks it."""
+
+    # Its span, its place among the span's events of its export and what it says, digested: an
+    # exporter's retry of the export brings the same event (parked and waiting once).
+    event_id: str
+    event: LoggedEvent
+    # When it arrived, wall clock seconds.
+    arrived: float
+
+
+def waiting_events(
+    key: SpanKey, events: Sequence[LoggedEvent], arrived: float
+) -> list[WaitingEvent]:
+    """The events of one span of one logs export, in the export's order, arrived now."""
+    return [
+        WaitingEvent(_event_id(key, position, event), event, arrived)
+        for position, event in enumerate(events)
+    ]
+
+
+class LogParking:
+    """The parking changes of this daemon (its `owner` name) for what the log join did."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def park(self, waiting: Mapping[SpanKey, Sequence[WaitingEvent]]) -> Parking:
+        rows = tuple(
+            ParkedLogEvent(
+                self.owner,
+                w.event_id,
+                trace_id,
+                span_id,
+                round(w.arrived * 1e6),
+                _record(w.event),
+            )
+            for (trace_id, span_id), events in waiting.items()
+            for w in events
+        )
+        return Parking(park=rows)
+
+    def release(self, taken: Mapping[SpanKey, Sequence[WaitingEvent]]) -> Parking:
+        released = tuple((self.owner, w.event_id) for events in taken.values() for w in events)
+        return Parking(release=released)
+
+    def reloaded(self, rows: Sequence[ParkedLogEvent]) -> dict[SpanKey, list[WaitingEvent]]:
+        """The parked rows (this owner's, oldest first) as the events they were."""
+        events: dict[SpanKey, list[WaitingEvent]] = {}
+        for row in rows:
+            waiting = WaitingEvent(row.event_id, _event(row.record), row.arrived_us / 1e6)
+            events.setdefault((row.trace_id, row.span_id), []).append(waiting)
+        return events
+
+
+def _record(event: LoggedEvent) -> str:
+    """The event as JSON. A bytes value (OTLP allows one in a body, the GenAI events put none
+    there) is written as OTLP/JSON writes it, base64 text, and reloaded as that text."""
+    return orjson.dumps(event._asdict(), default=_base64).decode()
+
+
+def _event(record: str) -> LoggedEvent:
+    fields = orjson.loads(record)
+    return LoggedEvent(fields["name"], fields["body"], fields["at_ns"])
+
+
+def _event_id(key: SpanKey, position: int, event: LoggedEvent) -> str:
+    said = orjson.dumps((*key, position, event.name, event.at_ns, event.body), default=_base64)
+    return hashlib.blake2b(said, digest_size=16).hexdigest()
+
+
+def _base64(value: object) -> str:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError(f"{type(value).__name__} is not JSON")
