@@ -18,13 +18,14 @@ from poirotd.store.chain import Row
 
 # The same statements on both adapters (`?` placeholders; PostgreSQL's adapter rewrites them).
 PARK = (
-    "INSERT INTO parked_log_events (owner, event_id, trace_id, span_id, arrived_us, record)"
-    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (owner, event_id) DO NOTHING"
+    "INSERT INTO parked_log_events"
+    " (owner, event_id, trace_id, span_id, arrived_us, position, record)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (owner, event_id) DO NOTHING"
 )
 RELEASE = "DELETE FROM parked_log_events WHERE owner = ? AND event_id = ?"
 OWNED = (
-    "SELECT owner, event_id, trace_id, span_id, arrived_us, record FROM parked_log_events"
-    " WHERE owner = ? ORDER BY arrived_us, event_id"
+    "SELECT owner, event_id, trace_id, span_id, arrived_us, position, record"
+    " FROM parked_log_events WHERE owner = ? ORDER BY arrived_us, trace_id, span_id, position"
 )
 
 
@@ -39,16 +40,20 @@ class ParkedLogEvent:
     # When it arrived (wall clock, UTC microseconds): its wait is measured from it, restarts
     # included.
     arrived_us: int
+    # Its place among its span's events in its export: events that arrived together are read
+    # back in their order (a model call's input events may share one timestamp).
+    position: int
     # The event itself, as JSON (`poirotd.transports.otlp.log_parking`).
     record: str
 
-    def row(self) -> tuple[str, str, str, str, int, str]:
+    def row(self) -> tuple[str, str, str, str, int, int, str]:
         return (
             self.owner,
             self.event_id,
             self.trace_id,
             self.span_id,
             self.arrived_us,
+            self.position,
             self.record,
         )
 
@@ -67,7 +72,7 @@ class Parking:
     def __add__(self, other: Parking) -> Parking:
         return Parking((*self.park, *other.park), (*self.release, *other.release))
 
-    def park_rows(self) -> list[tuple[str, str, str, str, int, str]]:
+    def park_rows(self) -> list[tuple[str, str, str, str, int, int, str]]:
         return [event.row() for event in self.park]
 
 

@@ -230,6 +230,7 @@ CREATE TABLE parked_log_events (
     trace_id   text NOT NULL,
     span_id    text NOT NULL,
     arrived_us bigint NOT NULL,
+    position   bigint NOT NULL,
     record     text NOT NULL,
     PRIMARY KEY (owner, event_id)
 );

@@ -196,6 +196,7 @@ CREATE TABLE IF NOT EXISTS parked_log_events (
     trace_id   TEXT NOT NULL,
     span_id    TEXT NOT NULL,
     arrived_us INTEGER NOT NULL,
+    position   INTEGER NOT NULL,
     record     TEXT NOT NULL,
     PRIMARY KEY (owner, event_id)
 ) WITHOUT ROWID;

@@ -19,9 +19,11 @@ from tests.support.store import message, session
 from tests.support.stores import PostgresDb, StoreDb
 
 
-def parked(event_id: str, owner: str = "a", arrived_us: int = 1_000) -> ParkedLogEvent:
+def parked(
+    event_id: str, owner: str = "a", arrived_us: int = 1_000, position: int = 0
+) -> ParkedLogEvent:
     record = '{"name":"gen_ai.user.message","body":{"content":"hi"},"at_ns":1}'
-    return ParkedLogEvent(owner, event_id, "ab" * 16, "cd" * 8, arrived_us, record)
+    return ParkedLogEvent(owner, event_id, "ab" * 16, "cd" * 8, arrived_us, position, record)
 
 
 @pytest.fixture
@@ -48,6 +50,12 @@ async def test_parked_events_outlive_the_store_and_are_read_by_their_owner(
         assert await store.parked_log_events("c") == []
     finally:
         await store.close()
+
+
+async def test_events_that_arrived_together_are_read_in_their_order(store: Store) -> None:
+    together = (parked("z", position=0), parked("a", position=2), parked("m", position=1))
+    await store.commit_ingest([], (), Parking(together))
+    assert [p.event_id for p in await store.parked_log_events("a")] == ["z", "m", "a"]
 
 
 async def test_rows_are_released_with_the_messages_they_became(store: Store) -> None:

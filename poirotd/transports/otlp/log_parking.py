@@ -34,6 +34,8 @@ class WaitingEvent:
     event: LoggedEvent
     # When it arrived, wall clock seconds.
     arrived: float
+    # Its place among its span's events in its export.
+    position: int
 
 
 def waiting_events(
@@ -41,7 +43,7 @@ def waiting_events(
 ) -> list[WaitingEvent]:
     """The events of one span of one logs export, in the export's order, arrived now."""
     return [
-        WaitingEvent(_event_id(key, position, event), event, arrived)
+        WaitingEvent(_event_id(key, position, event), event, arrived, position)
         for position, event in enumerate(events)
     ]
 
@@ -60,6 +62,7 @@ class LogParking:
                 trace_id,
                 span_id,
                 round(w.arrived * 1e6),
+                w.position,
                 _record(w.event),
             )
             for (trace_id, span_id), events in waiting.items()
@@ -75,7 +78,8 @@ class LogParking:
         """The parked rows (this owner's, oldest first) as the events they were."""
         events: dict[SpanKey, list[WaitingEvent]] = {}
         for row in rows:
-            waiting = WaitingEvent(row.event_id, _event(row.record), row.arrived_us / 1e6)
+            event = _event(row.record)
+            waiting = WaitingEvent(row.event_id, event, row.arrived_us / 1e6, row.position)
             events.setdefault((row.trace_id, row.span_id), []).append(waiting)
         return events
 
