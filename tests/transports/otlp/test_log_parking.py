@@ -32,7 +32,7 @@ from tests.support.daemon import in_process_daemon
 from tests.support.disk import fill
 from tests.support.otlp_log_runs import LOG_RUNS, recorded_logs
 from tests.support.otlp_runs import CONVERSATION, SPEC
-from tests.support.stores import StoreDb
+from tests.support.stores import PostgresDb, StoreDb
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 # The older conventions' run: every GenAI event of it waits when its logs come first.
@@ -193,3 +193,27 @@ async def test_a_store_that_cannot_park_the_events_refuses_the_export(
         await _send_logs(daemon, logs)
         await _send_spans(daemon, spans)
         assert await _stored(daemon) == CONVERSATION_STORED
+
+
+async def test_over_a_shared_store_each_replica_reloads_its_own_parked_events(
+    tmp_path: Path,
+    postgres_url: str,
+    exports: tuple[ExportTraceServiceRequest, ExportLogsServiceRequest],
+) -> None:
+    """Replicas over one PostgreSQL park under their replica id: another replica starting
+    leaves a stopped one's events alone; the stopped one, started again under its id, places
+    them once their span comes."""
+    spans, logs = exports
+    store_db = PostgresDb(postgres_url)
+    for replica in ("a", "b"):
+        (tmp_path / replica).mkdir()
+    async with _daemon(tmp_path / "a", store_db, replica_id="a") as daemon:
+        await _send_logs(daemon, logs)
+    async with _daemon(tmp_path / "b", store_db, replica_id="b") as daemon:
+        assert _waiting(daemon) == 0
+    assert store_db.query("SELECT DISTINCT owner FROM parked_log_events") == [("a",)]
+    async with _daemon(tmp_path / "a", store_db, replica_id="a") as daemon:
+        assert _waiting(daemon) == _events(logs)
+        await _send_spans(daemon, spans)
+        assert await _stored(daemon) == CONVERSATION_STORED
+    assert _parked(store_db) == 0
