@@ -12,21 +12,25 @@ starts again (on SQLite, one daemon per file, every row is the one owner "").
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from poirotd.store.chain import Row
 
 # The same statements on both adapters (`?` placeholders; PostgreSQL's adapter rewrites them).
 PARK = (
     "INSERT INTO parked_log_events"
-    " (owner, event_id, trace_id, span_id, arrived_us, position, record)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (owner, event_id) DO NOTHING"
+    " (owner, event_id, trace_id, span_id, arrived_us, position, record, owned_us)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (owner, event_id) DO NOTHING"
 )
 RELEASE = "DELETE FROM parked_log_events WHERE owner = ? AND event_id = ?"
+_COLUMNS = "owner, event_id, trace_id, span_id, arrived_us, position, record, owned_us"
 OWNED = (
-    "SELECT owner, event_id, trace_id, span_id, arrived_us, position, record"
-    " FROM parked_log_events WHERE owner = ? ORDER BY arrived_us, trace_id, span_id, position"
+    f"SELECT {_COLUMNS} FROM parked_log_events WHERE owner = ?"
+    " ORDER BY arrived_us, trace_id, span_id, position"
 )
+# Other owners' rows they have owned since before a time, deleted (to be parked again by who
+# takes them).
+TAKE_OVER = f"DELETE FROM parked_log_events WHERE owner <> ? AND owned_us < ? RETURNING {_COLUMNS}"
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,11 @@ class ParkedLogEvent:
     position: int
     # The event itself, as JSON (`poirotd.transports.otlp.log_parking`).
     record: str
+    # Since when `owner` holds it (wall clock, UTC microseconds): when it arrived, or when
+    # the owner took it over from a replica gone.
+    owned_us: int
 
-    def row(self) -> tuple[str, str, str, str, int, int, str]:
+    def row(self) -> tuple[str, str, str, str, int, int, str, int]:
         return (
             self.owner,
             self.event_id,
@@ -55,6 +62,7 @@ class ParkedLogEvent:
             self.arrived_us,
             self.position,
             self.record,
+            self.owned_us,
         )
 
 
@@ -72,7 +80,7 @@ class Parking:
     def __add__(self, other: Parking) -> Parking:
         return Parking((*self.park, *other.park), (*self.release, *other.release))
 
-    def park_rows(self) -> list[tuple[str, str, str, str, int, int, str]]:
+    def park_rows(self) -> list[tuple[str, str, str, str, int, int, str, int]]:
         return [event.row() for event in self.park]
 
 
@@ -80,5 +88,17 @@ NO_PARKING = Parking()
 
 
 def parked_from_rows(rows: Iterable[Row]) -> list[ParkedLogEvent]:
-    """`OWNED`'s answer."""
-    return [ParkedLogEvent(*row) for row in rows]
+    """`OWNED`'s or `TAKE_OVER`'s answer, oldest first."""
+    return sorted(
+        (ParkedLogEvent(*row) for row in rows),
+        key=lambda p: (p.arrived_us, p.trace_id, p.span_id, p.position),
+    )
+
+
+def taken_over(
+    owner: str, now_us: int, rows: Iterable[Row]
+) -> tuple[list[ParkedLogEvent], Parking]:
+    """`TAKE_OVER`'s answer (as its owners parked it) and the parking that gives it to
+    `owner` from `now_us` on."""
+    found = parked_from_rows(rows)
+    return found, Parking(park=tuple(replace(p, owner=owner, owned_us=now_us) for p in found))

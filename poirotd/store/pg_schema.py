@@ -232,8 +232,10 @@ CREATE TABLE parked_log_events (
     arrived_us bigint NOT NULL,
     position   bigint NOT NULL,
     record     text NOT NULL,
+    owned_us   bigint NOT NULL,
     PRIMARY KEY (owner, event_id)
 );
+CREATE INDEX parked_log_events_by_age ON parked_log_events (owned_us);
 """
 
 MIGRATIONS = (

@@ -204,6 +204,14 @@ class Store(Protocol):
     async def parked_log_events(self, owner: str) -> list[ParkedLogEvent]:
         """The log events `owner` parked and did not release, oldest first."""
 
+    async def take_over_parked_log_events(
+        self, owner: str, owned_before_us: int, now_us: int
+    ) -> list[ParkedLogEvent]:
+        """Parks for `owner`, as owned from `now_us`, the events other owners have held since
+        before `owned_before_us` (a replica gone: a live one places or rejects its events within
+        their wait) and returns them as they were parked, oldest first; in one transaction, so
+        of replicas taking over at once each row goes to one."""
+
     def has_session(self, session_id: str) -> bool:
         """From memory: True for a session this store committed or found; False may be wrong
         over a shared database (another daemon may have started it)."""

@@ -91,7 +91,15 @@ from poirotd.store.common import (
 from poirotd.store.faults import StoreFaults, postgres_fault
 from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
-from poirotd.store.parked_logs import NO_PARKING, PARK, RELEASE, Parking
+from poirotd.store.parked_logs import (
+    NO_PARKING,
+    PARK,
+    RELEASE,
+    TAKE_OVER,
+    ParkedLogEvent,
+    Parking,
+    taken_over,
+)
 from poirotd.store.pg_changes import NOTIFY, ChangeListener
 from poirotd.store.pg_schema import CHAIN_LOCK, migrate
 from poirotd.store.port import (
@@ -427,6 +435,19 @@ class PostgresStore(StoreReads):
             if not wanted:
                 raise
             return await self._commit(items, keys, parking, wanted, optimistic=False)
+
+    async def take_over_parked_log_events(
+        self, owner: str, owned_before_us: int, now_us: int
+    ) -> list[ParkedLogEvent]:
+        """Row locks decide between replicas taking over at once: the second one's DELETE
+        waits for the first one's commit and finds the rows gone."""
+        async with self._transaction() as (conn, _):
+            answer = await conn.execute(_placeholders(TAKE_OVER), (owner, owned_before_us))
+            found, parking = taken_over(owner, now_us, await answer.fetchall())
+            if parking:
+                async with conn.cursor() as cursor:
+                    await cursor.executemany(_placeholders(PARK), parking.park_rows())
+        return found
 
     async def _commit(
         self,

@@ -198,8 +198,10 @@ CREATE TABLE IF NOT EXISTS parked_log_events (
     arrived_us INTEGER NOT NULL,
     position   INTEGER NOT NULL,
     record     TEXT NOT NULL,
+    owned_us   INTEGER NOT NULL,
     PRIMARY KEY (owner, event_id)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS parked_log_events_by_age ON parked_log_events (owned_us);
 CREATE TABLE IF NOT EXISTS audit (
     seq       INTEGER PRIMARY KEY,
     kind      TEXT NOT NULL,

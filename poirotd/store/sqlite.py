@@ -73,7 +73,15 @@ from poirotd.store.common import (
 from poirotd.store.faults import StoreFaults, sqlite_fault
 from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
-from poirotd.store.parked_logs import NO_PARKING, PARK, RELEASE, Parking
+from poirotd.store.parked_logs import (
+    NO_PARKING,
+    PARK,
+    RELEASE,
+    TAKE_OVER,
+    ParkedLogEvent,
+    Parking,
+    taken_over,
+)
 from poirotd.store.port import (
     DEFAULT_IDEMPOTENCY_WINDOW,
     Admission,
@@ -294,6 +302,11 @@ class SqliteStore(StoreReads):
         (the ack point), with what it left out: copies of items already stored, and conflicts
         it set aside."""
         return await self._write(_commit_ingest, items, keys, parking, self._sessions, self._keys)
+
+    async def take_over_parked_log_events(
+        self, owner: str, owned_before_us: int, now_us: int
+    ) -> list[ParkedLogEvent]:
+        return await self._write(_take_over_parked, owner, owned_before_us, now_us)
 
     def has_session(self, session_id: str) -> bool:
         self._check_open()
@@ -540,6 +553,16 @@ def _commit_ingest(
         conn.executemany(RELEASE, parking.release)
     sessions.update(started)
     return LeftOut(kept.duplicates, conflicts)
+
+
+def _take_over_parked(
+    conn: sqlite3.Connection, owner: str, owned_before_us: int, now_us: int
+) -> list[ParkedLogEvent]:
+    with transaction(conn):
+        gone = conn.execute(TAKE_OVER, (owner, owned_before_us)).fetchall()
+        found, parking = taken_over(owner, now_us, gone)
+        conn.executemany(PARK, parking.park_rows())
+    return found
 
 
 def _drop_seen_keys(

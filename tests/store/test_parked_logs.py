@@ -5,6 +5,7 @@ nothing). A store of the schema before them gains the table when opened."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
@@ -23,7 +24,8 @@ def parked(
     event_id: str, owner: str = "a", arrived_us: int = 1_000, position: int = 0
 ) -> ParkedLogEvent:
     record = '{"name":"gen_ai.user.message","body":{"content":"hi"},"at_ns":1}'
-    return ParkedLogEvent(owner, event_id, "ab" * 16, "cd" * 8, arrived_us, position, record)
+    trace, span = "ab" * 16, "cd" * 8
+    return ParkedLogEvent(owner, event_id, trace, span, arrived_us, position, record, arrived_us)
 
 
 @pytest.fixture
@@ -105,3 +107,34 @@ async def test_a_version_5_postgres_database_gains_the_table(postgres_url: str) 
     finally:
         await store.close()
     assert db.query("SELECT max(version) FROM schema_migrations") == [(6,)]
+
+
+async def test_a_gone_owners_old_rows_are_taken_over_once(store_db: StoreDb) -> None:
+    """Rows another owner parked before the cutoff become the taker's (returned as they were
+    parked); newer ones, and the taker's own, stay. Two stores taking over at once (replicas)
+    share the rows out, each to one."""
+    first, second = await store_db.open(), await store_db.open()
+    try:
+        rows = (
+            parked("old1", owner="gone", arrived_us=100),
+            parked("old2", owner="gone", arrived_us=200),
+            parked("new", owner="gone", arrived_us=5_000),
+            parked("mine", owner="c", arrived_us=5_000),
+        )
+        await first.commit_ingest([], (), Parking(rows))
+        taken = await asyncio.gather(
+            first.take_over_parked_log_events("c", 1_000, 9_000),
+            second.take_over_parked_log_events("d", 1_000, 9_000),
+        )
+        assert sorted(p.event_id for found in taken for p in found) == ["old1", "old2"]
+        assert {p.owner for found in taken for p in found} == {"gone"}  # as they were parked
+        mine = await first.parked_log_events("c")
+        theirs = await first.parked_log_events("d")
+        assert sorted(p.event_id for p in [*mine, *theirs]) == ["mine", "old1", "old2"]
+        assert {p.owned_us for p in [*mine, *theirs] if p.event_id != "mine"} == {9_000}
+        assert [p.event_id for p in await first.parked_log_events("gone")] == ["new"]
+        # owned since 9_000 by their takers: not theirs to take again before that
+        assert await first.take_over_parked_log_events("e", 1_000, 9_500) == []
+    finally:
+        await second.close()
+        await first.close()

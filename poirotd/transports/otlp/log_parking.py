@@ -4,10 +4,14 @@ of what it placed, and an event's row is released in the commit of the messages 
 its rejection). A daemon that starts again reloads its own rows into the log join, each waiting
 what is left of its wait, measured from its arrival on the wall clock.
 
-Whose rows: each daemon parks under its owner name and reloads only those. Alone on a SQLite file
+Whose rows: each daemon parks under its owner name and reloads those. Alone on a SQLite file
 that is always "" (so a restart with another replica id finds them); over a shared PostgreSQL it
-is the replica id (`POIROTD_REPLICA_ID`, which must then stay the same across restarts: a replica
-that never starts again under its id leaves its rows parked, docs/otlp-logs.md).
+is the replica id (`POIROTD_REPLICA_ID`). A replica that starts again under its id reloads its
+rows at once; the rows of one that does not (a pod replaced under a new name) are taken over by
+whichever live replica first finds them held for twice the wait (`take_over_after`): a live
+replica places or rejects each of its events once it waited its time (the receiver's sweep), so
+only a gone one's rows get that old. The taker places them if it knows their span (an exporter
+that lost its replica sends the spans to another), else rejects them `no_span`.
 """
 
 from __future__ import annotations
@@ -49,10 +53,13 @@ def waiting_events(
 
 
 class LogParking:
-    """The parking changes of this daemon (its `owner` name) for what the log join did."""
+    """The parking changes of this daemon (its `owner` name) for what the log join did.
+    `take_over_after`: over a shared store, the seconds after which another owner's parked
+    event is taken as its replica's gone (None: alone on the store, every row is this one's)."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, take_over_after: float | None = None) -> None:
         self.owner = owner
+        self.take_over_after = take_over_after
 
     def park(self, waiting: Mapping[SpanKey, Sequence[WaitingEvent]]) -> Parking:
         rows = tuple(
@@ -61,9 +68,10 @@ class LogParking:
                 w.event_id,
                 trace_id,
                 span_id,
-                round(w.arrived * 1e6),
+                arrived_us := round(w.arrived * 1e6),
                 w.position,
                 _record(w.event),
+                arrived_us,
             )
             for (trace_id, span_id), events in waiting.items()
             for w in events

@@ -22,6 +22,8 @@ anything of it is admitted, so the exporter resends all of it.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -62,6 +64,8 @@ log = structlog.get_logger(__name__)
 TRANSPORTS = ("grpc", "http")
 # What a throttled exporter is told to wait before it resends.
 RETRY_AFTER_SECONDS = 1
+# How often at most log events that waited their time are placed or rejected without an export.
+SWEEP_SECONDS = 5.0
 
 
 class Throttled(ResourceExhausted):
@@ -158,6 +162,54 @@ class OtlpReceiver:
         if events:
             records = sum(map(len, events.values()))
             log.info("otlp log records reloaded", records=records, spans=len(events))
+
+    async def sweep_forever(self, store: Store, interval: float) -> None:
+        """`sweep` every `interval`; cancelled, it lets a sweep under way finish (a store
+        transaction cut halfway costs its connection)."""
+        while True:
+            await asyncio.sleep(interval)
+            sweeping = asyncio.ensure_future(self.sweep(store))
+            try:
+                await asyncio.shield(sweeping)
+            except asyncio.CancelledError:
+                await asyncio.wait([sweeping])
+                if not sweeping.cancelled():
+                    sweeping.exception()  # a failed sweep leaves the rows for the next start
+                raise
+            except Unavailable:
+                pass  # the store's outage is logged once by the store; the next sweep retries
+            except Exception:
+                log.exception("otlp log records sweep failed")
+
+    async def sweep(self, store: Store) -> None:
+        """Places or rejects the log events that waited their time, without waiting for an
+        export to bring their turn; first, over a shared store, takes over the parked events of
+        replicas gone (`log_parking`), which have waited their time too."""
+        after = self._parking.take_over_after
+        if after is not None:
+            now = time.time()
+            found = await store.take_over_parked_log_events(
+                self._parking.owner, round((now - after) * 1e6), round(now * 1e6)
+            )
+            if found:
+                self._join.reload(self._parking.reloaded(found))
+                self._metrics.otlp_taken_over_log_records.inc(len(found))
+                replicas = sorted({p.owner for p in found})
+                log.warning("otlp log records taken over", records=len(found), replicas=replicas)
+        placed = self._join.place([])
+        try:
+            if not placed.taken:
+                return
+            parking = self._parking.release(placed.taken_events())
+            try:
+                committed = await self._commit(placed.messages, "", parking)
+            except Unavailable:
+                self._join.unstored(placed.messages)
+                self._join.wait_again(placed.taken)
+                raise
+        finally:
+            self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
+        self._rejected_logged([*placed.rejections, *committed.refused_logged], "sweep")
 
     def drain(self) -> None:
         """From now on exports are refused as UNAVAILABLE (an exporter retries elsewhere)."""

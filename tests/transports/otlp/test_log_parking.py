@@ -33,6 +33,7 @@ from tests.support.disk import fill
 from tests.support.otlp_log_runs import LOG_RUNS, recorded_logs
 from tests.support.otlp_runs import CONVERSATION, SPEC
 from tests.support.stores import PostgresDb, StoreDb
+from tests.support.waiting import eventually
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 # The older conventions' run: every GenAI event of it waits when its logs come first.
@@ -139,9 +140,9 @@ async def test_a_parked_row_goes_when_its_event_is_placed_or_rejected_after_its_
     async with _daemon(tmp_path, store_db, otlp_log_wait_seconds=0.5) as daemon:
         await _send_logs(daemon, logs)
         assert _parked(store_db) == _events(logs)
-        await asyncio.sleep(0.6)  # their span never came: rejected with the next export
-        await _send_spans(daemon, ExportTraceServiceRequest())
-        assert _rejected(daemon, "no_span") == _events(logs)
+        # their span never came: rejected once they waited their time, no export needed
+        async with asyncio.timeout(10):  # counted once their release is committed
+            await eventually(lambda: _rejected(daemon, "no_span") == _events(logs))
         assert _parked(store_db) == 0
         assert _waiting(daemon) == 0
     async with _daemon(tmp_path, store_db) as daemon:
@@ -217,3 +218,27 @@ async def test_over_a_shared_store_each_replica_reloads_its_own_parked_events(
         await _send_spans(daemon, spans)
         assert await _stored(daemon) == CONVERSATION_STORED
     assert _parked(store_db) == 0
+
+
+async def test_a_replica_gone_leaves_its_parked_events_to_a_live_one(
+    tmp_path: Path,
+    postgres_url: str,
+    exports: tuple[ExportTraceServiceRequest, ExportLogsServiceRequest],
+) -> None:
+    """A replica that never starts again under its id (a pod replaced under a new name): once
+    its rows are held for twice the wait, a live replica takes them over and places them with
+    the spans the exporter sent it."""
+    spans, logs = exports
+    store_db = PostgresDb(postgres_url)
+    for replica in ("gone", "live"):
+        (tmp_path / replica).mkdir()
+    async with _daemon(tmp_path / "gone", store_db, replica_id="gone") as daemon:
+        await _send_logs(daemon, logs)
+    live = {"replica_id": "live", "otlp_log_wait_seconds": 0.5}
+    async with _daemon(tmp_path / "live", store_db, **live) as daemon:
+        await _send_spans(daemon, spans)
+        async with asyncio.timeout(10):
+            await eventually(lambda: _parked(store_db) == 0 and _waiting(daemon) == 0)
+        taken = daemon.metrics.otlp_taken_over_log_records._value.get()
+        assert taken == _events(logs)
+        assert sorted(await _stored(daemon)) == sorted(CONVERSATION_STORED)
