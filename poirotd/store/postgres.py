@@ -308,11 +308,17 @@ class PostgresStore(StoreReads):
 
         async def connect() -> Connection:
             conn = await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
-            await conn.execute(_IDLE_IN_TRANSACTION)
-            # Records are long texts: lz4 compresses them at a fraction of pglz's CPU. A server
-            # built without lz4, or older than PostgreSQL 14, keeps pglz.
-            with contextlib.suppress(pg_errors.InvalidParameterValue, pg_errors.UndefinedObject):
-                await conn.execute(b"SET default_toast_compression = 'lz4'")
+            try:
+                await conn.execute(_IDLE_IN_TRANSACTION)
+                # Records are long texts: lz4 compresses them at a fraction of pglz's CPU. A
+                # server built without lz4, or older than PostgreSQL 14, keeps pglz.
+                with contextlib.suppress(
+                    pg_errors.InvalidParameterValue, pg_errors.UndefinedObject
+                ):
+                    await conn.execute(b"SET default_toast_compression = 'lz4'")
+            except BaseException:  # cancelled too: the change listener of a store closing
+                await conn.close()
+                raise
             return conn
 
         writer = await connect()
