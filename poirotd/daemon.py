@@ -53,7 +53,8 @@ from poirotd.transports.mqtt import MqttInput, mqtt_input_spec
 from poirotd.transports.otlp.grpc_services import LogsService, TraceService
 from poirotd.transports.otlp.http import OtlpHttp
 from poirotd.transports.otlp.log_join import LogJoin
-from poirotd.transports.otlp.receiver import OtlpReceiver
+from poirotd.transports.otlp.log_parking import LogParking
+from poirotd.transports.otlp.receiver import SWEEP_SECONDS, OtlpReceiver
 from poirotd.transports.page.access import PageAccess
 from poirotd.transports.page.server import PageHttp
 from poirotd.transports.security.access import AccessControl
@@ -309,7 +310,11 @@ class Daemon:
                 max_waiting=s.otlp_log_wait_records,
                 wait_seconds=s.otlp_log_wait_seconds,
             ),
+            parking=_log_parking(s, store, core.runner.replica.replica_id),
         )
+        await otlp.reload(store)
+        sweep = otlp.sweep_forever(store, min(s.otlp_log_wait_seconds / 4, SWEEP_SECONDS))
+        self._background.append(asyncio.create_task(sweep, name="otlp-log-sweep"))
         denials = None
         if access is not None:
             denials = self._denials = DenialRecorder(
@@ -486,6 +491,15 @@ class Daemon:
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
+
+
+def _log_parking(settings: Settings, store: Store, replica_id: str) -> LogParking:
+    """Alone on its store, a daemon's parked log events are all its own, whatever replica id it
+    had when it parked them; a replica's are its id's, and it takes over those of replicas gone
+    (held for twice the wait: a live replica places or rejects its events within it)."""
+    if not store.shared:
+        return LogParking("")
+    return LogParking(replica_id, take_over_after=2 * settings.otlp_log_wait_seconds)
 
 
 async def _open_backend(spec: LLMSpec) -> LLMBackend:

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import sqlite3
-import subprocess
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -33,6 +30,7 @@ from poirotd.devtools.postgres import PostgresServer, server_binaries
 from poirotd.devtools.process import DaemonProcess
 from tests.support.answers import gated
 from tests.support.daemon import client_of, in_process_daemon
+from tests.support.disk import fill
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -150,33 +148,6 @@ async def test_postgres_stopped_and_started_is_an_outage_told_once(
     assert ended[0]["down_seconds"] >= 10
     assert not [line for line in lines if line["level"] == "error" and line is not began[0]]
     assert not [line for line in lines if "unreadable" in line["event"]]
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs of this test's own (mounting needs root): room for the store's file and
-    its write-ahead log (checkpointed at 4 MiB) once what fills it is deleted."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root")
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], check=True)
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Writes a file until the filesystem is full; returns it."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass  # no space left
-    finally:
-        os.close(fd)
-    return filler
 
 
 async def test_a_full_disk_under_sqlite_is_an_outage_told_once(

@@ -162,10 +162,13 @@ class Settings(BaseSettings):
     otlp_export_link_base_url: str = ""
     otlp_export_link_path: str = DEFAULT_PATH
     # OTLP logs (LogsService on grpc_port, POST /v1/logs on otlp_http_port): GenAI log events
-    # name only their span, so they wait in memory for it (and the agent's span above it), at
-    # most otlp_log_wait_seconds, then are placed with what is known or rejected (no_span);
-    # at most otlp_log_wait_records wait at once (a logs export whose events of unknown spans
-    # would pass it is throttled; keep it above the exporter's batch size). The
+    # name only their span, so they wait for it (and the agent's span above it), parked in the
+    # store so a restart loses none, at most otlp_log_wait_seconds (from their arrival, across
+    # restarts), then are placed with what is known or rejected (no_span); at most
+    # otlp_log_wait_records wait at once, those reloaded at start included (a logs export whose
+    # events of unknown spans would pass it is throttled; keep it above the exporter's batch
+    # size). Over a shared store, a replica gone leaves its parked events to a live one after
+    # twice otlp_log_wait_seconds. The
     # spans of the last otlp_log_remembered_spans exported are remembered for the events
     # exported after them.
     otlp_log_wait_seconds: float = Field(default=120.0, gt=0)

@@ -50,6 +50,7 @@ from poirotd.store import Store
 from poirotd.store.common import unknown_sessions
 from poirotd.store.faults import StoreUnreachable
 from poirotd.store.idempotency import LeftOut
+from poirotd.store.parked_logs import NO_PARKING, Parking
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +117,8 @@ class _Round:
     # Each item's idempotency key (a telemetry batch's rows carry their own).
     keys: list[ItemKey | None] = field(default_factory=list)
     events: list[HazardEvent] = field(default_factory=list)
+    # The parked log events the round's commit parks and releases (the OTLP log join's).
+    parking: Parking = NO_PARKING
     size: int = 0
     done: asyncio.Future[LeftOut] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
@@ -180,11 +183,14 @@ class IngestPipeline:
         *,
         skip_invalid: bool = False,
         keys: Sequence[ItemKey | None] = (),
+        parking: Parking = NO_PARKING,
     ) -> Admission:
         """Validates the items in order and runs the hazard rules over those admitted. An
         invalid item stops the batch there (the items before it are admitted), or with
         `skip_invalid` is left out; a telemetry batch's invalid rows are always left out.
-        `keys[i]`: item i's idempotency key, if it has one (see `poirotd.store.idempotency`)."""
+        `keys[i]`: item i's idempotency key, if it has one (see `poirotd.store.idempotency`).
+        `parking`: changes to the parked log events, committed in the items' transaction (a
+        round is committed for them even when no item is admitted)."""
         admitted: list[CommitItem] = []
         admitted_keys: list[ItemKey | None] = []
         refused: list[Refusal] = []
@@ -215,7 +221,7 @@ class IngestPipeline:
         for refusal in refused:
             kind = _KIND_LABELS[type(items[refusal.index])]
             self._metrics.ingest_refused.labels(kind, refusal.error.reason).inc()
-        durable, span = self._admit(admitted, admitted_keys)
+        durable, span = self._admit(admitted, admitted_keys, parking)
         return Admission(accepted, tuple(refused), durable, span)
 
     async def consume(
@@ -244,9 +250,9 @@ class IngestPipeline:
             await asyncio.wait([self._committer])
 
     def _admit(
-        self, items: list[CommitItem], keys: list[ItemKey | None]
+        self, items: list[CommitItem], keys: list[ItemKey | None], parking: Parking
     ) -> tuple[asyncio.Future[LeftOut], range]:
-        if not items:
+        if not items and not parking:
             done: asyncio.Future[LeftOut] = asyncio.get_running_loop().create_future()
             done.set_result(LeftOut())
             return done, range(0)
@@ -257,6 +263,7 @@ class IngestPipeline:
         span = range(len(current.items), len(current.items) + len(items))
         current.items += items
         current.keys += keys
+        current.parking += parking
         current.size += sum(len(i.rows) if isinstance(i, TelemetryBatch) else 1 for i in items)
         if self._committer is None:
             self._committer = asyncio.create_task(self._commit_rounds(), name="ingest-commit")
@@ -275,7 +282,7 @@ class IngestPipeline:
         done.add_done_callback(_retrieve)
         try:
             keys = current.keys if any(current.keys) else ()
-            left_out = await self._store.commit_ingest(current.items, keys)
+            left_out = await self._store.commit_ingest(current.items, keys, current.parking)
         except asyncio.CancelledError:
             done.cancel()
             raise

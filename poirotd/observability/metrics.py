@@ -352,7 +352,13 @@ class Metrics:
         )
         self.otlp_waiting_log_records = Gauge(
             "poirot_otlp_waiting_log_records",
-            "GenAI log events accepted and waiting for their span (held in memory)",
+            "GenAI log events accepted and waiting for their span (parked in the store; those "
+            "reloaded at start and taken over from replicas gone included)",
+            registry=r,
+        )
+        self.otlp_taken_over_log_records = Counter(
+            "poirot_otlp_taken_over_log_records_total",
+            "Parked GenAI log events this replica took over from replicas gone (a shared store)",
             registry=r,
         )
         self.http_connections = Gauge(

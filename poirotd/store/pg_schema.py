@@ -221,6 +221,23 @@ CREATE TABLE campaign_seeds (
 );
 """
 
+# SQLite schema 13: GenAI log events parked while they wait for their span (operational state,
+# not chained; `poirotd.store.parked_logs`). Each replica's rows are its own (`owner`).
+_V6 = """
+CREATE TABLE parked_log_events (
+    owner      text NOT NULL,
+    event_id   text NOT NULL,
+    trace_id   text NOT NULL,
+    span_id    text NOT NULL,
+    arrived_us bigint NOT NULL,
+    position   bigint NOT NULL,
+    record     text NOT NULL,
+    owned_us   bigint NOT NULL,
+    PRIMARY KEY (owner, event_id)
+);
+CREATE INDEX parked_log_events_by_age ON parked_log_events (owned_us);
+"""
+
 MIGRATIONS = (
     Migration(1, "the tables of SQLite schema 8 and the audit chain", _V1),
     Migration(2, "idempotency keys of ingest items (SQLite schema 9)", _V2),
@@ -232,6 +249,7 @@ MIGRATIONS = (
         _V4,
     ),
     Migration(5, "a fault campaign's seed of β and reliabilities (SQLite schema 12)", _V5),
+    Migration(6, "OTLP log events parked while they wait for their span (SQLite schema 13)", _V6),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -48,6 +48,7 @@ from poirotd.model import (
 )
 from poirotd.store.faults import StoreFaults
 from poirotd.store.idempotency import LeftOut
+from poirotd.store.parked_logs import NO_PARKING, ParkedLogEvent, Parking
 
 # Seconds an ingest item's idempotency key is kept after its commit (POIROTD_IDEMPOTENCY_WINDOW_
 # SECONDS): a copy arriving later is stored again.
@@ -185,9 +186,13 @@ class Store(Protocol):
 
     # ingest
     async def commit_ingest(
-        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+        self,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None] = (),
+        parking: Parking = NO_PARKING,
     ) -> LeftOut:
-        """Stores the batch in one transaction and returns after it is durable (the ack point).
+        """Stores the batch in one transaction and returns after it is durable (the ack point),
+        with the `parking` changes to the parked log events (`poirotd.store.parked_logs`).
         `keys[i]` is item i's idempotency key (a telemetry batch carries its rows' own): an
         item whose key the store holds, or that an earlier item of the batch has, is left out,
         and so is a message whose session and index are held. Held by the same content, it is
@@ -195,6 +200,17 @@ class Store(Protocol):
         chained) instead of the session. Returns what was left out.
         UnknownSessionError (nothing stored) when an item's session is neither stored nor
         started earlier in the batch."""
+
+    async def parked_log_events(self, owner: str) -> list[ParkedLogEvent]:
+        """The log events `owner` parked and did not release, oldest first."""
+
+    async def take_over_parked_log_events(
+        self, owner: str, owned_before_us: int, now_us: int
+    ) -> list[ParkedLogEvent]:
+        """Parks for `owner`, as owned from `now_us`, the events other owners have held since
+        before `owned_before_us` (a replica gone: a live one places or rejects its events within
+        their wait) and returns them as they were parked, oldest first; in one transaction, so
+        of replicas taking over at once each row goes to one."""
 
     def has_session(self, session_id: str) -> bool:
         """From memory: True for a session this store committed or found; False may be wrong

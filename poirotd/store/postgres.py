@@ -91,6 +91,15 @@ from poirotd.store.common import (
 from poirotd.store.faults import StoreFaults, postgres_fault
 from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
+from poirotd.store.parked_logs import (
+    NO_PARKING,
+    PARK,
+    RELEASE,
+    TAKE_OVER,
+    ParkedLogEvent,
+    Parking,
+    taken_over,
+)
 from poirotd.store.pg_changes import NOTIFY, ChangeListener
 from poirotd.store.pg_schema import CHAIN_LOCK, migrate
 from poirotd.store.port import (
@@ -299,11 +308,17 @@ class PostgresStore(StoreReads):
 
         async def connect() -> Connection:
             conn = await psycopg.AsyncConnection.connect(url, autocommit=True, **extra)
-            await conn.execute(_IDLE_IN_TRANSACTION)
-            # Records are long texts: lz4 compresses them at a fraction of pglz's CPU. A server
-            # built without lz4, or older than PostgreSQL 14, keeps pglz.
-            with contextlib.suppress(pg_errors.InvalidParameterValue, pg_errors.UndefinedObject):
-                await conn.execute(b"SET default_toast_compression = 'lz4'")
+            try:
+                await conn.execute(_IDLE_IN_TRANSACTION)
+                # Records are long texts: lz4 compresses them at a fraction of pglz's CPU. A
+                # server built without lz4, or older than PostgreSQL 14, keeps pglz.
+                with contextlib.suppress(
+                    pg_errors.InvalidParameterValue, pg_errors.UndefinedObject
+                ):
+                    await conn.execute(b"SET default_toast_compression = 'lz4'")
+            except BaseException:  # cancelled too: the change listener of a store closing
+                await conn.close()
+                raise
             return conn
 
         writer = await connect()
@@ -399,11 +414,14 @@ class PostgresStore(StoreReads):
     # ------------------------------------------------------------ ingest
 
     async def commit_ingest(
-        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+        self,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None] = (),
+        parking: Parking = NO_PARKING,
     ) -> LeftOut:
-        """Stores the batch in one transaction and returns after COMMIT (the ack point), with
-        what it left out: copies of stored items, and conflicts it set aside. The sessions
-        this process does not know are looked up in the transaction.
+        """Stores the batch and the parking changes in one transaction and returns after COMMIT
+        (the ack point), with what it left out: copies of stored items, and conflicts it set
+        aside. The sessions this process does not know are looked up in the transaction.
 
         Three round trips and the commit's flush: the lock, the head, the sessions looked up,
         the session starts and the batch's message keys (which are new); then the session ends
@@ -418,16 +436,30 @@ class PostgresStore(StoreReads):
         session and index are stored costs a round trip more (their digests)."""
         wanted = idempotency.wanted(items, keys)
         try:
-            return await self._commit(items, keys, wanted, optimistic=bool(wanted))
+            return await self._commit(items, keys, parking, wanted, optimistic=bool(wanted))
         except (_CopiesFoundError, pg_errors.UniqueViolation):
             if not wanted:
                 raise
-            return await self._commit(items, keys, wanted, optimistic=False)
+            return await self._commit(items, keys, parking, wanted, optimistic=False)
+
+    async def take_over_parked_log_events(
+        self, owner: str, owned_before_us: int, now_us: int
+    ) -> list[ParkedLogEvent]:
+        """Row locks decide between replicas taking over at once: the second one's DELETE
+        waits for the first one's commit and finds the rows gone."""
+        async with self._transaction() as (conn, _):
+            answer = await conn.execute(_placeholders(TAKE_OVER), (owner, owned_before_us))
+            found, parking = taken_over(owner, now_us, await answer.fetchall())
+            if parking:
+                async with conn.cursor() as cursor:
+                    await cursor.executemany(_placeholders(PARK), parking.park_rows())
+        return found
 
     async def _commit(
         self,
         items: Sequence[CommitItem],
         keys: Sequence[ItemKey | None],
+        parking: Parking,
         wanted: dict[str, set[int]],
         *,
         optimistic: bool,
@@ -464,6 +496,12 @@ class PostgresStore(StoreReads):
             links = await head.links()
             for table, row in stored:
                 links.append(table.kind, table.ref(row), row[-1])
+            if parking:
+                async with conn.cursor() as cursor:
+                    if parking.park:
+                        await cursor.executemany(_placeholders(PARK), parking.park_rows())
+                    if parking.release:
+                        await cursor.executemany(_placeholders(RELEASE), parking.release)
         self._sessions.update(unknown, (c.session_id for c in changes))
         return LeftOut(kept.duplicates, conflicts)
 

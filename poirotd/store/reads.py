@@ -30,6 +30,7 @@ from poirotd.store.common import (
     sessions_page,
     sessions_page_query,
 )
+from poirotd.store.parked_logs import OWNED, ParkedLogEvent, parked_from_rows
 from poirotd.store.port import SessionSummary
 from poirotd.store.records import event_from_row, from_micros
 
@@ -53,6 +54,9 @@ class StoreReads(ABC):
     @abstractmethod
     async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Runs one read statement (`?` placeholders) on the adapter's read connection."""
+
+    async def parked_log_events(self, owner: str) -> list[ParkedLogEvent]:
+        return parked_from_rows(await self._query(OWNED, (owner,)))
 
     async def get_session(self, session_id: str) -> Session | None:
         rows = await self._query("SELECT record FROM sessions WHERE session_id = ?", (session_id,))

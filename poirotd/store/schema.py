@@ -48,7 +48,9 @@ from poirotd.store.records import (
 #    them when opened.
 # 12: a fault campaign's seed of the agents' β and methods' reliabilities (`campaign_seeds`, an
 #    audited table kept apart from the confirmed reputations; a schema-11 store gains it empty).
-SCHEMA_VERSION = 12
+# 13: GenAI log events parked while they wait for their span (`parked_log_events`, operational
+#    state like a lease, not chained; a schema-12 store gains it empty when opened).
+SCHEMA_VERSION = 13
 _BUSY_TIMEOUT_MS = 5_000
 
 _SCHEMA = """
@@ -188,6 +190,18 @@ CREATE TABLE IF NOT EXISTS ingest_keys (
     PRIMARY KEY (producer, last_seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ingest_keys_by_age ON ingest_keys (stored_us);
+CREATE TABLE IF NOT EXISTS parked_log_events (
+    owner      TEXT NOT NULL,
+    event_id   TEXT NOT NULL,
+    trace_id   TEXT NOT NULL,
+    span_id    TEXT NOT NULL,
+    arrived_us INTEGER NOT NULL,
+    position   INTEGER NOT NULL,
+    record     TEXT NOT NULL,
+    owned_us   INTEGER NOT NULL,
+    PRIMARY KEY (owner, event_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS parked_log_events_by_age ON parked_log_events (owned_us);
 CREATE TABLE IF NOT EXISTS audit (
     seq       INTEGER PRIMARY KEY,
     kind      TEXT NOT NULL,

@@ -73,6 +73,15 @@ from poirotd.store.common import (
 from poirotd.store.faults import StoreFaults, sqlite_fault
 from poirotd.store.idempotency import UNKNOWN, KeyWindow, LeftOut, StoredConflict
 from poirotd.store.leases import claimed, lease_micros
+from poirotd.store.parked_logs import (
+    NO_PARKING,
+    PARK,
+    RELEASE,
+    TAKE_OVER,
+    ParkedLogEvent,
+    Parking,
+    taken_over,
+)
 from poirotd.store.port import (
     DEFAULT_IDEMPOTENCY_WINDOW,
     Admission,
@@ -284,11 +293,20 @@ class SqliteStore(StoreReads):
     # ------------------------------------------------------------ ingest
 
     async def commit_ingest(
-        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+        self,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None] = (),
+        parking: Parking = NO_PARKING,
     ) -> LeftOut:
-        """Stores the batch in one transaction and returns after COMMIT (the ack point), with
-        what it left out: copies of items already stored, and conflicts it set aside."""
-        return await self._write(_commit_ingest, items, keys, self._sessions, self._keys)
+        """Stores the batch and the parking changes in one transaction and returns after COMMIT
+        (the ack point), with what it left out: copies of items already stored, and conflicts
+        it set aside."""
+        return await self._write(_commit_ingest, items, keys, parking, self._sessions, self._keys)
+
+    async def take_over_parked_log_events(
+        self, owner: str, owned_before_us: int, now_us: int
+    ) -> list[ParkedLogEvent]:
+        return await self._write(_take_over_parked, owner, owned_before_us, now_us)
 
     def has_session(self, session_id: str) -> bool:
         self._check_open()
@@ -489,6 +507,7 @@ def _commit_ingest(
     conn: sqlite3.Connection,
     items: Sequence[CommitItem],
     keys: Sequence[ItemKey | None],
+    parking: Parking,
     sessions: set[str],
     window: KeyWindow,
 ) -> LeftOut:
@@ -530,8 +549,20 @@ def _commit_ingest(
         conflicts = _store_conflicts(conn, kept.conflicts, stored)
         for table, row in stored:
             chain.append(table.kind, table.ref(row), row[-1])
+        conn.executemany(PARK, parking.park_rows())
+        conn.executemany(RELEASE, parking.release)
     sessions.update(started)
     return LeftOut(kept.duplicates, conflicts)
+
+
+def _take_over_parked(
+    conn: sqlite3.Connection, owner: str, owned_before_us: int, now_us: int
+) -> list[ParkedLogEvent]:
+    with transaction(conn):
+        gone = conn.execute(TAKE_OVER, (owner, owned_before_us)).fetchall()
+        found, parking = taken_over(owner, now_us, gone)
+        conn.executemany(PARK, parking.park_rows())
+    return found
 
 
 def _drop_seen_keys(

@@ -29,6 +29,7 @@ from poirotd.model import (
 from poirotd.observability.metrics import Metrics
 from poirotd.store import SqliteStore
 from poirotd.store.idempotency import LeftOut
+from poirotd.store.parked_logs import NO_PARKING, Parking
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SPEC = clinic(
@@ -53,13 +54,16 @@ class GatedStore(SqliteStore):
     failures: list[Exception]
 
     async def commit_ingest(
-        self, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+        self,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None] = (),
+        parking: Parking = NO_PARKING,
     ) -> LeftOut:
         self.commits.append(list(items))
         await self.gate.wait()
         if self.failures:
             raise self.failures.pop()
-        return await super().commit_ingest(items, keys)
+        return await super().commit_ingest(items, keys, parking)
 
 
 class Opener:

@@ -30,6 +30,7 @@ from poirotd.devtools.postgres import PostgresServer, server_binaries
 from poirotd.llm.base import LLMBackend
 from poirotd.llm.scripted import ScriptedBackend
 from tests.support.daemon import client_of, in_process_daemon
+from tests.support.disk import mounted_small_disk
 from tests.support.mosquitto import Mosquitto
 from tests.support.stores import PostgresDb, SqliteDb, StoreDb
 
@@ -60,6 +61,13 @@ def postgres_url(postgres: PostgresServer) -> Iterator[str]:
     url = postgres.create_database()
     yield url
     postgres.drop_database(url)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 8 MiB of the test's own, to fill (tests/support/disk.py)."""
+    with mounted_small_disk(tmp_path / "disk") as folder:
+        yield folder
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

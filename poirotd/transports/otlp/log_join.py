@@ -10,7 +10,8 @@ names agent and conversation, `mapping.remembered`), the events waiting for thei
 `max_waiting` records, each at most `wait_seconds`; past it they are placed with what is known,
 or rejected), and, per recent session, what was stored (`MappedMessage.said`), so a message a
 span and its log records both carry, or two model calls' records repeat, is stored once.
-Waiting events are held in memory only: a daemon stopped while they wait loses them (docs).
+Waiting events are also parked in the store (`log_parking`, by the receiver, with what it
+commits): a daemon started again reloads them (`reload`), each waiting what is left of its wait.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from poirotd.transports.otlp.log_parking import WaitingEvent, waiting_events
 from poirotd.transports.otlp.log_records import ReadLogs, SpanKey
 from poirotd.transports.otlp.mapping import (
     MESSAGE_ORDER,
-    LoggedEvent,
     MappedExport,
     MappedMessage,
     ReadSpan,
@@ -40,19 +41,29 @@ _SAID_SESSIONS = 1024
 
 
 @dataclass
-class _Waiting:
+class Waiting:
+    """A span's events waiting for it."""
+
+    # When the span's first waiting event arrived (the join's clock).
     since: float
-    events: list[LoggedEvent] = field(default_factory=list)
+    # By event id: an event resent (an exporter's retry) waits once.
+    events: dict[str, WaitingEvent] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Placed:
     """What the waiting events that could be placed say (each message new to its session),
-    what was rejected, and the events taken, to wait again if the commit fails."""
+    what was rejected, and the events taken (placed or rejected: their parked rows are released
+    with the commit, or they wait again if it fails). Of a logs export, its events that wait on
+    (`waiting`: parked with the commit)."""
 
     messages: list[MappedMessage]
     rejections: list[Rejection]
-    taken: dict[SpanKey, list[LoggedEvent]]
+    taken: dict[SpanKey, Waiting]
+    waiting: dict[SpanKey, list[WaitingEvent]] = field(default_factory=dict)
+
+    def taken_events(self) -> dict[SpanKey, list[WaitingEvent]]:
+        return {key: list(w.events.values()) for key, w in self.taken.items()}
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class LogJoin:
         max_waiting: int,
         wait_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._agents = agents
         self._session_by: SessionBy = session_by
@@ -82,9 +94,10 @@ class LogJoin:
         self.max_waiting = max_waiting
         self._wait_seconds = wait_seconds
         self._clock = clock
+        self._wall_clock = wall_clock
         self._spans: OrderedDict[SpanKey, ReadSpan] = OrderedDict()
         self._by_trace: dict[str, dict[str, ReadSpan]] = {}
-        self._waiting: OrderedDict[SpanKey, _Waiting] = OrderedDict()
+        self._waiting: OrderedDict[SpanKey, Waiting] = OrderedDict()
         self._said: OrderedDict[str, set[bytes]] = OrderedDict()
         self.waiting_records = 0
 
@@ -106,9 +119,22 @@ class LogJoin:
         return Joined(messages, rejections, placed)
 
     def logs_in(self, read: ReadLogs) -> Placed:
-        """A logs export came: its events wait, and those whose span is known are placed."""
-        self.wait(read.events)
-        return self.place(read.events)
+        """A logs export came: its events wait, and those whose span is known are placed; the
+        others wait on (`Placed.waiting`)."""
+        arrived = self._wall_clock()
+        events = {key: waiting_events(key, more, arrived) for key, more in read.events.items()}
+        self.wait(events)
+        placed = self.place(events)
+        waiting = {key: more for key, more in events.items() if key in self._waiting}
+        return Placed(placed.messages, placed.rejections, placed.taken, waiting)
+
+    def reload(self, events: Mapping[SpanKey, list[WaitingEvent]]) -> None:
+        """Events parked before this daemon started wait again, each span's for what is left
+        of its wait since its first event arrived (wall clock: the monotonic clock restarts)."""
+        now, wall_now = self._clock(), self._wall_clock()
+        for key, more in events.items():
+            waited = max(0.0, wall_now - min(w.arrived for w in more))
+            self._add(key, Waiting(now - waited, {w.event_id: w for w in more}))
 
     def would_wait(self, read: ReadLogs) -> int:
         """How many of the export's events would wait: those whose span is not known yet."""
@@ -128,12 +154,21 @@ class LogJoin:
             if not trace:
                 del self._by_trace[trace_id]
 
-    def wait(self, events: Mapping[SpanKey, list[LoggedEvent]]) -> None:
+    def wait(self, events: Mapping[SpanKey, list[WaitingEvent]]) -> None:
         """The events wait for their span (and the tree above it); `place` takes them."""
         now = self._clock()
         for key, more in events.items():
-            self._waiting.setdefault(key, _Waiting(now)).events.extend(more)
-            self.waiting_records += len(more)
+            self._add(key, Waiting(now, {w.event_id: w for w in more}))
+
+    def _add(self, key: SpanKey, more: Waiting) -> None:
+        """Events join their span's waiting ones (which waited since the earlier of both)."""
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            waiting = self._waiting[key] = Waiting(more.since)
+        waiting.since = min(waiting.since, more.since)
+        before = len(waiting.events)
+        waiting.events.update(more.events)
+        self.waiting_records += len(waiting.events) - before
 
     def waiting_in(self, trace_ids: Iterable[str]) -> list[SpanKey]:
         traces = set(trace_ids)
@@ -146,7 +181,7 @@ class LogJoin:
         due = [key for key, w in self._waiting.items() if now - w.since >= self._wait_seconds]
         messages: list[MappedMessage] = []
         rejections: list[Rejection] = []
-        taken: dict[SpanKey, list[LoggedEvent]] = {}
+        taken: dict[SpanKey, Waiting] = {}
         for key in dict.fromkeys([*keys, *due]):
             waiting = self._waiting.get(key)
             if waiting is None:
@@ -156,24 +191,26 @@ class LogJoin:
             if span is None:
                 if expired:
                     detail = f"its span did not come within {self._wait_seconds:g} s"
-                    rejections += [Rejection(*key, "no_span", detail)] * len(self._take(key))
+                    taken[key] = self._take(key)
+                    rejections += [Rejection(*key, "no_span", detail)] * len(waiting.events)
                 continue
             tree = SpanTree(list(self._by_trace[span.trace_id].values()), self._session_by)
             if not expired and not settled(span, tree, self._agents):
                 continue
-            events = self._take(key)
+            taken[key] = self._take(key)
+            events = [w.event for w in waiting.events.values()]
             said, rejection = map_logged(span, events, tree, self._agents)
             if rejection is not None:
                 rejections += [rejection] * len(events)
-            else:
-                taken[key] = events
             messages += said
         messages.sort(key=MESSAGE_ORDER)  # the earliest of a message said twice is kept
         return Placed(self.new(messages), rejections, taken)
 
-    def wait_again(self, taken: Mapping[SpanKey, list[LoggedEvent]]) -> None:
-        """Events placed for a commit that failed: they wait as if never taken."""
-        self.wait(taken)
+    def wait_again(self, taken: Mapping[SpanKey, Waiting]) -> None:
+        """Events taken for a commit that failed: they wait as if never taken (since they
+        first did; a rejection is made again, and counted, with a commit that succeeds)."""
+        for key, waiting in taken.items():
+            self._add(key, waiting)
 
     def new(self, messages: Sequence[MappedMessage]) -> list[MappedMessage]:
         """The messages their session has not stored yet (each noted as stored now)."""
@@ -198,10 +235,10 @@ class LogJoin:
             if said is not None:
                 said.discard(m.said())
 
-    def _take(self, key: SpanKey) -> list[LoggedEvent]:
-        events = self._waiting.pop(key).events
-        self.waiting_records -= len(events)
-        return events
+    def _take(self, key: SpanKey) -> Waiting:
+        waiting = self._waiting.pop(key)
+        self.waiting_records -= len(waiting.events)
+        return waiting
 
     def _session(self, session_id: str) -> set[bytes]:
         said = self._said.get(session_id)

@@ -3,7 +3,8 @@ with an export: map its spans, or its GenAI log events joined to their spans (lo
 agent messages, number them in their sessions, start the sessions that are new, hand them to the
 ingest pipeline and answer once they are durable, with the spans or log records that could not
 be placed in OTLP's partial_success (a log record that waits for its span is answered as
-accepted; if it is rejected later, only the metrics tell).
+accepted once it is parked in the store, in the commit of what the export placed; if it is
+rejected later, only the metrics tell).
 
 Sessions: a session the store does not have is started (system, the time of its first message,
 labels input=otlp and the trace id) in the same batch as its first messages. Numbering: the
@@ -21,6 +22,8 @@ anything of it is admitted, so the exporter resends all of it.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,7 +45,10 @@ from poirotd.errors import ResourceExhausted, Unavailable
 from poirotd.ingest.pipeline import IngestPipeline, Refusal
 from poirotd.model import CommitItem, validate_agent_message
 from poirotd.observability.metrics import Metrics
+from poirotd.store import Store
+from poirotd.store.parked_logs import Parking
 from poirotd.transports.otlp.log_join import LogJoin
+from poirotd.transports.otlp.log_parking import LogParking
 from poirotd.transports.otlp.log_records import LOG_REJECT_REASONS, read_logs
 from poirotd.transports.otlp.mapping import (
     REJECT_REASONS,
@@ -58,6 +64,8 @@ log = structlog.get_logger(__name__)
 TRANSPORTS = ("grpc", "http")
 # What a throttled exporter is told to wait before it resends.
 RETRY_AFTER_SECONDS = 1
+# How often at most log events that waited their time are placed or rejected without an export.
+SWEEP_SECONDS = 5.0
 
 
 class Throttled(ResourceExhausted):
@@ -124,6 +132,7 @@ class OtlpReceiver:
         session_by: SessionBy,
         max_pending: int,
         join: LogJoin,
+        parking: LogParking,
     ) -> None:
         self._agents = spec.agents_by_alias()
         self._pipeline = pipeline
@@ -134,6 +143,7 @@ class OtlpReceiver:
         self._indexes = pipeline.indexes
         self._sessions = pipeline.implicit_sessions("otlp")
         self._join = join
+        self._parking = parking
         self._pending = 0
         self._draining = False
         for transport in TRANSPORTS:
@@ -143,6 +153,63 @@ class OtlpReceiver:
             metrics.otlp_rejected_spans.labels(reason)
         for reason in LOG_REJECT_REASONS:
             metrics.otlp_rejected_log_records.labels(reason)
+
+    async def reload(self, store: Store) -> None:
+        """The log events this daemon parked and had not placed when it stopped wait again."""
+        events = self._parking.reloaded(await store.parked_log_events(self._parking.owner))
+        self._join.reload(events)
+        self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
+        if events:
+            records = sum(map(len, events.values()))
+            log.info("otlp log records reloaded", records=records, spans=len(events))
+
+    async def sweep_forever(self, store: Store, interval: float) -> None:
+        """`sweep` every `interval`; cancelled, it lets a sweep under way finish (a store
+        transaction cut halfway costs its connection)."""
+        while True:
+            await asyncio.sleep(interval)
+            sweeping = asyncio.ensure_future(self.sweep(store))
+            try:
+                await asyncio.shield(sweeping)
+            except asyncio.CancelledError:
+                await asyncio.wait([sweeping])
+                if not sweeping.cancelled():
+                    sweeping.exception()  # a failed sweep leaves the rows for the next start
+                raise
+            except Unavailable:
+                pass  # the store's outage is logged once by the store; the next sweep retries
+            except Exception:
+                log.exception("otlp log records sweep failed")
+
+    async def sweep(self, store: Store) -> None:
+        """Places or rejects the log events that waited their time, without waiting for an
+        export to bring their turn; first, over a shared store, takes over the parked events of
+        replicas gone (`log_parking`), which have waited their time too."""
+        after = self._parking.take_over_after
+        if after is not None:
+            now = time.time()
+            found = await store.take_over_parked_log_events(
+                self._parking.owner, round((now - after) * 1e6), round(now * 1e6)
+            )
+            if found:
+                self._join.reload(self._parking.reloaded(found))
+                self._metrics.otlp_taken_over_log_records.inc(len(found))
+                replicas = sorted({p.owner for p in found})
+                log.warning("otlp log records taken over", records=len(found), replicas=replicas)
+        placed = self._join.place([])
+        try:
+            if not placed.taken:
+                return
+            parking = self._parking.release(placed.taken_events())
+            try:
+                committed = await self._commit(placed.messages, "", parking)
+            except Unavailable:
+                self._join.unstored(placed.messages)
+                self._join.wait_again(placed.taken)
+                raise
+        finally:
+            self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
+        self._rejected_logged([*placed.rejections, *committed.refused_logged], "sweep")
 
     def drain(self) -> None:
         """From now on exports are refused as UNAVAILABLE (an exporter retries elsewhere)."""
@@ -163,8 +230,9 @@ class OtlpReceiver:
         self._throttle(len(mapped.messages))
         joined = self._join.spans_in(spans, mapped)
         placed = joined.placed
+        parking = self._parking.release(placed.taken_events())
         try:
-            committed = await self._commit(joined.messages, caller)
+            committed = await self._commit(joined.messages, caller, parking)
         except Unavailable:
             self._join.unstored(joined.messages)
             self._join.wait_again(placed.taken)
@@ -183,8 +251,8 @@ class OtlpReceiver:
         self, request: ExportLogsServiceRequest, transport: str, caller: str = ""
     ) -> LogsExportResult:
         """As `export`, for a logs export: its GenAI events whose span is known are stored
-        before the answer; the others wait for their span (log_join) and are answered as
-        accepted."""
+        before the answer; the others wait for their span (log_join), parked in the store in
+        the same commit, and are answered as accepted."""
         if self._draining:
             raise Unavailable("the daemon is draining", reason="draining")
         read = read_logs(request)
@@ -197,8 +265,9 @@ class OtlpReceiver:
             )
         self._throttle(sum(map(len, read.events.values())))
         placed = self._join.logs_in(read)
+        parking = self._parking.park(placed.waiting) + self._parking.release(placed.taken_events())
         try:
-            committed = await self._commit(placed.messages, caller)
+            committed = await self._commit(placed.messages, caller, parking)
         except Unavailable:
             self._join.unstored(placed.messages)
             self._join.wait_again(placed.taken)
@@ -218,11 +287,15 @@ class OtlpReceiver:
                 f"{self._max_pending}); retry in {RETRY_AFTER_SECONDS} s"
             )
 
-    async def _commit(self, messages: Sequence[MappedMessage], caller: str) -> _Committed:
+    async def _commit(
+        self, messages: Sequence[MappedMessage], caller: str, parking: Parking
+    ) -> _Committed:
         await self._indexes.learn(m.session_id for m in messages)
         items, sources = self._numbered(messages)
         keys = [None if source is None else source.key(caller) for source in sources]
-        admission = self._pipeline.accept(items, self._scope, skip_invalid=True, keys=keys)
+        admission = self._pipeline.accept(
+            items, self._scope, skip_invalid=True, keys=keys, parking=parking
+        )
         self._pending += len(items)
         try:
             await admission.wait()

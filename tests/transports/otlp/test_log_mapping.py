@@ -19,6 +19,7 @@ from poirotd.devtools.otlp_runs import CONVERSATION, DIAGNOSIS, PLAN, SPEC, TRAC
 from poirotd.model import MessageKind
 from poirotd.transports.otlp.http import JSON, PROTOBUF, _decode
 from poirotd.transports.otlp.log_join import LogJoin
+from poirotd.transports.otlp.log_parking import LogParking
 from poirotd.transports.otlp.log_records import read_logs
 from poirotd.transports.otlp.mapping import MappedMessage, Rejection, map_spans, read_spans
 from tests.support.otlp_log_runs import LOG_RUNS, recorded_logs
@@ -38,7 +39,7 @@ class Clock:
         return self.now
 
 
-def _join(clock: Clock | None = None) -> LogJoin:
+def _join(clock: Clock | None = None, wall_clock: Clock | None = None) -> LogJoin:
     return LogJoin(
         AGENTS,
         "conversation",
@@ -46,6 +47,7 @@ def _join(clock: Clock | None = None) -> LogJoin:
         max_waiting=1000,
         wait_seconds=60,
         clock=clock or Clock(),
+        wall_clock=wall_clock or Clock(),
     )
 
 
@@ -187,6 +189,68 @@ def test_events_whose_span_never_comes_are_rejected_once_they_waited_their_time(
     placed = join.place([])
     assert [r.reason for r in placed.rejections] == ["no_span"] * read.records
     assert join.waiting_records == 0
+
+
+def test_parked_events_reloaded_wait_what_is_left_of_their_wait_and_are_placed_alike() -> None:
+    """A join started again reloads what the one before parked (as the store reads it back:
+    JSON, in arrival order): each span's events wait from their arrival on the wall clock (the
+    monotonic clock of the new process starts elsewhere), and once their spans come they say
+    what they would have said to the join that received them."""
+    spans, logs = _spans("genai_events"), _logs("genai_events", "protobuf")
+    parking = LogParking("")
+    wall = Clock()
+    wall.now = 1_000.0
+    placed = _join(wall_clock=wall).logs_in(read_logs(logs))
+    assert not placed.messages and not placed.taken
+    rows = parking.park(placed.waiting).park
+    assert len(rows) == read_logs(logs).records
+    assert {row.arrived_us for row in rows} == {1_000_000_000}
+
+    def reloaded(monotonic: float, wall_now: float) -> tuple[LogJoin, Clock]:
+        clock, wall_then = Clock(), Clock()
+        clock.now, wall_then.now = monotonic, wall_now
+        join = _join(clock, wall_then)
+        join.reload(parking.reloaded(rows))
+        return join, clock
+
+    join, clock = reloaded(5_000.0, 1_050.0)  # stopped for 50 s of the 60 they may wait
+    assert join.waiting_records == len(rows)
+    clock.now = 5_009.0
+    assert not join.place([]).rejections
+    clock.now = 5_010.0
+    assert [r.reason for r in join.place([]).rejections] == ["no_span"] * len(rows)
+    join, _ = reloaded(0.0, 1_001.0)
+    read = read_spans(spans)
+    joined = join.spans_in(read, map_spans(read, AGENTS, session_by="conversation"))
+    whole, _, _ = _received(_join(), spans, logs, "logs_first")
+    assert [m.key() for m in joined.messages] == [m.key() for m in whole]
+    assert join.waiting_records == 0
+
+
+def test_a_resent_logs_export_waits_once_and_is_parked_as_the_same_events() -> None:
+    join, parking = _join(), LogParking("")
+    read = read_logs(_logs("genai", "protobuf"))
+    first = parking.park(join.logs_in(read).waiting)
+    again = parking.park(join.logs_in(read).waiting)
+    assert join.waiting_records == read.records
+    assert [row.event_id for row in again.park] == [row.event_id for row in first.park]
+    assert len({row.event_id for row in first.park}) == read.records
+
+
+def test_events_taken_for_a_commit_that_failed_wait_again_since_they_first_did() -> None:
+    """Their rejection after their wait, refused with its commit, is made again (and counted)
+    with the next commit; the rows it releases are theirs."""
+    clock = Clock()
+    join = _join(clock)
+    read = read_logs(_logs("genai", "protobuf"))
+    parked = LogParking("").park(join.logs_in(read).waiting)
+    clock.now = 60.0
+    rejected = join.place([])
+    released = LogParking("").release(rejected.taken_events())
+    assert sorted(e for _, e in released.release) == sorted(r.event_id for r in parked.park)
+    join.wait_again(rejected.taken)
+    assert join.waiting_records == read.records
+    assert len(join.place([]).rejections) == read.records
 
 
 def test_a_record_outside_any_span_is_rejected_and_other_logs_are_passed_over() -> None:
