@@ -188,22 +188,35 @@ async def test_replicas_run_each_deferred_hazard_once(tmp_path: Path, postgres_u
 async def test_a_replica_that_lost_its_lease_stops_and_writes_nothing_more(
     tmp_path: Path, postgres_url: str
 ) -> None:
-    backends = [_slow(0.3), _slow(0.3)]
+    # Every model call waits for the gate, so the run cannot end before it is stolen (under
+    # load it used to: the holder renewed its lease before the other replica's poll saw it
+    # expire, and finished).
+    gate = asyncio.Event()
+    backends = [gated(gate), gated(gate)]
     db = PostgresDb(postgres_url)
+    owner = "SELECT lease_owner FROM investigations WHERE investigation_id = ?"
     async with _replicas(tmp_path, postgres_url, backends, lease_seconds=0.6) as (a, b):
         to_a = a.client
         assert await to_a.send(session(3)) == 4
         queued = await to_a.trigger("s1", "stolen")
         iid = queued.investigation_id
         await _running(db, iid)
-        (holder,) = await db.aquery(
-            "SELECT lease_owner FROM investigations WHERE investigation_id = ?", iid
-        )
-        # As if the holder had stalled past its lease: another replica claims the investigation.
-        await db.aquery(
-            "UPDATE investigations SET lease_until_us = 0 WHERE investigation_id = ? RETURNING 1",
-            iid,
-        )
+        (holder,) = await db.aquery(owner, iid)
+
+        async def stolen() -> bool:
+            """As if the holder had stalled past its lease: expired (again, should the holder
+            have renewed it meanwhile) until another replica claims the investigation."""
+            await db.aquery(
+                "UPDATE investigations SET lease_until_us = 0 "
+                "WHERE investigation_id = ? AND lease_owner = ? RETURNING 1",
+                iid,
+                holder[0],
+            )
+            return await db.aquery(owner, iid) != [holder]
+
+        async with asyncio.timeout(30):
+            await eventually(stolen)
+        gate.set()
         events = [e async for e in to_a.watch(iid)]
         assert events[-1].HasField("attribution_ready")
         stalled, other = (a, b) if holder == ("a",) else (b, a)
