@@ -84,7 +84,9 @@ def listed(values: Sequence[float]) -> str:
 
 def reflow(text: str, width: int = 100) -> str:
     """Re-wraps the prose paragraphs and bullets (figures made their lines ragged); tables,
-    headings and markers stay as they are."""
+    headings and markers stay as they are (a marker right under a paragraph is set apart from
+    it first, or the paragraph would swallow it)."""
+    text = re.sub(r"(?<=[^\n])\n(<!-- [^\n]* -->)$", r"\n\n\1", text, flags=re.M)
     blocks = []
     for block in text.split("\n\n"):
         if block.startswith(("|", "#", "<!--")):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.demo import DemoRun
-from bench.report import begin_marker, end_marker
+from bench.report import begin_marker, end_marker, reflow
 from bench.sections.demo import render
 
 
@@ -35,3 +35,8 @@ def test_each_run_shows_wall_over_busy_and_over_floor() -> None:
     assert "**1.07x** | **2.94x**" in first and "6 calls, 9000 + 1300 tokens" in first
     assert "succeeded" in first
     assert "**n/a** | **n/a**" in second, "a run without speeds has no ratio"
+
+
+def test_the_published_section_keeps_its_end_marker_whole() -> None:
+    text = reflow(render([_run(235.0, 220.0, 80.0)]))
+    assert text.splitlines()[-1] == end_marker("bench.demo")
