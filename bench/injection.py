@@ -62,6 +62,7 @@ from poirotd.protocol.errors import ProtocolError
 from poirotd.protocol.events import ProtocolEvent
 from poirotd.protocol.method import Case, Method
 from poirotd.protocol.poirot.hazard_space import pinned_hazard_space
+from poirotd.protocol.poirot.prompts import self_assessment
 from poirotd.protocol.run import RunContext
 from poirotd.protocol.spotlight import VERBATIM, Spotlight
 
@@ -214,10 +215,10 @@ def token_overhead(backend: EmbeddedBackend, draws: int = 8) -> dict[str, dict[s
         for spotlight in spotlights:
             for agent in spec.agents:
                 view = [m for m in session if prompts.in_view(agent.id, m)]
-                task = ChatMessage(role="user", content=prompts.self_assessment(spec, agent.id))
+                task = ChatMessage(role="user", content=self_assessment(spec, agent.id))
                 prefix = prompts.agent_prefix(agent, view, incident, spotlight)
                 requests.setdefault(agent.id, []).append([*prefix, task])
-            request = prompts.baseline_request(spec, _space(spec), session, incident, spotlight)
+            request = baseline.baseline_request(spec, _space(spec), session, incident, spotlight)
             requests.setdefault("baseline", []).append(request)
         tokens[mode] = {
             name: round(sum(map(backend.count_tokens, drawn)) / len(drawn))

@@ -1,8 +1,9 @@
 """What the methods whose LLM judges a session from outside share (ECHO's analysts, ErrorProbe's
 roles): the confidence levels they answer in, the prompt sections that describe the system, the
 regions a fault may be blamed on and the incident, and the request around them. Like POIROT's
-prompts (prompts.py), every untrusted text is quoted with the investigation's `Spotlight`, under
-headers built outside the quotes, and the system turn carries the spotlight's notice.
+prompts (poirot/prompts.py), every untrusted text is quoted with the investigation's
+`Spotlight`, under headers built outside the quotes, and the system turn carries the
+spotlight's notice.
 
 Likelihoods and confidences are decoded from eleven levels (0.0, 0.1, ... 1.0): llama.cpp's
 grammar converter enforces no numeric range, and a level is all a consensus or a gate needs.

@@ -38,6 +38,7 @@ from poirotd.protocol.method import Case, Method, MethodResult, require_a_vote
 from poirotd.protocol.poirot.hazard_space import HazardSpaceCache, resolve_hazard_space
 from poirotd.protocol.poirot.interrogation import closing_request, interrogate, one_more_round
 from poirotd.protocol.poirot.peer_tools import tools_text
+from poirotd.protocol.poirot.prompts import interrogation_opening, self_assessment
 from poirotd.protocol.poirot.self_assessment import self_assess
 from poirotd.protocol.prompts import Incident
 from poirotd.protocol.run import RunContext
@@ -197,11 +198,11 @@ class InvestigationEngine:
         spec, limits = self._spec, self._spec.protocol
         views = {}
         for agent in spec.agents:
-            task = [ChatMessage(role="user", content=prompts.self_assessment(spec, agent.id))]
+            task = [ChatMessage(role="user", content=self_assessment(spec, agent.id))]
             opening = [
                 ChatMessage(
                     role="user",
-                    content=prompts.interrogation_opening(spec, space, {}, agent.id, spotlight),
+                    content=interrogation_opening(spec, space, {}, agent.id, spotlight),
                 )
             ]
             # Steps the agent's votes may name: at most every session index.

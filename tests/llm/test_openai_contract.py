@@ -28,11 +28,11 @@ from poirotd.config import OpenAILLMSpec
 from poirotd.llm.base import ChatMessage, LLMError, ToolCall
 from poirotd.llm.openai_http import OpenAIBackend
 from poirotd.model import Phase
-from poirotd.protocol import prompts
 from poirotd.protocol.events import ProtocolEvent
 from poirotd.protocol.poirot.peer_tools import turn_tools
+from poirotd.protocol.poirot.prompts import invalid_tool_call
+from poirotd.protocol.poirot.schemas import AskAction, VoteAction
 from poirotd.protocol.run import CallSite, RunContext
-from poirotd.protocol.schemas import AskAction, VoteAction
 from tests.support.llama_server import serve_llama
 
 # The first test of each server also starts llama.cpp's server. The slowest took 5.4 s on a quiet
@@ -249,7 +249,7 @@ async def test_one_consultation_turn_over_tool_calls(tool_server: str) -> None:
             turn_tools(["planner", "monitor"], 5, set()),
             max_tokens=256,
             retries=2,
-            repair=prompts.invalid_tool_call,
+            repair=invalid_tool_call,
         )
     finally:
         await backend.aclose()

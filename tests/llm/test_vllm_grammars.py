@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from poirotd.protocol.schemas import InvalidAnswerError, vote_format
+from poirotd.protocol.poirot.schemas import vote_format
+from poirotd.protocol.schemas import InvalidAnswerError
 from tests.support.data import DATA, RUNS
 from tests.support.json_answers import answers, near_misses, plain, texts
 from tests.support.request_formats import RequestFormat, all_formats, rejects

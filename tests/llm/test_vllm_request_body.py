@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from poirotd.protocol.poirot.peer_tools import turn_tools
-from poirotd.protocol.schemas import vote_format
+from poirotd.protocol.poirot.schemas import vote_format
 from tests.support.answers import chat_body
 from tests.support.openai_server import Reply, ScriptedServer, complete, make_spec
 from tests.support.vllm_grammars import VLLM_VERSION

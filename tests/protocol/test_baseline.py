@@ -10,7 +10,7 @@ import pytest
 from poirotd.llm.base import ChatMessage, Completion, LLMError, Tool
 from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import AgentMessage, MessageKind, Phase
-from poirotd.protocol import prompts
+from poirotd.protocol.baseline import baseline_request
 from poirotd.protocol.context_budget import shorten
 from poirotd.protocol.engine import InvestigationEngine, ProtocolOutcome
 from poirotd.protocol.errors import ProtocolError
@@ -68,7 +68,7 @@ async def test_baseline_is_one_call_over_the_full_session() -> None:
     assert [m.role for m in call.messages] == ["system", "user"]
     spotlight = spotlight_of(world)
     assert call.messages == tuple(
-        prompts.baseline_request(
+        baseline_request(
             make_spec(), outcome.hazard_space, SESSION, Incident("fall alarm"), spotlight
         )
     )

@@ -23,8 +23,14 @@ from poirotd.protocol.events import (
     VoteCast,
 )
 from poirotd.protocol.poirot.interrogation import closing_request, one_more_round
+from poirotd.protocol.poirot.prompts import EMPTY_ANSWER_RETRY
+from poirotd.protocol.poirot.schemas import (
+    hazard_space_format,
+    report_format,
+    turn_format,
+    vote_format,
+)
 from poirotd.protocol.prompts import Incident
-from poirotd.protocol.schemas import hazard_space_format, report_format, turn_format, vote_format
 from poirotd.protocol.spotlight import MARK
 from tests.support.protocol import (
     AGENTS,
@@ -158,7 +164,7 @@ async def test_empty_answers_are_retried_three_times() -> None:
 
     answers = world.calls("answer", "chief")  # doctor asks chief once
     assert len(answers) == 1 + 3
-    assert all(a[-1].content == prompts.EMPTY_ANSWER_RETRY for a in answers[1:])
+    assert all(a[-1].content == EMPTY_ANSWER_RETRY for a in answers[1:])
     assert answers[1][-2] == ChatMessage(role="assistant", content="")
     forced = world.calls("vote", "doctor")[0]
     assert "Chief of Rehabilitation (id: chief) gave no answer" in forced[-2].content

@@ -20,11 +20,11 @@ from poirotd.config.spec import EmbeddedLLMSpec, SystemSpec
 from poirotd.devtools.answers import fill
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.protocol import prompts
 from poirotd.protocol.events import ProtocolEvent
 from poirotd.protocol.poirot.hazard_space import resolve_hazard_space, space_from_answer
+from poirotd.protocol.poirot.prompts import hazard_space_request
+from poirotd.protocol.poirot.schemas import hazard_space_format
 from poirotd.protocol.run import RunContext
-from poirotd.protocol.schemas import hazard_space_format
 from tests.support.daemon import client_of, in_process_daemon
 from tests.support.protocol import MemoryCache
 
@@ -274,4 +274,4 @@ def test_the_cache_key_covers_the_sub_region_bounds_phase_one_is_told() -> None:
         update={"protocol": SPEC.protocol.model_copy(update={"max_sub_regions": 1})}
     )
     assert tighter.description_version() != SPEC.description_version()
-    assert "at most 2 per component and 3 in all" in prompts.hazard_space_request(SPEC)[1].content
+    assert "at most 2 per component and 3 in all" in hazard_space_request(SPEC)[1].content

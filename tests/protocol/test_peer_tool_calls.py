@@ -12,7 +12,6 @@ from poirotd.config.spec import OpenAILLMSpec, SystemSpec
 from poirotd.devtools.answers import fill
 from poirotd.llm.base import ChatMessage, Completion, Tool, ToolCall
 from poirotd.llm.scripted import ScriptedBackend, ToolReply
-from poirotd.protocol import prompts
 from poirotd.protocol.events import ExchangeDone
 from poirotd.protocol.poirot.interrogation import closing_request, one_more_round
 from poirotd.protocol.poirot.peer_tools import (
@@ -22,7 +21,9 @@ from poirotd.protocol.poirot.peer_tools import (
     turn_tools,
     uses_tools,
 )
-from poirotd.protocol.schemas import AskAction, InvalidAnswerError, VoteAction, vote_format
+from poirotd.protocol.poirot.prompts import invalid_tool_call
+from poirotd.protocol.poirot.schemas import AskAction, VoteAction, vote_format
+from poirotd.protocol.schemas import InvalidAnswerError
 from tests.support.protocol import (
     AGENTS,
     EXO,
@@ -186,7 +187,7 @@ async def test_invalid_tool_arguments_are_repaired_as_the_calls_result() -> None
     rejected, result = repair[-2:]
     assert rejected.tool_calls == (call(VOTE_TOOL, VOTE | {"location": [0, 1]}, n=1),)
     assert result.role == "tool" and result.tool_call_id == "call_cast_vote_1"
-    assert result.content == prompts.invalid_tool_call(
+    assert result.content == invalid_tool_call(
         "location must have exactly 4 entries (one per region), got 2"
     )
     assert repair[:-2] == first
@@ -215,7 +216,7 @@ async def test_unknown_tool_and_plain_text_end_in_abstention_never_zeros() -> No
     )
     assert repairs[0][-2:] == (
         ChatMessage(role="assistant", content="The exoskeleton did it."),
-        ChatMessage(role="user", content=prompts.invalid_tool_call(called_none)),
+        ChatMessage(role="user", content=invalid_tool_call(called_none)),
     )
     assert repairs[1][-2].tool_calls == (call("shout", {}),)
     assert repairs[1][-1].role == "tool" and repairs[1][-1].tool_call_id == "call_shout_0"

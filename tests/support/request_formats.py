@@ -26,14 +26,13 @@ from poirotd.protocol.errorprobe.schemas import (
     verdict_format,
 )
 from poirotd.protocol.poirot.peer_tools import turn_tools
-from poirotd.protocol.schemas import (
-    AnswerFormat,
-    InvalidAnswerError,
+from poirotd.protocol.poirot.schemas import (
     hazard_space_format,
     report_format,
     turn_format,
     vote_format,
 )
+from poirotd.protocol.schemas import AnswerFormat, InvalidAnswerError
 from tests.support.vllm_grammars import required_tool_schema
 
 

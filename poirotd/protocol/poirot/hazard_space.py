@@ -22,11 +22,11 @@ import structlog
 
 from poirotd.config.spec import SystemSpec, is_slug
 from poirotd.model import DroppedRegion, DropReason, HazardRegion, HazardSpace, Phase
-from poirotd.protocol import prompts
 from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.events import HazardSpaceBuilt
+from poirotd.protocol.poirot import prompts
+from poirotd.protocol.poirot.schemas import HazardSpaceAnswer, hazard_space_format
 from poirotd.protocol.run import CallSite, RunContext
-from poirotd.protocol.schemas import HazardSpaceAnswer, hazard_space_format
 
 log = structlog.get_logger(__name__)
 

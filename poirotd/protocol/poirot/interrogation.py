@@ -28,13 +28,12 @@ import structlog
 from poirotd.config.spec import ProtocolSpec, SystemSpec
 from poirotd.llm.base import ChatMessage, replies_to
 from poirotd.model import ForcedBy, HazardSpace, Phase, Vote
-from poirotd.protocol import prompts
 from poirotd.protocol.aggregation import weigh
 from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.events import VoteCast
+from poirotd.protocol.poirot import prompts
 from poirotd.protocol.poirot.peer_tools import tools_text, turn_tools, uses_tools
-from poirotd.protocol.run import CallSite, RunContext, concurrently
-from poirotd.protocol.schemas import (
+from poirotd.protocol.poirot.schemas import (
     FREE_TEXT,
     AskAction,
     SelfReport,
@@ -42,6 +41,7 @@ from poirotd.protocol.schemas import (
     turn_format,
     vote_format,
 )
+from poirotd.protocol.run import CallSite, RunContext, concurrently
 from poirotd.protocol.spotlight import Spotlight
 
 log = structlog.get_logger(__name__)

@@ -15,15 +15,15 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from poirotd.config.spec import OpenAILLMSpec, SystemSpec
 from poirotd.llm.base import Completion, Tool, ToolCall
-from poirotd.protocol.schemas import (
+from poirotd.protocol.poirot.schemas import (
     QUESTION_MAX,
     AskAction,
-    InvalidAnswerError,
     VoteAction,
     peer_tool,
     turn_format,
     vote_format,
 )
+from poirotd.protocol.schemas import InvalidAnswerError
 
 T = TypeVar("T")
 

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from poirotd.config.spec import SystemSpec
 from poirotd.llm.base import ChatMessage
 from poirotd.model import Phase
-from poirotd.protocol import prompts
 from poirotd.protocol.errors import AnswerFailedError
 from poirotd.protocol.events import ReportFiled
+from poirotd.protocol.poirot import prompts
+from poirotd.protocol.poirot.schemas import SelfReport, report_format
 from poirotd.protocol.run import CallSite, RunContext, concurrently
-from poirotd.protocol.schemas import SelfReport, report_format
 
 
 async def self_assess(
