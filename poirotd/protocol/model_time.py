@@ -1,12 +1,15 @@
 """The model-time floor: how much of an investigation's wall time the model's calls force.
 
-Each call is recorded with the calls it waited for (`CallTiming.after`: the last calls of the
-code path that made it, joined where concurrent branches meet, see run.py). The critical path is
-the costliest chain through that graph; its cost is what the chain's tokens take at the speeds
-the run's own calls showed. Speeds are measured on each call's exclusive time (the part of its
-interval no earlier-ending call covers): on a backend that serves one call at a time (the
-embedded one) that is its service time, not its wait in the queue; on a server that batches, it
-understates a call's time, so the floor errs low, never flattering the wall time against it.
+Each call is recorded with the calls it waited for (`CallTiming.after`: the last calls of the code
+path that made it, joined where concurrent branches meet, see run.py). The critical path is the
+costliest chain through that graph; its cost is what the chain's tokens take at the speeds the run's
+own calls showed. The floor is that cost, or, on a backend that serves at most n calls at once,
+every call's cost over n when that is more: a backend serving one call at a time (the embedded one)
+cannot finish the calls sooner than one after the other, however they depend. Speeds are measured on
+each call's exclusive time (the part of its interval no earlier-ending call covers): on a backend
+that serves one call at a time (the embedded one) that is its service time, not its wait in the
+queue; on a server that batches, it understates a call's time, so the floor errs low, never
+flattering the wall time against it.
 """
 
 from __future__ import annotations
@@ -32,14 +35,20 @@ class CallTiming:
     end: float
 
 
-def model_time(calls: Sequence[CallTiming], wall_seconds: float) -> ModelTime:
-    """The summary the investigation record keeps (ModelTime)."""
+def model_time(
+    calls: Sequence[CallTiming], wall_seconds: float, serves_at_once: int | None = None
+) -> ModelTime:
+    """The summary the investigation record keeps (ModelTime). `serves_at_once`: how many calls
+    the backend runs side by side (None: as many as come)."""
+    at_once = serves_at_once or 0
     if not calls:
-        return ModelTime(wall_seconds=wall_seconds)
+        return ModelTime(wall_seconds=wall_seconds, serves_at_once=at_once)
     exclusive = _exclusive_seconds(calls)
     prefill, decode = _speeds(calls, exclusive)
     cost = {c.seq: _cost(c, prefill, decode) for c in calls}
     path = _critical_path(calls, cost)
+    critical = sum(cost[c.seq] for c in path)
+    one_by_one = sum(cost.values()) / at_once if at_once else 0.0
     return ModelTime(
         wall_seconds=wall_seconds,
         busy_seconds=sum(exclusive.values()),
@@ -48,7 +57,9 @@ def model_time(calls: Sequence[CallTiming], wall_seconds: float) -> ModelTime:
         critical_path_completion_tokens=sum(c.completion_tokens for c in path),
         prefill_tokens_per_second=prefill,
         decode_tokens_per_second=decode,
-        floor_seconds=sum(cost[c.seq] for c in path),
+        critical_path_seconds=critical,
+        serves_at_once=at_once,
+        floor_seconds=max(critical, one_by_one),
     )
 
 
