@@ -54,6 +54,7 @@ class DemoRun:
     critical_path_completion_tokens: int
     prefill_tokens_per_second: float
     decode_tokens_per_second: float
+    per_call_seconds: float
     load_average: float
 
 
@@ -81,6 +82,7 @@ def run_once() -> DemoRun:
         critical_path_completion_tokens=timed.critical_path_completion_tokens,
         prefill_tokens_per_second=timed.prefill_tokens_per_second,
         decode_tokens_per_second=timed.decode_tokens_per_second,
+        per_call_seconds=timed.per_call_seconds,
         load_average=os.getloadavg()[0],
     )
 

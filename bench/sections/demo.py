@@ -32,7 +32,8 @@ def _row(r: DemoRun) -> str:
         f"{r.critical_path_seconds:.0f} s ({r.critical_path_calls} calls, "
         f"{r.critical_path_prompt_tokens} + {r.critical_path_completion_tokens} tokens)",
         f"{_ratio(r.wall_seconds, r.critical_path_seconds)}",
-        f"{r.prefill_tokens_per_second:.0f} / {r.decode_tokens_per_second:.1f}",
+        f"{r.prefill_tokens_per_second:.0f} / {r.decode_tokens_per_second:.1f} / "
+        f"{r.per_call_seconds:.1f}",
         f"{r.load_average:.1f}",
     )
     return "| " + " | ".join(cells) + " |"
@@ -41,7 +42,8 @@ def _row(r: DemoRun) -> str:
 def render(runs: Sequence[DemoRun]) -> str:
     columns = (
         "started (UTC)", "commit", "state", "calls", "wall", "model busy", "floor",
-        "wall/floor", "critical path", "wall/critical path", "prefill / decode tok/s", "load",
+        "wall/floor", "critical path", "wall/critical path",
+        "prefill, decode tok/s / s a call", "load",
     )  # fmt: skip
     head = "| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns)
     rows = "\n".join(_row(r) for r in runs)
@@ -56,8 +58,9 @@ MQTT, the rule, the investigation) timed by the investigation's own record.
 {head}
 {rows}
 
-- **floor**: every call of the run end to end, each costed at the prefill and decode speeds the
-  run's own calls showed (a least-squares fit over their service times): the embedded backend
+- **floor**: every call of the run end to end, each costed at the prefill and decode speeds and
+  the cost a call has whatever its tokens that the run's own calls showed (a least-squares fit
+  over their service times; the last column): the embedded backend
   serves one call at a time, so no scheduling of these calls finishes sooner. **wall/floor** is
   what poirotd adds to the model's own time (scheduling, parsing, the store, the gRPC events):
   the issue's goal is at most 1.1x.

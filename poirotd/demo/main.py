@@ -113,7 +113,7 @@ def model_time_line(timed: pb.ModelTime) -> str:
         f"{timed.critical_path_calls} calls, {timed.critical_path_prompt_tokens} prompt tokens "
         f"at {timed.prefill_tokens_per_second:.0f} tok/s, "
         f"{timed.critical_path_completion_tokens} generated at "
-        f"{timed.decode_tokens_per_second:.1f} tok/s"
+        f"{timed.decode_tokens_per_second:.1f} tok/s, {timed.per_call_seconds:.1f} s a call"
     )
 
 

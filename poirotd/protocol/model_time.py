@@ -44,8 +44,8 @@ def model_time(
     if not calls:
         return ModelTime(wall_seconds=wall_seconds, serves_at_once=at_once)
     exclusive = _exclusive_seconds(calls)
-    prefill, decode = _speeds(calls, exclusive)
-    cost = {c.seq: _cost(c, prefill, decode) for c in calls}
+    prefill, decode, per_call = _speeds(calls, exclusive)
+    cost = {c.seq: per_call + _cost(c, prefill, decode) for c in calls}
     path = _critical_path(calls, cost)
     critical = sum(cost[c.seq] for c in path)
     one_by_one = sum(cost.values()) / at_once if at_once else 0.0
@@ -57,6 +57,7 @@ def model_time(
         critical_path_completion_tokens=sum(c.completion_tokens for c in path),
         prefill_tokens_per_second=prefill,
         decode_tokens_per_second=decode,
+        per_call_seconds=per_call,
         critical_path_seconds=critical,
         serves_at_once=at_once,
         floor_seconds=max(critical, one_by_one),
@@ -73,23 +74,26 @@ def _exclusive_seconds(calls: Sequence[CallTiming]) -> dict[int, float]:
     return exclusive
 
 
-def _speeds(calls: Sequence[CallTiming], exclusive: dict[int, float]) -> tuple[float, float]:
-    """Prefill and decode tokens per second: the least-squares fit of
-    seconds = prompt / prefill + completion / decode over the calls' exclusive times; a rate
-    the fit makes negative (too few or too alike calls) is left out and the other refitted."""
-    tokens = np.array(
-        [[c.uncached_prompt_tokens, c.completion_tokens] for c in calls], dtype=np.float64
+def _speeds(calls: Sequence[CallTiming], exclusive: dict[int, float]) -> tuple[float, float, float]:
+    """Prefill and decode tokens per second and the seconds a call costs whatever its tokens
+    (the embedded backend's grammar and prefix-state set-up, a server's round trip): the
+    least-squares fit of seconds = per_call + prompt / prefill + completion / decode over the
+    calls' exclusive times. A term the fit makes negative (too few or too alike calls) is left
+    out and the others refitted."""
+    columns = np.array(
+        [[c.uncached_prompt_tokens, c.completion_tokens, 1.0] for c in calls], dtype=np.float64
     )
     seconds = np.array([exclusive[c.seq] for c in calls], dtype=np.float64)
-    per_token, *_ = np.linalg.lstsq(tokens, seconds, rcond=None)
-    if per_token[0] <= 0 or per_token[1] <= 0:
-        column = 0 if per_token[0] > 0 >= per_token[1] else 1
-        kept = tokens[:, column]
-        fitted = float(kept @ seconds / (kept @ kept)) if kept.any() else 0.0
-        per_token = np.zeros(2)
-        per_token[column] = fitted
-    rate = [1.0 / float(t) if t > 0 else 0.0 for t in per_token]
-    return rate[0], rate[1]
+    fitted = np.zeros(3)
+    kept = [0, 1, 2]
+    while kept:
+        found, *_ = np.linalg.lstsq(columns[:, kept], seconds, rcond=None)
+        if (found > 0).all():
+            fitted[kept] = found
+            break
+        kept = [k for k, f in zip(kept, found, strict=True) if f > 0]
+    rate = [1.0 / float(t) if t > 0 else 0.0 for t in fitted[:2]]
+    return rate[0], rate[1], float(fitted[2])
 
 
 def _cost(call: CallTiming, prefill: float, decode: float) -> float:

@@ -24,6 +24,7 @@ def _run(wall: float, busy: float, critical: float) -> DemoRun:
         critical_path_completion_tokens=1_300,
         prefill_tokens_per_second=410.0,
         decode_tokens_per_second=21.5,
+        per_call_seconds=0.4,
         load_average=1.2,
     )
 

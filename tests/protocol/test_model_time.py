@@ -98,3 +98,18 @@ async def test_a_run_records_which_calls_waited_for_which() -> None:
     assert outcome.usage.calls == 12
     assert timed.critical_path_calls == 4
     assert timed.floor_seconds > 0 and timed.busy_seconds <= timed.wall_seconds
+
+
+def test_what_a_call_costs_whatever_its_tokens_is_fitted_and_counted_in_the_floor() -> None:
+    """Calls each 0.5 s dearer than their tokens (a grammar set up per call): the fit finds the
+    speeds and the 0.5 s, and the serial floor is the calls' whole time."""
+    calls, start = [], 0.0
+    for seq, (prompt, generated) in enumerate([(1000, 10), (2000, 40), (500, 30), (3000, 5)]):
+        end = start + 0.5 + prompt / PREFILL + generated / DECODE
+        calls.append(CallTiming(seq, (seq - 1,) if seq else (), prompt, generated, start, end))
+        start = end
+    timed = model_time(calls, wall_seconds=start, serves_at_once=1)
+    assert timed.per_call_seconds == pytest.approx(0.5)
+    assert timed.prefill_tokens_per_second == pytest.approx(PREFILL)
+    assert timed.decode_tokens_per_second == pytest.approx(DECODE)
+    assert timed.floor_seconds == pytest.approx(start) == timed.critical_path_seconds
