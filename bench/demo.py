@@ -8,10 +8,11 @@ Each run is `poirotd demo`'s own path (poirotd/demo/main.py): a daemon process w
 embedded model, a local Mosquitto, the CORTEX session over gRPC, the faulty gait over MQTT, the
 rule that fires and the investigation it opens. What is measured is what the investigation's
 record says of itself (Investigation.model_time): its wall time, the model's busy time (the
-union of its calls' intervals) and the floor (the critical path of dependent calls at the
-speeds its own calls showed). The embedded backend serves one call at a time, so agents that
-the protocol runs concurrently queue: wall/busy is what poirotd adds to the model's own time,
-wall/floor what the serial backend costs against a server that runs the agents side by side.
+union of its calls' intervals), the floor (every call end to end at the speeds its own calls
+showed: the embedded backend serves one call at a time) and the critical path (the chain of
+dependent calls at those speeds). wall/floor is what poirotd adds to the time the model needs;
+wall/critical path what the serial backend costs against a server that runs the agents side by
+side.
 The runs are saved (bench/demo-runs.json) and replace this bench's section of BENCHMARKS.md.
 """
 
@@ -47,11 +48,13 @@ class DemoRun:
     wall_seconds: float
     busy_seconds: float
     floor_seconds: float
+    critical_path_seconds: float
     critical_path_calls: int
     critical_path_prompt_tokens: int
     critical_path_completion_tokens: int
     prefill_tokens_per_second: float
     decode_tokens_per_second: float
+    per_call_seconds: float
     load_average: float
 
 
@@ -73,11 +76,13 @@ def run_once() -> DemoRun:
         wall_seconds=timed.wall_seconds,
         busy_seconds=timed.busy_seconds,
         floor_seconds=timed.floor_seconds,
+        critical_path_seconds=timed.critical_path_seconds,
         critical_path_calls=timed.critical_path_calls,
         critical_path_prompt_tokens=timed.critical_path_prompt_tokens,
         critical_path_completion_tokens=timed.critical_path_completion_tokens,
         prefill_tokens_per_second=timed.prefill_tokens_per_second,
         decode_tokens_per_second=timed.decode_tokens_per_second,
+        per_call_seconds=timed.per_call_seconds,
         load_average=os.getloadavg()[0],
     )
 

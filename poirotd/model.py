@@ -399,10 +399,13 @@ class ModelTime(Frozen):
 
     `busy_seconds` is the union of the calls' intervals; the critical path is the longest chain
     of calls each waiting for the one before (phases in order, each agent's calls in turn);
-    `floor_seconds` is what that chain costs at the speeds measured on this run's own calls
-    (uncached prompt tokens at the prefill speed, generated tokens at the decode speed): no
-    scheduling of the same calls on the same backend finishes sooner. Zero speeds: too few
-    calls to measure them.
+    `critical_path_seconds` is what that chain costs at the speeds measured on this run's own
+    calls (uncached prompt tokens at the prefill speed, generated tokens at the decode speed,
+    plus what each call costs whatever its tokens).
+    `floor_seconds` is the least the same calls take on the same backend: the critical path, or,
+    on a backend serving `serves_at_once` calls at a time (0: as many as come), every call's cost
+    shared among those places when that is more (the embedded backend serves one: its floor is
+    all its calls end to end). Zero speeds: too few calls to measure them.
     """
 
     wall_seconds: float = 0.0
@@ -412,6 +415,10 @@ class ModelTime(Frozen):
     critical_path_completion_tokens: int = 0
     prefill_tokens_per_second: float = 0.0
     decode_tokens_per_second: float = 0.0
+    # Fitted beside the speeds: what a call costs whatever its tokens.
+    per_call_seconds: float = 0.0
+    critical_path_seconds: float = 0.0
+    serves_at_once: int = 0
     floor_seconds: float = 0.0
 
 

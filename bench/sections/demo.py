@@ -27,11 +27,13 @@ def _row(r: DemoRun) -> str:
         str(r.llm_calls),
         f"{r.wall_seconds:.0f} s",
         f"{r.busy_seconds:.0f} s",
-        f"{r.floor_seconds:.0f} s ({r.critical_path_calls} calls, "
-        f"{r.critical_path_prompt_tokens} + {r.critical_path_completion_tokens} tokens)",
-        f"**{_ratio(r.wall_seconds, r.busy_seconds)}**",
+        f"{r.floor_seconds:.0f} s",
         f"**{_ratio(r.wall_seconds, r.floor_seconds)}**",
-        f"{r.prefill_tokens_per_second:.0f} / {r.decode_tokens_per_second:.1f}",
+        f"{r.critical_path_seconds:.0f} s ({r.critical_path_calls} calls, "
+        f"{r.critical_path_prompt_tokens} + {r.critical_path_completion_tokens} tokens)",
+        f"{_ratio(r.wall_seconds, r.critical_path_seconds)}",
+        f"{r.prefill_tokens_per_second:.0f} / {r.decode_tokens_per_second:.1f} / "
+        f"{r.per_call_seconds:.1f}",
         f"{r.load_average:.1f}",
     )
     return "| " + " | ".join(cells) + " |"
@@ -39,8 +41,9 @@ def _row(r: DemoRun) -> str:
 
 def render(runs: Sequence[DemoRun]) -> str:
     columns = (
-        "started (UTC)", "commit", "state", "calls", "wall", "model busy",
-        "floor (critical path)", "wall/busy", "wall/floor", "prefill / decode tok/s", "load",
+        "started (UTC)", "commit", "state", "calls", "wall", "model busy", "floor",
+        "wall/floor", "critical path", "wall/critical path",
+        "prefill, decode tok/s / s a call", "load",
     )  # fmt: skip
     head = "| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns)
     rows = "\n".join(_row(r) for r in runs)
@@ -55,12 +58,16 @@ MQTT, the rule, the investigation) timed by the investigation's own record.
 {head}
 {rows}
 
-- **wall/busy** is what poirotd adds around the model's own time (scheduling, parsing, the
-  store, the gRPC events): the issue's goal of at most 1.1x, on a backend that serves one call
-  at a time.
-- **wall/floor** is the serial backend's cost: the floor is the longest chain of calls each
-  waiting for the one before; the agents' concurrent calls queue behind one another on the
-  embedded model, so wall/floor is close to the number of agents working at once. On a server
-  that batches (vLLM) the same chain bounds the time to attribution.
+- **floor**: every call of the run end to end, each costed at the prefill and decode speeds and
+  the cost a call has whatever its tokens that the run's own calls showed (a least-squares fit
+  over their service times; the last column): the embedded backend
+  serves one call at a time, so no scheduling of these calls finishes sooner. **wall/floor** is
+  what poirotd adds to the model's own time (scheduling, parsing, the store, the gRPC events):
+  the issue's goal is at most 1.1x.
+- **critical path**: the longest chain of calls each waiting for the one before, at the same
+  speeds. The agents' concurrent calls queue behind one another on the embedded model, so
+  wall/critical path is about the number of agents working at once; on a server that runs them
+  side by side (vLLM) this chain bounds the time to attribution.
+- **model busy**: the union of the calls' intervals, measured (not fitted).
 - load: the 1-minute load average when the run ended (other tenants of the machine).
 {end_marker(NAME)}"""

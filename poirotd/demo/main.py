@@ -102,15 +102,18 @@ def describe_event(event: pb.InvestigationEvent) -> str:
 
 
 def model_time_line(timed: pb.ModelTime) -> str:
-    """Wall time against the model-time floor (the critical path of dependent calls)."""
+    """Wall time against the model-time floor (on the embedded backend, every call end to end)
+    and the critical path of dependent calls (what a server running the agents side by side
+    would be held to)."""
     ratio = timed.wall_seconds / timed.floor_seconds if timed.floor_seconds else float("nan")
     return (
         f"wall {timed.wall_seconds:.1f} s, model busy {timed.busy_seconds:.1f} s, "
-        f"floor {timed.floor_seconds:.1f} s (wall/floor {ratio:.2f}): critical path of "
+        f"floor {timed.floor_seconds:.1f} s (wall/floor {ratio:.2f}); critical path "
+        f"{timed.critical_path_seconds:.1f} s: "
         f"{timed.critical_path_calls} calls, {timed.critical_path_prompt_tokens} prompt tokens "
         f"at {timed.prefill_tokens_per_second:.0f} tok/s, "
         f"{timed.critical_path_completion_tokens} generated at "
-        f"{timed.decode_tokens_per_second:.1f} tok/s"
+        f"{timed.decode_tokens_per_second:.1f} tok/s, {timed.per_call_seconds:.1f} s a call"
     )
 
 

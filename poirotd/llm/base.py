@@ -113,6 +113,8 @@ class LLMBackend(Protocol):
 
     name: str
     context_tokens: int
+    # How many calls it serves side by side (None: as many as come), for the model-time floor.
+    serves_at_once: int | None
 
     @property
     def availability(self) -> PartState | None:

@@ -442,6 +442,8 @@ class EmbeddedBackend:
     name = "embedded"
     # In this process: no server to lose.
     availability = None
+    # One worker thread runs llama.cpp: calls queue behind each other.
+    serves_at_once: int | None = 1
 
     def __init__(self, engine: _Engine, executor: ThreadPoolExecutor, model_path: Path) -> None:
         self._engine: _Engine | None = engine

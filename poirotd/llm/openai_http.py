@@ -291,6 +291,7 @@ class OpenAIBackend:
         )
         self._preferred = 0
         self._slots = asyncio.Semaphore(spec.concurrency)
+        self.serves_at_once: int | None = spec.concurrency
         # Learned once; None until the server answered (or showed it cannot).
         self._control_tokens: ControlTokens | None = None
         headers = {"Accept": "application/json"}

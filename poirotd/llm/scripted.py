@@ -44,6 +44,7 @@ class ScriptedBackend:
         self.name = "scripted"
         self.context_tokens = context_tokens
         self.availability = None
+        self.serves_at_once: int | None = None
         self.calls: list[ScriptedCall] = []
         self._script = script
         self._tool_script = tool_script

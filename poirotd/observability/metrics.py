@@ -123,7 +123,8 @@ class Metrics:
         self.wall_floor_ratio = Histogram(
             "poirot_investigation_wall_floor_ratio",
             "A successful investigation's wall time over its model-time floor (the critical "
-            "path of dependent LLM calls at the speeds its calls showed)",
+            "path of dependent LLM calls at the speeds its calls showed, or on a backend "
+            "serving one call at a time, every call end to end)",
             ["system"],
             buckets=_FLOOR_RATIO_BUCKETS,
             registry=r,

@@ -1,12 +1,15 @@
 """The model-time floor: how much of an investigation's wall time the model's calls force.
 
-Each call is recorded with the calls it waited for (`CallTiming.after`: the last calls of the
-code path that made it, joined where concurrent branches meet, see run.py). The critical path is
-the costliest chain through that graph; its cost is what the chain's tokens take at the speeds
-the run's own calls showed. Speeds are measured on each call's exclusive time (the part of its
-interval no earlier-ending call covers): on a backend that serves one call at a time (the
-embedded one) that is its service time, not its wait in the queue; on a server that batches, it
-understates a call's time, so the floor errs low, never flattering the wall time against it.
+Each call is recorded with the calls it waited for (`CallTiming.after`: the last calls of the code
+path that made it, joined where concurrent branches meet, see run.py). The critical path is the
+costliest chain through that graph; its cost is what the chain's tokens take at the speeds the run's
+own calls showed. The floor is that cost, or, on a backend that serves at most n calls at once,
+every call's cost over n when that is more: a backend serving one call at a time (the embedded one)
+cannot finish the calls sooner than one after the other, however they depend. Speeds are measured on
+each call's exclusive time (the part of its interval no earlier-ending call covers): on a backend
+that serves one call at a time (the embedded one) that is its service time, not its wait in the
+queue; on a server that batches, it understates a call's time, so the floor errs low, never
+flattering the wall time against it.
 """
 
 from __future__ import annotations
@@ -32,14 +35,20 @@ class CallTiming:
     end: float
 
 
-def model_time(calls: Sequence[CallTiming], wall_seconds: float) -> ModelTime:
-    """The summary the investigation record keeps (ModelTime)."""
+def model_time(
+    calls: Sequence[CallTiming], wall_seconds: float, serves_at_once: int | None = None
+) -> ModelTime:
+    """The summary the investigation record keeps (ModelTime). `serves_at_once`: how many calls
+    the backend runs side by side (None: as many as come)."""
+    at_once = serves_at_once or 0
     if not calls:
-        return ModelTime(wall_seconds=wall_seconds)
+        return ModelTime(wall_seconds=wall_seconds, serves_at_once=at_once)
     exclusive = _exclusive_seconds(calls)
-    prefill, decode = _speeds(calls, exclusive)
-    cost = {c.seq: _cost(c, prefill, decode) for c in calls}
+    prefill, decode, per_call = _speeds(calls, exclusive)
+    cost = {c.seq: per_call + _cost(c, prefill, decode) for c in calls}
     path = _critical_path(calls, cost)
+    critical = sum(cost[c.seq] for c in path)
+    one_by_one = sum(cost.values()) / at_once if at_once else 0.0
     return ModelTime(
         wall_seconds=wall_seconds,
         busy_seconds=sum(exclusive.values()),
@@ -48,7 +57,10 @@ def model_time(calls: Sequence[CallTiming], wall_seconds: float) -> ModelTime:
         critical_path_completion_tokens=sum(c.completion_tokens for c in path),
         prefill_tokens_per_second=prefill,
         decode_tokens_per_second=decode,
-        floor_seconds=sum(cost[c.seq] for c in path),
+        per_call_seconds=per_call,
+        critical_path_seconds=critical,
+        serves_at_once=at_once,
+        floor_seconds=max(critical, one_by_one),
     )
 
 
@@ -62,23 +74,26 @@ def _exclusive_seconds(calls: Sequence[CallTiming]) -> dict[int, float]:
     return exclusive
 
 
-def _speeds(calls: Sequence[CallTiming], exclusive: dict[int, float]) -> tuple[float, float]:
-    """Prefill and decode tokens per second: the least-squares fit of
-    seconds = prompt / prefill + completion / decode over the calls' exclusive times; a rate
-    the fit makes negative (too few or too alike calls) is left out and the other refitted."""
-    tokens = np.array(
-        [[c.uncached_prompt_tokens, c.completion_tokens] for c in calls], dtype=np.float64
+def _speeds(calls: Sequence[CallTiming], exclusive: dict[int, float]) -> tuple[float, float, float]:
+    """Prefill and decode tokens per second and the seconds a call costs whatever its tokens
+    (the embedded backend's grammar and prefix-state set-up, a server's round trip): the
+    least-squares fit of seconds = per_call + prompt / prefill + completion / decode over the
+    calls' exclusive times. A term the fit makes negative (too few or too alike calls) is left
+    out and the others refitted."""
+    columns = np.array(
+        [[c.uncached_prompt_tokens, c.completion_tokens, 1.0] for c in calls], dtype=np.float64
     )
     seconds = np.array([exclusive[c.seq] for c in calls], dtype=np.float64)
-    per_token, *_ = np.linalg.lstsq(tokens, seconds, rcond=None)
-    if per_token[0] <= 0 or per_token[1] <= 0:
-        column = 0 if per_token[0] > 0 >= per_token[1] else 1
-        kept = tokens[:, column]
-        fitted = float(kept @ seconds / (kept @ kept)) if kept.any() else 0.0
-        per_token = np.zeros(2)
-        per_token[column] = fitted
-    rate = [1.0 / float(t) if t > 0 else 0.0 for t in per_token]
-    return rate[0], rate[1]
+    fitted = np.zeros(3)
+    kept = [0, 1, 2]
+    while kept:
+        found, *_ = np.linalg.lstsq(columns[:, kept], seconds, rcond=None)
+        if (found > 0).all():
+            fitted[kept] = found
+            break
+        kept = [k for k, f in zip(kept, found, strict=True) if f > 0]
+    rate = [1.0 / float(t) if t > 0 else 0.0 for t in fitted[:2]]
+    return rate[0], rate[1], float(fitted[2])
 
 
 def _cost(call: CallTiming, prefill: float, decode: float) -> float:

@@ -123,7 +123,7 @@ class RunContext:
 
     def model_time(self) -> ModelTime:
         """The model's busy time and critical path so far, against the run's wall time."""
-        return model_time(self._calls, time.monotonic() - self._begun)
+        return model_time(self._calls, time.monotonic() - self._begun, self._backend.serves_at_once)
 
     # -------------------------------------------------------------- context budget
 

@@ -1675,8 +1675,10 @@ Global___CanaryLabel: _TypeAlias = CanaryLabel  # noqa: Y015
 @_typing.final
 class ModelTime(_message.Message):
     """How long the model kept an investigation waiting, against the least it could have: the
-    critical path is the longest chain of LLM calls each waiting for the one before, and the floor
-    what that chain costs at the prefill and decode speeds the run's own calls showed.
+    critical path is the longest chain of LLM calls each waiting for the one before, costed at the
+    prefill and decode speeds the run's own calls showed; the floor is that cost, or, on a backend
+    serving few calls at once (the embedded one serves one), every call's cost shared among its
+    places when that is more.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1689,6 +1691,9 @@ class ModelTime(_message.Message):
     PREFILL_TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
     DECODE_TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
     FLOOR_SECONDS_FIELD_NUMBER: _builtins.int
+    CRITICAL_PATH_SECONDS_FIELD_NUMBER: _builtins.int
+    SERVES_AT_ONCE_FIELD_NUMBER: _builtins.int
+    PER_CALL_SECONDS_FIELD_NUMBER: _builtins.int
     wall_seconds: _builtins.float
     busy_seconds: _builtins.float
     """The union of the calls' intervals."""
@@ -1699,6 +1704,13 @@ class ModelTime(_message.Message):
     prefill_tokens_per_second: _builtins.float
     decode_tokens_per_second: _builtins.float
     floor_seconds: _builtins.float
+    critical_path_seconds: _builtins.float
+    serves_at_once: _builtins.int
+    """How many calls the backend serves side by side; 0: as many as come."""
+    per_call_seconds: _builtins.float
+    """Fitted beside the speeds: what a call costs whatever its tokens (grammar and prefix-state
+    set-up on the embedded backend, a round trip to a server).
+    """
     def __init__(
         self,
         *,
@@ -1710,10 +1722,13 @@ class ModelTime(_message.Message):
         prefill_tokens_per_second: _builtins.float = ...,
         decode_tokens_per_second: _builtins.float = ...,
         floor_seconds: _builtins.float = ...,
+        critical_path_seconds: _builtins.float = ...,
+        serves_at_once: _builtins.int = ...,
+        per_call_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_seconds", b"busy_seconds", "critical_path_calls", b"critical_path_calls", "critical_path_completion_tokens", b"critical_path_completion_tokens", "critical_path_prompt_tokens", b"critical_path_prompt_tokens", "decode_tokens_per_second", b"decode_tokens_per_second", "floor_seconds", b"floor_seconds", "prefill_tokens_per_second", b"prefill_tokens_per_second", "wall_seconds", b"wall_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_seconds", b"busy_seconds", "critical_path_calls", b"critical_path_calls", "critical_path_completion_tokens", b"critical_path_completion_tokens", "critical_path_prompt_tokens", b"critical_path_prompt_tokens", "critical_path_seconds", b"critical_path_seconds", "decode_tokens_per_second", b"decode_tokens_per_second", "floor_seconds", b"floor_seconds", "per_call_seconds", b"per_call_seconds", "prefill_tokens_per_second", b"prefill_tokens_per_second", "serves_at_once", b"serves_at_once", "wall_seconds", b"wall_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
