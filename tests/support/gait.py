@@ -23,6 +23,7 @@ from poirotd.llm.scripted import ScriptedBackend
 from poirotd.model import CommitItem, ItemKey
 from poirotd.store import SqliteStore
 from poirotd.store.idempotency import LeftOut
+from poirotd.store.parked_logs import NO_PARKING, Parking
 from poirotd.transports.mqtt import mqtt_input_spec
 from tests.support.daemon import in_process_daemon
 from tests.support.mosquitto import Mosquitto
@@ -101,11 +102,14 @@ def fail_first_commit_of(kind: type, monkeypatch: pytest.MonkeyPatch) -> None:
     failures = [OSError("disk I/O error")]
 
     async def failing_once(
-        self: SqliteStore, items: Sequence[CommitItem], keys: Sequence[ItemKey | None] = ()
+        self: SqliteStore,
+        items: Sequence[CommitItem],
+        keys: Sequence[ItemKey | None] = (),
+        parking: Parking = NO_PARKING,
     ) -> LeftOut:
         if failures and any(isinstance(item, kind) for item in items):
             raise failures.pop()
-        return await commit(self, items, keys)
+        return await commit(self, items, keys, parking)
 
     monkeypatch.setattr(SqliteStore, "commit_ingest", failing_once)
 
