@@ -47,7 +47,7 @@ from poirotd.model import CommitItem, validate_agent_message
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Store
 from poirotd.store.parked_logs import Parking
-from poirotd.transports.otlp.log_join import LogJoin
+from poirotd.transports.otlp.log_join import LogJoin, Placed
 from poirotd.transports.otlp.log_parking import LogParking
 from poirotd.transports.otlp.log_records import LOG_REJECT_REASONS, read_logs
 from poirotd.transports.otlp.mapping import (
@@ -197,18 +197,11 @@ class OtlpReceiver:
                 replicas = sorted({p.owner for p in found})
                 log.warning("otlp log records taken over", records=len(found), replicas=replicas)
         placed = self._join.place([])
-        try:
-            if not placed.taken:
-                return
-            parking = self._parking.release(placed.taken_events())
-            try:
-                committed = await self._commit(placed.messages, "", parking)
-            except Unavailable:
-                self._join.unstored(placed.messages)
-                self._join.wait_again(placed.taken)
-                raise
-        finally:
+        if not placed.taken:
             self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
+            return
+        parking = self._parking.release(placed.taken_events())
+        committed = await self._commit_joined(placed.messages, placed, "", parking)
         self._rejected_logged([*placed.rejections, *committed.refused_logged], "sweep")
 
     def drain(self) -> None:
@@ -231,14 +224,7 @@ class OtlpReceiver:
         joined = self._join.spans_in(spans, mapped)
         placed = joined.placed
         parking = self._parking.release(placed.taken_events())
-        try:
-            committed = await self._commit(joined.messages, caller, parking)
-        except Unavailable:
-            self._join.unstored(joined.messages)
-            self._join.wait_again(placed.taken)
-            raise
-        finally:
-            self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
+        committed = await self._commit_joined(joined.messages, placed, caller, parking)
         self._rejected_logged([*placed.rejections, *committed.refused_logged], transport)
         rejected = (*joined.rejections, *committed.refused_spans)
         for rejection in rejected:
@@ -266,14 +252,7 @@ class OtlpReceiver:
         self._throttle(sum(map(len, read.events.values())))
         placed = self._join.logs_in(read)
         parking = self._parking.park(placed.waiting) + self._parking.release(placed.taken_events())
-        try:
-            committed = await self._commit(placed.messages, caller, parking)
-        except Unavailable:
-            self._join.unstored(placed.messages)
-            self._join.wait_again(placed.taken)
-            raise
-        finally:
-            self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
+        committed = await self._commit_joined(placed.messages, placed, caller, parking)
         placed_rejected = [*placed.rejections, *committed.refused_logged]
         self._rejected_logged([*read.rejections, *placed_rejected], transport)
         # Records of earlier exports that waited their time were answered already.
@@ -286,6 +265,20 @@ class OtlpReceiver:
                 f"{self._pending} messages wait for their commit (the limit is "
                 f"{self._max_pending}); retry in {RETRY_AFTER_SECONDS} s"
             )
+
+    async def _commit_joined(
+        self, messages: Sequence[MappedMessage], placed: Placed, caller: str, parking: Parking
+    ) -> _Committed:
+        """`_commit`, the waiting events `placed` took put back to wait again (their messages
+        unstored) when the store fails; the waiting gauge set after, whatever came of it."""
+        try:
+            return await self._commit(messages, caller, parking)
+        except Unavailable:
+            self._join.unstored(messages)
+            self._join.wait_again(placed.taken)
+            raise
+        finally:
+            self._metrics.otlp_waiting_log_records.set(self._join.waiting_records)
 
     async def _commit(
         self, messages: Sequence[MappedMessage], caller: str, parking: Parking
