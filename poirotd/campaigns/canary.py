@@ -24,6 +24,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import structlog
 
@@ -33,7 +34,7 @@ from poirotd.campaigns.labelled import (
     case_files,
     read_labelled_case,
 )
-from poirotd.campaigns.schedule import DailyBudget, seconds_until_due
+from poirotd.campaigns.schedule import seconds_until_due, utc_midnight
 from poirotd.config.spec import CanarySpec, SystemSpec
 from poirotd.investigations.recorder import now, succeeded_record
 from poirotd.investigations.weights import betas_now, reliabilities_now
@@ -148,7 +149,6 @@ class Canaries:
         # Every case by every method, in turn.
         self._plan = [(case, method) for case in cases for method in self._canary.methods]
         self._next = 0
-        self._budget = DailyBudget(self._canary.token_budget)
         # The first canary is due one interval after the daemon starts, not at once: a daemon
         # restarted in a loop must not spend its budget on canaries.
         self._last_started = now()
@@ -176,8 +176,14 @@ class Canaries:
                 self._last_started = now()
 
     async def restore(self) -> None:
-        """Each method's accuracy window from its newest stored canaries, so a restart does not
-        reset it (its gauge is published once a method has one)."""
+        """Each method's accuracy window from its newest stored canaries, and the plan's place
+        after the newest one, so a restart resets neither (a method's gauge is published once it
+        has one)."""
+        newest, _ = await self._store.list_investigations(limit=1, canaries=True)
+        if newest and (label := newest[0].canary) is not None:
+            done = [(c.case_id, m) for c, m in self._plan]
+            if (label.case_id, newest[0].method) in done:
+                self._next = (done.index((label.case_id, newest[0].method)) + 1) % len(done)
         window = self._canary.window
         for method in self._canary.methods:
             stored, _ = await self._store.list_investigations(
@@ -197,7 +203,7 @@ class Canaries:
             self._metrics.canary_skipped.labels(self._system, "queue_busy").inc()
             log.info("canary skipped: investigations wait in the queue")
             return None
-        budget = self._budget.left(at)
+        budget = self._canary.token_budget - await self._spent_today(at)
         if budget <= 0:
             self._metrics.canary_skipped.labels(self._system, "token_budget").inc()
             log.info("canary skipped: the day's canary token budget is spent")
@@ -207,6 +213,21 @@ class Canaries:
         result = await self._investigate(case, method, token_budget=budget)
         self._scored(result)
         return result
+
+    async def _spent_today(self, at: datetime) -> int:
+        """The tokens of the canaries created since `at`'s UTC midnight, read from the store
+        (newest first until an older one): neither a restart nor another replica of a shared
+        store gets a fresh budget."""
+        midnight = utc_midnight(at)
+        spent, page_token = 0, None
+        while True:
+            page, page_token = await self._store.list_investigations(
+                canaries=True, limit=100, page_token=page_token
+            )
+            today = [i for i in page if i.created_at >= midnight]
+            spent += sum(i.usage.prompt_tokens + i.usage.completion_tokens for i in today)
+            if page_token is None or len(today) < len(page):
+                return spent
 
     async def _queue_is_idle(self) -> bool:
         """No investigation queued or deferred, by any replica of the store."""
@@ -275,7 +296,6 @@ class Canaries:
         await self._store.save_investigation(record)
         for exchange in exchanges:
             await self._store.record_exchange(investigation_id, exchange)
-        self._budget.spend(now(), record.usage.prompt_tokens + record.usage.completion_tokens)
         log.info(
             "canary finished",
             investigation_id=investigation_id,

@@ -1,10 +1,10 @@
-"""When a canary may start, and what it may spend: the spec's interval and quiet hours, and its
-daily LLM-token budget. Pure: the clock is always passed in."""
+"""When a canary may start, the spec's interval and quiet hours, and the UTC day its
+LLM-token budget counts. Pure: the clock is always passed in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from poirotd.config.spec import CanarySpec
 
@@ -55,17 +55,6 @@ def seconds_until_due(spec: CanarySpec, last_started: datetime | None, at: datet
     return wait
 
 
-@dataclass
-class DailyBudget:
-    """LLM tokens canaries spent on each UTC day, against the spec's daily budget. Kept in
-    memory: a restart gives the day its whole budget again (at most one run's more)."""
-
-    per_day: int
-    _spent: dict[date, int] = field(default_factory=dict)
-
-    def left(self, at: datetime) -> int:
-        return max(0, self.per_day - self._spent.get(at.date(), 0))
-
-    def spend(self, at: datetime, tokens: int) -> None:
-        day = at.date()
-        self._spent = {day: self._spent.get(day, 0) + tokens}
+def utc_midnight(at: datetime) -> datetime:
+    """The start of `at`'s UTC day: the canaries' token budget is per UTC day."""
+    return at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)

@@ -12,15 +12,16 @@ from typing import Any
 import pytest
 
 from poirotd.campaigns.canary import Canaries, load_cases
-from poirotd.campaigns.schedule import DailyBudget, QuietHours, seconds_until_due
+from poirotd.campaigns.schedule import QuietHours, seconds_until_due
 from poirotd.config import SystemSpec
 from poirotd.config.spec import CanarySpec
 from poirotd.devtools.answers import schema_answer
 from poirotd.devtools.clinic import clinic
 from poirotd.investigations.admission import QueueShares
+from poirotd.investigations.recorder import now
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import InvestigationState
+from poirotd.model import CanaryLabel, InvestigationState, LLMUsage
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Admission, Store
 from poirotd.store.audit import verify
@@ -128,6 +129,46 @@ async def test_a_canary_waits_while_the_queue_holds_work(store_db: StoreDb, tmp_
         await store.close()
 
 
+async def test_a_restart_keeps_what_the_day_s_canaries_spent(
+    store_db: StoreDb, tmp_path: Path
+) -> None:
+    """A daemon restarted in a loop gets no fresh token budget and does not start the plan
+    over: the restarted canaries read today's spending and the last case back from the store."""
+    write_case(tmp_path / "cases", labelled("a"))
+    write_case(tmp_path / "cases", labelled("b"))
+    store = await store_db.open()
+    try:
+        first = canary_spec(tmp_path / "cases")
+        metrics = Metrics("clinic")
+        ran = await Canaries(
+            first, store, ScriptedBackend(schema_answer), metrics, load_cases(first, metrics)
+        ).run_next()
+        assert ran is not None and ran.case.case_id == "a"
+        spent = ran.investigation.usage.prompt_tokens + ran.investigation.usage.completion_tokens
+        assert spent > 0
+
+        exactly_spent = canary_spec(tmp_path / "cases", token_budget=spent)
+        restarted = Metrics("clinic")
+        backend = ScriptedBackend(schema_answer)
+        again = Canaries(
+            exactly_spent, store, backend, restarted, load_cases(exactly_spent, restarted)
+        )
+        await again.restore()
+        assert await again.run_next() is None
+        assert backend.calls == []
+        assert sample(restarted, "poirot_canary_skipped_total", reason="token_budget") == 1
+
+        roomier = canary_spec(tmp_path / "cases", token_budget=spent + 1)
+        cases = load_cases(roomier, restarted)
+        third = Canaries(roomier, store, ScriptedBackend(schema_answer), restarted, cases)
+        await third.restore()
+        resumed = await third.run_next()
+        assert resumed is not None, "one token left is a budget"
+        assert resumed.case.case_id == "b", "the plan goes on after the last stored canary"
+    finally:
+        await store.close()
+
+
 async def _queue_one_trigger(store: Store) -> None:
     await queue(store, investigation("queued"))
 
@@ -213,10 +254,26 @@ def test_a_canary_is_due_an_interval_after_the_last_and_within_quiet_hours() -> 
     assert seconds_until_due(spec, inside - timedelta(hours=1), inside) == 0.0
 
 
-def test_the_daily_budget_is_per_utc_day() -> None:
-    budget = DailyBudget(1000)
-    budget.spend(T0, 700)
-    assert budget.left(T0) == 300
-    budget.spend(T0, 700)
-    assert budget.left(T0) == 0
-    assert budget.left(T0 + timedelta(days=1)) == 1000
+async def test_the_budget_counts_only_the_canaries_of_this_utc_day(
+    store_db: StoreDb, tmp_path: Path
+) -> None:
+    write_case(tmp_path / "cases", labelled())
+    spec = canary_spec(tmp_path / "cases", token_budget=100_000)
+    metrics = Metrics("clinic")
+    spent = LLMUsage(prompt_tokens=100_000, completion_tokens=0)
+    label = CanaryLabel(case_id="c1", dataset="campaign", truth=("doctor",))
+    yesterday = investigation(
+        "yesterday", state=InvestigationState.FAILED, created_at=now() - timedelta(days=1)
+    ).model_copy(update={"canary": label, "usage": spent})
+    store = await store_db.open()
+    try:
+        await store.save_investigation(yesterday)
+        cases = load_cases(spec, metrics)
+        canaries = Canaries(spec, store, ScriptedBackend(schema_answer), metrics, cases)
+        assert await canaries.run_next() is not None, "yesterday's spending is not today's"
+        today = yesterday.model_copy(update={"investigation_id": "today", "created_at": now()})
+        await store.save_investigation(today)
+        assert await canaries.run_next() is None
+        assert sample(metrics, "poirot_canary_skipped_total", reason="token_budget") == 1
+    finally:
+        await store.close()
