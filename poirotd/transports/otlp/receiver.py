@@ -77,39 +77,38 @@ class Throttled(ResourceExhausted):
 
 
 @dataclass(frozen=True)
-class ExportResult:
-    spans: int
+class _Refusals:
+    """What one export held (spans or log records) and which of them were refused."""
+
+    items: int
     rejected: tuple[Rejection, ...]
 
+    def message(self, noun: str, first_is: str) -> str:
+        """The partial-success message: how many were refused, and the first one's why."""
+        first = self.rejected[0]
+        return (
+            f"{len(self.rejected)} of {self.items} {noun} rejected; first: {first_is} "
+            f"{first.span_id} of trace {first.trace_id}: {first.reason}: {first.detail}"
+        )
+
+
+class ExportResult(_Refusals):
     def response(self) -> ExportTraceServiceResponse:
         if not self.rejected:
             return ExportTraceServiceResponse()
-        first = self.rejected[0]
-        message = (
-            f"{len(self.rejected)} of {self.spans} spans rejected; first: span {first.span_id} "
-            f"of trace {first.trace_id}: {first.reason}: {first.detail}"
-        )
         partial = ExportTracePartialSuccess(
-            rejected_spans=len(self.rejected), error_message=message
+            rejected_spans=len(self.rejected), error_message=self.message("spans", "span")
         )
         return ExportTraceServiceResponse(partial_success=partial)
 
 
-@dataclass(frozen=True)
-class LogsExportResult:
-    records: int
-    rejected: tuple[Rejection, ...]
-
+class LogsExportResult(_Refusals):
     def response(self) -> ExportLogsServiceResponse:
         if not self.rejected:
             return ExportLogsServiceResponse()
-        first = self.rejected[0]
-        message = (
-            f"{len(self.rejected)} of {self.records} log records rejected; first: of span "
-            f"{first.span_id} of trace {first.trace_id}: {first.reason}: {first.detail}"
-        )
         partial = ExportLogsPartialSuccess(
-            rejected_log_records=len(self.rejected), error_message=message
+            rejected_log_records=len(self.rejected),
+            error_message=self.message("log records", "of span"),
         )
         return ExportLogsServiceResponse(partial_success=partial)
 
