@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field
 
 from poirotd.campaigns.labelled import GroundTruth as Label
 from poirotd.campaigns.labelled import LabelledCase
-from poirotd.model import Frozen, TelemetrySample
+from poirotd.model import Frozen
 
 # The published benchmarks a data folder holds. "whowhen" is Who&When's Algorithm-Generated
 # subset, "whowhen-hand-crafted" its Hand-Crafted one.
@@ -73,9 +73,6 @@ class EvalCase(LabelledCase):
 
     dataset: Dataset
     truth: GroundTruth
-    # Samples of the session's components (hardware, feeds), in time order; the benchmarks have
-    # none, a campaign's hardware and feed variants do. They reach the daemon with the messages.
-    telemetry: tuple[TelemetrySample, ...] = ()
 
 
 # What a one-case JSON file holds (the README's "Case and result formats" has every field).

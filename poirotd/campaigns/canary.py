@@ -13,7 +13,8 @@ A canary stays out of everything real:
   LLM exchanges) as a canary's; ConfirmOutcome refuses it, so it never moves a β;
 - it reads the agents' β and ErrorProbe's memory as a real run would, and writes neither.
 
-The agents are told what a manual Trigger would tell them: nothing says it is a test.
+The agents are told what a manual Trigger would tell them, with the case's telemetry as the
+hardware evidence a real run reads from the store: nothing says it is a test.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from poirotd.campaigns.labelled import (
 )
 from poirotd.campaigns.schedule import seconds_until_due, utc_midnight
 from poirotd.config.spec import CanarySpec, SystemSpec
+from poirotd.hazards import summarise_window
 from poirotd.investigations.recorder import now, succeeded_record
+from poirotd.investigations.runner import EVIDENCE_SAMPLES
 from poirotd.investigations.weights import betas_now, reliabilities_now
 from poirotd.llm.base import LLMBackend
 from poirotd.model import (
@@ -47,6 +50,7 @@ from poirotd.model import (
     InvestigationState,
     LLMExchange,
     LLMUsage,
+    Reading,
 )
 from poirotd.observability.metrics import Metrics
 from poirotd.protocol import prompts
@@ -59,7 +63,7 @@ from poirotd.store.port import MemoryUpdate
 log = structlog.get_logger(__name__)
 
 # What the agents are told: a manual Trigger's reason when its caller gave none.
-_INCIDENT = prompts.Incident(reason="manual trigger")
+_REASON = "manual trigger"
 SHADOW_SESSION_PREFIX = "canary-"
 
 
@@ -240,6 +244,13 @@ class Canaries:
         investigation_id = uuid.uuid4().hex
         session_id = f"{SHADOW_SESSION_PREFIX}{investigation_id[:12]}"
         messages = [m.model_copy(update={"session_id": session_id}) for m in case.messages]
+        # The hardware evidence a real run reads from the store: the case's newest samples.
+        readings = [
+            Reading(s.component, s.signal, s.value, s.measured_at)
+            for s in sorted(case.telemetry, key=lambda s: s.measured_at)[-EVIDENCE_SAMPLES:]
+        ]
+        telemetry = await asyncio.to_thread(summarise_window, readings) if readings else ""
+        incident = prompts.Incident(reason=_REASON, telemetry=telemetry)
         betas = await betas_now(self._spec, self._store)
         exchanges: list[LLMExchange] = []
 
@@ -258,7 +269,7 @@ class Canaries:
                 f"{', '.join(case.truth.regions)}"
             ),
             method=method,
-            incident=prompts.incident_section(_INCIDENT),
+            incident=prompts.incident_section(incident),
             created_at=now(),
             betas=betas,
             canary=label,
@@ -276,9 +287,10 @@ class Canaries:
             outcome = await engine.run(
                 messages,
                 on_event,
-                incident=_INCIDENT,
+                incident=incident,
                 betas=betas,
                 method=method,
+                readings=readings,
                 reliabilities=await reliabilities_now(self._spec, self._store, method),
                 investigation_id=investigation_id,
             )

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import ConfigDict, ValidationError
 
 from poirotd.config.spec import SystemSpec
-from poirotd.model import AgentMessage, Frozen
+from poirotd.model import AgentMessage, Frozen, TelemetrySample
 
 
 class GroundTruth(Frozen):
@@ -39,6 +39,9 @@ class LabelledCase(Frozen):
     # The session as the attributor may see it, in session order (indices 0..n-1).
     messages: tuple[AgentMessage, ...]
     truth: GroundTruth
+    # Samples of the session's components (hardware, feeds), in time order; the benchmarks have
+    # none, a campaign's hardware and feed variants do. They are the incident's hardware evidence.
+    telemetry: tuple[TelemetrySample, ...] = ()
 
 
 class LabelledCaseError(ValueError):

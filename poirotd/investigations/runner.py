@@ -61,7 +61,7 @@ from poirotd.store.faults import StoreUnreachable
 log = structlog.get_logger(__name__)
 
 # Telemetry samples summarised into the incident description (and checked by ErrorProbe).
-_EVIDENCE_SAMPLES = 2000
+EVIDENCE_SAMPLES = 2000
 
 
 class InvestigationRunner:
@@ -486,7 +486,7 @@ class InvestigationRunner:
         betas = await betas_now(self._spec, self._store)
         self._metrics.record_betas(betas)
         readings = await self._store.newest_readings(
-            investigation.session_id, limit=_EVIDENCE_SAMPLES
+            investigation.session_id, limit=EVIDENCE_SAMPLES
         )
         incident = await self._describe(investigation, readings)
         await recorder.update(incident=prompts.incident_section(incident), betas=betas)

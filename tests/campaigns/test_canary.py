@@ -21,7 +21,7 @@ from poirotd.investigations.admission import QueueShares
 from poirotd.investigations.recorder import now
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import CanaryLabel, InvestigationState, LLMUsage
+from poirotd.model import CanaryLabel, InvestigationState, LLMUsage, TelemetrySample
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Admission, Store
 from poirotd.store.audit import verify
@@ -108,6 +108,40 @@ async def test_a_canary_is_scored_marked_and_leaves_alerts_betas_and_memory_alon
         '%"canary":{"case_id":%',
     )
     assert marked == [(2,)], "the audit chain keeps each canary's record as a canary's"
+
+
+@pytest.mark.parametrize("method", ["poirot", "errorprobe"])
+async def test_a_canary_shows_the_case_s_telemetry_as_a_real_run_would(
+    store_db: StoreDb, tmp_path: Path, method: str
+) -> None:
+    """A hardware fault's evidence is its telemetry: the canary's incident summarises the case's
+    samples (its newest, as a real run reads them from the store), which every method sees."""
+    hr = [
+        TelemetrySample(
+            session_id="original",
+            component="exo",
+            signal="heart_rate_bpm",
+            value=value,
+            measured_at=T0 + timedelta(seconds=i),
+        )
+        for i, value in enumerate([80.0, 81.0, 187.5])
+    ]
+    case = labelled("hot", ("exo",)).model_copy(update={"telemetry": tuple(hr)})
+    write_case(tmp_path / "cases", case)
+    spec = canary_spec(tmp_path / "cases", methods=[method])
+    metrics = Metrics("clinic")
+    backend = ScriptedBackend(schema_answer)
+    store = await store_db.open()
+    try:
+        canaries = Canaries(spec, store, backend, metrics, load_cases(spec, metrics))
+        result = await canaries.run_next()
+        assert result is not None
+        assert "heart_rate_bpm" in result.investigation.incident
+        assert "187.5" in result.investigation.incident
+        prompts = ["\n".join(m.content for m in call.messages) for call in backend.calls]
+        assert any("Hardware telemetry" in p and "187.5" in p for p in prompts)
+    finally:
+        await store.close()
 
 
 async def test_a_canary_waits_while_the_queue_holds_work(store_db: StoreDb, tmp_path: Path) -> None:
