@@ -174,10 +174,21 @@ class Canaries:
         while True:
             await asyncio.sleep(seconds_until_due(self._canary, self._last_started, now()))
             try:
+                if await self.seconds_until_due(now()) > 0:
+                    continue  # another replica ran one meanwhile: its interval counts
                 await self.run_next()
             except Exception:  # a canary is not worth the daemon: the next one tries again
                 log.exception("canary crashed")
                 self._last_started = now()
+
+    async def seconds_until_due(self, at: datetime) -> float:
+        """How long from `at` until a canary may start: one interval after the newest canary
+        of this daemon or of any replica sharing its store (a finished one: one still running
+        elsewhere is not seen), within the quiet hours when set."""
+        newest, _ = await self._store.list_investigations(limit=1, canaries=True)
+        if newest and newest[0].created_at > self._last_started:
+            self._last_started = newest[0].created_at
+        return seconds_until_due(self._canary, self._last_started, at)
 
     async def restore(self) -> None:
         """Each method's accuracy window from its newest stored canaries, and the plan's place

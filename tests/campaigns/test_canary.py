@@ -21,7 +21,13 @@ from poirotd.investigations.admission import QueueShares
 from poirotd.investigations.recorder import now
 from poirotd.llm import ChatMessage
 from poirotd.llm.scripted import ScriptedBackend
-from poirotd.model import CanaryLabel, InvestigationState, LLMUsage, TelemetrySample
+from poirotd.model import (
+    CanaryLabel,
+    Investigation,
+    InvestigationState,
+    LLMUsage,
+    TelemetrySample,
+)
 from poirotd.observability.metrics import Metrics
 from poirotd.store import Admission, Store
 from poirotd.store.audit import verify
@@ -34,6 +40,14 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 def canary_spec(cases: Path, **fields: Any) -> SystemSpec:
     return clinic(canary={"cases": str(cases), "interval_seconds": 1, **fields})
+
+
+def finished_canary(iid: str, created_at: datetime, tokens: int = 0) -> Investigation:
+    """A canary's stored record, as another replica (or an earlier start) left it."""
+    label = CanaryLabel(case_id="c1", dataset="campaign", truth=("doctor",))
+    record = investigation(iid, state=InvestigationState.FAILED, created_at=created_at)
+    usage = LLMUsage(prompt_tokens=tokens, completion_tokens=0)
+    return record.model_copy(update={"canary": label, "usage": usage})
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -140,6 +154,25 @@ async def test_a_canary_shows_the_case_s_telemetry_as_a_real_run_would(
         assert "187.5" in result.investigation.incident
         prompts = ["\n".join(m.content for m in call.messages) for call in backend.calls]
         assert any("Hardware telemetry" in p and "187.5" in p for p in prompts)
+    finally:
+        await store.close()
+
+
+async def test_replicas_of_one_store_share_the_interval(store_db: StoreDb, tmp_path: Path) -> None:
+    """A canary another replica ran (stored with the shared store) starts this daemon's interval
+    again, so replicas together run about one canary per interval, not one each."""
+    write_case(tmp_path / "cases", labelled())
+    spec = canary_spec(tmp_path / "cases", interval_seconds=600)
+    metrics = Metrics("clinic")
+    store = await store_db.open()
+    try:
+        canaries = Canaries(spec, store, ScriptedBackend(schema_answer), metrics, [])
+        started = now()
+        later = started + timedelta(seconds=1200)
+        assert await canaries.seconds_until_due(later) == 0.0, "its own interval has passed"
+        elsewhere = finished_canary("elsewhere", started + timedelta(seconds=900))
+        await store.save_investigation(elsewhere)
+        assert await canaries.seconds_until_due(later) == pytest.approx(300)
     finally:
         await store.close()
 
@@ -294,11 +327,7 @@ async def test_the_budget_counts_only_the_canaries_of_this_utc_day(
     write_case(tmp_path / "cases", labelled())
     spec = canary_spec(tmp_path / "cases", token_budget=100_000)
     metrics = Metrics("clinic")
-    spent = LLMUsage(prompt_tokens=100_000, completion_tokens=0)
-    label = CanaryLabel(case_id="c1", dataset="campaign", truth=("doctor",))
-    yesterday = investigation(
-        "yesterday", state=InvestigationState.FAILED, created_at=now() - timedelta(days=1)
-    ).model_copy(update={"canary": label, "usage": spent})
+    yesterday = finished_canary("yesterday", now() - timedelta(days=1), tokens=100_000)
     store = await store_db.open()
     try:
         await store.save_investigation(yesterday)
