@@ -38,6 +38,7 @@ _ACCURACY = (
     "region recall",
     "chance 1/N",
     "chance 1/2^N",
+    "majority",
 )
 _COST = (
     "dataset",
@@ -64,7 +65,10 @@ true one. *exact k=1 / k>1*: exact-vector match over the cases with one / severa
 faulty, of those decided / of those faulty.
 *chance 1/N*: mean over cases of 1/N for N regions (a uniform single-region guess);
 *chance 1/2^N*: mean of 1/2^N (a uniform guess over all fault vectors, the reference for exact
-vectors). A dash: no case to score.
+vectors). *majority*: the cases whose faulty region(s) are their system's most frequent truth
+in the row, i.e. what always naming that one answer would score (known in hindsight): the
+reference for a set where one answer dominates, as a campaign of mostly hardware faults does.
+A dash: no case to score.
 """
 
 _COST_NOTES = """\
@@ -119,6 +123,7 @@ def _accuracy(s: Summary) -> tuple[str, ...]:
         percent(s.region_recall),
         f"{100 * s.chance_region:.2f}%",
         f"{100 * s.chance_vector:.3g}%",
+        percent(s.majority),
     )
 
 

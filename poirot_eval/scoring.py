@@ -17,7 +17,7 @@ Numbers from that script can therefore be higher than ours for the same predicti
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -63,6 +63,10 @@ class Summary:
     # Mean over the cases of 1/2^N: a uniform guess over every binary fault vector (the
     # paper's "2^7 = 128 localisations" for CORTEX); the reference for exact-vector match.
     chance_vector: float
+    # The cases whose faulty region(s) are the most frequent truth of their system (the same
+    # region space) in the group: what always naming that answer, known in hindsight, scores.
+    # The reference for an imbalanced set, such as a campaign of mostly hardware faults.
+    majority: Ratio
     # Over every region of every case (micro-averaged): regions decided that were faulty /
     # regions decided, and / regions faulty. A run without a decision decided nothing.
     region_precision: Ratio
@@ -131,6 +135,15 @@ def confusion(predicted: npt.ArrayLike, truth: npt.ArrayLike) -> tuple[int, int,
     )
 
 
+def majority_answer(results: Sequence[CaseResult]) -> Ratio:
+    """Per system (cases over the same regions), how many cases have its most frequent truth."""
+    by_space: dict[tuple[str, ...], Counter[frozenset[str]]] = {}
+    for r in results:
+        by_space.setdefault(tuple(r.region_ids), Counter())[frozenset(r.truth.regions)] += 1
+    hits = sum(max(truths.values()) for truths in by_space.values())
+    return Ratio(hits=hits, total=len(results))
+
+
 def summarise(results: Sequence[CaseResult]) -> Summary:
     single = [r for r in results if len(r.truth.regions) == 1]
     multi = [r for r in results if len(r.truth.regions) > 1]
@@ -151,6 +164,7 @@ def summarise(results: Sequence[CaseResult]) -> Summary:
         step={k: _ratio(step_hit(r, k) for r in stepped) for k in STEP_TOLERANCES},
         chance_region=_mean(1.0 / sizes),
         chance_vector=_mean(2.0**-sizes),
+        majority=majority_answer(results),
         region_precision=Ratio(hits=tp, total=tp + fp),
         region_recall=Ratio(hits=tp, total=tp + fn),
         mean_prompt_tokens=_mean(np.array([r.tokens.prompt for r in results], dtype=np.float64)),

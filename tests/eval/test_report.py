@@ -113,6 +113,7 @@ def test_report_numbers_match_the_scorer(rendered: Path) -> None:
     cortex = table[("blame-cortex", "poirot")]
     assert cortex["agent acc"] == "40.0% (2/5)"
     assert cortex["chance 1/2^N"] == "0.781%"
+    assert cortex["majority"] == "60.0% (3/5)", "doctor is the truth of 3 of the 5"
     assert table[("whowhen", "poirot")]["step ±1"] == "100.0% (2/2)"
     # CORTEX decisions: 2 exact hits (3 faulty regions decided), 2 one-region misses, a run
     # without decision; faulty regions: 1 + 1 + 2 + 1 + 1.

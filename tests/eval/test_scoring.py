@@ -104,6 +104,22 @@ def test_blame_summary_splits_single_and_multi_fault() -> None:
     assert s.chance_vector == pytest.approx(1 / 128)
 
 
+def test_majority_is_the_most_frequent_truth_of_each_system() -> None:
+    """Always naming one answer per system, the best one in hindsight: 3 of the CORTEX cases
+    share a truth, and each of the other system's two truths counts once."""
+    results = [
+        result(CORTEX, ["d2w_exoskeleton"], ["doctor"]),
+        result(CORTEX, ["d2w_exoskeleton"], ["doctor"]),
+        result(CORTEX, ["d2w_exoskeleton"], status="failed"),
+        result(CORTEX, ["chief"], ["chief"]),
+        result(EXPERTS, ["computer_terminal"]),
+        result(EXPERTS, ["verification_expert"]),
+    ]
+    majority = summarise(results).majority
+    assert (majority.hits, majority.total) == (4, 6)
+    assert summarise([]).majority.value is None
+
+
 # ----------------------------------------------------------------- agent and step (Who&When)
 
 
