@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The run recorded in this folder: the two example campaigns (CORTEX demo, trading desk) written
 # into variants/, then every method over the variants with the embedded model. The cheap members
-# run first over every variant (the two systems alternated), then POIROT case by case, each followed by the ensemble combined
-# from the four member lines (ensemble_of). Start it once per core (nice -n 10): the lanes share
-# the (case, method) pairs through the run directory's claims, and a rerun resumes.
+# run first over every variant, then POIROT case by case (the two systems alternated, so a run
+# stopped early covers both), each followed by the ensemble combined from the four member lines
+# (ensemble_of). Start it once per core: the lanes share the (case, method) pairs through the run
+# directory's claims, and a rerun resumes.
 set -u
 cd "$(dirname "$0")/../../.."
 OUT=bench/eval-runs/2026-11-28-campaign-embedded
@@ -21,7 +22,12 @@ run() {  # eval-run-args...
   "$PY" -m poirotd eval run --cases "$OUT/variants" --threads 1 --case-timeout 1800 --out "$OUT" "$@"
 }
 
-# The variants of the two systems alternated, so that a run stopped early covers both.
+# A case's POIROT line is recorded (by this lane or another). Until it is, the ensemble would
+# run all four members again instead of combining their lines: it waits for the last pass.
+has_poirot_line() {  # case-id
+  grep -q "\"case_id\":\"$1\",\"dataset\":\"campaign\",\"method\":\"poirot\"" "$OUT/results.jsonl"
+}
+
 mapfile -t CORTEX < <(ls "$OUT"/variants | grep '^cortex' | sed 's/\.json$//')
 mapfile -t TRADING < <(ls "$OUT"/variants | grep '^trading' | sed 's/\.json$//')
 IDS=()
@@ -30,14 +36,19 @@ for i in $(seq 0 $(( ${#CORTEX[@]} > ${#TRADING[@]} ? ${#CORTEX[@]} : ${#TRADING
   [ -n "${CORTEX[$i]:-}" ] && IDS+=("${CORTEX[$i]}")
 done
 for m in baseline errorprobe echo; do
-  for id in "${IDS[@]}"; do
-    echo "$(date -u +%T) $m $id"
-    run --method "$m" --ids "$id"
-  done
+  echo "$(date -u +%T) $m"
+  run --method "$m"
 done
 for id in "${IDS[@]}"; do
   echo "$(date -u +%T) poirot $id"
   run --method poirot --ids "$id"
-  run --method ensemble --ids "$id"
+  if has_poirot_line "$id"; then
+    run --method ensemble --ids "$id"
+  fi
+done
+for id in "${IDS[@]}"; do
+  if has_poirot_line "$id"; then
+    run --method ensemble --ids "$id"
+  fi
 done
 echo "$(date -u +%T) lane done"
