@@ -163,12 +163,16 @@ def accuracy_by(
     ax = fig.add_subplot()
     x = np.arange(len(keys), dtype=np.float64)
     for i, name in enumerate(series):
-        values = [table[name].get(k) or 0.0 for k in keys]
-        ax.bar(x + i * width - 0.4 + width / 2, values, width, label=name)
+        rates = [table[name].get(k) for k in keys]
+        bars = ax.bar(x + i * width - 0.4 + width / 2, [r or 0.0 for r in rates], width, label=name)
+        # Each bar says its rate, so a zero is told apart from a series with no case there (—).
+        labels = ["—" if r is None else f"{100 * r:.0f}" for r in rates]
+        ax.bar_label(bars, labels=labels, fontsize=6, padding=1)
     ax.set_xticks(x, keys, fontsize=8)
-    ax.set_ylim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.08)
     ax.set_ylabel(ylabel, fontsize=8)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    # Below the axes: inside, it hid the tallest bars.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     fig.savefig(path, dpi=_DPI, bbox_inches="tight")
     return path
