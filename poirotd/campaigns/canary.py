@@ -37,9 +37,8 @@ from poirotd.campaigns.labelled import (
 )
 from poirotd.campaigns.schedule import seconds_until_due, utc_midnight
 from poirotd.config.spec import CanarySpec, SystemSpec
-from poirotd.hazards import summarise_window
 from poirotd.investigations.recorder import now, succeeded_record
-from poirotd.investigations.runner import EVIDENCE_SAMPLES
+from poirotd.investigations.runner import EVIDENCE_SAMPLES, describe_incident
 from poirotd.investigations.weights import betas_now, reliabilities_now
 from poirotd.llm.base import LLMBackend
 from poirotd.model import (
@@ -174,14 +173,14 @@ class Canaries:
         while True:
             await asyncio.sleep(seconds_until_due(self._canary, self._last_started, now()))
             try:
-                if await self.seconds_until_due(now()) > 0:
+                if await self.seconds_until_next(now()) > 0:
                     continue  # another replica ran one meanwhile: its interval counts
                 await self.run_next()
             except Exception:  # a canary is not worth the daemon: the next one tries again
                 log.exception("canary crashed")
                 self._last_started = now()
 
-    async def seconds_until_due(self, at: datetime) -> float:
+    async def seconds_until_next(self, at: datetime) -> float:
         """How long from `at` until a canary may start: one interval after the newest canary
         of this daemon or of any replica sharing its store (a finished one: one still running
         elsewhere is not seen), within the quiet hours when set."""
@@ -196,9 +195,10 @@ class Canaries:
         has one)."""
         newest, _ = await self._store.list_investigations(limit=1, canaries=True)
         if newest and (label := newest[0].canary) is not None:
-            done = [(c.case_id, m) for c, m in self._plan]
-            if (label.case_id, newest[0].method) in done:
-                self._next = (done.index((label.case_id, newest[0].method)) + 1) % len(done)
+            planned = [(c.case_id, m) for c, m in self._plan]
+            last = (label.case_id, newest[0].method)
+            if last in planned:
+                self._next = (planned.index(last) + 1) % len(planned)
         window = self._canary.window
         for method in self._canary.methods:
             stored, _ = await self._store.list_investigations(
@@ -260,8 +260,7 @@ class Canaries:
             Reading(s.component, s.signal, s.value, s.measured_at)
             for s in sorted(case.telemetry, key=lambda s: s.measured_at)[-EVIDENCE_SAMPLES:]
         ]
-        telemetry = await asyncio.to_thread(summarise_window, readings) if readings else ""
-        incident = prompts.Incident(reason=_REASON, telemetry=telemetry)
+        incident = await describe_incident(_REASON, None, readings)
         betas = await betas_now(self._spec, self._store)
         exchanges: list[LLMExchange] = []
 

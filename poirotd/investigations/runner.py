@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from datetime import datetime, timedelta
 
 import structlog
@@ -62,6 +62,17 @@ log = structlog.get_logger(__name__)
 
 # Telemetry samples summarised into the incident description (and checked by ErrorProbe).
 EVIDENCE_SAMPLES = 2000
+
+
+async def describe_incident(
+    reason: str, trigger: HazardEvent | None, readings: Sequence[Reading]
+) -> prompts.Incident:
+    """What the agents are told of an incident: its reason, the rule event that opened it and
+    a summary of the session's newest `readings` (at most EVIDENCE_SAMPLES) as hardware
+    evidence. Thousands of readings are summarised off the event loop, which meanwhile keeps
+    evaluating hazard rules on arriving telemetry."""
+    telemetry = await asyncio.to_thread(summarise_window, readings) if readings else ""
+    return prompts.Incident(reason, trigger, telemetry)
 
 
 class InvestigationRunner:
@@ -488,7 +499,7 @@ class InvestigationRunner:
         readings = await self._store.newest_readings(
             investigation.session_id, limit=EVIDENCE_SAMPLES
         )
-        incident = await self._describe(investigation, readings)
+        incident = await describe_incident(investigation.reason, investigation.trigger, readings)
         await recorder.update(incident=prompts.incident_section(incident), betas=betas)
         return await self._engine.run(
             messages,
@@ -530,11 +541,3 @@ class InvestigationRunner:
                     "the run's end could not be stored; run again once its lease lapses"
                 )
             recorder.cancelled()
-
-    async def _describe(
-        self, investigation: Investigation, readings: list[Reading]
-    ) -> prompts.Incident:
-        # Thousands of readings: summarised off the event loop, which meanwhile keeps evaluating
-        # hazard rules on arriving telemetry.
-        telemetry = await asyncio.to_thread(summarise_window, readings) if readings else ""
-        return prompts.Incident(investigation.reason, investigation.trigger, telemetry)

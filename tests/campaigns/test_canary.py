@@ -169,10 +169,10 @@ async def test_replicas_of_one_store_share_the_interval(store_db: StoreDb, tmp_p
         canaries = Canaries(spec, store, ScriptedBackend(schema_answer), metrics, [])
         started = now()
         later = started + timedelta(seconds=1200)
-        assert await canaries.seconds_until_due(later) == 0.0, "its own interval has passed"
+        assert await canaries.seconds_until_next(later) == 0.0, "its own interval has passed"
         elsewhere = finished_canary("elsewhere", started + timedelta(seconds=900))
         await store.save_investigation(elsewhere)
-        assert await canaries.seconds_until_due(later) == pytest.approx(300)
+        assert await canaries.seconds_until_next(later) == pytest.approx(300)
     finally:
         await store.close()
 
