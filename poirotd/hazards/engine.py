@@ -28,7 +28,7 @@ import numpy as np
 
 from poirotd.hazards.composite import Combination, Hits
 from poirotd.hazards.gate import Gate
-from poirotd.hazards.messages import FlagMatcher, PatternMatcher, matcher_for
+from poirotd.hazards.messages import Matcher, RepeatMatcher, matcher_for
 from poirotd.hazards.signals import (
     Condition,
     Reading,
@@ -37,11 +37,10 @@ from poirotd.hazards.signals import (
     consecutive,
 )
 from poirotd.hazards.spec import (
-    AgentFlagRule,
     AllRule,
     AnyRule,
     CompositeRuleSpec,
-    MessagePatternRule,
+    MessageRuleSpec,
     RuleSpec,
     SignalRuleSpec,
     StaleRule,
@@ -123,12 +122,12 @@ class RuleEngine:
         self._evidence_limit = evidence_limit
         self._on_signal: dict[Signal, list[tuple[SignalRuleSpec, Condition]]] = {}
         self._stale_on_signal: dict[Signal, list[StaleRule]] = {}
-        self._matchers: list[tuple[RuleSpec, PatternMatcher | FlagMatcher]] = []
+        self._matchers: list[tuple[RuleSpec, Matcher]] = []
         by_name = {rule.name: rule for rule in self.rules}
         for rule in self.rules:
             if isinstance(rule, StaleRule):
                 self._stale_on_signal.setdefault((rule.component, rule.signal), []).append(rule)
-            elif isinstance(rule, MessagePatternRule | AgentFlagRule):
+            elif isinstance(rule, MessageRuleSpec):
                 self._matchers.append((rule, matcher_for(rule)))
             elif not isinstance(rule, AllRule | AnyRule):
                 self._on_signal.setdefault((rule.component, rule.signal), []).append(
@@ -257,6 +256,9 @@ class RuleEngine:
             self._gates.pop((rule.name, session_id), None)
             self._last_hit.pop((rule.name, session_id), None)
         self._sessions.pop(session_id, None)
+        for _, matcher in self._matchers:
+            if isinstance(matcher, RepeatMatcher):
+                matcher.forget(session_id)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -441,6 +443,6 @@ def _signals_under(rule: RuleSpec, by_name: dict[str, RuleSpec]) -> tuple[Signal
     if isinstance(rule, AllRule | AnyRule):
         found = (s for part in rule.rules for s in _signals_under(by_name[part], by_name))
         return tuple(dict.fromkeys(found))
-    if isinstance(rule, MessagePatternRule | AgentFlagRule):
+    if isinstance(rule, MessageRuleSpec):
         return ()
     return ((rule.component, rule.signal),)

@@ -6,10 +6,17 @@ event is exported to metrics and gRPC watchers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections import deque
 
-from poirotd.hazards.spec import AgentFlagRule, MessagePatternRule, MessageRuleSpec
+from poirotd.hazards.spec import (
+    AgentFlagRule,
+    MessagePatternRule,
+    MessageRepeatRule,
+    MessageRuleSpec,
+)
 from poirotd.model import AgentMessage, MessageKind
 
 EXCERPT_CHARS = 80
@@ -77,7 +84,49 @@ class FlagMatcher:
         return reason.strip() if isinstance(reason, str) else ""
 
 
-def matcher_for(rule: MessageRuleSpec) -> PatternMatcher | FlagMatcher:
+class RepeatMatcher:
+    """Keeps, per session and agent, digests of the agent's last ``within_messages`` messages:
+    16 bytes each, so the memory a session holds is bounded by its agents, not by its text."""
+
+    def __init__(self, rule: MessageRepeatRule) -> None:
+        self._rule = rule
+        self._said: dict[str, dict[str, deque[tuple[bytes, int]]]] = {}
+
+    def match(self, message: AgentMessage) -> str | None:
+        rule = self._rule
+        if message.kind is not MessageKind.AGENT:
+            return None
+        if rule.sender is not None and message.sender != rule.sender:
+            return None
+        text = " ".join(message.content.split()).casefold()
+        if len(text) < rule.min_chars:
+            return None
+        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        agents = self._said.setdefault(message.session_id, {})
+        said = agents.get(message.sender)
+        if said is None:
+            said = agents[message.sender] = deque(maxlen=rule.within_messages)
+        earlier = next((index for seen, index in said if seen == digest), None)
+        if earlier == message.index:  # the same message delivered again is no repeat
+            return None
+        said.append((digest, message.index))
+        if earlier is None:
+            return None
+        return (
+            f"message #{message.index} from {message.sender} repeats its message #{earlier}: "
+            f"{_excerpt(message.content)!r}"
+        )
+
+    def forget(self, session_id: str) -> None:
+        self._said.pop(session_id, None)
+
+
+Matcher = PatternMatcher | FlagMatcher | RepeatMatcher
+
+
+def matcher_for(rule: MessageRuleSpec) -> Matcher:
     if isinstance(rule, MessagePatternRule):
         return PatternMatcher(rule)
+    if isinstance(rule, MessageRepeatRule):
+        return RepeatMatcher(rule)
     return FlagMatcher(rule)

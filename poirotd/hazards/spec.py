@@ -248,6 +248,20 @@ class AgentFlagRule(_Rule):
     sender: Identifier | None = None
 
 
+class MessageRepeatRule(_Rule):
+    """Fires when an agent sends again what it said in one of its last ``within_messages``
+    messages: a loop the agent does not notice (MAST's step repetition). Only agent messages
+    (kind ``agent``) count. Two messages are the same when their text is, ignoring case and
+    runs of whitespace. What each agent said is kept in memory as short digests, like the
+    telemetry windows: after a restart the comparison starts again."""
+
+    kind: Literal["message_repeat"]
+    sender: Identifier | None = None
+    within_messages: int = Field(default=3, ge=1, le=64)
+    # Shorter messages ("OK", "Done.") repeat in sound sessions and are never compared.
+    min_chars: int = Field(default=20, ge=1)
+
+
 class _Composite(_Rule):
     rules: tuple[RuleName, ...] = Field(min_length=2)
 
@@ -275,7 +289,7 @@ class AnyRule(_Composite):
 
 
 SignalRuleSpec = ThresholdRule | RangeRule | RateRule | ZScoreRule | RollingMeanRule
-MessageRuleSpec = MessagePatternRule | AgentFlagRule
+MessageRuleSpec = MessagePatternRule | AgentFlagRule | MessageRepeatRule
 CompositeRuleSpec = AllRule | AnyRule
 RuleSpec = Annotated[
     SignalRuleSpec | StaleRule | MessageRuleSpec | CompositeRuleSpec,

@@ -228,26 +228,30 @@ def test_campaign_over_blame_cases(dataset: Any, case_id: str) -> None:
     )
     check = {"name": "marked", "kind": "message_pattern", "severity": "critical",
              "pattern": "987654"}  # fmt: skip
+    repeats = {"name": "repeats", "kind": "message_repeat", "severity": "warning",
+               "sender": agent}  # fmt: skip
+    spoken = [m.index for m in source.messages if m.sender == agent and m.content.strip()]
     outcome = _campaign(
         {
             "faults": [
                 {"operator": "change_number", "sender": agent, "value": 987654, "check": check},
                 {"operator": "repeat_step", "sender": agent, "check": check},
+                {"operator": "repeat_step", "step": spoken[0], "check": repeats},
             ]
         },
         [source],
     )
-    step = next(
-        m.index
-        for m in source.messages
-        if m.sender == agent and m.kind is MessageKind.AGENT and re.search(r"\d", m.content)
-    )
-    [variant] = outcome.kept
-    assert variant.truth.regions == (agent,) and variant.truth.step == step
-    assert variant.truth.fault is not None
-    assert variant.truth.fault.source == f"{dataset}:{case_id}"
-    assert variant.spec.hazard_space == source.spec.hazard_space  # BLAME pins its own
-    assert outcome.reasons == {"hazard_not_fired": 1}
+    step = next(i for i in spoken if re.search(r"\d", source.messages[i].content))
+    changed, repeated = outcome.kept
+    assert changed.truth.regions == (agent,) and changed.truth.step == step
+    # The copy is the fault: it follows the agent's first message with text.
+    assert repeated.truth.regions == (agent,) and repeated.truth.step == spoken[0] + 1
+    for variant in (changed, repeated):
+        assert variant.truth.fault is not None
+        assert variant.truth.fault.source == f"{dataset}:{case_id}"
+        assert variant.spec.hazard_space == source.spec.hazard_space  # BLAME pins its own
+    assert repeated.truth.fault is not None and repeated.truth.fault.hazard == "repeats"
+    assert outcome.reasons == {"hazard_not_fired": 1}  # a copy does not carry the number
 
 
 def test_variants_are_cases_that_eval_and_export_read(tmp_path: Path) -> None:
@@ -267,11 +271,14 @@ def test_variants_are_cases_that_eval_and_export_read(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "campaign-trading.json").read_text())
-    assert manifest["dropped_by_reason"] == {"hazard_not_fired": 5}
+    assert manifest["dropped_by_reason"] == {"hazard_not_fired": 4}
     assert manifest["kept"] + manifest["dropped"] == manifest["generated"] == 20
     assert manifest["llm"] is None and manifest["llm_usage"]["calls"] == 0
     variants = read_case_folder(out / "variants", ids=None, offset=0, limit=None)
-    assert len(variants) == manifest["kept"] == 15
+    assert len(variants) == manifest["kept"] == 16
+    [repeated] = [v for v in variants if v.case_id.endswith("repeat_step")]
+    assert repeated.truth.fault is not None and repeated.truth.fault.hazard == "trader_repeats"
+    assert repeated.truth.regions == ("trader",) and repeated.truth.step == 4
     exported = tmp_path / "export.json"
     first = out / "variants" / f"{variants[0].case_id}.json"
     result = CliRunner().invoke(eval_app, ["export", str(first), "-o", str(exported)])

@@ -18,7 +18,7 @@ from poirotd.devtools.hazard_inputs import (
     series,
 )
 from poirotd.hazards.window import CHUNK
-from poirotd.model import HazardEvent, MessageKind, TelemetryBatch, row_of
+from poirotd.model import AgentMessage, HazardEvent, MessageKind, TelemetryBatch, row_of
 
 # One sample at a time, a small odd batch, and batches larger than the engine's chunk.
 BATCHES = [1, 7, 3 * CHUNK + 5]
@@ -367,6 +367,61 @@ def test_agent_flag_not_raised(content: str) -> None:
 def test_agent_flag_only_from_agents() -> None:
     tool = message("[HAZARD] from a tool", kind=MessageKind.TOOL)
     assert engine(rule("agent_flag")).observe_message(tool) == []
+
+
+def test_message_repeat_fires_on_an_agent_saying_again_what_it_just_said() -> None:
+    eng = engine(rule("message_repeat", within_messages=2, cooldown_seconds=0))
+    order = "Proposed order: BUY 400 shares ACME, limit 100.35."
+    assert eng.observe_message(message(order, 1.0, sender="trader", index=3)) == []
+    [event] = eng.observe_message(
+        message(
+            "  proposed ORDER: buy 400\nshares ACME, limit 100.35. ", 2.0, sender="trader", index=4
+        )
+    )
+    assert event.at == at(2.0)
+    assert event.summary.startswith("message #4 from trader repeats its message #3: ")
+
+
+def test_message_repeat_compares_within_each_agents_last_messages() -> None:
+    eng = engine(rule("message_repeat", within_messages=2, cooldown_seconds=0))
+    plan = "I select Plan 3 for Ana: six sessions."
+    other = ["Heart rate is steady at 92 bpm.", "Proprioception score 4.2 this week."]
+    feed_in = [message(plan, 0.0, sender="chief", index=0)]
+    feed_in += [message(text, 1.0 + i, sender="chief", index=1 + i) for i, text in enumerate(other)]
+    feed_in += [message(plan, 5.0, sender="doctor", index=3)]  # another agent: not a repeat
+    feed_in += [message(plan, 6.0, sender="chief", index=4)]  # three messages back: forgotten
+    assert eng.observe_messages(feed_in) == []
+
+
+@pytest.mark.parametrize(
+    ("first", "again"),
+    [
+        (message("OK, done.", 0.0, index=0), message("OK, done.", 1.0, index=1)),  # too short
+        (
+            message("Order 7781 filled: 400 ACME.", 0.0, kind=MessageKind.TOOL, index=0),
+            message("Order 7781 filled: 400 ACME.", 1.0, kind=MessageKind.TOOL, index=1),
+        ),  # not an agent's
+        (
+            message("Plan 3 is the right plan here.", 0.0, index=2),
+            message("Plan 3 is the right plan here.", 0.0, index=2),
+        ),  # the same message delivered twice
+        (
+            message("Plan 3 is the right plan here.", 0.0, session="s1", index=0),
+            message("Plan 3 is the right plan here.", 1.0, session="s2", index=0),
+        ),  # another session
+    ],
+)
+def test_message_repeat_quiet(first: AgentMessage, again: AgentMessage) -> None:
+    eng = engine(rule("message_repeat", cooldown_seconds=0))
+    assert eng.observe_messages([first, again]) == []
+
+
+def test_message_repeat_forgets_an_ended_session() -> None:
+    eng = engine(rule("message_repeat", sender="chief", cooldown_seconds=0))
+    text = "I select Plan 3 for Ana: six sessions."
+    eng.observe_message(message(text, 0.0, sender="chief", index=0))
+    eng.end_session("s1")
+    assert eng.observe_message(message(text, 1.0, sender="chief", index=1)) == []
 
 
 # ------------------------------------------------------------------ composites
