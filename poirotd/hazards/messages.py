@@ -27,6 +27,11 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
 
 
+def _from_agent(message: AgentMessage, sender: str | None) -> bool:
+    """An agent's own message (not a tool's, a person's or the system's), from `sender` if set."""
+    return message.kind is MessageKind.AGENT and sender in (None, message.sender)
+
+
 class PatternMatcher:
     def __init__(self, rule: MessagePatternRule) -> None:
         self._rule = rule
@@ -52,10 +57,7 @@ class FlagMatcher:
         self._rule = rule
 
     def match(self, message: AgentMessage) -> str | None:
-        rule = self._rule
-        if message.kind is not MessageKind.AGENT:
-            return None
-        if rule.sender is not None and message.sender != rule.sender:
+        if not _from_agent(message, self._rule.sender):
             return None
         reason = self._reason(message.content)
         if reason is None:
@@ -94,9 +96,7 @@ class RepeatMatcher:
 
     def match(self, message: AgentMessage) -> str | None:
         rule = self._rule
-        if message.kind is not MessageKind.AGENT:
-            return None
-        if rule.sender is not None and message.sender != rule.sender:
+        if not _from_agent(message, rule.sender):
             return None
         text = " ".join(message.content.split()).casefold()
         if len(text) < rule.min_chars:
