@@ -28,7 +28,7 @@ import numpy as np
 
 from poirotd.hazards.composite import Combination, Hits
 from poirotd.hazards.gate import Gate
-from poirotd.hazards.messages import Matcher, RepeatMatcher, matcher_for
+from poirotd.hazards.messages import Matcher, RepeatMatcher, ReplyWatch, matcher_for
 from poirotd.hazards.signals import (
     Condition,
     Reading,
@@ -160,7 +160,7 @@ class RuleEngine:
             events += self.observe_messages(messages)
         for item in items:
             if isinstance(item, SessionEnd):
-                self.end_session(item.session_id)
+                events += self.observe_end(item)
         return sorted(events, key=_EVENT_TIME)
 
     def observe_telemetry(self, samples: Sequence[TelemetrySample]) -> list[HazardEvent]:
@@ -218,12 +218,20 @@ class RuleEngine:
                 self._sessions[session] = at.timestamp()
             for rule, matcher in self._matchers:
                 summary = matcher.match(message)
-                if summary is None:  # the usual case: no time needed
-                    continue
-                t = at.timestamp()
-                if self._single_hit(rule, session, t, at, out):
-                    out.events.append((t, _event(rule, session, at, summary)))
+                if summary is not None:  # the usual case is None: no time needed
+                    self._message_hit(rule, session, at, summary, out)
         self._combine(out)
+        return out.sorted_events()
+
+    def observe_end(self, end: SessionEnd) -> list[HazardEvent]:
+        """A session's end: the replies it still waited on fire, then its state is freed."""
+        out = _Round()
+        session = end.session_id
+        for rule, matcher in self._matchers:
+            if isinstance(matcher, ReplyWatch) and (summary := matcher.ended(session)):
+                self._message_hit(rule, session, end.ended_at, summary, out)
+        self._combine(out)
+        self.end_session(session)
         return out.sorted_events()
 
     def tick(self, now: datetime) -> list[HazardEvent]:
@@ -257,7 +265,7 @@ class RuleEngine:
             self._last_hit.pop((rule.name, session_id), None)
         self._sessions.pop(session_id, None)
         for _, matcher in self._matchers:
-            if isinstance(matcher, RepeatMatcher):
+            if isinstance(matcher, RepeatMatcher | ReplyWatch):
                 matcher.forget(session_id)
 
     # ------------------------------------------------------------------ evaluation
@@ -318,6 +326,13 @@ class RuleEngine:
                 evidence = stream.window.evidence_at(float(times[j]), self._evidence_limit)
                 at = chunk[j][3]
                 out.events.append((float(times[j]), _event(rule, session, at, summary, evidence)))
+
+    def _message_hit(
+        self, rule: RuleSpec, session: str, at: datetime, summary: str, out: _Round
+    ) -> None:
+        t = at.timestamp()
+        if self._single_hit(rule, session, t, at, out):
+            out.events.append((t, _event(rule, session, at, summary)))
 
     def _single_hit(
         self, rule: RuleSpec, session: str, t: float, at: datetime, out: _Round

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections import deque
 
 from poirotd.hazards.spec import (
     AgentFlagRule,
+    MessageFilter,
     MessagePatternRule,
     MessageRepeatRule,
     MessageRuleSpec,
+    ReplyExpectedRule,
 )
 from poirotd.model import AgentMessage, MessageKind
 
@@ -121,7 +124,67 @@ class RepeatMatcher:
         self._said.pop(session_id, None)
 
 
-Matcher = PatternMatcher | FlagMatcher | RepeatMatcher
+class _Filter:
+    def __init__(self, spec: MessageFilter) -> None:
+        self._spec = spec
+        self._regex = re.compile(spec.pattern) if spec.pattern is not None else None
+
+    def matches(self, message: AgentMessage) -> bool:
+        spec = self._spec
+        return (
+            spec.sender in (None, message.sender)
+            and spec.message_kind in (None, message.kind)
+            and (self._regex is None or self._regex.search(message.content) is not None)
+        )
+
+    def describe(self) -> str:
+        spec = self._spec
+        words = [f"{spec.message_kind.value} message" if spec.message_kind else "message"]
+        if spec.sender:
+            words.append(f"from {spec.sender}")
+        if spec.pattern:
+            words.append(f"matching {spec.pattern!r}")
+        return " ".join(words)
+
+
+class ReplyWatch:
+    """The message each session waits on a reply to (the first unanswered one), with its
+    deadline. A matching reply answers it; a session's later message past the deadline, or its
+    end, fires the rule."""
+
+    def __init__(self, rule: ReplyExpectedRule) -> None:
+        self._rule = rule
+        self._after = _Filter(rule.after)
+        self._expect = _Filter(rule.expect)
+        self._waiting: dict[str, tuple[float, int, str]] = {}  # session -> deadline, index, sender
+
+    def match(self, message: AgentMessage) -> str | None:
+        """The summary of a reply found overdue at this message, if one is."""
+        session, t = message.session_id, message.sent_at.timestamp()
+        overdue = self._overdue(session, t, f"within {self._rule.within_seconds:g} s")
+        if self._expect.matches(message):
+            self._waiting.pop(session, None)
+        elif session not in self._waiting and self._after.matches(message):
+            self._waiting[session] = (t + self._rule.within_seconds, message.index, message.sender)
+        return overdue
+
+    def ended(self, session_id: str) -> str | None:
+        """The summary of a reply still awaited when the session ended, deadline or not."""
+        return self._overdue(session_id, math.inf, "before the session ended")
+
+    def forget(self, session_id: str) -> None:
+        self._waiting.pop(session_id, None)
+
+    def _overdue(self, session: str, t: float, when: str) -> str | None:
+        waiting = self._waiting.get(session)
+        if waiting is None or t <= waiting[0]:
+            return None
+        del self._waiting[session]
+        _, index, sender = waiting
+        return f"message #{index} from {sender} got no reply ({self._expect.describe()}) {when}"
+
+
+Matcher = PatternMatcher | FlagMatcher | RepeatMatcher | ReplyWatch
 
 
 def matcher_for(rule: MessageRuleSpec) -> Matcher:
@@ -129,4 +192,6 @@ def matcher_for(rule: MessageRuleSpec) -> Matcher:
         return PatternMatcher(rule)
     if isinstance(rule, MessageRepeatRule):
         return RepeatMatcher(rule)
+    if isinstance(rule, ReplyExpectedRule):
+        return ReplyWatch(rule)
     return FlagMatcher(rule)

@@ -211,6 +211,18 @@ class StaleRule(_OnSignal):
     timeout_seconds: float = Field(gt=0.0)
 
 
+def _compiles(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from exc
+    return pattern
+
+
+# Searched in a message's content (``re.search``).
+Pattern = Annotated[str, Field(min_length=1), AfterValidator(_compiles)]
+
+
 class MessagePatternRule(_Rule):
     """Fires on a message whose content matches ``pattern`` (``re.search``).
 
@@ -219,18 +231,9 @@ class MessagePatternRule(_Rule):
     """
 
     kind: Literal["message_pattern"]
-    pattern: str = Field(min_length=1)
+    pattern: Pattern
     sender: Identifier | None = None
     message_kind: MessageKind | None = None
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from exc
-        return pattern
 
 
 class AgentFlagRule(_Rule):
@@ -262,6 +265,37 @@ class MessageRepeatRule(_Rule):
     min_chars: int = Field(default=20, ge=1)
 
 
+class MessageFilter(_Model):
+    """Which messages a reply rule means: each field that is set must match."""
+
+    sender: Identifier | None = None
+    message_kind: MessageKind | None = None
+    pattern: Pattern | None = None
+
+    @model_validator(mode="after")
+    def _narrows(self) -> Self:
+        if self.sender is None and self.message_kind is None and self.pattern is None:
+            raise ValueError(
+                "set sender, message_kind or pattern: an empty filter means any message"
+            )
+        return self
+
+
+class ReplyExpectedRule(_Rule):
+    """Fires when a message that calls for a reply (``after``) gets none (``expect``) within
+    ``within_seconds``: an order nobody reviewed, a tool call whose result never came, a session
+    that ended before the answer. Time is the messages' own, so a replay fires as the live
+    session did: the deadline is checked at the session's next message and when it ends (a
+    session that falls silent is caught at its end, or by a ``stale`` rule). Pending replies are
+    kept in memory, like the telemetry windows: after a restart, a message from before it is
+    no longer waited on."""
+
+    kind: Literal["reply_expected"]
+    after: MessageFilter
+    expect: MessageFilter
+    within_seconds: float = Field(gt=0.0)
+
+
 class _Composite(_Rule):
     rules: tuple[RuleName, ...] = Field(min_length=2)
 
@@ -289,7 +323,7 @@ class AnyRule(_Composite):
 
 
 SignalRuleSpec = ThresholdRule | RangeRule | RateRule | ZScoreRule | RollingMeanRule
-MessageRuleSpec = MessagePatternRule | AgentFlagRule | MessageRepeatRule
+MessageRuleSpec = MessagePatternRule | AgentFlagRule | MessageRepeatRule | ReplyExpectedRule
 CompositeRuleSpec = AllRule | AnyRule
 RuleSpec = Annotated[
     SignalRuleSpec | StaleRule | MessageRuleSpec | CompositeRuleSpec,

@@ -271,14 +271,24 @@ def test_variants_are_cases_that_eval_and_export_read(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "campaign-trading.json").read_text())
-    assert manifest["dropped_by_reason"] == {"hazard_not_fired": 4}
+    assert manifest["dropped_by_reason"] == {"hazard_not_fired": 1}  # the 1 % offset
     assert manifest["kept"] + manifest["dropped"] == manifest["generated"] == 20
     assert manifest["llm"] is None and manifest["llm_usage"]["calls"] == 0
     variants = read_case_folder(out / "variants", ids=None, offset=0, limit=None)
-    assert len(variants) == manifest["kept"] == 16
-    [repeated] = [v for v in variants if v.case_id.endswith("repeat_step")]
-    assert repeated.truth.fault is not None and repeated.truth.fault.hazard == "trader_repeats"
-    assert repeated.truth.regions == ("trader",) and repeated.truth.step == 4
+    assert len(variants) == manifest["kept"] == 19
+    # The faults no rule of the desk sees are kept by the checks the plan states.
+    unseen = ("repeat_step", "withhold_message", "drop_tool_result", "end_early")
+    truths = {
+        v.truth.fault.operator: (v.truth.regions, v.truth.step, v.truth.fault.hazard)
+        for v in variants
+        if v.truth.fault is not None and v.truth.fault.operator in unseen
+    }
+    assert truths == {
+        "repeat_step": (("trader",), 4, "trader_repeats"),
+        "withhold_message": (("risk_manager",), 4, "order_unreviewed"),
+        "drop_tool_result": (("trader",), 5, "fill_unreported"),
+        "end_early": (("trader",), 3, "order_unreviewed"),
+    }
     exported = tmp_path / "export.json"
     first = out / "variants" / f"{variants[0].case_id}.json"
     result = CliRunner().invoke(eval_app, ["export", str(first), "-o", str(exported)])

@@ -3,8 +3,11 @@ composites, stale checks and evidence bounds hold, and batch size never changes 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from poirotd.devtools.hazard_inputs import (
     ANKLE,
@@ -18,7 +21,14 @@ from poirotd.devtools.hazard_inputs import (
     series,
 )
 from poirotd.hazards.window import CHUNK
-from poirotd.model import AgentMessage, HazardEvent, MessageKind, TelemetryBatch, row_of
+from poirotd.model import (
+    AgentMessage,
+    HazardEvent,
+    MessageKind,
+    SessionEnd,
+    TelemetryBatch,
+    row_of,
+)
 
 # One sample at a time, a small odd batch, and batches larger than the engine's chunk.
 BATCHES = [1, 7, 3 * CHUNK + 5]
@@ -422,6 +432,65 @@ def test_message_repeat_forgets_an_ended_session() -> None:
     eng.observe_message(message(text, 0.0, sender="chief", index=0))
     eng.end_session("s1")
     assert eng.observe_message(message(text, 1.0, sender="chief", index=1)) == []
+
+
+ORDER = {"sender": "trader", "pattern": "(?i)proposed order"}
+REVIEW = {"sender": "risk_manager", "pattern": "(?i)approved|rejected"}
+
+
+def reply_rule(**fields: Any) -> dict[str, Any]:
+    return rule("reply_expected", "unreviewed", after=ORDER, expect=REVIEW, within_seconds=5.0,
+                cooldown_seconds=0) | fields  # fmt: skip
+
+
+def order(t: float, index: int, session: str = "s1") -> AgentMessage:
+    text = "Proposed order: BUY 400 shares ACME."
+    return message(text, t, sender="trader", index=index, session=session)
+
+
+def test_reply_expected_quiet_when_the_reply_comes_in_time() -> None:
+    eng = engine(reply_rule())
+    review = message("Approved: BUY 400 ACME.", 4.0, sender="risk_manager", index=1)
+    later = message("Filled 400 ACME.", 60.0, sender="trader", index=2)
+    assert eng.observe_messages([order(0.0, 0), review, later]) == []
+    assert eng.observe([SessionEnd(session_id="s1", ended_at=at(61.0))]) == []
+
+
+def test_reply_expected_fires_at_the_first_message_past_the_deadline() -> None:
+    eng = engine(reply_rule())
+    chatter = message("ACME trades at 100.31.", 3.0, sender="market_analyst", index=1)
+    late = message("Approved: BUY 400 ACME.", 6.0, sender="risk_manager", index=2)
+    [event] = eng.observe_messages([order(0.0, 0), chatter, late])
+    assert event.at == at(6.0)
+    assert event.summary == (
+        "message #0 from trader got no reply (message from risk_manager matching "
+        "'(?i)approved|rejected') within 5 s"
+    )
+
+
+def test_reply_expected_fires_when_the_session_ends_waiting() -> None:
+    eng = engine(reply_rule())
+    assert eng.observe_messages([order(0.0, 0), order(1.0, 1, session="s2")]) == []
+    [event] = eng.observe([SessionEnd(session_id="s1", ended_at=at(2.0))])
+    assert (event.session_id, event.at) == ("s1", at(2.0))
+    assert event.summary.endswith("before the session ended")
+    # s2 still waits; s1 is forgotten and fires no more.
+    assert eng.observe([SessionEnd(session_id="s1", ended_at=at(3.0))]) == []
+    [event] = eng.observe([SessionEnd(session_id="s2", ended_at=at(3.0))])
+    assert event.session_id == "s2"
+
+
+def test_reply_expected_waits_on_the_first_unanswered_message() -> None:
+    eng = engine(reply_rule(expect={"message_kind": "tool"}))
+    second = order(4.0, 1)  # does not move the deadline of the first
+    [event] = eng.observe_messages([order(0.0, 0), second, message("x", 5.5, index=2)])
+    assert event.summary == "message #0 from trader got no reply (tool message) within 5 s"
+
+
+@pytest.mark.parametrize("empty", [{}, {"sender": None}])
+def test_reply_expected_refuses_an_empty_filter(empty: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="empty filter"):
+        engine(reply_rule(expect=empty))
 
 
 # ------------------------------------------------------------------ composites
