@@ -109,9 +109,9 @@ class RepeatMatcher:
         said = agents.get(message.sender)
         if said is None:
             said = agents[message.sender] = deque(maxlen=rule.within_messages)
+        if said and message.index <= said[-1][1]:  # delivered again: the rules run before
+            return None  # the store drops copies
         earlier = next((index for seen, index in said if seen == digest), None)
-        if earlier == message.index:  # the same message delivered again is no repeat
-            return None
         said.append((digest, message.index))
         if earlier is None:
             return None
@@ -149,23 +149,35 @@ class _Filter:
 
 class ReplyWatch:
     """The message each session waits on a reply to (the first unanswered one), with its
-    deadline. A matching reply answers it; a session's later message past the deadline, or its
-    end, fires the rule."""
+    deadline. A later matching reply answers it; a session's later message past the deadline,
+    or its end, fires the rule.
+
+    The rules run before the store drops copies, so a message delivered again must change
+    nothing: a call older than the session's newest reply is already answered, and a reply
+    answers only calls that came before it."""
 
     def __init__(self, rule: ReplyExpectedRule) -> None:
         self._rule = rule
         self._after = _Filter(rule.after)
         self._expect = _Filter(rule.expect)
         self._waiting: dict[str, tuple[float, int, str]] = {}  # session -> deadline, index, sender
+        self._answered: dict[str, int] = {}  # session -> index of its newest reply
 
     def match(self, message: AgentMessage) -> str | None:
         """The summary of a reply found overdue at this message, if one is."""
-        session, t = message.session_id, message.sent_at.timestamp()
+        session, t, index = message.session_id, message.sent_at.timestamp(), message.index
         overdue = self._overdue(session, t, f"within {self._rule.within_seconds:g} s")
+        waiting = self._waiting.get(session)
         if self._expect.matches(message):
-            self._waiting.pop(session, None)
-        elif session not in self._waiting and self._after.matches(message):
-            self._waiting[session] = (t + self._rule.within_seconds, message.index, message.sender)
+            self._answered[session] = max(index, self._answered.get(session, -1))
+            if waiting is not None and waiting[1] < index:
+                del self._waiting[session]
+        elif (
+            waiting is None
+            and index > self._answered.get(session, -1)
+            and self._after.matches(message)
+        ):
+            self._waiting[session] = (t + self._rule.within_seconds, index, message.sender)
         return overdue
 
     def ended(self, session_id: str) -> str | None:
@@ -174,6 +186,7 @@ class ReplyWatch:
 
     def forget(self, session_id: str) -> None:
         self._waiting.pop(session_id, None)
+        self._answered.pop(session_id, None)
 
     def _overdue(self, session: str, t: float, when: str) -> str | None:
         waiting = self._waiting.get(session)

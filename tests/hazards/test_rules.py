@@ -416,6 +416,10 @@ def test_message_repeat_compares_within_each_agents_last_messages() -> None:
             message("Plan 3 is the right plan here.", 0.0, index=2),
         ),  # the same message delivered twice
         (
+            message("Plan 3 is the right plan here.", 0.0, index=5),
+            message("Plan 3 is the right plan here.", 0.0, index=2),
+        ),  # an older message delivered again
+        (
             message("Plan 3 is the right plan here.", 0.0, session="s1", index=0),
             message("Plan 3 is the right plan here.", 1.0, session="s2", index=0),
         ),  # another session
@@ -478,6 +482,17 @@ def test_reply_expected_fires_when_the_session_ends_waiting() -> None:
     assert eng.observe([SessionEnd(session_id="s1", ended_at=at(3.0))]) == []
     [event] = eng.observe([SessionEnd(session_id="s2", ended_at=at(3.0))])
     assert event.session_id == "s2"
+
+
+def test_reply_expected_ignores_messages_delivered_again() -> None:
+    eng = engine(reply_rule())
+    review = message("Approved: BUY 400 ACME.", 2.0, sender="risk_manager", index=1)
+    second = order(10.0, 2)
+    # The order and the approval again, as a producer resends what it was not acked for.
+    again = [order(0.0, 0), review, second, review]
+    assert eng.observe_messages([order(0.0, 0), review, *again]) == []
+    [event] = eng.observe([SessionEnd(session_id="s1", ended_at=at(11.0))])
+    assert event.summary.startswith("message #2 from trader got no reply")
 
 
 def test_reply_expected_waits_on_the_first_unanswered_message() -> None:
