@@ -23,6 +23,7 @@ from poirotd.model import (
     ItemKey,
     MessageKind,
     Session,
+    SessionEnd,
     TelemetryBatch,
     TelemetrySample,
 )
@@ -240,6 +241,30 @@ async def test_rules_fire_on_arrival_and_open_once_the_evidence_is_stored(
     await pipeline.consume([session()], scope)
     await pipeline.consume([reading(20.0), reading(60.0)], scope)
     assert opener.opened == [("hot", True)]
+
+
+async def test_a_reply_still_awaited_when_its_session_ends_fires_as_the_end_is_stored(
+    store: GatedStore,
+) -> None:
+    """The end of a session reaches the rules like any item: what it leaves unanswered fires."""
+    waits = {"kind": "reply_expected", "name": "unanswered", "severity": "critical",
+             "after": {"sender": "doctor"}, "expect": {"sender": "chief"},
+             "within_seconds": 60}  # fmt: skip
+    opener = Opener(store)
+    pipeline = pipeline_on(store, opener, spec=clinic(rules=[waits]))
+    scope = pipeline.scope()
+    await pipeline.consume(
+        [session("s1"), session("s2"), message(0), message(0, "doctor", "s2")], scope
+    )
+    await pipeline.consume([message(1, "chief", "s2"), message(1, "physio")], scope)
+    assert opener.events == []
+    end = SessionEnd(session_id="s1", ended_at=T0 + timedelta(seconds=5))
+    await pipeline.consume([end, SessionEnd(session_id="s2", ended_at=T0)], scope)
+    [event] = opener.events
+    assert (event.rule, event.session_id, event.at) == ("unanswered", "s1", end.ended_at)
+    assert event.summary == (
+        "message #0 from doctor got no reply (message from chief) before the session ended"
+    )
 
 
 async def test_times_outside_the_window_are_refused_never_stored(store: GatedStore) -> None:

@@ -12,7 +12,7 @@ from poirotd.client.wire import PoirotClient
 from poirotd.config import SystemSpec
 from poirotd.daemon import Daemon
 from poirotd.devtools.clinic import clinic
-from poirotd.devtools.ingest_requests import OVERHEAT, T0, motor_temp, session
+from poirotd.devtools.ingest_requests import OVERHEAT, T0, message, motor_temp, session
 
 RULES = [
     OVERHEAT,
@@ -22,6 +22,14 @@ RULES = [
         "severity": "warning",
         "pattern": "(?i)patient fell",
         "cooldown_seconds": 600,
+    },
+    {
+        "kind": "reply_expected",
+        "name": "plan_unanswered",
+        "severity": "warning",
+        "after": {"sender": "doctor", "pattern": "(?i)which plan"},
+        "expect": {"sender": "chief"},
+        "within_seconds": 600,
     },
 ]
 
@@ -94,3 +102,22 @@ async def test_a_message_rule_fires_and_a_second_rule_in_the_cooldown_does_not_r
         for rule, sev in (("fall_reported", "warning"), ("exo_overheat", "critical"))
     }
     assert counted == {"fall_reported": 1.0, "exo_overheat": 1.0}
+
+
+async def test_a_question_the_session_ends_without_answering_opens_an_investigation(
+    daemon: Daemon,
+) -> None:
+    async with PoirotClient(f"127.0.0.1:{daemon.grpc_port}") as client:
+        question = message(3, "doctor", content="Chief, which plan do you choose for Ana?")
+        end = pb.IngestRequest(session_end=pb.SessionEnd(session_id="s1"))
+        await client.send([*session(3), question])
+        assert await investigations(client) == []
+        await client.send([end])
+        await asyncio.sleep(0)
+        [opened] = await investigations(client)
+        assert opened.reason == (
+            "rule plan_unanswered: message #3 from doctor got no reply (message from chief) "
+            "before the session ended"
+        )
+        events = [e async for e in client.watch(opened.investigation_id)]
+        assert events[-1].HasField("attribution_ready")
