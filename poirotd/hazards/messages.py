@@ -35,23 +35,53 @@ def _from_agent(message: AgentMessage, sender: str | None) -> bool:
     return message.kind is MessageKind.AGENT and sender in (None, message.sender)
 
 
+class _Filter:
+    """A MessageFilter, its pattern compiled once."""
+
+    def __init__(self, spec: MessageFilter) -> None:
+        self._spec = spec
+        self._regex = re.compile(spec.pattern) if spec.pattern is not None else None
+
+    def found(self, message: AgentMessage) -> str | None:
+        """None when the message does not match; else the text the pattern found ("" when the
+        filter has no pattern)."""
+        spec = self._spec
+        if spec.sender not in (None, message.sender):
+            return None
+        if spec.message_kind not in (None, message.kind):
+            return None
+        if self._regex is None:
+            return ""
+        hit = self._regex.search(message.content)
+        return None if hit is None else hit.group(0)
+
+    def matches(self, message: AgentMessage) -> bool:
+        return self.found(message) is not None
+
+    def describe(self) -> str:
+        spec = self._spec
+        words = [f"{spec.message_kind.value} message" if spec.message_kind else "message"]
+        if spec.sender:
+            words.append(f"from {spec.sender}")
+        if spec.pattern:
+            words.append(f"matching {spec.pattern!r}")
+        return " ".join(words)
+
+
 class PatternMatcher:
     def __init__(self, rule: MessagePatternRule) -> None:
-        self._rule = rule
-        self._regex = re.compile(rule.pattern)
+        self._pattern = rule.pattern
+        self._filter = _Filter(
+            MessageFilter(sender=rule.sender, message_kind=rule.message_kind, pattern=rule.pattern)
+        )
 
     def match(self, message: AgentMessage) -> str | None:
-        rule = self._rule
-        if rule.sender is not None and message.sender != rule.sender:
-            return None
-        if rule.message_kind is not None and message.kind is not rule.message_kind:
-            return None
-        found = self._regex.search(message.content)
+        found = self._filter.found(message)
         if found is None:
             return None
         return (
-            f"message #{message.index} from {message.sender} matches {rule.pattern!r}: "
-            f"{_excerpt(found.group(0))!r}"
+            f"message #{message.index} from {message.sender} matches {self._pattern!r}: "
+            f"{_excerpt(found)!r}"
         )
 
 
@@ -122,29 +152,6 @@ class RepeatMatcher:
 
     def forget(self, session_id: str) -> None:
         self._said.pop(session_id, None)
-
-
-class _Filter:
-    def __init__(self, spec: MessageFilter) -> None:
-        self._spec = spec
-        self._regex = re.compile(spec.pattern) if spec.pattern is not None else None
-
-    def matches(self, message: AgentMessage) -> bool:
-        spec = self._spec
-        return (
-            spec.sender in (None, message.sender)
-            and spec.message_kind in (None, message.kind)
-            and (self._regex is None or self._regex.search(message.content) is not None)
-        )
-
-    def describe(self) -> str:
-        spec = self._spec
-        words = [f"{spec.message_kind.value} message" if spec.message_kind else "message"]
-        if spec.sender:
-            words.append(f"from {spec.sender}")
-        if spec.pattern:
-            words.append(f"matching {spec.pattern!r}")
-        return " ".join(words)
 
 
 class ReplyWatch:
